@@ -1,0 +1,29 @@
+//! Scheduler → agent messages, on `nodes.assign.<node>` and `nodes.control.<node>`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::JobId;
+use crate::job::{JobSpec, Placement};
+
+/// Run this attempt of this job on these GPUs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Assignment {
+    pub job_id: JobId,
+    pub attempt: u32,
+    pub user: String,
+    pub spec: JobSpec,
+    pub placement: Placement,
+}
+
+/// Control messages for a node's agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum NodeControl {
+    /// Stop a job attempt: SIGTERM to its process group, SIGKILL after the grace period.
+    Kill {
+        job_id: JobId,
+        attempt: u32,
+        reason: String,
+    },
+}

@@ -1,0 +1,324 @@
+//! Principals (scheduler, nodes, users, admins), their nkeys, and the nats-server
+//! authorization that lets each role publish and subscribe only to what it needs.
+//!
+//! `mgpu admin init` and the test harness use this to write a directory like:
+//!
+//! ```text
+//! DIR/principals.json        who exists: name, role, public key (no secrets)
+//! DIR/auth.conf              the `authorization` block nats-server includes
+//! DIR/keys/<role>-<name>.nk  each principal's seed, mode 0600 (a secret: git-ignored)
+//! ```
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::InvalidInput;
+use crate::ids::validate_node_name;
+use crate::subjects;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Scheduler,
+    Node,
+    User,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Scheduler => "scheduler",
+            Role::Node => "node",
+            Role::User => "user",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// One identity known to the server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+    /// The nkey's public key (`U…`); the seed never leaves the key file.
+    pub public_key: String,
+}
+
+impl Principal {
+    /// File name of this principal's seed under `keys/`.
+    pub fn key_file_name(&self) -> String {
+        format!("{}-{}.nk", self.role.as_str(), self.name)
+    }
+}
+
+/// The registry file: every principal, in the order they were added.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registry {
+    pub principals: Vec<Principal>,
+}
+
+pub const REGISTRY_FILE: &str = "principals.json";
+pub const AUTH_CONF_FILE: &str = "auth.conf";
+pub const KEYS_DIR: &str = "keys";
+
+impl Registry {
+    pub fn load(dir: &Path) -> std::io::Result<Registry> {
+        let path = dir.join(REGISTRY_FILE);
+        if !path.exists() {
+            return Ok(Registry::default());
+        }
+        let text = fs::read_to_string(&path)?;
+        serde_json::from_str(&text).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        })
+    }
+
+    pub fn find(&self, role: Role, name: &str) -> Option<&Principal> {
+        self.principals
+            .iter()
+            .find(|p| p.role == role && p.name == name)
+    }
+
+    /// Adds a principal with a fresh nkey, writes its seed (mode 0600) and returns the seed's path.
+    /// Adding one that exists returns the existing key file and changes nothing.
+    pub fn add(&mut self, dir: &Path, role: Role, name: &str) -> Result<PathBuf, AddError> {
+        validate_principal_name(name)?;
+        let keys = dir.join(KEYS_DIR);
+        if let Some(existing) = self.find(role, name) {
+            return Ok(keys.join(existing.key_file_name()));
+        }
+        let pair = nkeys::KeyPair::new_user();
+        let seed = pair.seed().map_err(|e| AddError::Key(e.to_string()))?;
+        let principal = Principal {
+            name: name.to_owned(),
+            role,
+            public_key: pair.public_key(),
+        };
+        fs::create_dir_all(&keys)?;
+        let path = keys.join(principal.key_file_name());
+        write_secret(&path, &format!("{seed}\n"))?;
+        self.principals.push(principal);
+        Ok(path)
+    }
+
+    /// Writes `principals.json` and `auth.conf` (each atomically: write, then rename).
+    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+        fs::create_dir_all(dir)?;
+        let registry = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        write_atomically(&dir.join(REGISTRY_FILE), &registry)?;
+        write_atomically(&dir.join(AUTH_CONF_FILE), &self.render_auth_conf())
+    }
+
+    /// The nats-server `authorization` block: one nkey user per principal with its role's permissions.
+    pub fn render_auth_conf(&self) -> String {
+        let users: Vec<serde_json::Value> = self
+            .principals
+            .iter()
+            .map(|p| {
+                let perms = permissions(p.role, &p.name);
+                json!({
+                    "nkey": p.public_key,
+                    "permissions": {
+                        "publish": { "allow": perms.publish },
+                        "subscribe": { "allow": perms.subscribe },
+                    }
+                })
+            })
+            .collect();
+        let block = json!({ "users": users });
+        format!(
+            "# Written by mgpu; regenerate with `mgpu admin`, do not edit by hand.\nauthorization: {}\n",
+            serde_json::to_string_pretty(&block).unwrap_or_else(|_| "{}".into())
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    #[error("generating an nkey: {0}")]
+    Key(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Principal names become subject tokens and file names: the node-name rules apply.
+pub fn validate_principal_name(name: &str) -> Result<(), InvalidInput> {
+    validate_node_name(name)
+}
+
+/// What one principal may publish and subscribe to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish: Vec<String>,
+    pub subscribe: Vec<String>,
+}
+
+/// The server-side permissions of each role. Anything not listed is refused by the server.
+pub fn permissions(role: Role, name: &str) -> Permissions {
+    let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    match role {
+        Role::Admin => Permissions {
+            publish: strings(&[">"]),
+            subscribe: strings(&[">"]),
+        },
+        Role::Scheduler => Permissions {
+            publish: strings(&[
+                "$JS.API.>",
+                "$JS.ACK.>",
+                "$JS.FC.>",
+                "$KV.mgpu-jobs.>",
+                subjects::ALL_ASSIGNMENTS,
+                subjects::ALL_CONTROLS,
+                subjects::ALL_EVENTS,
+                "$SRV.>",
+                "_INBOX.>",
+            ]),
+            subscribe: strings(&["$SRV.>", subjects::ALL_HEARTBEATS, "_INBOX.>"]),
+        },
+        Role::Node => {
+            let consumer = subjects::node_consumer(name);
+            let assign = subjects::ASSIGN_STREAM;
+            Permissions {
+                publish: vec![
+                    subjects::heartbeat(name),
+                    subjects::ALL_OUTPUT.to_owned(),
+                    subjects::ALL_EVENTS.to_owned(),
+                    format!("$JS.API.STREAM.INFO.{assign}"),
+                    format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}"),
+                    format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}.>"),
+                    format!("$JS.API.CONSUMER.INFO.{assign}.{consumer}"),
+                    format!("$JS.API.CONSUMER.MSG.NEXT.{assign}.{consumer}"),
+                    format!("$JS.ACK.{assign}.{consumer}.>"),
+                ],
+                subscribe: strings(&["_INBOX.>", "jobs.*.input"]),
+            }
+        }
+        Role::User => {
+            // Users read every mgpu stream (through ephemeral consumers and direct gets) but
+            // write only requests; they cannot create, change or delete streams or consumers
+            // by name, nor publish assignments, events, output or heartbeats.
+            let mut publish = strings(&[
+                subjects::SUBMIT,
+                subjects::ALL_CANCELS,
+                "jobs.*.input",
+                "$JS.API.INFO",
+                "$JS.FC.>",
+                "$SRV.>",
+            ]);
+            for stream in [
+                subjects::JOBS_BUCKET_STREAM,
+                subjects::EVENTS_STREAM,
+                subjects::OUTPUT_STREAM,
+                subjects::NODES_STREAM,
+            ] {
+                publish.push(format!("$JS.API.STREAM.INFO.{stream}"));
+                publish.push(format!("$JS.API.CONSUMER.CREATE.{stream}"));
+                publish.push(format!("$JS.API.CONSUMER.CREATE.{stream}.>"));
+                publish.push(format!("$JS.API.CONSUMER.INFO.{stream}.*"));
+                publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"));
+                publish.push(format!("$JS.API.DIRECT.GET.{stream}"));
+                publish.push(format!("$JS.API.DIRECT.GET.{stream}.>"));
+                publish.push(format!("$JS.API.STREAM.MSG.GET.{stream}"));
+            }
+            Permissions {
+                publish,
+                subscribe: strings(&[
+                    "_INBOX.>",
+                    subjects::ALL_OUTPUT,
+                    subjects::ALL_EVENTS,
+                    subjects::ALL_HEARTBEATS,
+                ]),
+            }
+        }
+    }
+}
+
+/// Writes a file only its owner can read, never leaving it readable by others even briefly.
+pub fn write_secret(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()
+}
+
+/// Writes next to the target, then renames over it, so readers never see half a file.
+pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, contents)?;
+    fs::rename(&tmp, path)
+}
+
+/// A complete single-server nats-server configuration that includes `auth.conf`.
+pub fn render_server_conf(port: u16, store_dir: &Path, server_name: &str) -> String {
+    format!(
+        "# Written by mgpu.\nserver_name: {name}\nlisten: \"127.0.0.1:{port}\"\n\
+         jetstream {{\n  store_dir: {store}\n}}\ninclude \"{auth}\"\n",
+        name = json!(server_name),
+        store = json!(store_dir.display().to_string()),
+        auth = AUTH_CONF_FILE,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_are_private_and_the_registry_has_no_secret() {
+        let dir = tempfile::tempdir().ok();
+        let Some(dir) = dir else { return };
+        let mut registry = Registry::default();
+        let path = registry.add(dir.path(), Role::User, "alice").ok();
+        assert!(path.is_some());
+        let path = path.unwrap_or_default();
+        let mode = fs::metadata(&path).map(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & 0o777
+        });
+        assert_eq!(mode.ok(), Some(0o600));
+        assert!(registry.save(dir.path()).is_ok());
+        let registry_text = fs::read_to_string(dir.path().join(REGISTRY_FILE)).unwrap_or_default();
+        let auth_text = fs::read_to_string(dir.path().join(AUTH_CONF_FILE)).unwrap_or_default();
+        assert!(!registry_text.contains("SU"));
+        assert!(!auth_text.contains("\"SU"));
+        assert!(auth_text.contains(&registry.principals[0].public_key));
+        // Adding the same principal again keeps its key.
+        let again = registry.add(dir.path(), Role::User, "alice").ok();
+        assert_eq!(again, Some(path));
+        assert_eq!(registry.principals.len(), 1);
+    }
+
+    #[test]
+    fn users_cannot_publish_assignments_and_nodes_cannot_submit() {
+        let user = permissions(Role::User, "alice");
+        assert!(!user.publish.iter().any(|s| s.starts_with("nodes.")));
+        assert!(!user.publish.iter().any(|s| s == ">" || s == "$JS.API.>"));
+        let node = permissions(Role::Node, "node001");
+        assert!(!node.publish.iter().any(|s| s == subjects::SUBMIT));
+        assert!(node.publish.contains(&"nodes.heartbeat.node001".to_owned()));
+        assert!(!node.publish.contains(&"nodes.heartbeat.*".to_owned()));
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let mut registry = Registry::default();
+        let dir = std::env::temp_dir();
+        assert!(registry.add(&dir, Role::Node, "a.b").is_err());
+        assert!(registry.add(&dir, Role::Node, "*").is_err());
+    }
+}

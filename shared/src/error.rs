@@ -1,0 +1,62 @@
+//! Typed errors of the shared library. The binaries wrap them with context (anyhow).
+
+use thiserror::Error;
+
+/// Input that a person or a message got wrong; the text says what and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct InvalidInput(pub String);
+
+impl InvalidInput {
+    pub fn new(message: impl Into<String>) -> Self {
+        InvalidInput(message.into())
+    }
+}
+
+/// Failure to reach or log in to NATS, phrased for the person at the terminal.
+#[derive(Debug, Error)]
+pub enum ConnectError {
+    #[error("cannot read credentials file {path}: {source}")]
+    Credentials {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("credentials file {path} holds no nkey seed (a line starting with `SU`)")]
+    NoSeed { path: String },
+    #[error("authentication failed at {server}: the server does not accept the nkey in {creds}")]
+    AuthenticationFailed { server: String, creds: String },
+    #[error("cannot reach NATS at {server}: {detail}")]
+    Unreachable { server: String, detail: String },
+}
+
+/// Failure reading mgpu state from JetStream.
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error(
+        "mgpu's streams do not exist on this server yet: start mgpu-scheduler once, or run `mgpu admin setup`"
+    )]
+    NotSetUp,
+    #[error("no job matches `{0}`")]
+    UnknownJob(String),
+    #[error("`{prefix}` is ambiguous: it matches {count} jobs ({examples}); type more of the id")]
+    AmbiguousJob {
+        prefix: String,
+        count: usize,
+        examples: String,
+    },
+    #[error("`{0}` is not a job id or id prefix (job ids are lowercase hex digits)")]
+    NotAnId(String),
+    #[error("record {key} is not valid: {source}")]
+    Corrupt {
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("JetStream: {0}")]
+    JetStream(String),
+}
+
+impl StateError {
+    pub fn jetstream(err: impl std::fmt::Display) -> Self {
+        StateError::JetStream(err.to_string())
+    }
+}

@@ -1,0 +1,61 @@
+//! Job state transitions, published on `jobs.<id>.events` and kept in `MGPU_EVENTS`.
+//!
+//! Agents report what happened to a process (`started`, `exited`, `failed_to_start`); the
+//! scheduler consumes those durably and publishes the state changes it records.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Timestamp;
+use crate::ids::JobId;
+use crate::job::{Placement, WaitReason};
+
+/// Who published an event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+pub enum EventSource {
+    Scheduler,
+    Node(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum JobEventKind {
+    /// The scheduler accepted the job.
+    Queued { reason: WaitReason },
+    /// The scheduler placed the job and sent it to the node.
+    Assigned { placement: Placement },
+    /// The agent started the process.
+    Started { pid: u32 },
+    /// The agent could not start the process (workdir missing, no shell…).
+    FailedToStart { error: String },
+    /// The process ended. `cancelled` is true when it was killed on request.
+    Exited {
+        exit_code: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        #[serde(default)]
+        cancelled: bool,
+        #[serde(default)]
+        timed_out: bool,
+    },
+    /// The scheduler recorded the job as finished in this state.
+    Finished {
+        state: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// The scheduler refused the submission.
+    Rejected { reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    pub job_id: JobId,
+    pub attempt: u32,
+    pub at: Timestamp,
+    pub source: EventSource,
+    #[serde(flatten)]
+    pub kind: JobEventKind,
+}

@@ -1,0 +1,462 @@
+//! Jobs: what a user asks for ([`JobSpec`], sent in a [`SubmitRequest`]) and what the scheduler
+//! records about it ([`JobRecord`], one KV entry per job).
+//!
+//! Lifecycle data lives inside [`JobState`]'s variants, so a queued job cannot carry a
+//! placement and a running one cannot lack one.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Timestamp;
+use crate::duration::MAX_TIME_LIMIT;
+use crate::error::InvalidInput;
+use crate::gpu_amount::GpuAmount;
+use crate::ids::JobId;
+
+/// Largest accepted submission, headers aside: a command plus a captured environment fit easily.
+pub const MAX_SUBMIT_BYTES: usize = 256 * 1024;
+
+/// Everything a user asks for when submitting. Fields not given take their defaults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The command. One element is a shell command line (`"python a.py | tee log"`);
+    /// several are a program and its arguments, passed on exactly as given.
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// GPUs wanted: whole GPUs, or a share (below 1) of one GPU.
+    #[serde(default = "one_gpu")]
+    pub gpus: GpuAmount,
+    /// Exact physical GPU indices on the node, when the user pins them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_ids: Option<Vec<u32>>,
+    /// GPU memory needed on each GPU, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mib: Option<u64>,
+    /// Higher runs first.
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_secs: Option<u64>,
+    /// Shell code run before the command in the same shell (`source venv/bin/activate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_setup_cmd: Option<String>,
+    /// Absolute directory the job runs in.
+    pub workdir: String,
+    /// The submitter's environment, captured at submit.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The submitter is attached and may send standard input.
+    #[serde(default)]
+    pub interactive: bool,
+}
+
+fn one_gpu() -> GpuAmount {
+    GpuAmount::ONE
+}
+
+impl JobSpec {
+    /// A spec with defaults for everything but the command and directory.
+    pub fn new(command: Vec<String>, workdir: impl Into<String>) -> Self {
+        JobSpec {
+            command,
+            name: None,
+            gpus: GpuAmount::ONE,
+            gpu_ids: None,
+            mem_mib: None,
+            priority: 0,
+            time_limit_secs: None,
+            env_setup_cmd: None,
+            workdir: workdir.into(),
+            env: BTreeMap::new(),
+            interactive: false,
+        }
+    }
+
+    pub fn time_limit(&self) -> Option<Duration> {
+        self.time_limit_secs.map(Duration::from_secs)
+    }
+
+    /// The name shown in listings: the given name, or the program's file name.
+    pub fn display_name(&self) -> String {
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        let first = self.command.first().map(String::as_str).unwrap_or("");
+        let program = first.split_whitespace().next().unwrap_or("");
+        program.rsplit('/').next().unwrap_or(program).to_owned()
+    }
+
+    /// The command as one line, for listings.
+    pub fn command_line(&self) -> String {
+        match self.command.as_slice() {
+            [one] => one.clone(),
+            many => many
+                .iter()
+                .map(|arg| shell_quote(arg))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
+    /// Checks what no scheduler could fix later. Node-dependent checks (does GPU 7 exist?)
+    /// happen at placement.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        if self.command.is_empty() || self.command.iter().all(|a| a.trim().is_empty()) {
+            return Err(InvalidInput::new("the job has no command"));
+        }
+        if self.command.iter().any(|a| a.contains('\0')) {
+            return Err(InvalidInput::new("the command contains a NUL byte"));
+        }
+        if !self.workdir.starts_with('/') {
+            return Err(InvalidInput::new(format!(
+                "workdir `{}` must be an absolute path",
+                self.workdir
+            )));
+        }
+        if let Some(name) = &self.name
+            && (name.is_empty() || name.len() > 128 || name.chars().any(char::is_control))
+        {
+            return Err(InvalidInput::new(
+                "job name must be 1-128 printable characters",
+            ));
+        }
+        if let Some(ids) = &self.gpu_ids {
+            if ids.is_empty() {
+                return Err(InvalidInput::new("--gpu-ids names no GPU"));
+            }
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if sorted.len() != ids.len() {
+                return Err(InvalidInput::new("--gpu-ids names a GPU twice"));
+            }
+            if self.gpus.is_whole() && self.gpus.gpu_count() as usize != ids.len() {
+                return Err(InvalidInput::new(format!(
+                    "--gpus {} does not match the {} GPU id(s) given in --gpu-ids",
+                    self.gpus,
+                    ids.len()
+                )));
+            }
+            if !self.gpus.is_whole() && ids.len() != 1 {
+                return Err(InvalidInput::new(
+                    "a share of a GPU can be pinned to exactly one GPU id",
+                ));
+            }
+        }
+        if let Some(mem) = self.mem_mib
+            && (mem == 0 || mem > 16 * 1024 * 1024)
+        {
+            return Err(InvalidInput::new(format!(
+                "--mem {mem} MiB is not a plausible GPU memory size"
+            )));
+        }
+        if self.mem_mib.is_some() && self.gpus.is_zero() {
+            return Err(InvalidInput::new("--mem needs at least a share of a GPU"));
+        }
+        if let Some(limit) = self.time_limit_secs
+            && (limit == 0 || limit > MAX_TIME_LIMIT.as_secs())
+        {
+            return Err(InvalidInput::new(format!(
+                "time limit of {limit}s is outside 1s..366 days"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Quotes a word for a POSIX shell, leaving plain words as they are.
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Payload of `jobs.submit`. The message's `Nats-Msg-Id` header is the job id, so a
+/// submission retried after a lost acknowledgement is stored once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    pub id: JobId,
+    /// The submitting user's name.
+    pub user: String,
+    pub spec: JobSpec,
+}
+
+/// Payload of `jobs.<id>.cancel`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    /// Who asks.
+    pub user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One GPU (or a share of it) given to a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuShare {
+    /// Physical index on the node (NVML's numbering).
+    pub index: u32,
+    /// Share of that GPU held by the job (1 for a whole GPU).
+    pub amount: GpuAmount,
+    /// GPU memory booked for the job on that GPU, in MiB (0 when none was asked for).
+    #[serde(default)]
+    pub mem_mib: u64,
+}
+
+/// Where a job runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub node: String,
+    pub gpus: Vec<GpuShare>,
+}
+
+impl Placement {
+    pub fn gpu_indices(&self) -> Vec<u32> {
+        self.gpus.iter().map(|g| g.index).collect()
+    }
+}
+
+/// Why a queued job is not running yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    /// Submitted; the scheduler has not looked at it yet (it may be stopped).
+    Submitted,
+    /// Not enough free GPUs or GPU memory on any node right now.
+    Resources,
+    /// No node is online.
+    NoNodes,
+}
+
+impl WaitReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitReason::Submitted => "waiting for the scheduler to look at it",
+            WaitReason::Resources => "waiting for GPUs to become free",
+            WaitReason::NoNodes => "waiting for a node to come online",
+        }
+    }
+}
+
+/// A queued job's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub reason: WaitReason,
+}
+
+/// A running job's state: assigned to a node, started once the agent confirms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub placement: Placement,
+    pub assigned_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Set once a cancel was asked for and sent to the node; the job ends as cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_by: Option<String>,
+}
+
+/// How a finished job ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ending {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    pub ended_at: Timestamp,
+    /// The process's exit status; 128 + N when signal N killed it (the shell's convention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum JobState {
+    Queued(Waiting),
+    Running(Run),
+    Succeeded(Ending),
+    Failed(Ending),
+    Cancelled(Ending),
+}
+
+impl JobState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Queued(_) => "queued",
+            JobState::Running(_) => "running",
+            JobState::Succeeded(_) => "succeeded",
+            JobState::Failed(_) => "failed",
+            JobState::Cancelled(_) => "cancelled",
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded(_) | JobState::Failed(_) | JobState::Cancelled(_)
+        )
+    }
+
+    pub fn placement(&self) -> Option<&Placement> {
+        match self {
+            JobState::Queued(_) => None,
+            JobState::Running(run) => Some(&run.placement),
+            JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
+                end.placement.as_ref()
+            }
+        }
+    }
+
+    pub fn ending(&self) -> Option<&Ending> {
+        match self {
+            JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
+                Some(end)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The scheduler's record of one job: the value under the job id in the `mgpu-jobs` bucket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub user: String,
+    pub spec: JobSpec,
+    pub submitted_at: Timestamp,
+    /// 1 for the first run; grows each time the job is started again.
+    pub attempt: u32,
+    #[serde(flatten)]
+    pub state: JobState,
+}
+
+impl JobRecord {
+    pub fn exit_code(&self) -> Option<i32> {
+        self.state.ending().and_then(|e| e.exit_code)
+    }
+
+    /// The flat view that `--json` listings print (a stable contract for scripts).
+    pub fn summary(&self) -> JobSummary {
+        let placement = self.state.placement();
+        let (started_at, ended_at, reason) = match &self.state {
+            JobState::Queued(w) => (None, None, Some(w.reason.describe().to_owned())),
+            JobState::Running(r) => (r.started_at, None, None),
+            JobState::Succeeded(e) | JobState::Failed(e) | JobState::Cancelled(e) => {
+                (e.started_at, Some(e.ended_at), e.reason.clone())
+            }
+        };
+        JobSummary {
+            id: self.id.clone(),
+            name: self.spec.display_name(),
+            user: self.user.clone(),
+            state: self.state.name(),
+            priority: self.spec.priority,
+            gpus_requested: self.spec.gpus,
+            node: placement.map(|p| p.node.clone()),
+            gpus: placement.map(Placement::gpu_indices).unwrap_or_default(),
+            exit_code: self.exit_code(),
+            attempt: self.attempt,
+            submitted_at: self.submitted_at,
+            started_at,
+            ended_at,
+            reason,
+            command: self.spec.command_line(),
+        }
+    }
+}
+
+/// One job as `mgpu queue --json` and `mgpu show --json` print it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub id: JobId,
+    pub name: String,
+    pub user: String,
+    pub state: &'static str,
+    pub priority: i32,
+    pub gpus_requested: GpuAmount,
+    pub node: Option<String>,
+    pub gpus: Vec<u32>,
+    pub exit_code: Option<i32>,
+    pub attempt: u32,
+    pub submitted_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub ended_at: Option<Timestamp>,
+    pub reason: Option<String>,
+    pub command: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> JobSpec {
+        JobSpec::new(vec!["python".into(), "train.py".into()], "/tmp")
+    }
+
+    #[test]
+    fn a_record_serialises_with_its_state_name_on_top() {
+        let record = JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec: spec(),
+            submitted_at: crate::now(),
+            attempt: 1,
+            state: JobState::Queued(Waiting {
+                reason: WaitReason::Resources,
+            }),
+        };
+        let json = serde_json::to_value(&record).unwrap_or_default();
+        assert_eq!(json["state"], "queued");
+        assert_eq!(json["reason"], "Resources");
+        let back: Option<JobRecord> = serde_json::from_value(json).ok();
+        assert_eq!(back, Some(record));
+    }
+
+    #[test]
+    fn specs_that_cannot_run_are_refused() {
+        let mut s = spec();
+        s.workdir = "relative".into();
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.gpu_ids = Some(vec![0, 0]);
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.gpus = GpuAmount::whole(2);
+        s.gpu_ids = Some(vec![1]);
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.command = vec![];
+        assert!(s.validate().is_err());
+        assert!(spec().validate().is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_in_a_spec_are_an_error() {
+        let text = r#"{"command":["true"],"workdir":"/","gpus":1,"bogus":1}"#;
+        assert!(serde_json::from_str::<JobSpec>(text).is_err());
+    }
+
+    #[test]
+    fn command_lines_quote_what_needs_quoting() {
+        let mut s = spec();
+        s.command = vec!["python".into(), "-c".into(), "print('hi')".into()];
+        assert_eq!(s.command_line(), r#"python -c 'print('\''hi'\'')'"#);
+        assert_eq!(s.display_name(), "python");
+    }
+}

@@ -1,0 +1,92 @@
+//! A node agent's heartbeat: published on `nodes.heartbeat.<node>` and kept (last one per
+//! node) in the `MGPU_NODES` stream, so `mgpu nodes` works without the scheduler.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Timestamp;
+use crate::ids::JobId;
+
+/// Where the agent's GPU list comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuSource {
+    /// Read from the NVIDIA driver through NVML.
+    Nvml,
+    /// Declared by the operator (`--gpus 2x24GiB`), because NVML is not available or was overridden.
+    Declared,
+}
+
+/// A process using a GPU that mgpu did not start (a colleague's notebook, say).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForeignProcess {
+    pub pid: u32,
+    pub used_mib: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuStatus {
+    /// Physical index (NVML's numbering, the one `CUDA_VISIBLE_DEVICES` gets with PCI_BUS_ID order).
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total_mib: u64,
+    pub memory_used_mib: u64,
+    /// Percent of time a kernel ran over the last sample period.
+    pub utilization_pct: u32,
+    #[serde(default)]
+    pub foreign_processes: Vec<ForeignProcess>,
+}
+
+/// A job attempt the agent is running.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub attempt: u32,
+    pub pid: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeHeartbeat {
+    pub node: String,
+    pub sent_at: Timestamp,
+    /// How often the agent heartbeats; the node counts as offline after a few missed ones.
+    pub interval_ms: u64,
+    pub gpu_source: GpuSource,
+    /// Set when NVML could not be used, saying why (shown by `mgpu nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_note: Option<String>,
+    pub gpus: Vec<GpuStatus>,
+    pub running: Vec<RunningJob>,
+    /// Address other nodes can reach this one at.
+    pub address: String,
+    /// The Unix account jobs run as.
+    pub runs_jobs_as: String,
+    pub agent_version: String,
+}
+
+/// Heartbeats missed before a node counts as offline.
+pub const MISSED_HEARTBEATS_OFFLINE: u32 = 3;
+
+/// What listings say about a node's liveness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeLiveness {
+    Online,
+    Offline,
+}
+
+impl NodeHeartbeat {
+    /// Online while fewer than [`MISSED_HEARTBEATS_OFFLINE`] heartbeats were missed.
+    pub fn liveness(&self, now: Timestamp) -> NodeLiveness {
+        let allowed = Duration::from_millis(self.interval_ms.max(1))
+            * MISSED_HEARTBEATS_OFFLINE;
+        let age = (now - self.sent_at).to_std().unwrap_or(Duration::ZERO);
+        if age <= allowed {
+            NodeLiveness::Online
+        } else {
+            NodeLiveness::Offline
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Reading mgpu's state straight from JetStream: job records from the `mgpu-jobs` bucket and
+//! node heartbeats from `MGPU_NODES`. The CLI uses this, so `mgpu queue` answers while the
+//! scheduler is down.
+
+use async_nats::jetstream::{self, consumer, kv, stream};
+use futures::StreamExt;
+
+use crate::error::StateError;
+use crate::ids::{JobId, is_job_id_prefix};
+use crate::job::JobRecord;
+use crate::node::NodeHeartbeat;
+use crate::subjects;
+
+/// Header JetStream's KV layer puts on deletions.
+const KV_OPERATION: &str = "KV-Operation";
+
+fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
+    let text = err.to_string();
+    if text.contains("stream not found") || text.contains("10059") {
+        StateError::NotSetUp
+    } else {
+        StateError::JetStream(text)
+    }
+}
+
+/// The job records bucket.
+pub async fn jobs_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
+    js.get_key_value(subjects::JOBS_BUCKET)
+        .await
+        .map_err(stream_lookup_error)
+}
+
+/// The last message of every subject matching `filter` in `stream_name`, oldest subject first.
+/// Returns at once when the stream holds nothing.
+pub async fn last_per_subject(
+    js: &jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+    headers_only: bool,
+) -> Result<Vec<jetstream::Message>, StateError> {
+    let stream: stream::Stream = js
+        .get_stream(stream_name)
+        .await
+        .map_err(stream_lookup_error)?;
+    let mut consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+            filter_subject: filter.to_owned(),
+            headers_only,
+            ..Default::default()
+        })
+        .await
+        .map_err(StateError::jetstream)?;
+    let pending = consumer
+        .info()
+        .await
+        .map_err(StateError::jetstream)?
+        .num_pending;
+    let mut out = Vec::with_capacity(pending as usize);
+    if pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = consumer.messages().await.map_err(StateError::jetstream)?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(StateError::jetstream)?;
+        let left = message.info().map_err(StateError::jetstream)?.pending;
+        out.push(message);
+        if left == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn is_deletion(message: &jetstream::Message) -> bool {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(KV_OPERATION))
+        .is_some_and(|op| op.as_str() != "PUT")
+}
+
+fn key_of(subject: &str) -> &str {
+    subject
+        .strip_prefix(&format!("$KV.{}.", subjects::JOBS_BUCKET))
+        .unwrap_or(subject)
+}
+
+/// Every job record, in submission order of their last update.
+pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
+    let messages = last_per_subject(
+        js,
+        subjects::JOBS_BUCKET_STREAM,
+        &format!("$KV.{}.>", subjects::JOBS_BUCKET),
+        false,
+    )
+    .await?;
+    messages
+        .iter()
+        .filter(|m| !is_deletion(m))
+        .map(|m| {
+            serde_json::from_slice(&m.payload).map_err(|source| StateError::Corrupt {
+                key: key_of(m.subject.as_str()).to_owned(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Every job id, without reading the records.
+pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateError> {
+    let messages = last_per_subject(
+        js,
+        subjects::JOBS_BUCKET_STREAM,
+        &format!("$KV.{}.>", subjects::JOBS_BUCKET),
+        true,
+    )
+    .await?;
+    Ok(messages
+        .iter()
+        .filter(|m| !is_deletion(m))
+        .map(|m| key_of(m.subject.as_str()).to_owned())
+        .collect())
+}
+
+/// One job's record, if it exists.
+pub async fn get_job(js: &jetstream::Context, id: &JobId) -> Result<Option<JobRecord>, StateError> {
+    let bucket = jobs_bucket(js).await?;
+    let value = bucket.get(id.as_str()).await.map_err(StateError::jetstream)?;
+    value
+        .map(|bytes| {
+            serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt {
+                key: id.to_string(),
+                source,
+            })
+        })
+        .transpose()
+}
+
+/// Turns what a person typed (a full id or a unique prefix) into a job id.
+pub async fn resolve_job(js: &jetstream::Context, typed: &str) -> Result<JobId, StateError> {
+    let typed = typed.trim();
+    if !is_job_id_prefix(typed) {
+        return Err(StateError::NotAnId(typed.to_owned()));
+    }
+    if let Ok(id) = typed.parse::<JobId>() {
+        return match get_job(js, &id).await? {
+            Some(_) => Ok(id),
+            None => Err(StateError::UnknownJob(typed.to_owned())),
+        };
+    }
+    let matches: Vec<String> = list_job_ids(js)
+        .await?
+        .into_iter()
+        .filter(|id| id.starts_with(typed))
+        .collect();
+    match matches.as_slice() {
+        [] => Err(StateError::UnknownJob(typed.to_owned())),
+        [one] => one
+            .parse()
+            .map_err(|_| StateError::UnknownJob(typed.to_owned())),
+        many => Err(StateError::AmbiguousJob {
+            prefix: typed.to_owned(),
+            count: many.len(),
+            examples: many
+                .iter()
+                .take(3)
+                .map(|id| id[..JobId::SHORT_LEN].to_owned())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// The last heartbeat of every node that ever reported, by node name.
+pub async fn list_nodes(js: &jetstream::Context) -> Result<Vec<NodeHeartbeat>, StateError> {
+    let messages =
+        last_per_subject(js, subjects::NODES_STREAM, subjects::ALL_HEARTBEATS, false).await?;
+    let mut nodes: Vec<NodeHeartbeat> = messages
+        .iter()
+        .filter_map(|m| match serde_json::from_slice(&m.payload) {
+            Ok(beat) => Some(beat),
+            Err(err) => {
+                tracing::warn!(subject = %m.subject, %err, "ignoring a malformed heartbeat");
+                None
+            }
+        })
+        .collect();
+    nodes.sort_by(|a: &NodeHeartbeat, b| a.node.cmp(&b.node));
+    Ok(nodes)
+}

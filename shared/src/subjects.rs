@@ -1,0 +1,102 @@
+//! Subject, stream, bucket and consumer names: the wire contract, written down once.
+//!
+//! | subject | from → to |
+//! | --- | --- |
+//! | `jobs.submit` | CLI → scheduler (stream `MGPU_REQUESTS`) |
+//! | `jobs.<id>.cancel` | CLI → scheduler (stream `MGPU_REQUESTS`) |
+//! | `jobs.<id>.events` | scheduler, agent → anyone (stream `MGPU_EVENTS`) |
+//! | `jobs.<id>.output` | agent → anyone (stream `MGPU_OUTPUT`) |
+//! | `jobs.<id>.input` | CLI → agent (core NATS) |
+//! | `nodes.heartbeat.<node>` | agent → anyone (stream `MGPU_NODES`, last message per node kept) |
+//! | `nodes.assign.<node>` | scheduler → agent (stream `MGPU_ASSIGN`) |
+//! | `nodes.control.<node>` | scheduler → agent (stream `MGPU_ASSIGN`) |
+
+use crate::ids::JobId;
+
+pub const SUBMIT: &str = "jobs.submit";
+pub const ALL_CANCELS: &str = "jobs.*.cancel";
+pub const ALL_EVENTS: &str = "jobs.*.events";
+pub const ALL_OUTPUT: &str = "jobs.*.output";
+pub const ALL_HEARTBEATS: &str = "nodes.heartbeat.*";
+pub const ALL_ASSIGNMENTS: &str = "nodes.assign.*";
+pub const ALL_CONTROLS: &str = "nodes.control.*";
+
+/// Stream holding submissions and cancellations until the scheduler has handled them.
+pub const REQUESTS_STREAM: &str = "MGPU_REQUESTS";
+/// Stream holding every job's state transitions.
+pub const EVENTS_STREAM: &str = "MGPU_EVENTS";
+/// Stream holding every job's output, bounded by age and size.
+pub const OUTPUT_STREAM: &str = "MGPU_OUTPUT";
+/// Stream holding the last heartbeat of every node.
+pub const NODES_STREAM: &str = "MGPU_NODES";
+/// Stream holding assignments and control messages until each node's agent has taken them.
+pub const ASSIGN_STREAM: &str = "MGPU_ASSIGN";
+/// KV bucket of job records, written by the active scheduler only.
+pub const JOBS_BUCKET: &str = "mgpu-jobs";
+/// The stream behind [`JOBS_BUCKET`] (JetStream's naming rule for KV buckets).
+pub const JOBS_BUCKET_STREAM: &str = "KV_mgpu-jobs";
+
+/// Durable consumer through which the scheduler takes submissions and cancellations.
+pub const SCHEDULER_REQUESTS_CONSUMER: &str = "scheduler-requests";
+/// Durable consumer through which the scheduler learns what agents report about jobs.
+pub const SCHEDULER_EVENTS_CONSUMER: &str = "scheduler-events";
+
+/// Name of the scheduler's NATS micro service (`$SRV.PING` answers with it).
+pub const SCHEDULER_SERVICE: &str = "mgpu-scheduler";
+
+pub fn cancel(job: &JobId) -> String {
+    format!("jobs.{job}.cancel")
+}
+pub fn events(job: &JobId) -> String {
+    format!("jobs.{job}.events")
+}
+pub fn output(job: &JobId) -> String {
+    format!("jobs.{job}.output")
+}
+pub fn input(job: &JobId) -> String {
+    format!("jobs.{job}.input")
+}
+pub fn heartbeat(node: &str) -> String {
+    format!("nodes.heartbeat.{node}")
+}
+pub fn assign(node: &str) -> String {
+    format!("nodes.assign.{node}")
+}
+pub fn control(node: &str) -> String {
+    format!("nodes.control.{node}")
+}
+/// The durable consumer a node's agent reads its assignments and controls through.
+pub fn node_consumer(node: &str) -> String {
+    format!("node-{node}")
+}
+
+/// The job id in `jobs.<id>.<kind>`, if the subject has that shape.
+pub fn job_id_of(subject: &str) -> Option<&str> {
+    let mut parts = subject.split('.');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("jobs"), Some(id), Some(_), None) => Some(id),
+        _ => None,
+    }
+}
+
+/// The node name in `nodes.<kind>.<node>`, if the subject has that shape.
+pub fn node_of(subject: &str) -> Option<&str> {
+    let mut parts = subject.split('.');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("nodes"), Some(_), Some(node), None) => Some(node),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_come_back_out_of_subjects() {
+        assert_eq!(job_id_of("jobs.abc.cancel"), Some("abc"));
+        assert_eq!(job_id_of("jobs.submit"), None);
+        assert_eq!(node_of("nodes.heartbeat.node001"), Some("node001"));
+        assert_eq!(node_of("nodes.heartbeat"), None);
+    }
+}
