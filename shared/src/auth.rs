@@ -184,7 +184,12 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 "$SRV.>",
                 "_INBOX.>",
             ]),
-            subscribe: strings(&["$SRV.>", subjects::ALL_HEARTBEATS, "_INBOX.>"]),
+            subscribe: strings(&[
+                "$SRV.>",
+                subjects::SCHEDULER_ENDPOINTS,
+                subjects::ALL_HEARTBEATS,
+                "_INBOX.>",
+            ]),
         },
         Role::Node => {
             let consumer = subjects::node_consumer(name);
@@ -215,6 +220,7 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 "$JS.API.INFO",
                 "$JS.FC.>",
                 "$SRV.>",
+                subjects::SCHEDULER_STATUS,
             ]);
             for stream in [
                 subjects::JOBS_BUCKET_STREAM,

@@ -59,16 +59,19 @@ pub async fn connect_with(
         .nkey(seed)
         .name(client_name)
         .connection_timeout(Duration::from_secs(5));
-    options.connect(servers).await.map_err(|err| match err.kind() {
-        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
-            ConnectError::AuthenticationFailed {
-                server: target.server.clone(),
-                creds: target.creds.display().to_string(),
+    options
+        .connect(servers)
+        .await
+        .map_err(|err| match err.kind() {
+            ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                ConnectError::AuthenticationFailed {
+                    server: target.server.clone(),
+                    creds: target.creds.display().to_string(),
+                }
             }
-        }
-        _ => ConnectError::Unreachable {
-            server: target.server.clone(),
-            detail: err.to_string(),
-        },
-    })
+            _ => ConnectError::Unreachable {
+                server: target.server.clone(),
+                detail: err.to_string(),
+            },
+        })
 }

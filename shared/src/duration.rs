@@ -72,7 +72,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, InvalidInput> {
     };
     let duration = Duration::from_secs(seconds);
     if duration.is_zero() {
-        return Err(InvalidInput::new(format!("`{text}`: a duration must be longer than 0")));
+        return Err(InvalidInput::new(format!(
+            "`{text}`: a duration must be longer than 0"
+        )));
     }
     if duration > MAX_TIME_LIMIT {
         return Err(InvalidInput::new(format!(
@@ -114,7 +116,17 @@ mod tests {
 
     #[test]
     fn nonsense_and_absurd_values_are_refused() {
-        for bad in ["", "0", "-5", "10x", "m", "1:99", "100y", "36600d", "1-2-3:00:00"] {
+        for bad in [
+            "",
+            "0",
+            "-5",
+            "10x",
+            "m",
+            "1:99",
+            "100y",
+            "36600d",
+            "1-2-3:00:00",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad} accepted");
         }
     }

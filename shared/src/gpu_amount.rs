@@ -39,7 +39,7 @@ impl GpuAmount {
 
     /// A whole number of GPUs (0, 1, 2, …) rather than a share of one.
     pub fn is_whole(self) -> bool {
-        self.0 % Self::UNITS_PER_GPU == 0
+        self.0.is_multiple_of(Self::UNITS_PER_GPU)
     }
 
     /// How many GPUs the job touches: a fraction occupies part of one GPU.
@@ -128,8 +128,14 @@ mod tests {
     #[test]
     fn people_type_whole_numbers_and_shares() {
         assert_eq!("2".parse::<GpuAmount>().ok(), Some(GpuAmount::whole(2)));
-        assert_eq!("0.5".parse::<GpuAmount>().map(|a| a.units()).ok(), Some(5_000));
-        assert_eq!("0.25".parse::<GpuAmount>().map(|a| a.to_string()).ok(), Some("0.25".into()));
+        assert_eq!(
+            "0.5".parse::<GpuAmount>().map(|a| a.units()).ok(),
+            Some(5_000)
+        );
+        assert_eq!(
+            "0.25".parse::<GpuAmount>().map(|a| a.to_string()).ok(),
+            Some("0.25".into())
+        );
         assert_eq!(GpuAmount::from_units(5_000).gpu_count(), 1);
         assert_eq!(GpuAmount::whole(3).gpu_count(), 3);
     }
@@ -143,7 +149,11 @@ mod tests {
 
     #[test]
     fn json_round_trip_keeps_the_value() {
-        for a in [GpuAmount::ZERO, GpuAmount::whole(4), GpuAmount::from_units(2_500)] {
+        for a in [
+            GpuAmount::ZERO,
+            GpuAmount::whole(4),
+            GpuAmount::from_units(2_500),
+        ] {
             let text = serde_json::to_string(&a).unwrap_or_default();
             let back: Result<GpuAmount, _> = serde_json::from_str(&text);
             assert_eq!(back.ok(), Some(a));

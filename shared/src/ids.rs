@@ -70,7 +70,8 @@ impl From<JobId> for String {
 pub fn is_job_id_prefix(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= JobId::LEN
-        && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Checks a node name: it becomes a subject token and a consumer name, so only

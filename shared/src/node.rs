@@ -80,8 +80,7 @@ pub enum NodeLiveness {
 impl NodeHeartbeat {
     /// Online while fewer than [`MISSED_HEARTBEATS_OFFLINE`] heartbeats were missed.
     pub fn liveness(&self, now: Timestamp) -> NodeLiveness {
-        let allowed = Duration::from_millis(self.interval_ms.max(1))
-            * MISSED_HEARTBEATS_OFFLINE;
+        let allowed = Duration::from_millis(self.interval_ms.max(1)) * MISSED_HEARTBEATS_OFFLINE;
         let age = (now - self.sent_at).to_std().unwrap_or(Duration::ZERO);
         if age <= allowed {
             NodeLiveness::Online

@@ -126,7 +126,10 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
 /// One job's record, if it exists.
 pub async fn get_job(js: &jetstream::Context, id: &JobId) -> Result<Option<JobRecord>, StateError> {
     let bucket = jobs_bucket(js).await?;
-    let value = bucket.get(id.as_str()).await.map_err(StateError::jetstream)?;
+    let value = bucket
+        .get(id.as_str())
+        .await
+        .map_err(StateError::jetstream)?;
     value
         .map(|bytes| {
             serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt {

@@ -43,7 +43,9 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
     vec![
         stream::Config {
             name: subjects::REQUESTS_STREAM.into(),
-            description: Some("mgpu submissions and cancellations, until the scheduler took them".into()),
+            description: Some(
+                "mgpu submissions and cancellations, until the scheduler took them".into(),
+            ),
             subjects: vec![subjects::SUBMIT.into(), subjects::ALL_CANCELS.into()],
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DEDUP_WINDOW,
@@ -83,8 +85,13 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
         },
         stream::Config {
             name: subjects::ASSIGN_STREAM.into(),
-            description: Some("mgpu assignments and controls, until each node's agent took them".into()),
-            subjects: vec![subjects::ALL_ASSIGNMENTS.into(), subjects::ALL_CONTROLS.into()],
+            description: Some(
+                "mgpu assignments and controls, until each node's agent took them".into(),
+            ),
+            subjects: vec![
+                subjects::ALL_ASSIGNMENTS.into(),
+                subjects::ALL_CONTROLS.into(),
+            ],
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DEDUP_WINDOW,
             num_replicas: replicas,
@@ -114,6 +121,8 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
     }
     js.create_or_update_key_value(jobs_bucket_config(settings))
         .await
-        .map_err(|e| StateError::JetStream(format!("creating bucket {}: {e}", subjects::JOBS_BUCKET)))?;
+        .map_err(|e| {
+            StateError::JetStream(format!("creating bucket {}: {e}", subjects::JOBS_BUCKET))
+        })?;
     Ok(())
 }

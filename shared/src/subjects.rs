@@ -43,6 +43,10 @@ pub const SCHEDULER_EVENTS_CONSUMER: &str = "scheduler-events";
 
 /// Name of the scheduler's NATS micro service (`$SRV.PING` answers with it).
 pub const SCHEDULER_SERVICE: &str = "mgpu-scheduler";
+/// Request/reply endpoint answering with the scheduler's counters (queued, running, nodes).
+pub const SCHEDULER_STATUS: &str = "mgpu.scheduler.status";
+/// Every endpoint of the scheduler's micro service.
+pub const SCHEDULER_ENDPOINTS: &str = "mgpu.scheduler.>";
 
 pub fn cancel(job: &JobId) -> String {
     format!("jobs.{job}.cancel")

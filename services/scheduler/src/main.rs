@@ -1,1 +1,104 @@
-fn main(){}
+//! `mgpu-scheduler`: the service that decides which queued job runs where.
+//!
+//! # Layout
+//! - [`core`]: the pure scheduling function (no I/O; unit and property tests live there).
+//! - [`service`]: the event loop around it: consumers, passes, assignments, events.
+//! - [`requests`]: submissions and cancellations from users.
+//! - [`reports`]: what node agents report about the processes they run.
+//! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
+//! - [`nodes`]: the node table built from heartbeats.
+//! - [`status`]: the NATS micro service (`$SRV.PING`, `mgpu.scheduler.status`).
+
+mod core;
+mod nodes;
+mod reports;
+mod requests;
+mod service;
+mod state;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::sync::watch;
+
+use mgpu_shared::connect::{ConnectTarget, connect};
+use mgpu_shared::streams::StreamSettings;
+
+/// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
+/// and keeps every job's record in JetStream. Stop it and start it again at any time:
+/// nothing is lost.
+#[derive(Parser, Debug)]
+#[command(name = "mgpu-scheduler", version)]
+struct Args {
+    /// NATS server URL(s), comma-separated for a cluster.
+    #[arg(long, env = "MGPU_SERVER", default_value = "nats://127.0.0.1:4222")]
+    server: String,
+    /// File holding the scheduler's nkey seed.
+    #[arg(long, env = "MGPU_CREDS")]
+    creds: PathBuf,
+    /// Copies of each stream in a NATS cluster (1 for a single server).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Total job output kept, in MiB, across all jobs (oldest output goes first).
+    #[arg(long, default_value_t = 4096)]
+    output_max_mib: i64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let target = ConnectTarget {
+        server: args.server.clone(),
+        creds: args.creds.clone(),
+    };
+    let client = connect(&target, "mgpu-scheduler").await?;
+    tracing::info!(server = %args.server, "connected");
+    let settings = StreamSettings {
+        replicas: args.replicas,
+        output_max_bytes: args.output_max_mib.saturating_mul(1024 * 1024),
+        ..StreamSettings::default()
+    };
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        let _ = shutdown_tx.send(true);
+    });
+    service::run(client.clone(), settings, shutdown_rx).await?;
+    // Flush what is still buffered (acks, last events) before leaving.
+    let _ = client.drain().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! What users ask of the scheduler: submissions (`jobs.submit`) and cancellations
+//! (`jobs.<id>.cancel`). A bad request is recorded or logged and acknowledged; it never
+//! stops the scheduler.
+
+use anyhow::{Result, anyhow};
+use bytes::Bytes;
+
+use mgpu_shared::assign::NodeControl;
+use mgpu_shared::event::JobEventKind;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{
+    CancelRequest, Ending, JobRecord, JobState, MAX_SUBMIT_BYTES, SubmitRequest, WaitReason,
+    Waiting,
+};
+use mgpu_shared::{now, subjects};
+
+use crate::service::Scheduler;
+
+impl Scheduler {
+    pub(crate) async fn on_submit(&mut self, payload: &Bytes) -> Result<()> {
+        if payload.len() > MAX_SUBMIT_BYTES {
+            tracing::warn!(bytes = payload.len(), "refusing an oversized submission");
+            return Ok(());
+        }
+        let request: SubmitRequest = match serde_json::from_slice(payload) {
+            Ok(request) => request,
+            Err(err) => {
+                tracing::warn!(%err, "refusing a malformed submission");
+                return Ok(());
+            }
+        };
+        let at = now();
+        let state = match request.spec.validate() {
+            Ok(()) => JobState::Queued(Waiting {
+                reason: WaitReason::Submitted,
+            }),
+            Err(invalid) => JobState::Failed(Ending {
+                placement: None,
+                started_at: None,
+                ended_at: at,
+                exit_code: None,
+                signal: None,
+                reason: Some(format!("invalid submission: {invalid}")),
+            }),
+        };
+        let rejected = state.is_finished();
+        let record = JobRecord {
+            id: request.id.clone(),
+            user: request.user,
+            spec: request.spec,
+            submitted_at: at,
+            attempt: 1,
+            state,
+        };
+        if !self.store.create(record).await? {
+            tracing::debug!(job = %request.id, "submission already recorded");
+            return Ok(());
+        }
+        tracing::info!(job = %request.id, "job submitted");
+        if rejected {
+            let reason = self
+                .store
+                .get(&request.id)
+                .and_then(|r| r.state.ending())
+                .and_then(|e| e.reason.clone())
+                .unwrap_or_default();
+            self.publish_event(&request.id, JobEventKind::Rejected { reason });
+        } else {
+            self.publish_event(
+                &request.id,
+                JobEventKind::Queued {
+                    reason: WaitReason::Submitted,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn on_cancel(&mut self, id: &str, payload: &Bytes) -> Result<()> {
+        let request: CancelRequest = match serde_json::from_slice(payload) {
+            Ok(request) => request,
+            Err(err) => {
+                tracing::warn!(job = id, %err, "refusing a malformed cancel request");
+                return Ok(());
+            }
+        };
+        let Ok(job) = id.parse::<JobId>() else {
+            tracing::warn!(job = id, "cancel for something that is not a job id");
+            return Ok(());
+        };
+        let Some(record) = self.store.get(&job).cloned() else {
+            tracing::warn!(job = %job, "cancel for an unknown job");
+            return Ok(());
+        };
+        let by = request.user;
+        let reason = match &request.reason {
+            Some(why) => format!("cancelled by {by}: {why}"),
+            None => format!("cancelled by {by}"),
+        };
+        match &record.state {
+            JobState::Queued(_) => {
+                let at = now();
+                self.finish(&job, |_| {
+                    JobState::Cancelled(Ending {
+                        placement: None,
+                        started_at: None,
+                        ended_at: at,
+                        exit_code: None,
+                        signal: None,
+                        reason: Some(reason.clone()),
+                    })
+                })
+                .await?;
+            }
+            JobState::Running(run) if run.cancel_requested_by.is_none() => {
+                let control = NodeControl::Kill {
+                    job_id: job.clone(),
+                    attempt: record.attempt,
+                    reason: reason.clone(),
+                };
+                self.store
+                    .update(&job, |r| {
+                        if let JobState::Running(run) = &mut r.state {
+                            run.cancel_requested_by = Some(by.clone());
+                        }
+                    })
+                    .await?;
+                self.js
+                    .publish(
+                        subjects::control(&run.placement.node),
+                        Bytes::from(serde_json::to_vec(&control)?),
+                    )
+                    .await
+                    .map_err(|e| anyhow!("sending kill for {job}: {e}"))?
+                    .await
+                    .map_err(|e| anyhow!("sending kill for {job}: {e}"))?;
+                tracing::info!(job = %job, node = %run.placement.node, "kill sent");
+            }
+            _ => tracing::debug!(job = %job, state = record.state.name(), "cancel: nothing to do"),
+        }
+        Ok(())
+    }
+}

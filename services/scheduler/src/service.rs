@@ -1,0 +1,452 @@
+//! The scheduler service: turns messages into table updates, runs the core after every
+//! change, and turns the core's decisions into KV writes and assignments.
+//!
+//! Everything is event-driven: a submission, an agent's report or a node's heartbeat wakes
+//! the loop; nothing polls. Messages that arrive together are handled as one batch followed
+//! by one scheduling pass, so a burst of 1 000 submissions costs a handful of passes.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer};
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
+
+use mgpu_shared::assign::Assignment;
+use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{Ending, JobRecord, JobState, Placement, Run, Waiting};
+use mgpu_shared::node::NodeHeartbeat;
+use mgpu_shared::streams::{self, StreamSettings};
+use mgpu_shared::{Timestamp, now, records, subjects};
+
+use crate::core::{self, Decision, QueuedJob};
+use crate::nodes::NodeTable;
+use crate::state::JobStore;
+use crate::status::Status;
+
+/// Messages handled before a scheduling pass, at most, when a burst arrives.
+const BATCH: usize = 512;
+
+pub struct Scheduler {
+    pub(crate) js: jetstream::Context,
+    pub(crate) store: JobStore,
+    pub(crate) nodes: NodeTable,
+    status: watch::Sender<Status>,
+    passes: u64,
+}
+
+/// Runs the scheduler until `shutdown` turns true.
+pub async fn run(
+    client: async_nats::Client,
+    settings: StreamSettings,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<()> {
+    let js = jetstream::new(client.clone());
+    streams::ensure(&js, &settings).await?;
+
+    let store = JobStore::load(&js).await.context("loading job records")?;
+    let nodes = NodeTable::from_heartbeats(
+        records::list_nodes(&js)
+            .await
+            .context("loading node heartbeats")?,
+    );
+    let (status_tx, status_rx) = watch::channel(Status::default());
+    let mut scheduler = Scheduler {
+        js: js.clone(),
+        store,
+        nodes,
+        status: status_tx,
+        passes: 0,
+    };
+    tracing::info!(
+        jobs = scheduler.store.records().count(),
+        nodes = scheduler.nodes.len(),
+        "state loaded"
+    );
+
+    let service_client = client.clone();
+    tokio::spawn(async move {
+        if let Err(err) = crate::status::serve(service_client, status_rx).await {
+            tracing::error!("micro service stopped: {err:#}");
+        }
+    });
+
+    let mut heartbeats = client
+        .subscribe(subjects::ALL_HEARTBEATS)
+        .await
+        .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
+    let events_consumer = durable_consumer(
+        &js,
+        subjects::EVENTS_STREAM,
+        subjects::SCHEDULER_EVENTS_CONSUMER,
+    )
+    .await?;
+    let backlog = events_consumer
+        .clone()
+        .info()
+        .await
+        .map_err(|e| anyhow!("reading the events consumer: {e}"))?
+        .num_pending;
+    let mut events = events_consumer
+        .messages()
+        .await
+        .map_err(|e| anyhow!("consuming job events: {e}"))?;
+    // Agents' reports written while we were down come first: only then do we know which
+    // assignments never reached their node.
+    for _ in 0..backlog {
+        match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+            Ok(Some(Ok(message))) => scheduler.on_event_message(message).await,
+            Ok(Some(Err(err))) => tracing::warn!(%err, "reading a job event"),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    scheduler.resend_unconfirmed_assignments().await;
+
+    let mut requests = durable_consumer(
+        &js,
+        subjects::REQUESTS_STREAM,
+        subjects::SCHEDULER_REQUESTS_CONSUMER,
+    )
+    .await?
+    .messages()
+    .await
+    .map_err(|e| anyhow!("consuming requests: {e}"))?;
+
+    scheduler.pass().await;
+    tracing::info!("scheduler ready");
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(message) = requests.next() => {
+                scheduler.on_request(message).await;
+                for _ in 0..BATCH {
+                    match requests.next().now_or_never() {
+                        Some(Some(message)) => scheduler.on_request(message).await,
+                        _ => break,
+                    }
+                }
+            }
+            Some(message) = events.next() => {
+                match message {
+                    Ok(message) => scheduler.on_event_message(message).await,
+                    Err(err) => tracing::warn!(%err, "reading a job event"),
+                }
+                for _ in 0..BATCH {
+                    match events.next().now_or_never() {
+                        Some(Some(Ok(message))) => scheduler.on_event_message(message).await,
+                        Some(Some(Err(err))) => tracing::warn!(%err, "reading a job event"),
+                        _ => break,
+                    }
+                }
+            }
+            Some(message) = heartbeats.next() => {
+                let mut changed = scheduler.on_heartbeat(&message.payload);
+                while let Some(Some(message)) = heartbeats.next().now_or_never() {
+                    changed |= scheduler.on_heartbeat(&message.payload);
+                }
+                if !changed {
+                    continue;
+                }
+            }
+        }
+        scheduler.pass().await;
+    }
+    tracing::info!("scheduler stopping");
+    Ok(())
+}
+
+async fn durable_consumer(
+    js: &jetstream::Context,
+    stream: &str,
+    name: &str,
+) -> Result<consumer::PullConsumer> {
+    let stream = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| anyhow!("opening stream {stream}: {e}"))?;
+    stream
+        .get_or_create_consumer(
+            name,
+            consumer::pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 10_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("opening consumer {name}: {e}"))
+}
+
+impl Scheduler {
+    async fn on_request(
+        &mut self,
+        message: Result<
+            jetstream::Message,
+            async_nats::error::Error<consumer::pull::MessagesErrorKind>,
+        >,
+    ) {
+        let message = match message {
+            Ok(message) => message,
+            Err(err) => {
+                tracing::warn!(%err, "reading a request");
+                return;
+            }
+        };
+        let subject = message.subject.to_string();
+        let handled = if subject == subjects::SUBMIT {
+            self.on_submit(&message.payload).await
+        } else if let Some(id) =
+            subjects::job_id_of(&subject).filter(|_| subject.ends_with(".cancel"))
+        {
+            let id = id.to_owned();
+            self.on_cancel(&id, &message.payload).await
+        } else {
+            tracing::warn!(%subject, "ignoring a request on an unexpected subject");
+            Ok(())
+        };
+        match handled {
+            Ok(()) => {
+                if let Err(err) = message.ack().await {
+                    tracing::warn!(%err, "acknowledging a request");
+                }
+            }
+            // A failure to persist leaves the request unacknowledged: JetStream redelivers it.
+            Err(err) => tracing::error!("handling {subject}: {err:#}"),
+        }
+    }
+
+    async fn on_event_message(&mut self, message: jetstream::Message) {
+        match serde_json::from_slice::<JobEvent>(&message.payload) {
+            Ok(event) => {
+                let subject_id = subjects::job_id_of(message.subject.as_str());
+                if subject_id != Some(event.job_id.as_str()) {
+                    tracing::warn!(subject = %message.subject, "event names another job than its subject; ignored");
+                } else if let EventSource::Node(node) = &event.source {
+                    let node = node.clone();
+                    if let Err(err) = self.on_agent_report(&node, event).await {
+                        // Unacknowledged: JetStream redelivers it after the ack wait.
+                        tracing::error!("handling a report from {node}: {err:#}");
+                        return;
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::warn!(subject = %message.subject, %err, "ignoring a malformed job event")
+            }
+        }
+        if let Err(err) = message.ack().await {
+            tracing::warn!(%err, "acknowledging a job event");
+        }
+    }
+
+    fn on_heartbeat(&mut self, payload: &Bytes) -> bool {
+        match serde_json::from_slice::<NodeHeartbeat>(payload) {
+            Ok(beat) => self.nodes.update(beat, now()),
+            Err(err) => {
+                tracing::warn!(%err, "ignoring a malformed heartbeat");
+                false
+            }
+        }
+    }
+
+    /// One scheduling pass: ask the core, then carry out what it decided.
+    pub(crate) async fn pass(&mut self) {
+        let now = now();
+        let queue: Vec<QueuedJob> = self
+            .store
+            .records()
+            .filter(|r| matches!(r.state, JobState::Queued(_)))
+            .map(|r| QueuedJob {
+                id: r.id.clone(),
+                priority: r.spec.priority,
+                submitted_at: r.submitted_at,
+                gpus: r.spec.gpus,
+                gpu_ids: r.spec.gpu_ids.clone(),
+                mem_mib: r.spec.mem_mib,
+            })
+            .collect();
+        if !queue.is_empty() {
+            let decisions = core::plan(
+                &self.nodes.views(now),
+                &self.store.running_placements(),
+                &queue,
+            );
+            for decision in decisions {
+                if let Err(err) = self.carry_out(decision, now).await {
+                    tracing::error!("{err:#}");
+                }
+            }
+        }
+        self.passes += 1;
+        self.publish_status(now);
+    }
+
+    async fn carry_out(&mut self, decision: Decision, now: Timestamp) -> Result<()> {
+        match decision {
+            Decision::Start { job, placement } => self.start(&job, placement, now).await,
+            Decision::Wait { job, reason } => {
+                let unchanged = matches!(
+                    self.store.get(&job).map(|r| &r.state),
+                    Some(JobState::Queued(w)) if w.reason == reason
+                );
+                if !unchanged {
+                    self.store
+                        .update(&job, |r| r.state = JobState::Queued(Waiting { reason }))
+                        .await?;
+                    self.publish_event(&job, JobEventKind::Queued { reason });
+                }
+                Ok(())
+            }
+            Decision::Reject { job, reason } => {
+                self.finish(&job, |_| {
+                    JobState::Failed(Ending {
+                        placement: None,
+                        started_at: None,
+                        ended_at: now,
+                        exit_code: None,
+                        signal: None,
+                        reason: Some(format!("cannot run: {reason}")),
+                    })
+                })
+                .await
+            }
+        }
+    }
+
+    /// Records the placement first, then sends the assignment: if we die in between, the
+    /// restarted scheduler sees a running job that never started and sends it again (the
+    /// message id makes JetStream drop the copy if the first one did go out).
+    async fn start(&mut self, job: &JobId, placement: Placement, now: Timestamp) -> Result<()> {
+        let record = self
+            .store
+            .update(job, |r| {
+                r.state = JobState::Running(Run {
+                    placement: placement.clone(),
+                    assigned_at: now,
+                    started_at: None,
+                    pid: None,
+                    cancel_requested_by: None,
+                })
+            })
+            .await?;
+        self.send_assignment(&record).await?;
+        self.publish_event(job, JobEventKind::Assigned { placement });
+        Ok(())
+    }
+
+    pub(crate) async fn send_assignment(&self, record: &JobRecord) -> Result<()> {
+        let JobState::Running(run) = &record.state else {
+            return Ok(());
+        };
+        let assignment = Assignment {
+            job_id: record.id.clone(),
+            attempt: record.attempt,
+            user: record.user.clone(),
+            spec: record.spec.clone(),
+            placement: run.placement.clone(),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{}-{}", record.id, record.attempt).as_str(),
+        );
+        self.js
+            .publish_with_headers(
+                subjects::assign(&run.placement.node),
+                headers,
+                Bytes::from(serde_json::to_vec(&assignment)?),
+            )
+            .await
+            .map_err(|e| anyhow!("sending job {} to {}: {e}", record.id, run.placement.node))?
+            .await
+            .map_err(|e| anyhow!("sending job {} to {}: {e}", record.id, run.placement.node))?;
+        Ok(())
+    }
+
+    /// After a restart: assignments recorded but never confirmed by their agent go out again.
+    async fn resend_unconfirmed_assignments(&self) {
+        let unconfirmed: Vec<JobRecord> = self
+            .store
+            .records()
+            .filter(|r| matches!(&r.state, JobState::Running(run) if run.started_at.is_none()))
+            .cloned()
+            .collect();
+        for record in unconfirmed {
+            tracing::info!(job = %record.id, "re-sending an unconfirmed assignment");
+            if let Err(err) = self.send_assignment(&record).await {
+                tracing::error!("{err:#}");
+            }
+        }
+    }
+
+    /// Moves a job to a finished state built by `ending` from its current record.
+    pub(crate) async fn finish(
+        &mut self,
+        job: &JobId,
+        ending: impl Fn(&JobRecord) -> JobState,
+    ) -> Result<()> {
+        let record = self.store.update(job, |r| r.state = ending(r)).await?;
+        let end = record.state.ending();
+        self.publish_event(
+            job,
+            JobEventKind::Finished {
+                state: record.state.name().to_owned(),
+                exit_code: end.and_then(|e| e.exit_code),
+                reason: end.and_then(|e| e.reason.clone()),
+            },
+        );
+        tracing::info!(job = %job, state = record.state.name(), "job finished");
+        Ok(())
+    }
+
+    /// Publishes a state change. The acknowledgement is awaited off the hot path: events are
+    /// for watchers, the record in KV is the truth.
+    pub(crate) fn publish_event(&self, job: &JobId, kind: JobEventKind) {
+        let attempt = self.store.get(job).map(|r| r.attempt).unwrap_or(0);
+        let event = JobEvent {
+            job_id: job.clone(),
+            attempt,
+            at: now(),
+            source: EventSource::Scheduler,
+            kind,
+        };
+        let Ok(payload) = serde_json::to_vec(&event) else {
+            return;
+        };
+        let js = self.js.clone();
+        let subject = subjects::events(job);
+        tokio::spawn(async move {
+            match js.publish(subject, payload.into()).await {
+                Ok(ack) => {
+                    if let Err(err) = ack.await {
+                        tracing::warn!(%err, "job event not stored");
+                    }
+                }
+                Err(err) => tracing::warn!(%err, "publishing a job event"),
+            }
+        });
+    }
+
+    fn publish_status(&self, now: Timestamp) {
+        let mut status = Status {
+            passes: self.passes,
+            nodes_known: self.nodes.len(),
+            nodes_online: self.nodes.online(now),
+            ..Status::default()
+        };
+        for record in self.store.records() {
+            status.jobs_total += 1;
+            match record.state {
+                JobState::Queued(_) => status.jobs_queued += 1,
+                JobState::Running(_) => status.jobs_running += 1,
+                _ => {}
+            }
+        }
+        self.status.send_replace(status);
+    }
+}
