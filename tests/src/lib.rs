@@ -1,1 +1,392 @@
+//! Test harness: a real mgpu cluster on this machine, torn down on drop.
+//!
+//! [`Cluster::start`] writes credentials and a server config with the same code `mgpu admin
+//! init` uses, starts a real `nats-server` on a free port with its own JetStream directory,
+//! then the real `mgpu-scheduler` and `mgpu-node` binaries. Tests drive it through the real
+//! `mgpu` CLI (and, for attacks and raw checks, an async-nats client). Nothing is mocked.
+//!
+//! The binaries come from the cargo target directory the tests run from; `scripts/test.sh`
+//! builds them first. The nats-server is `$MGPU_NATS_SERVER`, else `.tools/bin/nats-server`,
+//! else the one on PATH.
 
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mgpu_shared::auth::{Registry, Role, render_server_conf};
+use serde_json::Value;
+
+/// Heartbeat interval the agents use in tests (short, so node changes are seen quickly).
+pub const HEARTBEAT: &str = "200ms";
+
+/// One node agent to start.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    /// Declared GPUs, e.g. `1x24GiB`.
+    pub gpus: String,
+}
+
+impl NodeSpec {
+    pub fn new(name: &str, gpus: &str) -> Self {
+        NodeSpec {
+            name: name.into(),
+            gpus: gpus.into(),
+        }
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    auth_dir: PathBuf,
+    nats: Option<Child>,
+    scheduler: Option<Child>,
+    agents: Vec<(String, Child)>,
+    nodes: Vec<NodeSpec>,
+}
+
+/// Where the mgpu binaries are: the target directory of this test executable.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/debug/deps/<test> → target/debug
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    for bin in ["mgpu", "mgpu-scheduler", "mgpu-node"] {
+        assert!(
+            dir.join(bin).exists(),
+            "{} is missing: build the workspace first (`cargo build --workspace`; scripts/test.sh does it)",
+            dir.join(bin).display()
+        );
+    }
+    dir
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The nats-server binary the tests start.
+pub fn nats_server_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("MGPU_NATS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let local = repo_root().join(".tools/bin/nats-server");
+    if local.exists() {
+        return local;
+    }
+    PathBuf::from("nats-server")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// Waits until `check` returns Some, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// True while a process with this pid exists.
+pub fn process_alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+impl Cluster {
+    /// Server, scheduler and the given agents.
+    pub fn start(nodes: &[NodeSpec]) -> Cluster {
+        let mut cluster = Cluster::server_only(nodes);
+        cluster.start_scheduler();
+        for node in nodes {
+            cluster.start_agent(&node.name);
+        }
+        cluster.wait_nodes_online(nodes.len());
+        cluster
+    }
+
+    /// Only the nats-server, with credentials for the scheduler, `admin`, users `alice` and
+    /// `bob`, and each node in `nodes`.
+    pub fn server_only(nodes: &[NodeSpec]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
+        let auth_dir = dir.path().join("auth");
+        let mut registry = Registry::default();
+        let add = |registry: &mut Registry, role, name: &str| {
+            registry
+                .add(&auth_dir, role, name)
+                .unwrap_or_else(|e| panic!("adding {name}: {e}"));
+        };
+        add(&mut registry, Role::Scheduler, "scheduler");
+        add(&mut registry, Role::Admin, "admin");
+        add(&mut registry, Role::User, "alice");
+        add(&mut registry, Role::User, "bob");
+        for node in nodes {
+            add(&mut registry, Role::Node, &node.name);
+        }
+        registry.save(&auth_dir).unwrap_or_else(|e| panic!("saving auth: {e}"));
+        let port = free_port();
+        let conf = render_server_conf(port, &dir.path().join("jetstream"), "mgpu-test");
+        std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(dir.path().join("logs")).unwrap_or_else(|e| panic!("{e}"));
+        let mut cluster = Cluster {
+            dir,
+            port,
+            auth_dir,
+            nats: None,
+            scheduler: None,
+            agents: Vec::new(),
+            nodes: nodes.to_vec(),
+        };
+        cluster.start_nats();
+        cluster
+    }
+
+    pub fn server_url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The seed file of a principal.
+    pub fn creds(&self, role: Role, name: &str) -> PathBuf {
+        self.auth_dir
+            .join("keys")
+            .join(format!("{}-{name}.nk", role.as_str()))
+    }
+
+    pub fn user_creds(&self, name: &str) -> PathBuf {
+        self.creds(Role::User, name)
+    }
+
+    pub fn admin_creds(&self) -> PathBuf {
+        self.creds(Role::Admin, "admin")
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("logs").join(format!("{name}.log")))
+            .unwrap_or_else(|e| panic!("log file: {e}"))
+    }
+
+    fn start_nats(&mut self) {
+        let child = Command::new(nats_server_bin())
+            .arg("-c")
+            .arg(self.auth_dir.join("server.conf"))
+            .stdout(self.log("nats-server"))
+            .stderr(self.log("nats-server"))
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e} (run scripts/setup.sh)",
+                    nats_server_bin().display()
+                )
+            });
+        self.nats = Some(child);
+        let port = self.port;
+        wait_for("nats-server to listen", Duration::from_secs(10), || {
+            TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+    }
+
+    pub fn start_scheduler(&mut self) {
+        assert!(self.scheduler.is_none(), "scheduler already running");
+        let child = Command::new(bin_dir().join("mgpu-scheduler"))
+            .env("MGPU_SERVER", self.server_url())
+            .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
+            .env("RUST_LOG", "info")
+            .stdout(self.log("scheduler"))
+            .stderr(self.log("scheduler"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the scheduler: {e}"));
+        self.scheduler = Some(child);
+    }
+
+    /// SIGKILLs the scheduler: no chance to clean up, as in a crash.
+    pub fn kill_scheduler(&mut self) {
+        if let Some(mut child) = self.scheduler.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the agent of a node declared at [`Cluster::start`].
+    pub fn start_agent(&mut self, name: &str) {
+        let spec = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("node {name} was not declared"));
+        let child = Command::new(bin_dir().join("mgpu-node"))
+            .args(["--node", &spec.name, "--gpus", &spec.gpus])
+            .args(["--heartbeat-interval", HEARTBEAT, "--kill-grace", "2s"])
+            .env("MGPU_SERVER", self.server_url())
+            .env("MGPU_CREDS", self.creds(Role::Node, name))
+            .env("RUST_LOG", "info")
+            .stdout(self.log(name))
+            .stderr(self.log(name))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting agent {name}: {e}"));
+        self.agents.push((name.to_owned(), child));
+    }
+
+    /// Runs `mgpu ARGS` as user `alice`.
+    pub fn mgpu(&self, args: &[&str]) -> Output {
+        self.mgpu_with(&self.user_creds("alice"), args, None)
+    }
+
+    /// Runs `mgpu ARGS` with the given credentials, optionally feeding `stdin`.
+    pub fn mgpu_with(&self, creds: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut command = Command::new(bin_dir().join("mgpu"));
+        command
+            .args(args)
+            .env("MGPU_SERVER", self.server_url())
+            .env("MGPU_CREDS", creds)
+            .env("USER", "alice")
+            .current_dir(self.dir.path())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("running mgpu: {e}"));
+        if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            use std::io::Write;
+            let _ = pipe.write_all(bytes);
+        }
+        child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("running mgpu: {e}"))
+    }
+
+    /// Runs `mgpu ARGS`, asserts success and returns stdout.
+    pub fn mgpu_ok(&self, args: &[&str]) -> String {
+        let out = self.mgpu(args);
+        assert!(
+            out.status.success(),
+            "mgpu {args:?} failed ({:?}): {}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Submits a shell command line and returns the job id.
+    pub fn submit(&self, extra: &[&str], command: &str) -> String {
+        let mut args = vec!["submit", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", command]);
+        let out = self.mgpu_ok(&args);
+        let json: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("submit --json printed {out:?}: {e}"));
+        json["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no id in {out}"))
+            .to_owned()
+    }
+
+    /// `mgpu show --json` of a job.
+    pub fn show(&self, id: &str) -> Value {
+        let out = self.mgpu_ok(&["show", "--json", id]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("show --json printed {out:?}: {e}"))
+    }
+
+    pub fn state(&self, id: &str) -> String {
+        self.show(id)["state"].as_str().unwrap_or("").to_owned()
+    }
+
+    /// Waits until the job is in `state`, returning its `show --json`.
+    pub fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
+        wait_for(&format!("job {id} to be {state}"), timeout, || {
+            let job = self.show(id);
+            (job["state"] == state).then_some(job)
+        })
+    }
+
+    /// Waits until the job has finished, returning its `show --json`.
+    pub fn wait_finished(&self, id: &str, timeout: Duration) -> Value {
+        wait_for(&format!("job {id} to finish"), timeout, || {
+            let job = self.show(id);
+            let done = matches!(
+                job["state"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            );
+            done.then_some(job)
+        })
+    }
+
+    pub fn wait_nodes_online(&self, count: usize) {
+        wait_for(
+            &format!("{count} node(s) online"),
+            Duration::from_secs(20),
+            || {
+                let out = self.mgpu_with(&self.admin_creds(), &["nodes", "--json"], None);
+                let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
+                let online = nodes
+                    .as_array()?
+                    .iter()
+                    .filter(|n| n["state"] == "online")
+                    .count();
+                (online >= count).then_some(())
+            },
+        );
+    }
+
+    /// Prints the component logs; call before failing to see what happened.
+    pub fn dump_logs(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.dir.path().join("logs")) {
+            for entry in entries.flatten() {
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                eprintln!("===== {} =====\n{text}", entry.path().display());
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for (_, child) in &mut self.agents {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        for (_, child) in &mut self.agents {
+            let deadline = Instant::now() + Duration::from_secs(8);
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for child in [self.scheduler.take(), self.nats.take()].into_iter().flatten() {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,18 @@
+# mgpu tasks; `just` is optional, each recipe wraps a script.
+
+# Start a local cluster (nats-server, scheduler, agents).
+up *ARGS:
+    scripts/dev-up.sh {{ARGS}}
+
+# Stop the local cluster.
+down:
+    scripts/dev-down.sh
+
+# Formatting, lints and every test.
+test *ARGS:
+    scripts/test.sh {{ARGS}}
+
+# Formatting and lints only.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Starts a local mgpu cluster: one nats-server, the scheduler and N node agents.
+#
+#   scripts/dev-up.sh [--nodes N] [--gpus SPEC] [--port PORT] [--release]
+#
+#   --nodes N     agents to start, named node001, node002, … (default 1)
+#   --gpus SPEC   declare each agent's GPUs, e.g. 2x24GiB or 4x80GiB,1x16GiB. Without it,
+#                 agents read the GPUs through NVML, and where no NVIDIA driver exists they
+#                 declare 2 GPUs of 24 GiB and say so in `mgpu nodes`.
+#   --port PORT   NATS client port (default 4222)
+#
+# Everything lives in .mgpu/ (git-ignored): credentials and server config in .mgpu/auth,
+# JetStream data in .mgpu/jetstream, logs in .mgpu/logs, pid files in .mgpu/run.
+# Running it again starts only what is not running. Stop it all with scripts/dev-down.sh.
+# Afterwards: `source .mgpu/env` puts mgpu on PATH and sets MGPU_SERVER and MGPU_CREDS.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+nodes=1 gpus="" port=4222 profile=debug setup_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
+    --gpus) gpus="${2:?--gpus needs a spec like 2x24GiB}"; shift 2 ;;
+    --port) port="${2:?--port needs a number}"; shift 2 ;;
+    --release) profile=release; setup_args+=(--release); shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "dev-up.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 999 ] || { echo "dev-up.sh: --nodes must be 1..999" >&2; exit 2; }
+
+say() { printf '[dev-up] %s\n' "$*"; }
+scripts/setup.sh "${setup_args[@]}"
+
+bin="$root/target/$profile"
+state="$root/.mgpu"
+auth="$state/auth"
+mkdir -p "$state/logs" "$state/run" "$state/jetstream"
+
+user_name="$(id -un 2>/dev/null || echo "${USER:-user}")"
+principal="$(printf '%s' "$user_name" | tr -c 'A-Za-z0-9_-' '_')"
+
+# Credentials and server configuration (existing keys are kept).
+"$bin/mgpu" admin init --dir "$auth" --port "$port" --store-dir "$state/jetstream" >/dev/null
+for i in $(seq 1 "$nodes"); do
+  "$bin/mgpu" admin add-node "$(printf 'node%03d' "$i")" --dir "$auth" >/dev/null
+done
+"$bin/mgpu" admin add-user "$principal" --dir "$auth" >/dev/null
+
+running() { [ -f "$state/run/$1.pid" ] && kill -0 "$(cat "$state/run/$1.pid")" 2>/dev/null; }
+# start NAME COMMAND...: runs COMMAND in the background unless NAME already runs.
+start() {
+  local name="$1"; shift
+  if running "$name"; then say "$name already running (pid $(cat "$state/run/$name.pid"))"; return 1; fi
+  nohup "$@" >>"$state/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$state/run/$name.pid"
+  say "$name started (pid $!, log .mgpu/logs/$name.log)"
+}
+
+if ! start nats-server "$root/.tools/bin/nats-server" -c "$auth/server.conf"; then
+  # Already running: make it pick up principals added just now.
+  "$root/.tools/bin/nats-server" --signal "reload=$(cat "$state/run/nats-server.pid")" >/dev/null 2>&1 || true
+fi
+for _ in $(seq 1 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.1
+done
+(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "dev-up.sh: nats-server did not start; see .mgpu/logs/nats-server.log" >&2; exit 1; }
+
+server="nats://127.0.0.1:$port"
+MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/scheduler-scheduler.nk" \
+  start scheduler "$bin/mgpu-scheduler" || true
+for i in $(seq 1 "$nodes"); do
+  node="$(printf 'node%03d' "$i")"
+  if [ -n "$gpus" ]; then gpu_args=(--gpus "$gpus"); else gpu_args=(--fallback-gpus 2x24GiB); fi
+  MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/node-$node.nk" \
+    start "$node" "$bin/mgpu-node" --node "$node" "${gpu_args[@]}" || true
+done
+
+cat >"$state/env" <<ENV
+# Written by scripts/dev-up.sh: \`source .mgpu/env\` to use the local cluster.
+export MGPU_SERVER="$server"
+export MGPU_CREDS="$auth/keys/user-$principal.nk"
+export MGPU_AUTH_DIR="$auth"
+export PATH="$bin:\$PATH"
+ENV
+
+# Wait until every agent has reported in, showing progress.
+for attempt in $(seq 1 100); do
+  online=$(MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/admin-admin.nk" "$bin/mgpu" nodes --json 2>/dev/null \
+    | grep -o '"state": *"online"' | wc -l || true)
+  [ "${online:-0}" -ge "$nodes" ] && break
+  [ $((attempt % 10)) -eq 0 ] && say "waiting for agents: ${online:-0}/$nodes online"
+  sleep 0.2
+done
+say "cluster up at $server with $nodes node(s)"
+say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

