@@ -154,7 +154,11 @@ pub enum AddError {
 
 /// Principal names become subject tokens and file names: the node-name rules apply.
 pub fn validate_principal_name(name: &str) -> Result<(), InvalidInput> {
-    validate_node_name(name)
+    validate_node_name(name).map_err(|_| {
+        InvalidInput::new(format!(
+            "`{name}` is not a valid name: use 1-64 letters, digits, `-` or `_`"
+        ))
+    })
 }
 
 /// What one principal may publish and subscribe to.
@@ -221,6 +225,10 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 "$JS.FC.>",
                 "$SRV.>",
                 subjects::SCHEDULER_STATUS,
+                // Pending submissions, so `mgpu queue` lists them while the scheduler is down.
+                "$JS.API.STREAM.INFO.MGPU_REQUESTS",
+                "$JS.API.DIRECT.GET.MGPU_REQUESTS",
+                "$JS.API.DIRECT.GET.MGPU_REQUESTS.>",
             ]);
             for stream in [
                 subjects::JOBS_BUCKET_STREAM,

@@ -18,9 +18,9 @@ pub struct ConnectTarget {
 
 /// Reads the nkey seed from a credentials file: the first line starting with `SU`.
 pub fn read_seed(path: &Path) -> Result<String, ConnectError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConnectError::Credentials {
+    let text = std::fs::read_to_string(path).map_err(|error| ConnectError::Credentials {
         path: path.display().to_string(),
-        source,
+        error,
     })?;
     text.lines()
         .map(str::trim)

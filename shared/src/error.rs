@@ -16,11 +16,8 @@ impl InvalidInput {
 /// Failure to reach or log in to NATS, phrased for the person at the terminal.
 #[derive(Debug, Error)]
 pub enum ConnectError {
-    #[error("cannot read credentials file {path}: {source}")]
-    Credentials {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read credentials file {path}: {error}")]
+    Credentials { path: String, error: std::io::Error },
     #[error("credentials file {path} holds no nkey seed (a line starting with `SU`)")]
     NoSeed { path: String },
     #[error("authentication failed at {server}: the server does not accept the nkey in {creds}")]
@@ -46,10 +43,10 @@ pub enum StateError {
     },
     #[error("`{0}` is not a job id or id prefix (job ids are lowercase hex digits)")]
     NotAnId(String),
-    #[error("record {key} is not valid: {source}")]
+    #[error("record {key} is not valid: {error}")]
     Corrupt {
         key: String,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("JetStream: {0}")]
     JetStream(String),

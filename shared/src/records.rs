@@ -7,14 +7,15 @@ use futures::StreamExt;
 
 use crate::error::StateError;
 use crate::ids::{JobId, is_job_id_prefix};
-use crate::job::JobRecord;
+use crate::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
 use crate::node::NodeHeartbeat;
 use crate::subjects;
 
 /// Header JetStream's KV layer puts on deletions.
 const KV_OPERATION: &str = "KV-Operation";
 
-fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
+/// Maps a failed stream lookup to [`StateError::NotSetUp`] when the stream is missing.
+pub fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
     let text = err.to_string();
     if text.contains("stream not found") || text.contains("10059") {
         StateError::NotSetUp
@@ -86,8 +87,20 @@ fn key_of(subject: &str) -> &str {
         .unwrap_or(subject)
 }
 
-/// Every job record, in submission order of their last update.
+/// Every job: the records in the bucket, plus submissions the scheduler has not taken yet.
+///
+/// A job moves from the pending submissions to the bucket (recorded first, then removed from
+/// the queue), so reading in that same order never misses one that moves in between.
 pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
+    let pending = pending_submissions(js).await?;
+    let mut jobs = recorded_jobs(js).await?;
+    let known: std::collections::HashSet<JobId> = jobs.iter().map(|j| j.id.clone()).collect();
+    jobs.extend(pending.into_iter().filter(|p| !known.contains(&p.id)));
+    Ok(jobs)
+}
+
+/// Every record in the jobs bucket.
+async fn recorded_jobs(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
     let messages = last_per_subject(
         js,
         subjects::JOBS_BUCKET_STREAM,
@@ -99,16 +112,18 @@ pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateE
         .iter()
         .filter(|m| !is_deletion(m))
         .map(|m| {
-            serde_json::from_slice(&m.payload).map_err(|source| StateError::Corrupt {
+            serde_json::from_slice(&m.payload).map_err(|error| StateError::Corrupt {
                 key: key_of(m.subject.as_str()).to_owned(),
-                source,
+                error,
             })
         })
         .collect()
 }
 
-/// Every job id, without reading the records.
+/// Every job id (recorded or pending), without reading the records.
 pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateError> {
+    // Pending first: see `list_jobs` on why the order matters.
+    let pending = pending_submissions(js).await?;
     let messages = last_per_subject(
         js,
         subjects::JOBS_BUCKET_STREAM,
@@ -116,25 +131,87 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
         true,
     )
     .await?;
-    Ok(messages
+    let mut ids: Vec<String> = messages
         .iter()
         .filter(|m| !is_deletion(m))
         .map(|m| key_of(m.subject.as_str()).to_owned())
-        .collect())
+        .collect();
+    for pending in pending {
+        if !ids.iter().any(|id| id == pending.id.as_str()) {
+            ids.push(pending.id.to_string());
+        }
+    }
+    Ok(ids)
 }
 
-/// One job's record, if it exists.
+/// Submissions stored in `MGPU_REQUESTS` that the scheduler has not recorded yet (it is
+/// stopped, or has not got to them), shown as queued jobs waiting for the scheduler.
+pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
+    let mut stream = js
+        .get_stream(subjects::REQUESTS_STREAM)
+        .await
+        .map_err(stream_lookup_error)?;
+    let info = stream.info().await.map_err(StateError::jetstream)?;
+    if info.state.messages == 0 {
+        return Ok(Vec::new());
+    }
+    let mut pending = Vec::new();
+    let mut next = info.state.first_sequence;
+    loop {
+        let message = match stream
+            .direct_get_next_for_subject(subjects::SUBMIT, Some(next))
+            .await
+        {
+            Ok(message) => message,
+            Err(err) if err.kind() == stream::DirectGetErrorKind::NotFound => break,
+            Err(err) => return Err(StateError::jetstream(err)),
+        };
+        next = message.sequence + 1;
+        // Malformed submissions are the scheduler's to refuse; they are no job to show.
+        if let Ok(request) = serde_json::from_slice::<SubmitRequest>(&message.payload) {
+            let nanos = i64::try_from(message.time.unix_timestamp_nanos()).unwrap_or(0);
+            pending.push(JobRecord {
+                id: request.id,
+                user: request.user,
+                spec: request.spec,
+                submitted_at: chrono::DateTime::from_timestamp_nanos(nanos),
+                attempt: 1,
+                state: JobState::Queued(Waiting {
+                    reason: WaitReason::Submitted,
+                }),
+            });
+        }
+    }
+    Ok(pending)
+}
+
+/// One job's record (or its pending submission), if it exists.
 pub async fn get_job(js: &jetstream::Context, id: &JobId) -> Result<Option<JobRecord>, StateError> {
     let bucket = jobs_bucket(js).await?;
+    if let Some(record) = recorded_job(&bucket, id).await? {
+        return Ok(Some(record));
+    }
+    if let Some(pending) = pending_submissions(js)
+        .await?
+        .into_iter()
+        .find(|p| &p.id == id)
+    {
+        return Ok(Some(pending));
+    }
+    // The scheduler may have recorded it between the two reads above.
+    recorded_job(&bucket, id).await
+}
+
+async fn recorded_job(bucket: &kv::Store, id: &JobId) -> Result<Option<JobRecord>, StateError> {
     let value = bucket
         .get(id.as_str())
         .await
         .map_err(StateError::jetstream)?;
     value
         .map(|bytes| {
-            serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt {
+            serde_json::from_slice(&bytes).map_err(|error| StateError::Corrupt {
                 key: id.to_string(),
-                source,
+                error,
             })
         })
         .transpose()

@@ -50,6 +50,8 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DEDUP_WINDOW,
             max_message_size: (MAX_SUBMIT_BYTES + 64 * 1024) as i32,
+            // Readers list submissions the scheduler has not taken yet (`records::pending_submissions`).
+            allow_direct: true,
             num_replicas: replicas,
             ..Default::default()
         },

@@ -99,7 +99,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         if let Some(value) = check() {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -139,7 +142,9 @@ impl Cluster {
         for node in nodes {
             add(&mut registry, Role::Node, &node.name);
         }
-        registry.save(&auth_dir).unwrap_or_else(|e| panic!("saving auth: {e}"));
+        registry
+            .save(&auth_dir)
+            .unwrap_or_else(|e| panic!("saving auth: {e}"));
         let port = free_port();
         let conf = render_server_conf(port, &dir.path().join("jetstream"), "mgpu-test");
         std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
@@ -383,7 +388,10 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        for child in [self.scheduler.take(), self.nats.take()].into_iter().flatten() {
+        for child in [self.scheduler.take(), self.nats.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut child = child;
             let _ = child.kill();
             let _ = child.wait();

@@ -40,9 +40,10 @@ async fn publish_refused(cluster: &Cluster, creds: &Path, subject: &str) -> bool
 
 #[tokio::test(flavor = "multi_thread")]
 async fn roles_are_held_to_their_subjects() {
-    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cluster =
+        tokio::task::spawn_blocking(|| Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     let alice = cluster.user_creds("alice");
     let node = cluster.creds(Role::Node, "node001");
 
@@ -56,7 +57,10 @@ async fn roles_are_held_to_their_subjects() {
         "$KV.mgpu-jobs.0123".to_owned(),
         "$JS.API.STREAM.DELETE.MGPU_REQUESTS".to_owned(),
     ] {
-        assert!(publish_refused(&cluster, &alice, &subject).await, "user published {subject}");
+        assert!(
+            publish_refused(&cluster, &alice, &subject).await,
+            "user published {subject}"
+        );
     }
     // A node cannot submit or cancel jobs, nor heartbeat as another node.
     for subject in [
@@ -65,7 +69,10 @@ async fn roles_are_held_to_their_subjects() {
         subjects::heartbeat("node002"),
         subjects::assign("node001"),
     ] {
-        assert!(publish_refused(&cluster, &node, &subject).await, "node published {subject}");
+        assert!(
+            publish_refused(&cluster, &node, &subject).await,
+            "node published {subject}"
+        );
     }
     // What each role needs stays allowed.
     assert!(!publish_refused(&cluster, &alice, subjects::SUBMIT).await);
@@ -88,5 +95,7 @@ async fn roles_are_held_to_their_subjects() {
         serde_json::from_slice(&reply.payload).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ping["name"], subjects::SCHEDULER_SERVICE);
     drop(client);
-    tokio::task::spawn_blocking(move || drop(cluster)).await.ok();
+    tokio::task::spawn_blocking(move || drop(cluster))
+        .await
+        .ok();
 }

@@ -1,1 +1,72 @@
-fn main(){}
+//! `mgpu`: the command-line tool of the mgpu GPU job scheduler.
+//!
+//! It talks only to NATS: submissions and cancellations go to JetStream streams, and everything
+//! it shows (queue, records, nodes, output) is read straight from JetStream, so most commands work
+//! while the scheduler is down.
+
+mod cli;
+mod commands;
+mod errors;
+mod follow;
+mod human;
+mod parse;
+mod session;
+mod tables;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::Cli;
+
+fn main() -> ExitCode {
+    // Clap prints its own usage errors and exits 2, as users of any clap tool expect.
+    let cli = Cli::parse();
+    init_tracing();
+
+    // A single-threaded runtime is plenty for one user's commands. It is built by hand (not
+    // `#[tokio::main]`) so that it can be abandoned at the end: a stdin read blocked in a
+    // background thread (interactive jobs) must not keep the process alive after the job ended.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => return report(&anyhow::anyhow!("cannot start the async runtime: {err}")),
+    };
+    let result = runtime.block_on(commands::run(cli));
+    runtime.shutdown_background();
+
+    match result {
+        Ok(code) => code,
+        // `mgpu logs ID | head` closes the pipe early; that is the reader's choice, not a failure.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => report(&err),
+    }
+}
+
+/// Prints the one-line error message every failure ends with, and the failing exit status.
+fn report(err: &anyhow::Error) -> ExitCode {
+    human::stderr_line(&format!("error: {err:#}"));
+    ExitCode::FAILURE
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Library warnings (a malformed heartbeat, a lost connection) go to stderr; `RUST_LOG` shows more.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,async_nats=error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .init();
+}

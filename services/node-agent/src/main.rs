@@ -1,1 +1,272 @@
-fn main(){}
+//! `mgpu-node`, the mgpu node agent: one per GPU host. It reports the host's GPUs and running
+//! jobs in heartbeats, runs the jobs the scheduler assigns to it, streams their output and
+//! reports their starts and exits, all through NATS.
+//!
+//! This file owns the command line, startup (GPU discovery, connecting, starting the loops)
+//! and the shutdown sequence: on SIGTERM or SIGINT the agent stops taking assignments, stops
+//! every job (each still reports its exit), sends a last heartbeat and drains its connection.
+
+mod assignments;
+mod cli;
+mod gpu;
+mod gpu_spec;
+mod heartbeat;
+mod input;
+mod job;
+mod nvml;
+mod output;
+mod reports;
+mod running;
+mod shutdown;
+mod throttle;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::Parser;
+use mgpu_shared::connect::{ConnectTarget, connect_with};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::Notify;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+use crate::assignments::Dispatcher;
+use crate::cli::Args;
+use crate::heartbeat::{Heartbeater, Identity};
+use crate::job::JobContext;
+use crate::reports::Reporter;
+use crate::running::{RunningTable, StopReason};
+use crate::shutdown::Trigger;
+
+/// Time allowed, beyond the kill grace, for stopped jobs to report their exits at shutdown.
+const REPORT_MARGIN: Duration = Duration::from_secs(5);
+/// Time allowed to flush what is still buffered for NATS when leaving.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    // async-nats logs every connection event at info; the agent logs them itself, once.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,async_nats=warn"));
+    // Colours only for a person at a terminal; journald and log files get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let node = match args.node {
+        Some(node) => node,
+        None => cli::short_hostname().context("cannot tell this host's name; pass --node NAME")?,
+    };
+    mgpu_shared::ids::validate_node_name(&node).map_err(|err| anyhow!("--node: {err}"))?;
+    let mut probe = gpu::choose_probe(&node, args.gpus.as_ref(), args.fallback_gpus.as_ref())?;
+    if args.print_gpus {
+        return cli::print_gpus(probe.as_mut());
+    }
+    let Some(creds) = args.creds else {
+        return Err(anyhow!("--creds FILE (or MGPU_CREDS) is required"));
+    };
+    let address = match args.address {
+        Some(address) => address,
+        None => cli::hostname().context("cannot tell this host's name; pass --address ADDR")?,
+    };
+
+    let target = ConnectTarget {
+        server: args.server.clone(),
+        creds,
+    };
+    let options = async_nats::ConnectOptions::new().event_callback(|event| async move {
+        match event {
+            // Draining and closed are the agent's own shutdown.
+            async_nats::Event::Connected
+            | async_nats::Event::Draining
+            | async_nats::Event::Closed => info!("NATS connection: {event}"),
+            // Repeated on every reconnect try during an outage; `disconnected` already said it.
+            async_nats::Event::ClientError(_) => debug!("NATS connection: {event}"),
+            _ => warn!("NATS connection: {event}"),
+        }
+    });
+    let client = connect_with(&target, &format!("mgpu-node {node}"), options).await?;
+    info!(node, server = args.server, address, "mgpu-node connected");
+
+    let timings = Timings {
+        heartbeat_interval: args.heartbeat_interval,
+        kill_grace: args.kill_grace,
+    };
+    let agent = start_loops(client, node, address, probe, timings);
+    wait_for_stop_signal().await?;
+    agent.shut_down().await;
+    Ok(())
+}
+
+/// The agent's configurable durations.
+#[derive(Clone, Copy)]
+struct Timings {
+    heartbeat_interval: Duration,
+    kill_grace: Duration,
+}
+
+/// Starts the heartbeat and the assignment loop.
+fn start_loops(
+    client: async_nats::Client,
+    node: String,
+    address: String,
+    probe: Box<dyn gpu::GpuProbe>,
+    timings: Timings,
+) -> Agent {
+    let js = async_nats::jetstream::new(client.clone());
+    let (stop_taking_work, shutdown) = shutdown::signal();
+    let (stop_heartbeats, heartbeat_stop) = shutdown::signal();
+    let (give_up_reports, give_up) = shutdown::signal();
+    let table = RunningTable::default();
+    let heartbeat_now = Arc::new(Notify::new());
+
+    let identity = Identity {
+        node: node.clone(),
+        address,
+        runs_jobs_as: cli::current_user(),
+        interval: timings.heartbeat_interval,
+    };
+    let heartbeater = Heartbeater::new(js.clone(), identity, probe, table.clone());
+    let heartbeat = tokio::spawn(heartbeater.run(heartbeat_now.clone(), heartbeat_stop));
+
+    let ctx = JobContext {
+        client: client.clone(),
+        js: js.clone(),
+        node: node.clone(),
+        kill_grace: timings.kill_grace,
+        table: table.clone(),
+        reporter: Reporter::new(js, node, give_up),
+        heartbeat_now,
+    };
+    let dispatcher = tokio::spawn(Dispatcher::new(ctx).run(shutdown));
+    Agent {
+        client,
+        table,
+        kill_grace: timings.kill_grace,
+        stop_taking_work,
+        stop_heartbeats,
+        give_up_reports,
+        dispatcher,
+        heartbeat,
+    }
+}
+
+/// The running agent: what shutdown needs to stop it in order.
+struct Agent {
+    client: async_nats::Client,
+    table: RunningTable,
+    kill_grace: Duration,
+    stop_taking_work: Trigger,
+    stop_heartbeats: Trigger,
+    give_up_reports: Trigger,
+    dispatcher: JoinHandle<JoinSet<()>>,
+    heartbeat: JoinHandle<()>,
+}
+
+impl Agent {
+    /// Stops taking assignments, stops every job and waits (bounded) for their exit reports,
+    /// sends a last heartbeat and drains the connection.
+    async fn shut_down(self) {
+        info!("shutting down: no new assignments; stopping running jobs");
+        self.stop_taking_work.fire();
+        exit_at_second_signal();
+
+        let mut jobs = match self.dispatcher.await {
+            Ok(jobs) => jobs,
+            Err(err) => {
+                error!("the assignment loop failed: {err}");
+                JoinSet::new()
+            }
+        };
+        let stopping = self.table.request_stop_all(StopReason::AgentShutdown);
+        if stopping > 0 {
+            info!(
+                jobs = stopping,
+                "waiting for stopped jobs to report their exits"
+            );
+        }
+        let report_limit = self.kill_grace + REPORT_MARGIN;
+        if tokio::time::timeout(report_limit, join_all(&mut jobs))
+            .await
+            .is_err()
+        {
+            warn!(
+                unreported = jobs.len(),
+                "some jobs did not report their exits within {report_limit:?}; giving up on them"
+            );
+            self.give_up_reports.fire();
+            // The reports notice within moments; whatever is left after that is abandoned.
+            let _ = tokio::time::timeout(Duration::from_secs(1), join_all(&mut jobs)).await;
+            jobs.shutdown().await;
+        }
+
+        self.stop_heartbeats.fire();
+        if let Err(err) = self.heartbeat.await {
+            error!("the heartbeat loop failed: {err}");
+        }
+        match tokio::time::timeout(DRAIN_LIMIT, self.client.drain()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => warn!("draining the NATS connection: {err}"),
+            Err(_) => warn!("draining the NATS connection took longer than {DRAIN_LIMIT:?}"),
+        }
+        info!("mgpu-node stopped");
+    }
+}
+
+async fn join_all(tasks: &mut JoinSet<()>) {
+    while let Some(result) = tasks.join_next().await {
+        if let Err(err) = result {
+            error!("a job supervisor failed: {err}");
+        }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn wait_for_stop_signal() -> anyhow::Result<()> {
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    tokio::select! {
+        _ = terminate.recv() => info!("SIGTERM received"),
+        _ = interrupt.recv() => info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+/// A second SIGTERM or SIGINT during shutdown means "now": leave without waiting for reports.
+fn exit_at_second_signal() {
+    tokio::spawn(async {
+        if wait_for_stop_signal().await.is_ok() {
+            warn!("second stop signal: exiting without waiting for job reports");
+            std::process::exit(1);
+        }
+    });
+}

@@ -1,0 +1,91 @@
+//! The command line: global options and one subcommand per file under `commands/`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::commands::{admin, cancel, logs, nodes, queue, show, submit};
+
+/// Submit, watch and manage GPU jobs on an mgpu cluster.
+#[derive(Debug, Parser)]
+#[command(name = "mgpu", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the NATS server is and who we are to it. Accepted before or after the subcommand.
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Connection")]
+pub struct GlobalArgs {
+    /// NATS server URL; several, comma-separated, for a cluster.
+    #[arg(
+        long,
+        global = true,
+        env = "MGPU_SERVER",
+        default_value = "nats://127.0.0.1:4222",
+        value_name = "URL[,URL…]"
+    )]
+    pub server: String,
+
+    /// File holding your nkey seed (written by `mgpu admin add-user`).
+    #[arg(long, global = true, env = "MGPU_CREDS", value_name = "FILE")]
+    pub creds: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Submit a job: `mgpu submit --gpus 2 -- python train.py`.
+    Submit(submit::SubmitArgs),
+    /// List queued and running jobs, and the nodes.
+    #[command(visible_alias = "status")]
+    Queue(queue::QueueArgs),
+    /// Cancel jobs, queued or running.
+    Cancel(cancel::CancelArgs),
+    /// Print a job's output.
+    Logs(logs::LogsArgs),
+    /// Show everything recorded about one job.
+    Show(show::ShowArgs),
+    /// Show the nodes and their GPUs.
+    Nodes(nodes::NodesArgs),
+    /// Set up the cluster: credentials, server configuration, streams.
+    Admin(admin::AdminArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_negative_gpu_count_reaches_the_gpu_parser() {
+        let parsed = Cli::try_parse_from(["mgpu", "submit", "--gpus", "-1", "--", "true"]);
+        let err = parsed.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("GPU count must be 0 or more"), "{err}");
+    }
+
+    #[test]
+    fn the_command_keeps_its_own_flags() {
+        let parsed =
+            Cli::try_parse_from(["mgpu", "submit", "--gpus", "0", "python", "-c", "print(1)"]);
+        let command = match parsed {
+            Ok(Cli {
+                command: Command::Submit(args),
+                ..
+            }) => Some(args.command),
+            _ => None,
+        };
+        assert_eq!(
+            command,
+            Some(vec!["python".into(), "-c".into(), "print(1)".into()])
+        );
+    }
+}

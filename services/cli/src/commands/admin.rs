@@ -1,0 +1,234 @@
+//! `mgpu admin`: credentials, the nats-server configuration, and mgpu's streams.
+//!
+//! Everything but `setup` works on the credentials directory alone, with no server running:
+//! that is how a cluster gets its first configuration.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, anyhow};
+use clap::{Args, Subcommand};
+use mgpu_shared::auth::{self, Registry, Role};
+use mgpu_shared::streams::{self, StreamSettings};
+
+use crate::cli::GlobalArgs;
+use crate::commands::{print, print_json, println};
+use crate::errors::plain;
+use crate::session::Session;
+use crate::tables::Table;
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Credentials directory: principals.json, auth.conf, server.conf and keys/.
+    #[arg(
+        long,
+        global = true,
+        env = "MGPU_AUTH_DIR",
+        default_value = ".mgpu/auth",
+        value_name = "DIR"
+    )]
+    pub dir: PathBuf,
+
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create the credentials directory with the scheduler and admin keys, and a nats-server
+    /// configuration. Safe to run again: existing keys are kept.
+    Init(InitArgs),
+    /// Add a user who may submit jobs (or, with --admin, an administrator).
+    AddUser(AddUserArgs),
+    /// Add a node whose agent may run jobs.
+    AddNode(AddNodeArgs),
+    /// List the principals the server knows.
+    List(ListArgs),
+    /// Create mgpu's JetStream streams and bucket (needs admin credentials).
+    Setup,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Port the server listens on (127.0.0.1 only).
+    #[arg(long, default_value_t = 4222)]
+    pub port: u16,
+
+    /// Where JetStream keeps its data (default: DIR/../jetstream).
+    #[arg(long, value_name = "DIR")]
+    pub store_dir: Option<PathBuf>,
+
+    /// The server's name in the cluster.
+    #[arg(long, default_value = "mgpu")]
+    pub server_name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct AddUserArgs {
+    /// The user's login name (what `mgpu` finds in $USER).
+    pub name: String,
+
+    /// Make the principal an administrator, allowed everything.
+    #[arg(long)]
+    pub admin: bool,
+
+    /// Also copy the key to this file (mode 0600), to hand to the user.
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AddNodeArgs {
+    /// The node's name, as its agent reports it.
+    pub name: String,
+
+    /// Also copy the key to this file (mode 0600), to install on the node.
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print an array of {name, role, public_key}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
+    match &args.command {
+        AdminCommand::Init(init_args) => init(&args.dir, init_args)?,
+        AdminCommand::AddUser(add) => {
+            let role = if add.admin { Role::Admin } else { Role::User };
+            add_principal(&args.dir, role, &add.name, add.out.as_deref())?;
+        }
+        AdminCommand::AddNode(add) => {
+            add_principal(&args.dir, Role::Node, &add.name, add.out.as_deref())?;
+        }
+        AdminCommand::List(list_args) => list(&args.dir, list_args)?,
+        AdminCommand::Setup => setup(global).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load(dir: &Path) -> Result<Registry> {
+    Registry::load(dir).with_context(|| format!("cannot read the registry in {}", dir.display()))
+}
+
+fn save(registry: &Registry, dir: &Path) -> Result<()> {
+    registry
+        .save(dir)
+        .with_context(|| format!("cannot write the registry in {}", dir.display()))
+}
+
+fn init(dir: &Path, args: &InitArgs) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // nats-server resolves relative paths against its own working directory, not ours.
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", dir.display()))?;
+    let store_dir = match &args.store_dir {
+        Some(given) => std::path::absolute(given)
+            .with_context(|| format!("cannot resolve {}", given.display()))?,
+        None => dir
+            .parent()
+            .map(|parent| parent.join("jetstream"))
+            .unwrap_or_else(|| dir.join("jetstream")),
+    };
+
+    let mut registry = load(&dir)?;
+    let mut keys = Vec::new();
+    for (role, name) in [(Role::Scheduler, "scheduler"), (Role::Admin, "admin")] {
+        let path = registry.add(&dir, role, name).map_err(plain)?;
+        keys.push((name, path));
+    }
+    save(&registry, &dir)?;
+    let conf = dir.join("server.conf");
+    auth::write_atomically(
+        &conf,
+        &auth::render_server_conf(args.port, &store_dir, &args.server_name),
+    )
+    .with_context(|| format!("cannot write {}", conf.display()))?;
+
+    println(&format!(
+        "Wrote {}",
+        dir.join(auth::REGISTRY_FILE).display()
+    ))?;
+    println(&format!(
+        "Wrote {}",
+        dir.join(auth::AUTH_CONF_FILE).display()
+    ))?;
+    println(&format!(
+        "Wrote {} (JetStream data in {})",
+        conf.display(),
+        store_dir.display()
+    ))?;
+    for (name, path) in keys {
+        println(&format!("Key for {name}: {}", path.display()))?;
+    }
+    println(&format!(
+        "Start the server with: nats-server -c {}",
+        conf.display()
+    ))?;
+    Ok(())
+}
+
+fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Result<()> {
+    let mut registry = load(dir)?;
+    let existed = registry.find(role, name).is_some();
+    let key = registry.add(dir, role, name).map_err(plain)?;
+    save(&registry, dir)?;
+    let what = role.as_str();
+    if existed {
+        println(&format!(
+            "{what} {name} already exists; key: {}",
+            key.display()
+        ))?;
+    } else {
+        println(&format!("Added {what} {name}; key: {}", key.display()))?;
+    }
+    if let Some(out) = out {
+        let seed = std::fs::read_to_string(&key)
+            .with_context(|| format!("cannot read {}", key.display()))?;
+        auth::write_secret(out, &seed)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        println(&format!("Copied the key to {} (mode 0600)", out.display()))?;
+    }
+    if !existed {
+        println("A running nats-server picks up the change on `nats-server --signal reload`.")?;
+    }
+    Ok(())
+}
+
+fn list(dir: &Path, args: &ListArgs) -> Result<()> {
+    let registry = load(dir)?;
+    if args.json {
+        return print_json(&registry.principals);
+    }
+    if registry.principals.is_empty() {
+        println(&format!(
+            "No principals in {} (create them with `mgpu admin init`).",
+            dir.display()
+        ))?;
+        return Ok(());
+    }
+    let mut table = Table::new(["NAME", "ROLE", "PUBLIC KEY"]);
+    for principal in &registry.principals {
+        table.row(vec![
+            principal.name.clone(),
+            principal.role.as_str().to_owned(),
+            principal.public_key.clone(),
+        ]);
+    }
+    print(&table.render())?;
+    Ok(())
+}
+
+async fn setup(global: &GlobalArgs) -> Result<()> {
+    let session = Session::connect(global).await?;
+    streams::ensure(&session.js, &StreamSettings::default())
+        .await
+        .map_err(plain)
+        .map_err(|err| anyhow!("{err:#} (are these admin credentials?)"))?;
+    println("mgpu streams ready")?;
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! Following a job submitted with `mgpu submit -i`: status while it waits, its output while it
+//! runs, this terminal's input forwarded to it, and its exit status as ours.
+//!
+//! Everything is read from JetStream, so following survives a scheduler restart and shows
+//! output written before we attached. Ctrl+C only detaches: the job belongs to the cluster.
+
+use std::io::{IsTerminal as _, Read as _, Write as _};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use bytes::Bytes;
+use futures::StreamExt;
+use mgpu_shared::duration::format_duration;
+use mgpu_shared::event::{JobEvent, JobEventKind};
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{JobRecord, JobState, WaitReason};
+use mgpu_shared::subjects;
+use tokio::time::Instant;
+
+use crate::errors::{lookup, plain};
+use crate::follow::{self, Chunk};
+use crate::human;
+use crate::session::Session;
+
+/// How often a long wait reports how long it has been.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// After the record says the job ended, how long to wait for the rest of its output.
+const OUTPUT_GRACE: Duration = Duration::from_secs(5);
+/// Stdin is sent in chunks well under the server's message size limit.
+const STDIN_CHUNK: usize = 32 * 1024;
+
+/// Follows the job until it ends, and returns its exit status (or 1 if it never ran).
+pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCode> {
+    let mut output = follow::open_output(&session.js, id).await?.messages;
+    let mut record_changes = follow::watch_record(&session.js, id).await?;
+    let mut events = open_events(session, id).await?;
+
+    let mut status = StatusLine::new(quiet);
+    let mut watcher = Watcher {
+        id: id.clone(),
+        record: None,
+        queued_since: Instant::now(),
+        shown_reason: None,
+        announced_run: false,
+        stdin_started: false,
+        output_since_record: false,
+    };
+    watcher.show_queued(&mut status, WaitReason::Submitted, false);
+
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut ctrl_c_armed = true;
+    let mut progress = tokio::time::interval_at(Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    let mut grace_armed = false;
+
+    loop {
+        tokio::select! {
+            signal = &mut ctrl_c, if ctrl_c_armed => {
+                if signal.is_err() {
+                    // No handler could be installed: Ctrl+C then kills us the default way,
+                    // which leaves the job running all the same.
+                    ctrl_c_armed = false;
+                    continue;
+                }
+                status.finish();
+                human::stderr_line(&format!(
+                    "Detached from job {short}; it keeps running. Follow it with: mgpu logs -f {short}",
+                    short = id.short()
+                ));
+                return Ok(ExitCode::SUCCESS);
+            }
+            message = output.next() => {
+                let message = message
+                    .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
+                    .map_err(plain)
+                    .context("reading the job's output")?;
+                let chunk = follow::classify(&message);
+                if let Chunk::Eof { attempt, exit_code } = chunk {
+                    if watcher.is_current_attempt(attempt) {
+                        status.finish();
+                        return Ok(ExitCode::from(follow::clamp_exit_code(exit_code.unwrap_or(1))));
+                    }
+                    continue;
+                }
+                status.finish();
+                // Output means the process runs, so it can take input even if the record
+                // has not caught up yet.
+                watcher.output_since_record = true;
+                watcher.start_stdin(session);
+                follow::write_chunk(&chunk)?;
+            }
+            change = record_changes.next() => {
+                let Some(change) = change else {
+                    return Err(anyhow!("lost the watch on job {}'s record", id.short()));
+                };
+                let Some(record) = change? else {
+                    status.finish();
+                    human::stderr_line(&format!("mgpu: job {} was removed", id.short()));
+                    return Ok(ExitCode::FAILURE);
+                };
+                if let Some(code) = watcher.update(record, &mut status, session) {
+                    return Ok(code);
+                }
+                if watcher.record.as_ref().is_some_and(|r| r.state.is_finished()) && !grace_armed {
+                    grace.as_mut().reset(Instant::now() + OUTPUT_GRACE);
+                    grace_armed = true;
+                }
+            }
+            event = events.next() => {
+                let Some(event) = event else {
+                    return Err(anyhow!("the job's event stream ended unexpectedly"));
+                };
+                let event = event.map_err(plain).context("reading the job's events")?;
+                if let Ok(JobEvent { kind: JobEventKind::Rejected { reason }, .. }) =
+                    serde_json::from_slice::<JobEvent>(&event.payload)
+                {
+                    status.finish();
+                    human::stderr_line(&format!(
+                        "mgpu: the scheduler rejected job {}: {reason}",
+                        id.short()
+                    ));
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            _ = progress.tick() => {
+                if let Some(reason) = watcher.queued_reason() {
+                    watcher.show_queued(&mut status, reason, true);
+                }
+            }
+            () = &mut grace, if grace_armed => {
+                // The record says it ended but no end-of-output marker came (the node may have
+                // died): end with what the record knows.
+                return Ok(watcher.final_status(&mut status));
+            }
+        }
+    }
+}
+
+/// The job's events, from the start: the scheduler's refusal of a submission is only there.
+async fn open_events(
+    session: &Session,
+    id: &JobId,
+) -> Result<async_nats::jetstream::consumer::pull::Ordered> {
+    use async_nats::jetstream::consumer;
+    let stream = session
+        .js
+        .get_stream(subjects::EVENTS_STREAM)
+        .await
+        .map_err(lookup)?;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subjects::events(id),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(plain)
+        .context("reading the job's events")?;
+    consumer
+        .messages()
+        .await
+        .map_err(plain)
+        .context("reading the job's events")
+}
+
+/// What we know about the followed job.
+struct Watcher {
+    id: JobId,
+    record: Option<JobRecord>,
+    queued_since: Instant,
+    shown_reason: Option<WaitReason>,
+    announced_run: bool,
+    stdin_started: bool,
+    /// Output arrived after the last record version: a "queued" record is stale, so no
+    /// progress line may be drawn into the job's output.
+    output_since_record: bool,
+}
+
+impl Watcher {
+    /// An end-of-output marker ends our wait unless it belongs to an earlier attempt than the
+    /// one recorded (a restarted job writes again).
+    fn is_current_attempt(&self, attempt: Option<u32>) -> bool {
+        match (&self.record, attempt) {
+            (Some(record), Some(attempt)) => attempt >= record.attempt,
+            _ => true,
+        }
+    }
+
+    fn queued_reason(&self) -> Option<WaitReason> {
+        if self.output_since_record {
+            return None;
+        }
+        match &self.record {
+            None => Some(WaitReason::Submitted),
+            Some(JobRecord {
+                state: JobState::Queued(waiting),
+                ..
+            }) => Some(waiting.reason),
+            Some(_) => None,
+        }
+    }
+
+    fn show_queued(&mut self, status: &mut StatusLine, reason: WaitReason, progress: bool) {
+        if !progress && self.shown_reason == Some(reason) {
+            return;
+        }
+        self.shown_reason = Some(reason);
+        let waited = self.queued_since.elapsed();
+        let text = if progress {
+            format!(
+                "mgpu: job {} queued: {} ({} so far)",
+                self.id.short(),
+                reason.describe(),
+                format_duration(waited)
+            )
+        } else {
+            format!(
+                "mgpu: job {} queued: {}",
+                self.id.short(),
+                reason.describe()
+            )
+        };
+        status.show(&text);
+    }
+
+    /// Takes a new version of the record; returns an exit status when following is over.
+    fn update(
+        &mut self,
+        record: JobRecord,
+        status: &mut StatusLine,
+        session: &Session,
+    ) -> Option<ExitCode> {
+        let state = record.state.clone();
+        self.record = Some(record);
+        self.output_since_record = false;
+        match state {
+            JobState::Queued(waiting) => {
+                // Queued again after running (its node was lost): it will be announced
+                // again when it restarts.
+                self.announced_run = false;
+                self.show_queued(status, waiting.reason, false);
+                None
+            }
+            JobState::Running(run) => {
+                self.shown_reason = None;
+                if !self.announced_run {
+                    self.announced_run = true;
+                    status.note(&format!(
+                        "mgpu: job {} running on {} (GPUs {})",
+                        self.id.short(),
+                        run.placement.node,
+                        gpu_list(&run.placement.gpu_indices())
+                    ));
+                }
+                // Input sent before the agent started the process would be lost.
+                if run.started_at.is_some() {
+                    self.start_stdin(session);
+                }
+                None
+            }
+            JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
+                if end.started_at.is_none() && end.placement.is_none() {
+                    // It never ran, so no output will come.
+                    return Some(self.final_status(status));
+                }
+                None
+            }
+        }
+    }
+
+    /// The exit status when the record is all we have: its exit code, or 1 when it has none.
+    fn final_status(&self, status: &mut StatusLine) -> ExitCode {
+        status.finish();
+        let Some(record) = &self.record else {
+            return ExitCode::FAILURE;
+        };
+        let ending = record.state.ending();
+        let reason = ending.and_then(|e| e.reason.clone());
+        let never_ran = ending.is_some_and(|e| e.started_at.is_none());
+        let state = record.state.name();
+        let what = match (&record.state, never_ran) {
+            (JobState::Succeeded(_), _) => None,
+            (_, true) => Some(format!("{state} before it started")),
+            (_, false) => Some(state.to_owned()),
+        };
+        if let Some(what) = what {
+            let reason = reason.map(|r| format!(": {r}")).unwrap_or_default();
+            human::stderr_line(&format!("mgpu: job {} {what}{reason}", self.id.short()));
+        }
+        if never_ran {
+            return ExitCode::FAILURE;
+        }
+        let succeeded = matches!(record.state, JobState::Succeeded(_));
+        let code = record
+            .exit_code()
+            .map(follow::clamp_exit_code)
+            .unwrap_or(if succeeded { 0 } else { 1 });
+        ExitCode::from(code)
+    }
+
+    /// Starts forwarding our stdin to the job, once.
+    fn start_stdin(&mut self, session: &Session) {
+        if self.stdin_started {
+            return;
+        }
+        self.stdin_started = true;
+        let client = session.client.clone();
+        let subject = subjects::input(&self.id);
+        tokio::spawn(forward_stdin(client, subject));
+    }
+}
+
+fn gpu_list(indices: &[u32]) -> String {
+    if indices.is_empty() {
+        "none".to_owned()
+    } else {
+        human::index_list(indices)
+    }
+}
+
+/// Sends our stdin to the job in chunks; an empty message tells the agent to close the job's
+/// stdin, as our stdin ended.
+///
+/// Reading happens on a plain thread: a blocking read of a terminal cannot be cancelled, and a
+/// detached thread does not hold the process open once the job has ended.
+async fn forward_stdin(client: async_nats::Client, subject: String) {
+    let (sender, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let reader = std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || read_stdin(&sender));
+    if let Err(err) = reader {
+        human::stderr_line(&format!(
+            "mgpu: cannot read stdin, the job gets no input: {err}"
+        ));
+    }
+    // The reader sends an empty chunk at end of input, then hangs up.
+    while let Some(chunk) = chunks.recv().await {
+        let last = chunk.is_empty();
+        if let Err(err) = client.publish(subject.clone(), chunk).await {
+            human::stderr_line(&format!("mgpu: cannot send input to the job: {err}"));
+            return;
+        }
+        if last {
+            let _ = client.flush().await;
+            return;
+        }
+    }
+}
+
+fn read_stdin(sender: &tokio::sync::mpsc::Sender<Bytes>) {
+    let mut stdin = std::io::stdin().lock();
+    let mut buffer = vec![0u8; STDIN_CHUNK];
+    loop {
+        let read = match stdin.read(&mut buffer) {
+            Ok(read) => read,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                human::stderr_line(&format!(
+                    "mgpu: reading stdin failed, closing the job's input: {err}"
+                ));
+                0
+            }
+        };
+        if sender
+            .blocking_send(Bytes::copy_from_slice(&buffer[..read]))
+            .is_err()
+            || read == 0
+        {
+            return;
+        }
+    }
+}
+
+/// Our status messages on stderr. On a terminal the queued status is one line rewritten in
+/// place; elsewhere (a log file) every status is its own line.
+struct StatusLine {
+    quiet: bool,
+    terminal: bool,
+    /// A rewritable line is on screen without its newline.
+    open: bool,
+}
+
+impl StatusLine {
+    fn new(quiet: bool) -> StatusLine {
+        StatusLine {
+            quiet,
+            terminal: std::io::stderr().is_terminal(),
+            open: false,
+        }
+    }
+
+    fn show(&mut self, text: &str) {
+        if self.quiet {
+            return;
+        }
+        if self.terminal {
+            let mut err = std::io::stderr().lock();
+            // Carriage return and erase-line: replace the previous status.
+            let _ = write!(err, "\r\x1b[K{text}");
+            let _ = err.flush();
+            self.open = true;
+        } else {
+            human::stderr_line(text);
+        }
+    }
+
+    /// A status worth keeping on its own line.
+    fn note(&mut self, text: &str) {
+        if self.quiet {
+            return;
+        }
+        self.finish();
+        human::stderr_line(text);
+    }
+
+    /// Ends a rewritable line so that what follows starts on a line of its own.
+    fn finish(&mut self) {
+        if self.open {
+            self.open = false;
+            human::stderr_line("");
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! `mgpu cancel`: ask the scheduler to stop jobs, then wait (briefly) to see them stop.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use futures::StreamExt;
+use futures::future::join_all;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::CancelRequest;
+use mgpu_shared::{records, subjects};
+
+use crate::cli::GlobalArgs;
+use crate::commands::println;
+use crate::commands::submit::publish_error;
+use crate::errors::plain;
+use crate::follow;
+use crate::human;
+use crate::session::Session;
+
+/// How long to watch a cancelled job stop before leaving it to finish on its own.
+const WAIT_FOR_STOP: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Job ids, or unique prefixes of them.
+    #[arg(required = true, value_name = "ID")]
+    pub ids: Vec<String>,
+}
+
+/// What became of one cancel request.
+enum Outcome {
+    Stopped(JobId),
+    StillStopping(JobId),
+}
+
+pub async fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<ExitCode> {
+    let session = Session::connect(global).await?;
+    // All jobs are cancelled at once, so ten jobs take one wait, not ten.
+    let outcomes = join_all(args.ids.iter().map(|typed| cancel_one(&session, typed))).await;
+    let mut failed = false;
+    for outcome in outcomes {
+        match outcome {
+            Ok(Outcome::Stopped(id)) => println(&format!("Cancelled job {}", id.short()))?,
+            Ok(Outcome::StillStopping(id)) => println(&format!(
+                "Cancel requested for job {}; it is still stopping",
+                id.short()
+            ))?,
+            Err(err) => {
+                failed = true;
+                human::stderr_line(&format!("error: {err:#}"));
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
+    let id = records::resolve_job(&session.js, typed)
+        .await
+        .map_err(plain)?;
+    // Watching from before the request, so a quick stop cannot be missed.
+    let mut changes = follow::watch_record(&session.js, &id).await?;
+    if let Some(record) = records::get_job(&session.js, &id).await.map_err(plain)?
+        && record.state.is_finished()
+    {
+        bail!(
+            "job {} already finished ({})",
+            id.short(),
+            record.state.name()
+        );
+    }
+
+    let request = CancelRequest {
+        user: session.user.clone(),
+        reason: None,
+    };
+    let payload = serde_json::to_vec(&request)?;
+    let ack = session
+        .js
+        .publish(subjects::cancel(&id), payload.into())
+        .await
+        .map_err(|err| publish_error(err.kind(), &err))?;
+    ack.await.map_err(|err| publish_error(err.kind(), &err))?;
+
+    let stopped = tokio::time::timeout(WAIT_FOR_STOP, async {
+        while let Some(change) = changes.next().await {
+            if let Ok(Some(record)) = change
+                && record.state.is_finished()
+            {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    Ok(if stopped {
+        Outcome::Stopped(id)
+    } else {
+        Outcome::StillStopping(id)
+    })
+}

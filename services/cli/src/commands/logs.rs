@@ -1,0 +1,132 @@
+//! `mgpu logs`: a job's output as it wrote it, stdout to stdout and stderr to stderr.
+//!
+//! Output is read from JetStream, so it is there after the job ended, and `-f` also shows what
+//! was written before it started following.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use clap::Args;
+use futures::StreamExt;
+use mgpu_shared::job::JobRecord;
+use mgpu_shared::records;
+use tokio::time::Instant;
+
+use crate::cli::GlobalArgs;
+use crate::errors::plain;
+use crate::follow::{self, Chunk};
+use crate::session::Session;
+
+/// When the record says the job ended but its end-of-output marker has not been read, how long
+/// to wait for it (the node may have died before writing one).
+const EOF_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Job id, or a unique prefix of it.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// Keep printing new output until the job ends.
+    #[arg(short, long)]
+    pub follow: bool,
+}
+
+pub async fn run(global: &GlobalArgs, args: &LogsArgs) -> Result<ExitCode> {
+    let session = Session::connect(global).await?;
+    let id = records::resolve_job(&session.js, &args.id)
+        .await
+        .map_err(plain)?;
+    if args.follow {
+        follow_output(&session, &id).await?;
+    } else {
+        print_stored(&session, &id).await?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints what is stored now and returns.
+async fn print_stored(session: &Session, id: &mgpu_shared::ids::JobId) -> Result<()> {
+    let mut feed = follow::open_output(&session.js, id).await?;
+    if feed.initially_pending == 0 {
+        return Ok(());
+    }
+    while let Some(message) = feed.messages.next().await {
+        let message = message.map_err(plain).context("reading the job's output")?;
+        follow::write_chunk(&follow::classify(&message))?;
+        let info = message.info().map_err(plain)?;
+        if info.pending == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Prints everything, then new output as it comes, until the job's current attempt ended.
+async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Result<()> {
+    let mut feed = follow::open_output(&session.js, id).await?;
+    let mut changes = follow::watch_record(&session.js, id).await?;
+    let mut record: Option<JobRecord> = None;
+    // The highest attempt whose end-of-output marker we read.
+    let mut ended_attempt: Option<u32> = None;
+    let mut caught_up = feed.initially_pending == 0;
+    let grace = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(grace);
+    let mut grace_armed = false;
+    // Whether we saw the job end while following, rather than finding it ended: only then
+    // can output still be on its way.
+    let mut ended_while_following = false;
+
+    loop {
+        if let Some(record) = &record
+            && record.state.is_finished()
+        {
+            if ended_attempt.is_some_and(|a| a >= record.attempt) {
+                return Ok(());
+            }
+            // Ended without a marker for this attempt (an agent that died): once the stored
+            // output is replayed, stop, giving late output a moment if the end was just now.
+            if caught_up && !ended_while_following {
+                return Ok(());
+            }
+            if caught_up && !grace_armed {
+                grace.as_mut().reset(Instant::now() + EOF_GRACE);
+                grace_armed = true;
+            }
+        }
+        tokio::select! {
+            message = feed.messages.next() => {
+                let message = message
+                    .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
+                    .map_err(plain)
+                    .context("reading the job's output")?;
+                let chunk = follow::classify(&message);
+                if let Chunk::Eof { attempt, .. } = chunk {
+                    let attempt = attempt.unwrap_or(0);
+                    ended_attempt = Some(ended_attempt.map_or(attempt, |a| a.max(attempt)));
+                } else {
+                    follow::write_chunk(&chunk)?;
+                }
+                if message.info().map_err(plain)?.pending == 0 {
+                    caught_up = true;
+                }
+            }
+            change = changes.next() => {
+                match change {
+                    Some(change) => match change? {
+                        Some(new) => {
+                            let was_running = record.as_ref().is_some_and(|r| !r.state.is_finished());
+                            ended_while_following |= was_running && new.state.is_finished();
+                            record = Some(new);
+                        }
+                        // A deleted record will never finish: stop with what was printed.
+                        None => return Ok(()),
+                    },
+                    None => return Err(anyhow!("lost the watch on job {}'s record", id.short())),
+                }
+            }
+            () = &mut grace, if grace_armed => return Ok(()),
+        }
+    }
+}

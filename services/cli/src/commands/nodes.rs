@@ -1,0 +1,153 @@
+//! `mgpu nodes`: every node that ever reported, from its last heartbeat, with its GPUs.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use mgpu_shared::Timestamp;
+use mgpu_shared::node::NodeHeartbeat;
+use mgpu_shared::records;
+
+use crate::cli::GlobalArgs;
+use crate::commands::queue::{liveness_name, source_name};
+use crate::commands::{print, print_json, println};
+use crate::errors::plain;
+use crate::human;
+use crate::session::Session;
+use crate::tables::Table;
+
+#[derive(Debug, Args)]
+pub struct NodesArgs {
+    /// Print an array of heartbeats (plus `state` and `last_heartbeat_age_ms`) for scripts.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
+    let session = Session::connect(global).await?;
+    let nodes = records::list_nodes(&session.js).await.map_err(plain)?;
+    let now = mgpu_shared::now();
+    if args.json {
+        let values = nodes
+            .iter()
+            .map(|node| json_value(node, now))
+            .collect::<Result<Vec<_>>>()?;
+        print_json(&values)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if nodes.is_empty() {
+        println("No nodes have reported yet: start mgpu-node on a GPU host.")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let blocks: Vec<String> = nodes.iter().map(|node| render(node, now)).collect();
+    print(&blocks.join("\n"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The heartbeat as sent, with what the reader would otherwise compute.
+fn json_value(node: &NodeHeartbeat, now: Timestamp) -> Result<serde_json::Value> {
+    let mut value = serde_json::to_value(node)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert("state".into(), serde_json::to_value(node.liveness(now))?);
+        let age_ms = (now - node.sent_at).num_milliseconds().max(0);
+        object.insert("last_heartbeat_age_ms".into(), age_ms.into());
+    }
+    Ok(value)
+}
+
+/// One node: a summary line, its details, then a table of its GPUs.
+fn render(node: &NodeHeartbeat, now: Timestamp) -> String {
+    let source = source_name(node.gpu_source);
+    let mut text = format!(
+        "{}  {}  last heartbeat {}  gpus {}\n",
+        node.node,
+        liveness_name(node.liveness(now)),
+        human::age(node.sent_at, now),
+        source
+    );
+    if let Some(note) = &node.gpu_note {
+        text.push_str(&format!("  note: {}\n", note.replace(['\n', '\r'], " ")));
+    }
+    text.push_str(&format!(
+        "  address {}  runs jobs as {}  agent {}\n",
+        node.address, node.runs_jobs_as, node.agent_version
+    ));
+    let running: Vec<&str> = node.running.iter().map(|job| job.id.short()).collect();
+    text.push_str(&format!(
+        "  running: {}\n",
+        if running.is_empty() {
+            "none".to_owned()
+        } else {
+            running.join(", ")
+        }
+    ));
+    if node.gpus.is_empty() {
+        text.push_str("  no GPUs\n");
+        return text;
+    }
+    // NVML reads the GPUs; otherwise the operator declared them.
+    let origin = match node.gpu_source {
+        mgpu_shared::node::GpuSource::Nvml => "detected",
+        mgpu_shared::node::GpuSource::Declared => "declared",
+    };
+    let mut table = Table::new(["GPU", "NAME", "MEM (MiB)", "UTIL", "FOREIGN", "SOURCE"]).indent(2);
+    for gpu in &node.gpus {
+        table.row(vec![
+            gpu.index.to_string(),
+            gpu.name.clone(),
+            human::mib_pair(gpu.memory_used_mib, gpu.memory_total_mib),
+            format!("{}%", gpu.utilization_pct),
+            gpu.foreign_processes.len().to_string(),
+            origin.to_owned(),
+        ]);
+    }
+    text.push_str(&table.render());
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_shared::node::{ForeignProcess, GpuSource, GpuStatus};
+
+    #[test]
+    fn a_node_block_lists_its_gpus() {
+        let now = mgpu_shared::now();
+        let node = NodeHeartbeat {
+            node: "node001".into(),
+            sent_at: now - chrono::Duration::milliseconds(1_200),
+            interval_ms: 2_000,
+            gpu_source: GpuSource::Declared,
+            gpu_note: Some("NVML unavailable".into()),
+            gpus: vec![GpuStatus {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: "Fake 24GiB".into(),
+                memory_total_mib: 24_576,
+                memory_used_mib: 100,
+                utilization_pct: 7,
+                foreign_processes: vec![ForeignProcess {
+                    pid: 9,
+                    used_mib: 100,
+                }],
+            }],
+            running: vec![],
+            address: "10.0.0.1".into(),
+            runs_jobs_as: "mgpu".into(),
+            agent_version: "0.1.0".into(),
+        };
+        let text = render(&node, now);
+        assert!(
+            text.starts_with("node001  online  last heartbeat 1.2s ago  gpus declared\n"),
+            "{text}"
+        );
+        assert!(text.contains("  note: NVML unavailable\n"), "{text}");
+        assert!(
+            text.contains("  0    Fake 24GiB  100/24576  7%    1        declared\n"),
+            "{text}"
+        );
+        let json = json_value(&node, now).unwrap_or_default();
+        assert_eq!(json["state"], "online");
+        assert_eq!(json["last_heartbeat_age_ms"], 1_200);
+    }
+}

@@ -1,0 +1,186 @@
+//! Following a job from JetStream: its output (stream `MGPU_OUTPUT`) and its record (bucket
+//! `mgpu-jobs`). Shared by `mgpu logs` and `mgpu submit -i`.
+
+use std::io::Write;
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream::{self, consumer, kv};
+use futures::{Stream, StreamExt};
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::JobRecord;
+use mgpu_shared::{output, records, subjects};
+
+use crate::errors::{lookup, plain};
+
+/// The job's output messages, oldest first, and how many were stored when we started.
+pub struct OutputFeed {
+    pub messages: consumer::pull::Ordered,
+    /// Messages stored when the consumer was created: 0 means there is nothing to replay.
+    pub initially_pending: u64,
+}
+
+/// Opens an ordered consumer on the job's output subject from the very first message.
+/// Ordered consumers are ephemeral and need no acks, so readers leave nothing behind.
+pub async fn open_output(js: &jetstream::Context, id: &JobId) -> Result<OutputFeed> {
+    let stream = js
+        .get_stream(subjects::OUTPUT_STREAM)
+        .await
+        .map_err(lookup)?;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: subjects::output(id),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(plain)
+        .context("reading the job's output")?;
+    let initially_pending = consumer.cached_info().num_pending;
+    let messages = consumer
+        .messages()
+        .await
+        .map_err(plain)
+        .context("reading the job's output")?;
+    Ok(OutputFeed {
+        messages,
+        initially_pending,
+    })
+}
+
+/// What one output message is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Chunk<'a> {
+    Stdout(&'a [u8]),
+    Stderr(&'a [u8]),
+    /// The end of one attempt's output, with the process's exit status.
+    Eof {
+        attempt: Option<u32>,
+        exit_code: Option<i32>,
+    },
+}
+
+/// Reads an output message's headers. Unlabelled output counts as stdout: the payload is
+/// raw bytes either way, and showing it beats dropping it.
+pub fn classify(message: &async_nats::Message) -> Chunk<'_> {
+    let header = |name: &str| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().trim().to_owned())
+    };
+    match header(output::STREAM).as_deref() {
+        Some(output::EOF) => Chunk::Eof {
+            attempt: header(output::ATTEMPT).and_then(|a| a.parse().ok()),
+            exit_code: header(output::EXIT_CODE).and_then(|c| c.parse().ok()),
+        },
+        Some(output::STDERR) => Chunk::Stderr(&message.payload),
+        _ => Chunk::Stdout(&message.payload),
+    }
+}
+
+/// Writes a chunk's raw bytes to our stdout or stderr and flushes, so output appears as the
+/// job writes it. Returns false for EOF markers, which carry no bytes.
+pub fn write_chunk(chunk: &Chunk<'_>) -> std::io::Result<bool> {
+    match chunk {
+        Chunk::Stdout(bytes) => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(bytes)?;
+            out.flush()?;
+            Ok(true)
+        }
+        Chunk::Stderr(bytes) => {
+            let mut err = std::io::stderr().lock();
+            err.write_all(bytes)?;
+            err.flush()?;
+            Ok(true)
+        }
+        Chunk::Eof { .. } => Ok(false),
+    }
+}
+
+/// The exit status a process can report: 0..=255. A negative code is not a real status;
+/// it becomes 1 rather than 0, so it cannot pass for success.
+pub fn clamp_exit_code(code: i32) -> u8 {
+    if code < 0 { 1 } else { code.min(255) as u8 }
+}
+
+/// A stream of the job's record: its current value first (when it exists), then every change.
+/// `None` items mean the record was deleted.
+pub async fn watch_record(
+    js: &jetstream::Context,
+    id: &JobId,
+) -> Result<impl Stream<Item = Result<Option<JobRecord>>> + Unpin + use<>> {
+    let bucket = records::jobs_bucket(js).await.map_err(plain)?;
+    // `watch_with_history` delivers the last value before the changes, so there is no gap
+    // between reading the record and watching it.
+    let watch = bucket
+        .watch_with_history(id.as_str())
+        .await
+        .map_err(plain)
+        .context("watching the job's record")?;
+    let key = id.to_string();
+    Ok(watch.map(move |entry| {
+        let entry = entry.map_err(plain).context("watching the job's record")?;
+        match entry.operation {
+            kv::Operation::Put => serde_json::from_slice::<JobRecord>(&entry.value)
+                .map(Some)
+                .with_context(|| format!("record {key} is not valid")),
+            kv::Operation::Delete | kv::Operation::Purge => Ok(None),
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(headers: &[(&str, &str)], payload: &'static [u8]) -> async_nats::Message {
+        let mut map = async_nats::HeaderMap::new();
+        for (k, v) in headers {
+            map.insert(*k, *v);
+        }
+        async_nats::Message {
+            subject: "jobs.x.output".into(),
+            reply: None,
+            payload: bytes::Bytes::from_static(payload),
+            headers: Some(map),
+            status: None,
+            description: None,
+            length: payload.len(),
+        }
+    }
+
+    #[test]
+    fn output_messages_are_told_apart_by_their_headers() {
+        let out = message(&[(output::STREAM, output::STDOUT)], b"hi\n");
+        assert_eq!(classify(&out), Chunk::Stdout(b"hi\n"));
+        let err = message(&[(output::STREAM, output::STDERR)], b"oops");
+        assert_eq!(classify(&err), Chunk::Stderr(b"oops"));
+        let unlabelled = message(&[], b"raw");
+        assert_eq!(classify(&unlabelled), Chunk::Stdout(b"raw"));
+        let eof = message(
+            &[
+                (output::STREAM, output::EOF),
+                (output::ATTEMPT, "2"),
+                (output::EXIT_CODE, "137"),
+            ],
+            b"",
+        );
+        assert_eq!(
+            classify(&eof),
+            Chunk::Eof {
+                attempt: Some(2),
+                exit_code: Some(137)
+            }
+        );
+    }
+
+    #[test]
+    fn exit_codes_fit_a_process_status() {
+        assert_eq!(clamp_exit_code(0), 0);
+        assert_eq!(clamp_exit_code(143), 143);
+        assert_eq!(clamp_exit_code(-1), 1);
+        assert_eq!(clamp_exit_code(300), 255);
+    }
+}

@@ -1,0 +1,80 @@
+//! Small formatting helpers for what people read: ages, times, sizes, and stderr notes.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use mgpu_shared::Timestamp;
+use mgpu_shared::duration::format_duration;
+
+/// Writes one line to stderr. A closed stderr is not worth failing (or panicking) over.
+pub fn stderr_line(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{text}");
+    let _ = err.flush();
+}
+
+/// The time from `earlier` to `later`; zero when the clocks disagree about the order.
+pub fn elapsed(earlier: Timestamp, later: Timestamp) -> Duration {
+    (later - earlier).to_std().unwrap_or(Duration::ZERO)
+}
+
+/// `1.2s ago` below a minute (heartbeats are seconds apart), else `5m03s ago`.
+pub fn age(then: Timestamp, now: Timestamp) -> String {
+    let d = elapsed(then, now);
+    if d < Duration::from_secs(60) {
+        format!("{:.1}s ago", d.as_secs_f64())
+    } else {
+        format!("{} ago", format_duration(d))
+    }
+}
+
+/// Local wall-clock time with the age: `2025-11-22 04:41:12 (5m03s ago)`.
+pub fn time_with_age(then: Timestamp, now: Timestamp) -> String {
+    let local = then.with_timezone(&chrono::Local);
+    format!(
+        "{} ({})",
+        local.format("%Y-%m-%d %H:%M:%S"),
+        age_coarse(then, now)
+    )
+}
+
+/// Whole seconds are enough for job times.
+fn age_coarse(then: Timestamp, now: Timestamp) -> String {
+    format!("{} ago", format_duration(elapsed(then, now)))
+}
+
+/// `1234/81559`: used over total MiB.
+pub fn mib_pair(used: u64, total: u64) -> String {
+    format!("{used}/{total}")
+}
+
+/// A list of GPU indices as `0,1,3`.
+pub fn index_list(indices: &[u32]) -> String {
+    indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_short() {
+        let now = mgpu_shared::now();
+        let then = now - chrono::Duration::milliseconds(1_240);
+        assert_eq!(age(then, now), "1.2s ago");
+        let then = now - chrono::Duration::seconds(303);
+        assert_eq!(age(then, now), "5m03s ago");
+        // A clock running behind is not a negative age.
+        assert_eq!(age(now + chrono::Duration::seconds(3), now), "0.0s ago");
+    }
+
+    #[test]
+    fn index_lists_are_comma_separated() {
+        assert_eq!(index_list(&[0, 1, 3]), "0,1,3");
+        assert_eq!(index_list(&[]), "");
+    }
+}

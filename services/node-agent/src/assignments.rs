@@ -1,0 +1,352 @@
+//! The node's inbox: the durable pull consumer `node-<node>` on `MGPU_ASSIGN`, filtered to
+//! `nodes.assign.<node>` and `nodes.control.<node>`. Assignments start jobs; controls stop them.
+//!
+//! Messages are taken through a continuous pull (`messages()`), which keeps a request waiting
+//! at the server, so an assignment reaches the agent as soon as it is stored: no polling
+//! anywhere on the submit → start path. A bad message is logged, terminated (so it is not
+//! redelivered forever) and never stops the loop.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self, AckKind, ErrorCode,
+    consumer::{AckPolicy, PullConsumer, pull},
+    context::GetStreamErrorKind,
+};
+use futures::StreamExt;
+use mgpu_shared::assign::{Assignment, NodeControl};
+use mgpu_shared::event::JobEventKind;
+use mgpu_shared::subjects;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use crate::job::{self, JobContext};
+use crate::running::{AttemptKey, AttemptStatus, StopReason};
+use crate::shutdown::Signal;
+use crate::throttle::{Throttle, Verdict};
+
+/// Redelivery delay of an unacknowledged assignment: long enough to spawn a process and
+/// publish a report, short enough that a crashed agent's work is picked up soon after restart.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// Pause before retrying to set up the consumer.
+const RETRY_SETUP_AFTER: Duration = Duration::from_secs(1);
+
+pub struct Dispatcher {
+    ctx: JobContext,
+    assign_subject: String,
+    control_subject: String,
+    setup_failures: Throttle,
+    stream_failures: Throttle,
+    /// Job supervisors and failure reports; returned at shutdown so they can be awaited.
+    tasks: JoinSet<()>,
+}
+
+impl Dispatcher {
+    pub fn new(ctx: JobContext) -> Self {
+        Dispatcher {
+            assign_subject: subjects::assign(&ctx.node),
+            control_subject: subjects::control(&ctx.node),
+            ctx,
+            setup_failures: Throttle::new(Duration::from_secs(60)),
+            stream_failures: Throttle::new(Duration::from_secs(60)),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Takes assignments and controls until `shutdown` fires; returns the tasks of the jobs
+    /// still running, for shutdown to wait on.
+    pub async fn run(mut self, shutdown: Signal) -> JoinSet<()> {
+        while let Some(consumer) = self.consumer(&shutdown).await {
+            let messages = tokio::select! {
+                () = shutdown.fired() => break,
+                messages = consumer.messages() => messages,
+            };
+            match messages {
+                Ok(messages) => {
+                    info!("taking assignments");
+                    if self.consume(messages, &shutdown).await.is_break() {
+                        break;
+                    }
+                }
+                Err(err) => self.setup_failed(&format!("cannot start pulling assignments: {err}")),
+            }
+            tokio::select! {
+                () = shutdown.fired() => break,
+                () = tokio::time::sleep(RETRY_SETUP_AFTER) => {}
+            }
+        }
+        self.tasks
+    }
+
+    /// Gets the stream and the node's durable consumer, creating the consumer if needed.
+    /// Returns `None` once shutdown fires.
+    async fn consumer(&mut self, shutdown: &Signal) -> Option<PullConsumer> {
+        let name = subjects::node_consumer(&self.ctx.node);
+        let mut said_waiting = false;
+        loop {
+            let attempt = async {
+                let stream = self.ctx.js.get_stream(subjects::ASSIGN_STREAM).await?;
+                let config = pull::Config {
+                    durable_name: Some(name.clone()),
+                    description: Some(format!(
+                        "assignments and controls of node {}",
+                        self.ctx.node
+                    )),
+                    filter_subjects: vec![
+                        self.assign_subject.clone(),
+                        self.control_subject.clone(),
+                    ],
+                    ack_policy: AckPolicy::Explicit,
+                    ack_wait: ACK_WAIT,
+                    ..Default::default()
+                };
+                let consumer = stream.get_or_create_consumer(&name, config).await?;
+                Ok::<_, async_nats::Error>(consumer)
+            };
+            let result = tokio::select! {
+                () = shutdown.fired() => return None,
+                result = attempt => result,
+            };
+            match result {
+                Ok(consumer) => {
+                    if self.setup_failures.success() || said_waiting {
+                        info!("the assignment stream is available");
+                    }
+                    self.check_filters(&consumer);
+                    return Some(consumer);
+                }
+                Err(err) if is_stream_missing(&*err) => {
+                    if !said_waiting {
+                        info!(
+                            "waiting for mgpu streams (start mgpu-scheduler or run `mgpu admin setup`)"
+                        );
+                        said_waiting = true;
+                    }
+                }
+                Err(err) => self.setup_failed(&format!(
+                    "cannot set up consumer {name} on stream {}: {err}",
+                    subjects::ASSIGN_STREAM
+                )),
+            }
+            tokio::select! {
+                () = shutdown.fired() => return None,
+                () = tokio::time::sleep(RETRY_SETUP_AFTER) => {}
+            }
+        }
+    }
+
+    /// A consumer made earlier (by an operator, or an older agent) may filter differently. It is
+    /// used as it is rather than overwritten, but a missing subject means lost work, so say so.
+    fn check_filters(&self, consumer: &PullConsumer) {
+        let config = &consumer.cached_info().config;
+        let mut filters: Vec<&str> = config.filter_subjects.iter().map(String::as_str).collect();
+        if !config.filter_subject.is_empty() {
+            filters.push(&config.filter_subject);
+        }
+        // No filter at all would take the node's subjects too (and other nodes').
+        if filters.is_empty() {
+            return;
+        }
+        for wanted in [&self.assign_subject, &self.control_subject] {
+            if !filters.contains(&wanted.as_str()) {
+                warn!(
+                    consumer = %config.durable_name.as_deref().unwrap_or_default(),
+                    ?filters,
+                    "the existing consumer does not deliver {wanted}; delete it so the agent can create it as it needs"
+                );
+            }
+        }
+    }
+
+    fn setup_failed(&mut self, message: &str) {
+        if let Verdict::Log { suppressed } = self.setup_failures.failure(message) {
+            warn!(suppressed, "{message}; retrying");
+        }
+    }
+
+    /// Handles messages until shutdown (`Break`) or until the consumer must be set up again.
+    async fn consume(
+        &mut self,
+        mut messages: pull::Stream,
+        shutdown: &Signal,
+    ) -> std::ops::ControlFlow<()> {
+        use std::ops::ControlFlow;
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.fired() => return ControlFlow::Break(()),
+                Some(finished) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Err(err) = finished {
+                        error!("a job supervisor failed: {err}");
+                    }
+                }
+                next = messages.next() => match next {
+                    Some(Ok(message)) => {
+                        if self.stream_failures.success() {
+                            info!("receiving assignments again");
+                        }
+                        self.handle(message).await;
+                    }
+                    Some(Err(err)) => {
+                        use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
+                        let fatal = matches!(
+                            err.kind(),
+                            Kind::ConsumerDeleted | Kind::PushBasedConsumer | Kind::RequestLimitExceeded
+                        );
+                        let text = format!("assignment consumer: {err}");
+                        if let Verdict::Log { suppressed } = self.stream_failures.failure(&text) {
+                            warn!(suppressed, "{text}");
+                        }
+                        if fatal {
+                            return ControlFlow::Continue(());
+                        }
+                    }
+                    None => {
+                        warn!("the assignment stream ended; setting up the consumer again");
+                        return ControlFlow::Continue(());
+                    }
+                },
+            }
+        }
+    }
+
+    async fn handle(&mut self, message: jetstream::Message) {
+        let subject = message.subject.as_str();
+        if subject == self.assign_subject {
+            self.on_assignment(message).await;
+        } else if subject == self.control_subject {
+            self.on_control(message).await;
+        } else {
+            error!(subject, "message on an unexpected subject; dropping it");
+            terminate(&message).await;
+        }
+    }
+
+    async fn on_assignment(&mut self, message: jetstream::Message) {
+        let assignment: Assignment = match serde_json::from_slice(&message.payload) {
+            Ok(assignment) => assignment,
+            Err(err) => {
+                error!(subject = %message.subject, "malformed assignment, dropping it: {err}");
+                terminate(&message).await;
+                return;
+            }
+        };
+        let key = AttemptKey {
+            job_id: assignment.job_id.clone(),
+            attempt: assignment.attempt,
+        };
+        match self.ctx.table.status(&key) {
+            AttemptStatus::Unknown => {}
+            status => {
+                info!(%key, ?status, "assignment delivered again; it already ran here, ignoring it");
+                acknowledge(&message).await;
+                return;
+            }
+        }
+        let started = if assignment.placement.node == self.ctx.node {
+            job::start(&self.ctx, &assignment).await
+        } else {
+            Err(format!(
+                "the assignment names node {} but reached node {}",
+                assignment.placement.node, self.ctx.node
+            ))
+        };
+        match started {
+            Ok(job) => {
+                acknowledge(&message).await;
+                self.ctx.heartbeat_now.notify_one();
+                self.tasks.spawn(job.supervise());
+            }
+            Err(reason) => {
+                warn!(%key, "job failed to start: {reason}");
+                // Remembered as finished so a redelivery during the report does not retry it.
+                self.ctx.table.finish(&key);
+                let reporter = self.ctx.reporter.clone();
+                self.tasks.spawn(async move {
+                    // Acknowledged only once reported: if the agent dies first, the redelivered
+                    // assignment gets another chance to be reported.
+                    if reporter
+                        .job_event(&key, JobEventKind::FailedToStart { error: reason })
+                        .await
+                    {
+                        acknowledge(&message).await;
+                    }
+                });
+            }
+        }
+    }
+
+    async fn on_control(&mut self, message: jetstream::Message) {
+        let control: NodeControl = match serde_json::from_slice(&message.payload) {
+            Ok(control) => control,
+            Err(err) => {
+                error!(subject = %message.subject, "malformed control message, dropping it: {err}");
+                terminate(&message).await;
+                return;
+            }
+        };
+        match control {
+            NodeControl::Kill {
+                job_id,
+                attempt,
+                reason,
+            } => {
+                let key = AttemptKey { job_id, attempt };
+                if self.ctx.table.request_stop(&key, StopReason::Cancelled) {
+                    info!(%key, reason, "kill requested");
+                } else {
+                    info!(%key, reason, "kill requested for a job attempt not running here; nothing to do");
+                }
+            }
+        }
+        acknowledge(&message).await;
+    }
+}
+
+/// True when the error says the stream `MGPU_ASSIGN` does not exist (yet).
+fn is_stream_missing(err: &(dyn std::error::Error + 'static)) -> bool {
+    let Some(err) = err.downcast_ref::<jetstream::context::GetStreamError>() else {
+        return false;
+    };
+    matches!(
+        err.kind(),
+        GetStreamErrorKind::JetStream(inner) if inner.error_code() == ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+async fn acknowledge(message: &jetstream::Message) {
+    if let Err(err) = message.ack().await {
+        warn!(subject = %message.subject, "cannot acknowledge a message (it will come again): {err}");
+    }
+}
+
+/// Tells JetStream never to deliver this message again.
+async fn terminate(message: &jetstream::Message) {
+    if let Err(err) = message.ack_with(AckKind::Term).await {
+        warn!(subject = %message.subject, "cannot terminate a bad message (it will come again): {err}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::context::GetStreamError;
+
+    fn server_error(json: &str) -> async_nats::Error {
+        let Ok(error) = serde_json::from_str::<jetstream::Error>(json) else {
+            panic!("bad test JSON: {json}");
+        };
+        Box::new(GetStreamError::new(GetStreamErrorKind::JetStream(error)))
+    }
+
+    #[test]
+    fn only_stream_not_found_means_waiting_for_setup() {
+        let missing =
+            server_error(r#"{"code":404,"err_code":10059,"description":"stream not found"}"#);
+        assert!(is_stream_missing(&*missing));
+        let other = server_error(r#"{"code":503,"err_code":10008,"description":"unavailable"}"#);
+        assert!(!is_stream_missing(&*other));
+        let request: async_nats::Error = Box::new(GetStreamError::new(GetStreamErrorKind::Request));
+        assert!(!is_stream_missing(&*request));
+    }
+}

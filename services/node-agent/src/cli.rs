@@ -1,0 +1,176 @@
+//! The command line of `mgpu-node`, the value parsers behind it, and the host facts used as
+//! defaults (host name, Unix user).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use serde::Serialize;
+
+use crate::gpu::GpuProbe;
+use crate::gpu_spec::{DeclaredSpec, parse_gpu_spec};
+
+/// The mgpu node agent: reports this host's GPUs and runs the jobs the scheduler assigns to it.
+#[derive(Debug, Parser)]
+#[command(name = "mgpu-node", version)]
+pub struct Args {
+    /// Name of this node in mgpu (letters, digits, `-`, `_`). Defaults to the short host name.
+    #[arg(long, env = "MGPU_NODE", value_name = "NAME")]
+    pub node: Option<String>,
+
+    /// NATS server URL; several, comma-separated, for a cluster.
+    #[arg(
+        long,
+        env = "MGPU_SERVER",
+        value_name = "URL[,URL…]",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub server: String,
+
+    /// File holding this node's nkey seed (from `mgpu admin`).
+    #[arg(
+        long,
+        env = "MGPU_CREDS",
+        value_name = "FILE",
+        required_unless_present = "print_gpus"
+    )]
+    pub creds: Option<PathBuf>,
+
+    /// Declare the GPUs instead of reading them through NVML: comma-separated COUNTxSIZE
+    /// groups, e.g. `2x24GiB` or `4x80GiB,2x16GiB` (sizes in MiB, GiB or TiB).
+    #[arg(long, value_name = "SPEC", value_parser = parse_gpu_spec)]
+    pub gpus: Option<DeclaredSpec>,
+
+    /// Declared GPUs to use only when NVML cannot be loaded (no NVIDIA driver); same form as
+    /// --gpus. Heartbeats then say why.
+    #[arg(long, value_name = "SPEC", value_parser = parse_gpu_spec)]
+    pub fallback_gpus: Option<DeclaredSpec>,
+
+    /// How often to send a heartbeat (`2s`, `500ms`, `1m`).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_interval)]
+    pub heartbeat_interval: Duration,
+
+    /// How long a stopped job gets between SIGTERM and SIGKILL (`10s`, `500ms`).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
+    pub kill_grace: Duration,
+
+    /// Address other nodes reach this one at, as shown in heartbeats. Defaults to the host name.
+    #[arg(long, value_name = "ADDR")]
+    pub address: Option<String>,
+
+    /// Print the GPUs this agent would report, as JSON, and exit without connecting.
+    #[arg(long)]
+    pub print_gpus: bool,
+}
+
+/// A duration as `mgpu_shared::duration::parse_duration` reads it (`2s`, `10m`, `1h30m`, `90`),
+/// or in milliseconds (`200ms`), which agent timings need and job time limits do not.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if let Some(millis) = trimmed.strip_suffix("ms") {
+        return match millis.trim().parse::<u64>() {
+            Ok(0) => Err(format!("`{text}`: a duration must be longer than 0")),
+            Ok(millis) => Ok(Duration::from_millis(millis)),
+            Err(_) => Err(format!("`{text}` is not a number of milliseconds")),
+        };
+    }
+    mgpu_shared::duration::parse_duration(trimmed).map_err(|err| err.to_string())
+}
+
+/// The host name as the kernel has it.
+pub fn hostname() -> anyhow::Result<String> {
+    let name = nix::unistd::gethostname().context("gethostname")?;
+    name.into_string()
+        .map_err(|raw| anyhow::anyhow!("the host name {raw:?} is not UTF-8"))
+}
+
+/// The host name up to its first dot (`gpu01.lab.example` → `gpu01`): a valid node name on
+/// most hosts.
+pub fn short_hostname() -> anyhow::Result<String> {
+    Ok(short_name(&hostname()?).to_owned())
+}
+
+fn short_name(hostname: &str) -> &str {
+    hostname.split('.').next().unwrap_or(hostname)
+}
+
+/// The Unix account the agent (and so every job) runs as; the uid when it has no name.
+pub fn current_user() -> String {
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => uid.to_string(),
+    }
+}
+
+/// `--print-gpus`: one sample of the inventory, as the heartbeat would carry it.
+pub fn print_gpus(probe: &mut dyn GpuProbe) -> anyhow::Result<()> {
+    #[derive(Serialize)]
+    struct Inventory {
+        gpu_source: mgpu_shared::node::GpuSource,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        gpu_note: Option<String>,
+        gpus: Vec<mgpu_shared::node::GpuStatus>,
+    }
+    let inventory = Inventory {
+        gpu_source: probe.source(),
+        gpu_note: probe.note(),
+        gpus: probe.sample(&[]).context("reading the GPUs")?,
+    };
+    let text = serde_json::to_string_pretty(&inventory).context("encoding the GPU list")?;
+    println!("{text}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn intervals_take_milliseconds_and_the_shared_forms() {
+        assert_eq!(parse_interval("200ms"), Ok(Duration::from_millis(200)));
+        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_interval("10"), Ok(Duration::from_secs(10)));
+        for bad in ["0ms", "ms", "-5ms", "1.5s", "", "0", "fast"] {
+            assert!(parse_interval(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn short_names_stop_at_the_first_dot() {
+        assert_eq!(short_name("gpu01.lab.example"), "gpu01");
+        assert_eq!(short_name("gpu01"), "gpu01");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_parse_into_their_types() {
+        let args = Args::try_parse_from([
+            "mgpu-node",
+            "--node",
+            "n1",
+            "--creds",
+            "/tmp/n1.nk",
+            "--gpus",
+            "2x24GiB",
+            "--heartbeat-interval",
+            "250ms",
+            "--kill-grace",
+            "3s",
+        ]);
+        let Ok(args) = args else {
+            panic!("flags did not parse: {args:?}");
+        };
+        assert_eq!(args.heartbeat_interval, Duration::from_millis(250));
+        assert_eq!(args.kill_grace, Duration::from_secs(3));
+        assert_eq!(args.gpus.map(|g| g.to_string()).as_deref(), Some("2x24GiB"));
+        assert!(Args::try_parse_from(["mgpu-node", "--creds", "x", "--gpus", "4"]).is_err());
+    }
+}

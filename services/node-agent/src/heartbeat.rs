@@ -1,0 +1,187 @@
+//! The node's heartbeat on `nodes.heartbeat.<node>`: GPUs, running jobs, address. Published at
+//! start, every interval, at once when a job starts or ends, and a last time at shutdown.
+//!
+//! JetStream keeps the last one per node (stream `MGPU_NODES`), which exists only once the
+//! scheduler or `mgpu admin setup` created the streams; until then failures are logged sparingly
+//! and the agent carries on.
+
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use bytes::Bytes;
+use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat};
+use mgpu_shared::subjects;
+use tokio::sync::Notify;
+use tokio::time::MissedTickBehavior;
+use tracing::{info, warn};
+
+use crate::gpu::GpuProbe;
+use crate::running::RunningTable;
+use crate::shutdown::Signal;
+use crate::throttle::{Throttle, Verdict};
+
+/// How often an unchanged failure is logged again.
+const REPEAT_WARNING_EVERY: Duration = Duration::from_secs(60);
+
+/// The facts about this agent that do not change while it runs.
+pub struct Identity {
+    pub node: String,
+    pub address: String,
+    pub runs_jobs_as: String,
+    pub interval: Duration,
+}
+
+pub struct Heartbeater {
+    js: jetstream::Context,
+    identity: Identity,
+    /// Behind a mutex because sampling runs on a blocking thread.
+    probe: Arc<Mutex<Box<dyn GpuProbe>>>,
+    source: GpuSource,
+    note: Option<String>,
+    table: RunningTable,
+    /// The last GPU sample, reused when a new one cannot be taken.
+    last_gpus: Vec<GpuStatus>,
+    publish_failures: Throttle,
+    sample_failures: Throttle,
+}
+
+impl Heartbeater {
+    pub fn new(
+        js: jetstream::Context,
+        identity: Identity,
+        probe: Box<dyn GpuProbe>,
+        table: RunningTable,
+    ) -> Self {
+        let source = probe.source();
+        let note = probe.note();
+        Heartbeater {
+            js,
+            identity,
+            probe: Arc::new(Mutex::new(probe)),
+            source,
+            note,
+            table,
+            last_gpus: Vec::new(),
+            publish_failures: Throttle::new(REPEAT_WARNING_EVERY),
+            sample_failures: Throttle::new(REPEAT_WARNING_EVERY),
+        }
+    }
+
+    /// Heartbeats until `stop` fires, then sends a last one. `now` asks for one out of turn.
+    pub async fn run(mut self, now: Arc<Notify>, stop: Signal) {
+        let mut ticker = tokio::time::interval(self.identity.interval);
+        // After a stall (a slow ack), carry on at the normal pace rather than in a burst.
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.fired() => break,
+                // The first tick is immediate: the scheduler hears of the node at once.
+                _ = ticker.tick() => {}
+                () = now.notified() => ticker.reset(),
+            }
+            self.beat().await;
+        }
+        self.beat().await;
+    }
+
+    async fn beat(&mut self) {
+        let job_pgids = self.table.process_groups();
+        match self.sample(job_pgids).await {
+            Ok(gpus) => {
+                if self.sample_failures.success() {
+                    info!("reading GPUs works again");
+                }
+                self.last_gpus = gpus;
+            }
+            Err(err) => {
+                if let Verdict::Log { suppressed } =
+                    self.sample_failures.failure(&format!("{err:#}"))
+                {
+                    warn!(
+                        suppressed,
+                        "cannot read the GPUs, reporting the last known state: {err:#}"
+                    );
+                }
+            }
+        }
+        let heartbeat = NodeHeartbeat {
+            node: self.identity.node.clone(),
+            sent_at: mgpu_shared::now(),
+            interval_ms: u64::try_from(self.identity.interval.as_millis()).unwrap_or(u64::MAX),
+            gpu_source: self.source,
+            gpu_note: self.note.clone(),
+            gpus: self.last_gpus.clone(),
+            running: self.table.snapshot(),
+            address: self.identity.address.clone(),
+            runs_jobs_as: self.identity.runs_jobs_as.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        match self.publish(&heartbeat).await {
+            Ok(()) => {
+                if self.publish_failures.success() {
+                    info!("heartbeats are stored again");
+                }
+            }
+            Err(err) => {
+                if let Verdict::Log { suppressed } =
+                    self.publish_failures.failure(&format!("{err:#}"))
+                {
+                    warn!(suppressed, "heartbeat not stored: {err:#}");
+                }
+            }
+        }
+    }
+
+    /// Samples the GPUs on a blocking thread (NVML calls into the driver), bounded in time so
+    /// a stuck driver delays no heartbeat.
+    async fn sample(&self, job_pgids: Vec<u32>) -> anyhow::Result<Vec<GpuStatus>> {
+        let probe = Arc::clone(&self.probe);
+        let task = tokio::task::spawn_blocking(move || {
+            let mut probe = match probe.try_lock() {
+                Ok(probe) => probe,
+                // A panic in an earlier sample leaves the probe usable.
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    return Err(anyhow!("the previous GPU sample has not finished"));
+                }
+            };
+            probe.sample(&job_pgids)
+        });
+        let limit = self.identity.interval.max(Duration::from_secs(2));
+        tokio::time::timeout(limit, task)
+            .await
+            .map_err(|_| anyhow!("sampling the GPUs took longer than {limit:?}"))?
+            .context("the GPU sampling task failed")?
+    }
+
+    async fn publish(&self, heartbeat: &NodeHeartbeat) -> anyhow::Result<()> {
+        let payload = Bytes::from(serde_json::to_vec(heartbeat).context("encoding the heartbeat")?);
+        let subject = subjects::heartbeat(&self.identity.node);
+        let ack_limit = self
+            .identity
+            .interval
+            .clamp(Duration::from_secs(1), Duration::from_secs(5));
+        let ack = self
+            .js
+            .publish(subject, payload)
+            .await
+            .context("publishing the heartbeat")?;
+        let stored = tokio::time::timeout(ack_limit, ack.into_future())
+            .await
+            .map_err(|_| anyhow!("no acknowledgement within {ack_limit:?}"))?;
+        match stored {
+            Ok(_) => {}
+            Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
+                return Err(anyhow!(
+                    "stream {} does not exist yet (start mgpu-scheduler or run `mgpu admin setup`)",
+                    subjects::NODES_STREAM
+                ));
+            }
+            Err(err) => return Err(anyhow!(err).context("JetStream refused it")),
+        }
+        Ok(())
+    }
+}

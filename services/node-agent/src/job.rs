@@ -1,0 +1,519 @@
+//! One job attempt's process: building its script and environment, spawning it in its own
+//! process group, watching it (time limit, kill requests), and reporting how it ended after
+//! its output was flushed.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use mgpu_shared::assign::Assignment;
+use mgpu_shared::event::JobEventKind;
+use mgpu_shared::job::JobSpec;
+use mgpu_shared::{output, subjects};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use crate::input::InputForwarder;
+use crate::output::{OutputPipeline, output_headers};
+use crate::reports::Reporter;
+use crate::running::{AttemptKey, RunningTable, StopReason, StopRequests};
+
+/// How long output may keep flowing after the job's process group is dead: only a process
+/// that escaped the group (a daemon) can hold the pipes open that long.
+const OUTPUT_DRAIN_LIMIT: Duration = Duration::from_secs(3);
+
+/// What every job needs from the agent.
+#[derive(Clone)]
+pub struct JobContext {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub node: String,
+    pub kill_grace: Duration,
+    pub table: RunningTable,
+    pub reporter: Reporter,
+    /// Notified when the set of running jobs changed, so the heartbeat says so at once.
+    pub heartbeat_now: Arc<Notify>,
+}
+
+/// A spawned job attempt, recorded in the running table; [`StartedJob::supervise`] sees it
+/// through to its `Exited` report.
+pub struct StartedJob {
+    ctx: JobContext,
+    key: AttemptKey,
+    child: Child,
+    pid: u32,
+    started: Instant,
+    time_limit: Option<Duration>,
+    output: OutputPipeline,
+    input: Option<InputForwarder>,
+    stop_requests: StopRequests,
+}
+
+/// Starts an assignment's process. The error is the `FailedToStart` text, phrased for the user
+/// who submitted the job.
+pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJob, String> {
+    let key = AttemptKey {
+        job_id: assignment.job_id.clone(),
+        attempt: assignment.attempt,
+    };
+    let spec = &assignment.spec;
+    let node = &ctx.node;
+    spec.validate()
+        .map_err(|err| format!("the job cannot run: {err}"))?;
+    check_workdir(&spec.workdir, node).await?;
+    // Subscribed before the process starts, so input sent right after the start is not lost.
+    let input = if spec.interactive {
+        let subscription = ctx
+            .client
+            .subscribe(subjects::input(&key.job_id))
+            .await
+            .map_err(|err| format!("cannot receive the job's standard input on {node}: {err}"))?;
+        Some(subscription)
+    } else {
+        None
+    };
+
+    let gpus = assignment.placement.gpu_indices();
+    let shell = shell_program();
+    let mut command = Command::new(shell);
+    command
+        .arg("-c")
+        .arg(build_script(spec))
+        .env_clear()
+        .envs(job_environment(&spec.env, &key, node, &gpus))
+        .current_dir(&spec.workdir)
+        // Its own process group, so a kill reaches everything the job started.
+        .process_group(0)
+        .stdin(if spec.interactive {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|err| format!("cannot start {shell} in {} on {node}: {err}", spec.workdir))?;
+
+    // A freshly spawned child has its pid and the pipes asked for; the checks below only keep
+    // a broken invariant from becoming a panic.
+    let Some(pid) = child.id() else {
+        return Err(format!(
+            "the job's process on {node} ended before it could be watched"
+        ));
+    };
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        signal_group(pid, Signal::SIGKILL, &key);
+        return Err(format!("cannot read the job's output on {node}"));
+    };
+    let output = OutputPipeline::start(ctx.js.clone(), key.clone(), stdout, stderr);
+    let input = match (input, child.stdin.take()) {
+        (Some(subscription), Some(stdin)) => {
+            Some(InputForwarder::start(subscription, stdin, key.clone()))
+        }
+        _ => None,
+    };
+    let stop_requests = ctx.table.insert(key.clone(), pid);
+    info!(%key, pid, ?gpus, "job started");
+    Ok(StartedJob {
+        ctx: ctx.clone(),
+        key,
+        child,
+        pid,
+        started: Instant::now(),
+        time_limit: spec.time_limit(),
+        output,
+        input,
+        stop_requests,
+    })
+}
+
+impl StartedJob {
+    /// Reports the start, waits for the end (stopping the job on its time limit or when
+    /// asked), flushes its output and reports how it ended.
+    pub async fn supervise(self) {
+        let StartedJob {
+            ctx,
+            key,
+            mut child,
+            pid,
+            started,
+            time_limit,
+            output,
+            input,
+            mut stop_requests,
+        } = self;
+        // Reported alongside the run, so a slow JetStream never delays a kill or time limit.
+        let started_report = {
+            let reporter = ctx.reporter.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                reporter
+                    .job_event(&key, JobEventKind::Started { pid })
+                    .await
+            })
+        };
+        let watch = Watch {
+            key: &key,
+            pid,
+            kill_grace: ctx.kill_grace,
+            time_limit_at: time_limit.map(|limit| started + limit),
+        };
+        let ending = watch.until_exit(&mut child, &mut stop_requests).await;
+
+        // Background processes the job left behind would keep its output pipes open forever.
+        signal_group(pid, Signal::SIGKILL, &key);
+        if let Some(input) = input {
+            input.stop().await;
+        }
+        let summary = output.finish(&key, OUTPUT_DRAIN_LIMIT).await;
+        let (exit_code, signal) = exit_code_of(ending.status);
+
+        let mut eof_headers = output_headers(output::EOF, summary.next_seq, key.attempt);
+        eof_headers.insert(output::EXIT_CODE, exit_code.to_string());
+        let eof = PublishMessage::build()
+            .payload(Bytes::new())
+            .headers(eof_headers)
+            .message_id(format!("{}-{}-eof", key.job_id, key.attempt));
+        ctx.reporter
+            .publish_until_stored(subjects::output(&key.job_id), eof, &key, "output end")
+            .await;
+
+        // The scheduler must see `started` before `exited`.
+        let _ = started_report.await;
+        info!(
+            %key,
+            exit_code,
+            ?signal,
+            cancelled = ending.cancelled,
+            timed_out = ending.timed_out,
+            output_bytes = summary.bytes,
+            output_chunks_lost = summary.lost_chunks,
+            "job exited"
+        );
+        ctx.reporter
+            .job_event(
+                &key,
+                JobEventKind::Exited {
+                    exit_code,
+                    signal,
+                    cancelled: ending.cancelled,
+                    timed_out: ending.timed_out,
+                },
+            )
+            .await;
+        ctx.table.finish(&key);
+        ctx.heartbeat_now.notify_one();
+    }
+}
+
+/// How the main process ended, and why the agent stopped it if it did.
+struct Ending {
+    /// `None` when the exit status could not be read.
+    status: Option<ExitStatus>,
+    cancelled: bool,
+    timed_out: bool,
+}
+
+/// The rules for stopping one running job.
+struct Watch<'a> {
+    key: &'a AttemptKey,
+    pid: u32,
+    kill_grace: Duration,
+    time_limit_at: Option<Instant>,
+}
+
+impl Watch<'_> {
+    /// Waits for the main process to exit. On the time limit or a stop request: SIGTERM to the
+    /// process group, then SIGKILL once the kill grace has passed.
+    async fn until_exit(&self, child: &mut Child, stop_requests: &mut StopRequests) -> Ending {
+        let mut cancelled = false;
+        let mut timed_out = false;
+        // When SIGKILL is due, once a stop has begun.
+        let mut kill_at: Option<Instant> = None;
+        let mut killed = false;
+        let mut stop_requests_open = true;
+        loop {
+            let stopping = kill_at.is_some();
+            tokio::select! {
+                status = child.wait() => {
+                    let status = status
+                        .inspect_err(|err| error!(key = %self.key, "cannot read the job's exit status: {err}"))
+                        .ok();
+                    return Ending { status, cancelled, timed_out };
+                }
+                () = sleep_until(self.time_limit_at), if !stopping && self.time_limit_at.is_some() => {
+                    info!(key = %self.key, "time limit reached; stopping the job");
+                    timed_out = true;
+                    kill_at = Some(self.terminate());
+                }
+                changed = stop_requests.changed(), if !stopping && stop_requests_open => {
+                    if changed.is_err() {
+                        // The table dropped its side; no stop can come any more.
+                        stop_requests_open = false;
+                        continue;
+                    }
+                    let Some(reason) = *stop_requests.borrow_and_update() else { continue };
+                    match reason {
+                        StopReason::Cancelled => info!(key = %self.key, "cancelling the job"),
+                        StopReason::AgentShutdown => info!(key = %self.key, "stopping the job: the agent is shutting down"),
+                    }
+                    cancelled = reason == StopReason::Cancelled;
+                    kill_at = Some(self.terminate());
+                }
+                () = sleep_until(kill_at), if stopping && !killed => {
+                    warn!(key = %self.key, grace = ?self.kill_grace, "the job ignored SIGTERM; sending SIGKILL");
+                    signal_group(self.pid, Signal::SIGKILL, self.key);
+                    killed = true;
+                }
+            }
+        }
+    }
+
+    /// Sends SIGTERM to the job's group and returns when SIGKILL is due.
+    fn terminate(&self) -> Instant {
+        signal_group(self.pid, Signal::SIGTERM, self.key);
+        Instant::now() + self.kill_grace
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Signals every process in the job's group (the job leads it, so its pid is the group id).
+fn signal_group(pgid: u32, signal: Signal, key: &AttemptKey) {
+    let Ok(raw) = i32::try_from(pgid) else { return };
+    match killpg(Pid::from_raw(raw), signal) {
+        Ok(()) => debug!(%key, ?signal, "signalled the job's process group"),
+        // Nobody left in the group: the usual case after a clean exit.
+        Err(nix::errno::Errno::ESRCH) => {}
+        Err(err) => warn!(%key, ?signal, "cannot signal the job's process group: {err}"),
+    }
+}
+
+/// The exit code the shell convention gives (128 + N after signal N) and the signal if any.
+/// -1 stands for a status that could not be read.
+fn exit_code_of(status: Option<ExitStatus>) -> (i32, Option<i32>) {
+    let Some(status) = status else {
+        return (-1, None);
+    };
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code, None),
+        (None, Some(signal)) => (128 + signal, Some(signal)),
+        (None, None) => (-1, None),
+    }
+}
+
+/// `/bin/bash` where there is one (`source` and `conda activate` need it), else `/bin/sh`.
+fn shell_program() -> &'static str {
+    static SHELL: OnceLock<&'static str> = OnceLock::new();
+    SHELL.get_or_init(|| {
+        if std::path::Path::new("/bin/bash").exists() {
+            "/bin/bash"
+        } else {
+            "/bin/sh"
+        }
+    })
+}
+
+/// The shell script a job runs: its command line (one element is a shell line used as is,
+/// several are quoted word by word), after the environment setup when there is one, in the
+/// same shell so that `source venv/bin/activate` takes effect.
+pub fn build_script(spec: &JobSpec) -> String {
+    let line = spec.command_line();
+    match spec.env_setup_cmd.as_deref() {
+        Some(setup) if !setup.trim().is_empty() => format!("{setup}\n{line}"),
+        _ => line,
+    }
+}
+
+/// Whether a variable from the submitter's captured environment is passed on. The agent sets
+/// the GPU and mgpu variables itself, and `LD_PRELOAD` would inject code into every process
+/// the job starts.
+fn passes_user_variable(name: &str) -> bool {
+    !(name.is_empty()
+        || name.contains(['=', '\0'])
+        || name == "LD_PRELOAD"
+        || name == "CUDA_VISIBLE_DEVICES"
+        || name == "CUDA_DEVICE_ORDER"
+        || name.starts_with("MGPU_"))
+}
+
+/// The job's whole environment: the submitter's (filtered), then the agent's variables.
+pub fn job_environment(
+    user_env: &BTreeMap<String, String>,
+    key: &AttemptKey,
+    node: &str,
+    gpus: &[u32],
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = user_env
+        .iter()
+        .filter(|(name, value)| passes_user_variable(name) && !value.contains('\0'))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let gpu_list = gpus
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    env.insert("CUDA_VISIBLE_DEVICES".into(), gpu_list.clone());
+    // CUDA's default numbering is fastest-first; PCI bus order matches NVML's indices.
+    env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
+    env.insert("MGPU_JOB_ID".into(), key.job_id.to_string());
+    env.insert("MGPU_NODE".into(), node.to_owned());
+    env.insert("MGPU_ATTEMPT".into(), key.attempt.to_string());
+    env.insert("MGPU_GPUS".into(), gpu_list);
+    env
+}
+
+/// Checks the job's directory before spawning, so the user gets a sentence rather than an errno.
+async fn check_workdir(workdir: &str, node: &str) -> Result<(), String> {
+    match tokio::fs::metadata(workdir).await {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(format!("workdir {workdir} is not a directory on {node}")),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("workdir {workdir} does not exist on {node}"))
+        }
+        Err(err) => Err(format!(
+            "workdir {workdir} is not accessible on {node}: {err}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_shared::ids::JobId;
+
+    fn spec(command: &[&str]) -> JobSpec {
+        JobSpec::new(command.iter().map(|s| (*s).to_owned()).collect(), "/tmp")
+    }
+
+    #[test]
+    fn one_element_is_a_shell_line_used_as_is() {
+        let s = spec(&["python train.py | tee log.txt && echo $HOME"]);
+        assert_eq!(
+            build_script(&s),
+            "python train.py | tee log.txt && echo $HOME"
+        );
+    }
+
+    #[test]
+    fn several_elements_are_quoted_word_by_word() {
+        let s = spec(&[
+            "python",
+            "-c",
+            "print('hi there')",
+            "a b",
+            "$HOME",
+            "plain-arg",
+        ]);
+        assert_eq!(
+            build_script(&s),
+            r#"python -c 'print('\''hi there'\'')' 'a b' '$HOME' plain-arg"#
+        );
+    }
+
+    #[test]
+    fn the_environment_setup_runs_first_in_the_same_shell() {
+        let mut s = spec(&["python", "train.py"]);
+        s.env_setup_cmd = Some("source venv/bin/activate".into());
+        assert_eq!(
+            build_script(&s),
+            "source venv/bin/activate\npython train.py"
+        );
+        s.env_setup_cmd = Some("   ".into());
+        assert_eq!(build_script(&s), "python train.py");
+    }
+
+    #[test]
+    fn user_variables_cannot_override_the_agents_or_inject_code() {
+        let user: BTreeMap<String, String> = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/alice"),
+            ("LD_PRELOAD", "/tmp/evil.so"),
+            ("LD_LIBRARY_PATH", "/opt/cuda/lib64"),
+            ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+            ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+            ("MGPU_JOB_ID", "forged"),
+            ("MGPU_ANYTHING", "x"),
+            ("BAD=NAME", "x"),
+            ("NUL_VALUE", "a\0b"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let key = AttemptKey {
+            job_id: JobId::random(),
+            attempt: 3,
+        };
+        let env = job_environment(&user, &key, "node001", &[2, 5]);
+        let get = |name: &str| env.get(name).map(String::as_str);
+        assert_eq!(get("PATH"), Some("/usr/bin"));
+        assert_eq!(get("HOME"), Some("/home/alice"));
+        assert_eq!(get("LD_LIBRARY_PATH"), Some("/opt/cuda/lib64"));
+        assert_eq!(get("LD_PRELOAD"), None);
+        assert_eq!(get("MGPU_ANYTHING"), None);
+        assert_eq!(get("BAD=NAME"), None);
+        assert_eq!(get("NUL_VALUE"), None);
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("2,5"));
+        assert_eq!(get("MGPU_GPUS"), Some("2,5"));
+        assert_eq!(get("CUDA_DEVICE_ORDER"), Some("PCI_BUS_ID"));
+        assert_eq!(get("MGPU_JOB_ID"), Some(key.job_id.as_str()));
+        assert_eq!(get("MGPU_NODE"), Some("node001"));
+        assert_eq!(get("MGPU_ATTEMPT"), Some("3"));
+    }
+
+    #[test]
+    fn a_job_without_gpus_sees_none() {
+        let key = AttemptKey {
+            job_id: JobId::random(),
+            attempt: 1,
+        };
+        let env = job_environment(&BTreeMap::new(), &key, "n", &[]);
+        assert_eq!(
+            env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
+            Some("")
+        );
+        assert_eq!(env.get("MGPU_GPUS").map(String::as_str), Some(""));
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        assert_eq!(exit_code_of(Some(ExitStatus::from_raw(0))), (0, None));
+        assert_eq!(exit_code_of(Some(ExitStatus::from_raw(3 << 8))), (3, None));
+        // Raw wait status of a process killed by SIGTERM (15) is the signal number itself.
+        assert_eq!(
+            exit_code_of(Some(ExitStatus::from_raw(15))),
+            (143, Some(15))
+        );
+        assert_eq!(exit_code_of(None), (-1, None));
+    }
+
+    #[tokio::test]
+    async fn a_missing_workdir_is_named_with_the_node() {
+        let err = check_workdir("/definitely/not/here", "node001").await.err();
+        assert_eq!(
+            err.as_deref(),
+            Some("workdir /definitely/not/here does not exist on node001")
+        );
+        assert!(check_workdir("/", "node001").await.is_ok());
+        let file = check_workdir("/etc/hostname", "n")
+            .await
+            .err()
+            .unwrap_or_default();
+        assert!(file.contains("not a directory") || file.contains("does not exist"));
+    }
+}

@@ -1,0 +1,224 @@
+//! A job's output on `jobs.<id>.output`: two reader tasks (stdout, stderr) pass on whatever
+//! each read returns, at once and without line buffering (people watch it live), through one
+//! channel to a single publisher that numbers the chunks in arrival order and publishes them
+//! to JetStream with a window of acknowledgements in flight (a job writing gigabytes must not
+//! wait one round trip per chunk).
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, context::PublishError};
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use mgpu_shared::output;
+use mgpu_shared::subjects;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::running::AttemptKey;
+
+/// Publish acknowledgements awaited at once; with 64 KiB chunks that is 16 MiB on the wire.
+const ACKS_IN_FLIGHT: usize = 256;
+/// Chunks queued between the readers and the publisher. When NATS is slower than the job, the
+/// queue fills, the readers stop reading and the job blocks on its full pipe: backpressure
+/// rather than unbounded memory.
+const QUEUED_CHUNKS: usize = 64;
+
+struct Chunk {
+    stream: &'static str,
+    data: Bytes,
+}
+
+/// How a job's output publishing went.
+#[derive(Debug)]
+pub struct OutputSummary {
+    /// Sequence number the EOF message takes (one past the last chunk's).
+    pub next_seq: u64,
+    pub bytes: u64,
+    /// Chunks JetStream did not confirm (stream missing, NATS down).
+    pub lost_chunks: u64,
+}
+
+/// The running output tasks of one job attempt.
+pub struct OutputPipeline {
+    readers: Vec<JoinHandle<()>>,
+    publisher: JoinHandle<OutputSummary>,
+}
+
+impl OutputPipeline {
+    pub fn start(
+        js: jetstream::Context,
+        key: AttemptKey,
+        stdout: impl AsyncRead + Unpin + Send + 'static,
+        stderr: impl AsyncRead + Unpin + Send + 'static,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
+        let readers = vec![
+            tokio::spawn(read_pipe(stdout, output::STDOUT, tx.clone(), key.clone())),
+            tokio::spawn(read_pipe(stderr, output::STDERR, tx, key.clone())),
+        ];
+        let publisher = tokio::spawn(publish_chunks(js, key, rx));
+        OutputPipeline { readers, publisher }
+    }
+
+    /// Waits for the readers to reach end of file and for every chunk to be acknowledged.
+    ///
+    /// Called once the job's process group is dead, so end of file comes at once unless a
+    /// process that left the group (a daemon) still holds a pipe: after `drain_limit` the rest
+    /// of the output is dropped rather than keeping the job open forever.
+    pub async fn finish(self, key: &AttemptKey, drain_limit: Duration) -> OutputSummary {
+        let OutputPipeline {
+            mut readers,
+            publisher,
+        } = self;
+        let drained = tokio::time::timeout(drain_limit, async {
+            for reader in &mut readers {
+                let _ = reader.await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            warn!(%key, "a process outside the job's process group still holds its output open; dropping the rest of its output");
+            // Aborting drops the readers' channel ends, which lets the publisher finish.
+            for reader in &readers {
+                reader.abort();
+            }
+        }
+        match publisher.await {
+            Ok(summary) => summary,
+            Err(err) => {
+                warn!(%key, "the output publisher of the job failed: {err}");
+                // How far it got is unknown; the EOF message still goes out so readers stop.
+                OutputSummary {
+                    next_seq: 1,
+                    bytes: 0,
+                    lost_chunks: 0,
+                }
+            }
+        }
+    }
+}
+
+async fn read_pipe(
+    mut pipe: impl AsyncRead + Unpin,
+    stream: &'static str,
+    tx: mpsc::Sender<Chunk>,
+    key: AttemptKey,
+) {
+    let mut buffer = vec![0u8; output::MAX_CHUNK];
+    loop {
+        match pipe.read(&mut buffer).await {
+            Ok(0) => break,
+            Ok(n) => {
+                let chunk = Chunk {
+                    stream,
+                    data: Bytes::copy_from_slice(&buffer[..n]),
+                };
+                if tx.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                warn!(%key, "cannot read the job's {stream}: {err}");
+                break;
+            }
+        }
+    }
+}
+
+/// Headers of an output message; see [`mgpu_shared::output`].
+pub fn output_headers(stream: &str, seq: u64, attempt: u32) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(output::STREAM, stream);
+    headers.insert(output::SEQ, seq.to_string());
+    headers.insert(output::RANK, "0");
+    headers.insert(output::ATTEMPT, attempt.to_string());
+    headers
+}
+
+type AckFuture = std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<async_nats::jetstream::publish::PublishAck, PublishError>>
+            + Send,
+    >,
+>;
+
+/// Counts chunks JetStream did not confirm; logs the first, the total comes at the end.
+struct Losses<'a> {
+    key: &'a AttemptKey,
+    subject: &'a str,
+    count: u64,
+}
+
+impl Losses<'_> {
+    fn record<T>(&mut self, result: Result<T, PublishError>) {
+        if let Err(err) = result {
+            self.count += 1;
+            if self.count == 1 {
+                warn!(key = %self.key, "job output is not being stored on {}: {err}", self.subject);
+            }
+        }
+    }
+}
+
+async fn publish_chunks(
+    js: jetstream::Context,
+    key: AttemptKey,
+    mut rx: mpsc::Receiver<Chunk>,
+) -> OutputSummary {
+    let subject = subjects::output(&key.job_id);
+    let mut losses = Losses {
+        key: &key,
+        subject: &subject,
+        count: 0,
+    };
+    let mut in_flight: FuturesUnordered<AckFuture> = FuturesUnordered::new();
+    let mut last_seq: u64 = 0;
+    let mut bytes: u64 = 0;
+    loop {
+        while in_flight.len() >= ACKS_IN_FLIGHT {
+            if let Some(result) = in_flight.next().await {
+                losses.record(result);
+            }
+        }
+        // Taking acknowledgements as they come keeps the window small while the job is quiet.
+        let chunk = tokio::select! {
+            biased;
+            Some(result) = in_flight.next(), if !in_flight.is_empty() => {
+                losses.record(result);
+                continue;
+            }
+            chunk = rx.recv() => chunk,
+        };
+        let Some(chunk) = chunk else { break };
+        last_seq += 1;
+        bytes += chunk.data.len() as u64;
+        let headers = output_headers(chunk.stream, last_seq, key.attempt);
+        match js
+            .publish_with_headers(subject.clone(), headers, chunk.data)
+            .await
+        {
+            Ok(ack) => in_flight.push(ack.into_future()),
+            Err(err) => losses.record::<()>(Err(err)),
+        }
+    }
+    // Acknowledgements time out on their own (the context's 5 s), all at once since they run
+    // concurrently, so this flush is bounded even when NATS is gone.
+    while let Some(result) = in_flight.next().await {
+        losses.record(result);
+    }
+    let lost_chunks = losses.count;
+    if lost_chunks > 0 {
+        warn!(%key, "{lost_chunks} of {last_seq} output chunks of the job were not stored");
+    } else {
+        debug!(%key, chunks = last_seq, bytes, "job output published");
+    }
+    OutputSummary {
+        next_seq: last_seq + 1,
+        bytes,
+        lost_chunks,
+    }
+}

@@ -1,0 +1,123 @@
+//! Publishing what must not be lost: job events (`Started`, `FailedToStart`, `Exited`) and the
+//! EOF message that ends a job's output. The scheduler learns of starts and exits only through
+//! these, so each is retried with backoff until JetStream acknowledges it, or until the agent
+//! gives up at the end of a bounded shutdown.
+//!
+//! Each report carries a `Nats-Msg-Id` naming the attempt and what happened, so a retry after
+//! a lost acknowledgement is stored once.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use bytes::Bytes;
+use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_shared::subjects;
+use tracing::{error, info, warn};
+
+use crate::running::AttemptKey;
+use crate::shutdown::Signal;
+
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct Reporter {
+    js: jetstream::Context,
+    node: String,
+    /// Fired when shutdown stops waiting for reports; retries end then.
+    give_up: Signal,
+}
+
+impl Reporter {
+    pub fn new(js: jetstream::Context, node: String, give_up: Signal) -> Self {
+        Reporter { js, node, give_up }
+    }
+
+    /// Publishes a job event until it is stored. False only when the agent gave up on it.
+    pub async fn job_event(&self, key: &AttemptKey, kind: JobEventKind) -> bool {
+        let what = event_name(&kind);
+        let event = JobEvent {
+            job_id: key.job_id.clone(),
+            attempt: key.attempt,
+            at: mgpu_shared::now(),
+            source: EventSource::Node(self.node.clone()),
+            kind,
+        };
+        let payload = match serde_json::to_vec(&event) {
+            Ok(payload) => Bytes::from(payload),
+            Err(err) => {
+                // Serialising these plain structs cannot fail; if it ever does, say so loudly.
+                error!(%key, "cannot encode the {what} event: {err}");
+                return false;
+            }
+        };
+        let message = PublishMessage::build()
+            .payload(payload)
+            .message_id(format!("{}-{}-{what}", key.job_id, key.attempt));
+        self.publish_until_stored(subjects::events(&key.job_id), message, key, what)
+            .await
+    }
+
+    /// Publishes `message` on `subject` until JetStream stores it. `what` names it in logs.
+    pub async fn publish_until_stored(
+        &self,
+        subject: String,
+        message: PublishMessage,
+        key: &AttemptKey,
+        what: &str,
+    ) -> bool {
+        let mut delay = FIRST_RETRY_DELAY;
+        let mut failures: u32 = 0;
+        loop {
+            let attempt = async {
+                self.js
+                    .send_publish(subject.clone(), message.clone())
+                    .await?
+                    .await
+            };
+            let result = tokio::select! {
+                result = attempt => result,
+                () = self.give_up.fired() => {
+                    error!(%key, "gave up publishing the {what} report on {subject}: the agent is stopping");
+                    return false;
+                }
+            };
+            match result {
+                Ok(_) => {
+                    if failures > 0 {
+                        info!(%key, "published the {what} report after {failures} failed tries");
+                    }
+                    return true;
+                }
+                Err(err) => {
+                    failures += 1;
+                    // The first failure and then every tenth: an outage retries every 5 s.
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        warn!(%key, "cannot publish the {what} report on {subject} (try {failures}): {err}; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.give_up.fired() => {
+                    error!(%key, "gave up publishing the {what} report on {subject}: the agent is stopping");
+                    return false;
+                }
+            }
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+        }
+    }
+}
+
+/// The event's name as it appears in the JSON (`started`, `exited`…), for ids and logs.
+fn event_name(kind: &JobEventKind) -> &'static str {
+    match kind {
+        JobEventKind::Queued { .. } => "queued",
+        JobEventKind::Assigned { .. } => "assigned",
+        JobEventKind::Started { .. } => "started",
+        JobEventKind::FailedToStart { .. } => "failed_to_start",
+        JobEventKind::Exited { .. } => "exited",
+        JobEventKind::Finished { .. } => "finished",
+        JobEventKind::Rejected { .. } => "rejected",
+    }
+}

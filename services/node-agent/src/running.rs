@@ -1,0 +1,209 @@
+//! The table of job attempts on this node, shared by the assignment loop (redelivery dedup,
+//! kill requests), the heartbeat (what runs, which process groups are ours) and shutdown
+//! (stop everything).
+//!
+//! An attempt is *running* from the moment its process is spawned until its `Exited` report
+//! was published; then it is remembered as *finished* for a while, so that an assignment
+//! redelivered after its job already ended does not run it twice.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use mgpu_shared::ids::JobId;
+use mgpu_shared::node::RunningJob;
+use tokio::sync::watch;
+
+/// One run of one job: attempts of the same job are distinct.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AttemptKey {
+    pub job_id: JobId,
+    pub attempt: u32,
+}
+
+impl std::fmt::Display for AttemptKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "job {} attempt {}", self.job_id, self.attempt)
+    }
+}
+
+/// Why the agent stops a job before it ends by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The scheduler sent a Kill (the user cancelled): the job ends as cancelled.
+    Cancelled,
+    /// The agent is shutting down.
+    AgentShutdown,
+}
+
+/// The job's side of a stop request; `None` until someone asks.
+pub type StopRequests = watch::Receiver<Option<StopReason>>;
+
+/// What the table knows about an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptStatus {
+    Running,
+    Finished,
+    Unknown,
+}
+
+/// How many finished attempts are remembered for dedup. Redeliveries come within the consumer's
+/// ack wait, so this only needs to outlast a burst of short jobs.
+const FINISHED_REMEMBERED: usize = 4096;
+
+struct Entry {
+    pid: u32,
+    stop: watch::Sender<Option<StopReason>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    running: HashMap<AttemptKey, Entry>,
+    finished: HashSet<AttemptKey>,
+    finished_order: VecDeque<AttemptKey>,
+}
+
+#[derive(Clone, Default)]
+pub struct RunningTable {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl RunningTable {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The critical sections cannot panic half-way, so a poisoned lock still holds a
+        // consistent table.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn status(&self, key: &AttemptKey) -> AttemptStatus {
+        let inner = self.lock();
+        if inner.running.contains_key(key) {
+            AttemptStatus::Running
+        } else if inner.finished.contains(key) {
+            AttemptStatus::Finished
+        } else {
+            AttemptStatus::Unknown
+        }
+    }
+
+    /// Records a spawned attempt; the job watches the returned receiver for stop requests.
+    pub fn insert(&self, key: AttemptKey, pid: u32) -> StopRequests {
+        let (stop, requests) = watch::channel(None);
+        self.lock().running.insert(key, Entry { pid, stop });
+        requests
+    }
+
+    /// Moves an attempt from running to finished (also used for attempts that never started).
+    pub fn finish(&self, key: &AttemptKey) {
+        let mut inner = self.lock();
+        inner.running.remove(key);
+        if inner.finished.insert(key.clone()) {
+            inner.finished_order.push_back(key.clone());
+        }
+        while inner.finished_order.len() > FINISHED_REMEMBERED {
+            if let Some(oldest) = inner.finished_order.pop_front() {
+                inner.finished.remove(&oldest);
+            }
+        }
+    }
+
+    /// Asks a running attempt to stop. False when it does not run here. The first reason given
+    /// sticks: a job cancelled and then caught by shutdown still ends as cancelled.
+    pub fn request_stop(&self, key: &AttemptKey, reason: StopReason) -> bool {
+        let inner = self.lock();
+        let Some(entry) = inner.running.get(key) else {
+            return false;
+        };
+        entry.stop.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        true
+    }
+
+    /// Asks every running attempt to stop; returns how many there were.
+    pub fn request_stop_all(&self, reason: StopReason) -> usize {
+        let keys: Vec<AttemptKey> = self.lock().running.keys().cloned().collect();
+        keys.iter()
+            .filter(|key| self.request_stop(key, reason))
+            .count()
+    }
+
+    /// The running attempts, for the heartbeat.
+    pub fn snapshot(&self) -> Vec<RunningJob> {
+        let mut jobs: Vec<RunningJob> = self
+            .lock()
+            .running
+            .iter()
+            .map(|(key, entry)| RunningJob {
+                id: key.job_id.clone(),
+                attempt: key.attempt,
+                pid: entry.pid,
+            })
+            .collect();
+        jobs.sort_by(|a, b| (&a.id, a.attempt).cmp(&(&b.id, b.attempt)));
+        jobs
+    }
+
+    /// Process groups of the running jobs: each job leads its own group, so its pid is the id.
+    pub fn process_groups(&self) -> Vec<u32> {
+        self.lock()
+            .running
+            .values()
+            .map(|entry| entry.pid)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(attempt: u32) -> AttemptKey {
+        AttemptKey {
+            job_id: JobId::random(),
+            attempt,
+        }
+    }
+
+    #[test]
+    fn an_attempt_goes_from_unknown_to_running_to_finished() {
+        let table = RunningTable::default();
+        let k = key(1);
+        assert_eq!(table.status(&k), AttemptStatus::Unknown);
+        let _stop = table.insert(k.clone(), 4242);
+        assert_eq!(table.status(&k), AttemptStatus::Running);
+        assert_eq!(table.process_groups(), vec![4242]);
+        assert_eq!(table.snapshot().len(), 1);
+        table.finish(&k);
+        assert_eq!(table.status(&k), AttemptStatus::Finished);
+        assert!(table.snapshot().is_empty());
+        assert!(!table.request_stop(&k, StopReason::Cancelled));
+    }
+
+    #[test]
+    fn the_first_stop_reason_sticks() {
+        let table = RunningTable::default();
+        let k = key(2);
+        let stop = table.insert(k.clone(), 1);
+        assert!(table.request_stop(&k, StopReason::Cancelled));
+        assert_eq!(table.request_stop_all(StopReason::AgentShutdown), 1);
+        assert_eq!(*stop.borrow(), Some(StopReason::Cancelled));
+    }
+
+    #[test]
+    fn finished_attempts_are_forgotten_oldest_first() {
+        let table = RunningTable::default();
+        let first = key(1);
+        table.finish(&first);
+        for _ in 0..FINISHED_REMEMBERED {
+            table.finish(&key(1));
+        }
+        assert_eq!(table.status(&first), AttemptStatus::Unknown);
+    }
+}
