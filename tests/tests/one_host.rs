@@ -332,3 +332,56 @@ impl WaitReason for Cluster {
         })
     }
 }
+
+#[test]
+fn interactive_jobs_stream_live_and_ctrl_c_detaches_without_stopping_the_job() {
+    let cluster = Cluster::start(&one_gpu_node());
+    let mut attached = std::process::Command::new(mgpu_tests::bin_dir().join("mgpu"))
+        .args([
+            "submit",
+            "-i",
+            "--",
+            "echo started; sleep 20; echo finished",
+        ])
+        .env("MGPU_SERVER", cluster.server_url())
+        .env("MGPU_CREDS", cluster.user_creds("alice"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Output arrives live, while the job still runs.
+    let mut stdout = attached
+        .stdout
+        .take()
+        .unwrap_or_else(|| panic!("no stdout"));
+    let mut first_line = String::new();
+    {
+        use std::io::BufRead;
+        let mut reader = std::io::BufReader::new(&mut stdout);
+        reader
+            .read_line(&mut first_line)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(first_line, "started\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(attached.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = attached
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(0), "detaching is not an error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Detached") && stderr.contains("mgpu logs -f"),
+        "{stderr}"
+    );
+    let id = latest_job_id(&cluster);
+    assert_eq!(
+        cluster.state(&id),
+        "running",
+        "the job keeps running after a detach"
+    );
+}
