@@ -182,6 +182,7 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 "$JS.ACK.>",
                 "$JS.FC.>",
                 "$KV.mgpu-jobs.>",
+                "$KV.mgpu-cluster.>",
                 subjects::ALL_ASSIGNMENTS,
                 subjects::ALL_CONTROLS,
                 subjects::ALL_EVENTS,
@@ -220,6 +221,8 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
             let mut publish = strings(&[
                 subjects::SUBMIT,
                 subjects::ALL_CANCELS,
+                subjects::ALL_HOLDS,
+                subjects::ALL_RELEASES,
                 "jobs.*.input",
                 "$JS.API.INFO",
                 "$JS.FC.>",
@@ -232,6 +235,7 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
             ]);
             for stream in [
                 subjects::JOBS_BUCKET_STREAM,
+                subjects::CLUSTER_BUCKET_STREAM,
                 subjects::EVENTS_STREAM,
                 subjects::OUTPUT_STREAM,
                 subjects::NODES_STREAM,

@@ -52,6 +52,51 @@ pub struct JobSpec {
     /// The submitter is attached and may send standard input.
     #[serde(default)]
     pub interactive: bool,
+    /// Conda environment activated before the command (after `env_setup_cmd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conda_env: Option<String>,
+    /// What happens at the time limit: back to the end of the queue, or end as `timed_out`.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+    /// Start only after these jobs succeeded (`--after`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<JobId>,
+    /// Start only after these jobs ended, however they ended (`--after-any`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<JobId>,
+    /// Membership in a job array (`--array 0-9%2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayMember>,
+    /// Refuse this job when an identical one is queued or running (`--dedup`, job files).
+    #[serde(default)]
+    pub dedup: bool,
+    /// The profile the GPU requirement came from (`--profile`, or `--llm NAME` in the command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+}
+
+/// What a job does when its time limit is reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// A time slice: when it is over and other jobs wait, the job is stopped and goes back to
+    /// the end of the queue (seed 001's "context switch"); while nobody waits it keeps running.
+    #[default]
+    Requeue,
+    /// A hard limit: the job is stopped and ends as `timed_out`.
+    Fail,
+}
+
+/// One task of a job array.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayMember {
+    /// Shared by every task of the array (a fresh id, not one of the tasks' ids).
+    pub array_id: JobId,
+    /// This task's index (`MGPU_ARRAY_INDEX`).
+    pub index: u32,
+    /// At most this many tasks of the array run at once (`%4`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
 }
 
 fn one_gpu() -> GpuAmount {
@@ -73,7 +118,31 @@ impl JobSpec {
             workdir: workdir.into(),
             env: BTreeMap::new(),
             interactive: false,
+            conda_env: None,
+            on_timeout: OnTimeout::Requeue,
+            after: Vec::new(),
+            after_any: Vec::new(),
+            array: None,
+            dedup: false,
+            profile: None,
         }
+    }
+
+    /// What makes two submissions "the same job" for dedup: command, environment setup and
+    /// resources (the user is compared separately). The captured environment is left out on
+    /// purpose: it differs between two shells of the same person.
+    pub fn dedup_key(&self) -> String {
+        let key = serde_json::json!([
+            self.command,
+            self.env_setup_cmd,
+            self.conda_env,
+            self.workdir,
+            self.gpus,
+            self.gpu_ids,
+            self.mem_mib,
+            self.array.as_ref().map(|a| a.index),
+        ]);
+        key.to_string()
     }
 
     pub fn time_limit(&self) -> Option<Duration> {
@@ -82,12 +151,18 @@ impl JobSpec {
 
     /// The name shown in listings: the given name, or the program's file name.
     pub fn display_name(&self) -> String {
-        if let Some(name) = &self.name {
-            return name.clone();
+        let base = match &self.name {
+            Some(name) => name.clone(),
+            None => {
+                let first = self.command.first().map(String::as_str).unwrap_or("");
+                let program = first.split_whitespace().next().unwrap_or("");
+                program.rsplit('/').next().unwrap_or(program).to_owned()
+            }
+        };
+        match &self.array {
+            Some(member) => format!("{base}[{}]", member.index),
+            None => base,
         }
-        let first = self.command.first().map(String::as_str).unwrap_or("");
-        let program = first.split_whitespace().next().unwrap_or("");
-        program.rsplit('/').next().unwrap_or(program).to_owned()
     }
 
     /// The command as one line, for listings.
@@ -157,6 +232,26 @@ impl JobSpec {
         if self.mem_mib.is_some() && self.gpus.is_zero() {
             return Err(InvalidInput::new("--mem needs at least a share of a GPU"));
         }
+        if let Some(env) = &self.conda_env
+            && (env.is_empty()
+                || !env
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)))
+        {
+            return Err(InvalidInput::new(format!(
+                "`{env}` is not a conda environment name (letters, digits, `-`, `_`, `.`, `/`)"
+            )));
+        }
+        if self.after.len() + self.after_any.len() > 1000 {
+            return Err(InvalidInput::new("a job may depend on at most 1000 jobs"));
+        }
+        if let Some(member) = &self.array
+            && member.max_running == Some(0)
+        {
+            return Err(InvalidInput::new(
+                "an array's `%N` limit must be at least 1",
+            ));
+        }
         if let Some(limit) = self.time_limit_secs
             && (limit == 0 || limit > MAX_TIME_LIMIT.as_secs())
         {
@@ -190,6 +285,14 @@ pub struct SubmitRequest {
     /// The submitting user's name.
     pub user: String,
     pub spec: JobSpec,
+}
+
+/// Payload of `jobs.<id>.hold` and `jobs.<id>.release`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRequest {
+    /// Who asks.
+    pub user: String,
 }
 
 /// Payload of `jobs.<id>.cancel`.
@@ -236,6 +339,16 @@ pub enum WaitReason {
     Resources,
     /// No node is online.
     NoNodes,
+    /// Jobs ahead of it in line hold a reservation on the GPUs it could use.
+    Priority,
+    /// Waiting for the jobs named in `--after` / `--after-any`.
+    Dependency,
+    /// Held with `mgpu hold`; `mgpu release` lets it go.
+    Held,
+    /// The only GPUs that could take it are paused or their nodes drained.
+    GpusPaused,
+    /// As many tasks of its array run as `%N` allows.
+    ArrayLimit,
 }
 
 impl WaitReason {
@@ -244,6 +357,11 @@ impl WaitReason {
             WaitReason::Submitted => "waiting for the scheduler to look at it",
             WaitReason::Resources => "waiting for GPUs to become free",
             WaitReason::NoNodes => "waiting for a node to come online",
+            WaitReason::Priority => "waiting behind a higher-priority job's reservation",
+            WaitReason::Dependency => "waiting for the jobs it depends on",
+            WaitReason::Held => "held: `mgpu release` lets it run",
+            WaitReason::GpusPaused => "waiting: the GPUs it could use are paused or drained",
+            WaitReason::ArrayLimit => "waiting: its array runs as many tasks as allowed",
         }
     }
 }
@@ -252,6 +370,22 @@ impl WaitReason {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Waiting {
     pub reason: WaitReason,
+    /// Who holds it (`mgpu hold`), if anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// When it (re-)entered the queue; a requeued job goes to the back. None: `submitted_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_at: Option<Timestamp>,
+}
+
+impl Waiting {
+    pub fn new(reason: WaitReason) -> Self {
+        Waiting {
+            reason,
+            held_by: None,
+            enqueued_at: None,
+        }
+    }
 }
 
 /// A running job's state: assigned to a node, started once the agent confirms.
@@ -293,6 +427,8 @@ pub enum JobState {
     Succeeded(Ending),
     Failed(Ending),
     Cancelled(Ending),
+    /// Stopped at its time limit with `--on-timeout fail`.
+    TimedOut(Ending),
 }
 
 impl JobState {
@@ -303,13 +439,17 @@ impl JobState {
             JobState::Succeeded(_) => "succeeded",
             JobState::Failed(_) => "failed",
             JobState::Cancelled(_) => "cancelled",
+            JobState::TimedOut(_) => "timed_out",
         }
     }
 
     pub fn is_finished(&self) -> bool {
         matches!(
             self,
-            JobState::Succeeded(_) | JobState::Failed(_) | JobState::Cancelled(_)
+            JobState::Succeeded(_)
+                | JobState::Failed(_)
+                | JobState::Cancelled(_)
+                | JobState::TimedOut(_)
         )
     }
 
@@ -317,17 +457,19 @@ impl JobState {
         match self {
             JobState::Queued(_) => None,
             JobState::Running(run) => Some(&run.placement),
-            JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
-                end.placement.as_ref()
-            }
+            JobState::Succeeded(end)
+            | JobState::Failed(end)
+            | JobState::Cancelled(end)
+            | JobState::TimedOut(end) => end.placement.as_ref(),
         }
     }
 
     pub fn ending(&self) -> Option<&Ending> {
         match self {
-            JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
-                Some(end)
-            }
+            JobState::Succeeded(end)
+            | JobState::Failed(end)
+            | JobState::Cancelled(end)
+            | JobState::TimedOut(end) => Some(end),
             _ => None,
         }
     }
@@ -357,9 +499,10 @@ impl JobRecord {
         let (started_at, ended_at, reason) = match &self.state {
             JobState::Queued(w) => (None, None, Some(w.reason.describe().to_owned())),
             JobState::Running(r) => (r.started_at, None, None),
-            JobState::Succeeded(e) | JobState::Failed(e) | JobState::Cancelled(e) => {
-                (e.started_at, Some(e.ended_at), e.reason.clone())
-            }
+            JobState::Succeeded(e)
+            | JobState::Failed(e)
+            | JobState::Cancelled(e)
+            | JobState::TimedOut(e) => (e.started_at, Some(e.ended_at), e.reason.clone()),
         };
         JobSummary {
             id: self.id.clone(),
@@ -417,9 +560,7 @@ mod tests {
             spec: spec(),
             submitted_at: crate::now(),
             attempt: 1,
-            state: JobState::Queued(Waiting {
-                reason: WaitReason::Resources,
-            }),
+            state: JobState::Queued(Waiting::new(WaitReason::Resources)),
         };
         let json = serde_json::to_value(&record).unwrap_or_default();
         assert_eq!(json["state"], "queued");

@@ -13,6 +13,7 @@
 //! - [`assign`]: scheduler → agent messages (run this job, kill that one).
 //! - [`event`]: job state transitions published on `jobs.<id>.events`.
 //! - [`output`]: the headers of job output messages on `jobs.<id>.output`.
+//! - [`priority`]: effective priority (priority, age, fair share) and the scheduling policy.
 //! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
 //! - [`connect`]: connecting with an nkey, with errors a person can act on.
 //! - [`auth`]: nkeys for each role, and the nats-server authorization they get.
@@ -30,6 +31,7 @@ pub mod ids;
 pub mod job;
 pub mod node;
 pub mod output;
+pub mod priority;
 pub mod records;
 pub mod streams;
 pub mod subjects;

@@ -47,7 +47,7 @@ pub struct RunningJob {
     pub pid: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeHeartbeat {
     pub node: String,
     pub sent_at: Timestamp,
@@ -64,6 +64,68 @@ pub struct NodeHeartbeat {
     /// The Unix account jobs run as.
     pub runs_jobs_as: String,
     pub agent_version: String,
+    /// A GPU whose memory used by processes mgpu did not start exceeds this share of its
+    /// total is not offered (seed 004's `--mem-threshold`).
+    #[serde(default = "default_threshold")]
+    pub mem_threshold: f64,
+    /// A GPU running no mgpu job whose utilisation exceeds this share is not offered.
+    #[serde(default = "default_threshold")]
+    pub load_threshold: f64,
+}
+
+pub const DEFAULT_THRESHOLD: f64 = 0.8;
+
+fn default_threshold() -> f64 {
+    DEFAULT_THRESHOLD
+}
+
+/// Administrative state of a node, kept by the scheduler under `node.<name>` in the cluster
+/// bucket so it survives restarts of every component.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAdmin {
+    /// Set while the node is drained: running jobs finish, nothing new lands there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained: Option<AdminMark>,
+    /// Paused GPUs by index: running jobs finish, nothing new lands on them.
+    #[serde(default)]
+    pub paused_gpus: std::collections::BTreeMap<u32, AdminMark>,
+}
+
+/// Who put a node or GPU out of service, when and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdminMark {
+    pub by: String,
+    pub at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Payload of `admin.requests` (admins only, enforced by the server's permissions).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdminRequest {
+    DrainNode {
+        node: String,
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    ResumeNode {
+        node: String,
+        by: String,
+    },
+    PauseGpu {
+        node: String,
+        index: u32,
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    ResumeGpu {
+        node: String,
+        index: u32,
+        by: String,
+    },
 }
 
 /// Heartbeats missed before a node counts as offline.

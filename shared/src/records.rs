@@ -176,9 +176,7 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
                 spec: request.spec,
                 submitted_at: chrono::DateTime::from_timestamp_nanos(nanos),
                 attempt: 1,
-                state: JobState::Queued(Waiting {
-                    reason: WaitReason::Submitted,
-                }),
+                state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
             });
         }
     }
@@ -268,4 +266,68 @@ pub async fn list_nodes(js: &jetstream::Context) -> Result<Vec<NodeHeartbeat>, S
         .collect();
     nodes.sort_by(|a: &NodeHeartbeat, b| a.node.cmp(&b.node));
     Ok(nodes)
+}
+
+/// The cluster bucket (node administration, policy, usage).
+pub async fn cluster_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
+    js.get_key_value(subjects::CLUSTER_BUCKET)
+        .await
+        .map_err(stream_lookup_error)
+}
+
+/// Reads one JSON value from the cluster bucket; None when the key was never written.
+async fn cluster_value<T: serde::de::DeserializeOwned>(
+    js: &jetstream::Context,
+    key: &str,
+) -> Result<Option<T>, StateError> {
+    let bucket = cluster_bucket(js).await?;
+    match bucket.get(key).await.map_err(StateError::jetstream)? {
+        Some(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|error| StateError::Corrupt {
+                    key: key.to_owned(),
+                    error,
+                })
+        }
+        None => Ok(None),
+    }
+}
+
+/// The scheduling policy the scheduler last ran with (defaults if it never ran).
+pub async fn policy(js: &jetstream::Context) -> Result<crate::priority::Policy, StateError> {
+    Ok(cluster_value(js, subjects::POLICY_KEY)
+        .await?
+        .unwrap_or_default())
+}
+
+/// Users' decayed GPU usage, for fair share.
+pub async fn usage(js: &jetstream::Context) -> Result<crate::priority::UsageBook, StateError> {
+    Ok(cluster_value(js, subjects::USAGE_KEY)
+        .await?
+        .unwrap_or_default())
+}
+
+/// Drained nodes and paused GPUs, by node name.
+pub async fn node_admin(
+    js: &jetstream::Context,
+) -> Result<std::collections::BTreeMap<String, crate::node::NodeAdmin>, StateError> {
+    let prefix = format!("$KV.{}.node.", subjects::CLUSTER_BUCKET);
+    let messages = last_per_subject(
+        js,
+        subjects::CLUSTER_BUCKET_STREAM,
+        &format!("{prefix}*"),
+        false,
+    )
+    .await?;
+    Ok(messages
+        .iter()
+        .filter(|m| !is_deletion(m))
+        .filter_map(|m| {
+            let node = m.subject.as_str().strip_prefix(&prefix)?.to_owned();
+            serde_json::from_slice(&m.payload)
+                .ok()
+                .map(|admin| (node, admin))
+        })
+        .collect())
 }

@@ -46,7 +46,13 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             description: Some(
                 "mgpu submissions and cancellations, until the scheduler took them".into(),
             ),
-            subjects: vec![subjects::SUBMIT.into(), subjects::ALL_CANCELS.into()],
+            subjects: vec![
+                subjects::SUBMIT.into(),
+                subjects::ALL_CANCELS.into(),
+                subjects::ALL_HOLDS.into(),
+                subjects::ALL_RELEASES.into(),
+                subjects::ADMIN_REQUESTS.into(),
+            ],
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DEDUP_WINDOW,
             max_message_size: (MAX_SUBMIT_BYTES + 64 * 1024) as i32,
@@ -108,6 +114,16 @@ pub fn jobs_bucket_config(settings: &StreamSettings) -> kv::Config {
         description: "mgpu job records, written by the active scheduler".into(),
         history: 1,
         max_value_size: (MAX_SUBMIT_BYTES + 64 * 1024) as i32,
+        num_replicas: settings.replicas.max(1),
+        ..Default::default()
+    }
+}
+
+pub fn cluster_bucket_config(settings: &StreamSettings) -> kv::Config {
+    kv::Config {
+        bucket: subjects::CLUSTER_BUCKET.into(),
+        description: "mgpu node administration, policy and usage, written by the scheduler".into(),
+        history: 1,
         num_replicas: settings.replicas.max(1),
         ..Default::default()
     }

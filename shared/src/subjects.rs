@@ -4,6 +4,8 @@
 //! | --- | --- |
 //! | `jobs.submit` | CLI → scheduler (stream `MGPU_REQUESTS`) |
 //! | `jobs.<id>.cancel` | CLI → scheduler (stream `MGPU_REQUESTS`) |
+//! | `jobs.<id>.hold`, `jobs.<id>.release` | CLI → scheduler (stream `MGPU_REQUESTS`) |
+//! | `admin.requests` | admin CLI → scheduler (stream `MGPU_REQUESTS`): drain, pause, … |
 //! | `jobs.<id>.events` | scheduler, agent → anyone (stream `MGPU_EVENTS`) |
 //! | `jobs.<id>.output` | agent → anyone (stream `MGPU_OUTPUT`) |
 //! | `jobs.<id>.input` | CLI → agent (core NATS) |
@@ -15,6 +17,10 @@ use crate::ids::JobId;
 
 pub const SUBMIT: &str = "jobs.submit";
 pub const ALL_CANCELS: &str = "jobs.*.cancel";
+pub const ALL_HOLDS: &str = "jobs.*.hold";
+pub const ALL_RELEASES: &str = "jobs.*.release";
+/// Node drain/resume and GPU pause/resume; only admins may publish it.
+pub const ADMIN_REQUESTS: &str = "admin.requests";
 pub const ALL_EVENTS: &str = "jobs.*.events";
 pub const ALL_OUTPUT: &str = "jobs.*.output";
 pub const ALL_HEARTBEATS: &str = "nodes.heartbeat.*";
@@ -35,6 +41,15 @@ pub const ASSIGN_STREAM: &str = "MGPU_ASSIGN";
 pub const JOBS_BUCKET: &str = "mgpu-jobs";
 /// The stream behind [`JOBS_BUCKET`] (JetStream's naming rule for KV buckets).
 pub const JOBS_BUCKET_STREAM: &str = "KV_mgpu-jobs";
+/// KV bucket of cluster-wide state written by the scheduler: node and GPU administration
+/// (`node.<name>`), the scheduling policy in force (`policy`) and users' usage (`usage`).
+pub const CLUSTER_BUCKET: &str = "mgpu-cluster";
+pub const CLUSTER_BUCKET_STREAM: &str = "KV_mgpu-cluster";
+pub const POLICY_KEY: &str = "policy";
+pub const USAGE_KEY: &str = "usage";
+pub fn node_admin_key(node: &str) -> String {
+    format!("node.{node}")
+}
 
 /// Durable consumer through which the scheduler takes submissions and cancellations.
 pub const SCHEDULER_REQUESTS_CONSUMER: &str = "scheduler-requests";
@@ -50,6 +65,12 @@ pub const SCHEDULER_ENDPOINTS: &str = "mgpu.scheduler.>";
 
 pub fn cancel(job: &JobId) -> String {
     format!("jobs.{job}.cancel")
+}
+pub fn hold(job: &JobId) -> String {
+    format!("jobs.{job}.hold")
+}
+pub fn release(job: &JobId) -> String {
+    format!("jobs.{job}.release")
 }
 pub fn events(job: &JobId) -> String {
     format!("jobs.{job}.events")

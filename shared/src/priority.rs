@@ -1,0 +1,167 @@
+//! Effective priority: the order in which queued jobs are considered.
+//!
+//! ```text
+//! effective = priority × PRIORITY_SCALE
+//!           + age_weight × min(hours waiting, age_cap_hours)
+//!           − fairshare_weight × (the user's decayed GPU-hours)
+//! ```
+//!
+//! - `priority` is what the user asked for (`--priority`, higher first). Its scale dwarfs the
+//!   other terms, so an explicit priority always wins over age and fair share.
+//! - Age raises a waiting job by `age_weight` points per hour, up to `age_cap_hours`, so nothing
+//!   waits forever behind a stream of newer work.
+//! - Usage lowers it: each GPU-second a user's jobs ran counts, halved every `half_life`
+//!   (exponential decay), so heavy recent users yield to light ones and the effect fades.
+//!
+//! The scheduler keeps usage in the cluster bucket (`usage`) and the weights in force
+//! (`policy`), so `mgpu queue` shows the same numbers while the scheduler is down.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Timestamp;
+
+/// One point of `--priority` is worth this much effective priority.
+pub const PRIORITY_SCALE: i64 = 1_000_000;
+
+/// Where a job goes when several nodes could take it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementPolicy {
+    /// Pack: the node with the fewest free GPUs that fits, keeping whole nodes free for big jobs.
+    #[default]
+    FillFirst,
+    /// Spread: the node with the most free GPUs, spreading load and heat.
+    Spread,
+}
+
+/// The scheduling policy in force, as configured on the scheduler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    pub placement: PlacementPolicy,
+    /// Effective-priority points per hour of waiting.
+    pub age_weight: f64,
+    /// Age stops counting after this many hours.
+    pub age_cap_hours: f64,
+    /// Effective-priority points taken per decayed GPU-hour of the user's usage.
+    pub fairshare_weight: f64,
+    /// Usage halves every this many seconds.
+    pub half_life_secs: u64,
+    /// Cluster-wide time limit in seconds: jobs without one, or with a longer one, get this.
+    pub max_job_time_secs: Option<u64>,
+    /// Blocked jobs at the head of the queue that get a backfill reservation, at most.
+    pub max_reservations: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            placement: PlacementPolicy::FillFirst,
+            age_weight: 100.0,
+            age_cap_hours: 24.0 * 7.0,
+            fairshare_weight: 100.0,
+            half_life_secs: 24 * 3600,
+            max_job_time_secs: None,
+            max_reservations: 16,
+        }
+    }
+}
+
+/// Decayed GPU-seconds of one user, as of a moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub gpu_seconds: f64,
+    pub as_of: Option<Timestamp>,
+}
+
+impl Usage {
+    /// The value decayed to `now`.
+    pub fn at(&self, now: Timestamp, half_life_secs: u64) -> f64 {
+        let Some(as_of) = self.as_of else {
+            return self.gpu_seconds;
+        };
+        let elapsed = (now - as_of).num_milliseconds().max(0) as f64 / 1000.0;
+        self.gpu_seconds * decay(elapsed, half_life_secs)
+    }
+
+    /// Adds `gpu_seconds` of use at `now`.
+    pub fn add(&mut self, gpu_seconds: f64, now: Timestamp, half_life_secs: u64) {
+        self.gpu_seconds = self.at(now, half_life_secs) + gpu_seconds.max(0.0);
+        self.as_of = Some(now);
+    }
+}
+
+fn decay(elapsed_secs: f64, half_life_secs: u64) -> f64 {
+    if half_life_secs == 0 {
+        return 0.0;
+    }
+    0.5f64.powf(elapsed_secs / half_life_secs as f64)
+}
+
+/// Every user's usage: the value under `usage` in the cluster bucket.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageBook {
+    pub users: BTreeMap<String, Usage>,
+}
+
+impl UsageBook {
+    pub fn gpu_hours(&self, user: &str, now: Timestamp, half_life_secs: u64) -> f64 {
+        self.users
+            .get(user)
+            .map(|u| u.at(now, half_life_secs) / 3600.0)
+            .unwrap_or(0.0)
+    }
+
+    pub fn add(&mut self, user: &str, gpu_seconds: f64, now: Timestamp, half_life_secs: u64) {
+        self.users
+            .entry(user.to_owned())
+            .or_default()
+            .add(gpu_seconds, now, half_life_secs);
+    }
+}
+
+/// The effective priority of a job that asked for `priority` and has waited since `queued_at`.
+pub fn effective_priority(
+    priority: i32,
+    queued_at: Timestamp,
+    user_gpu_hours: f64,
+    policy: &Policy,
+    now: Timestamp,
+) -> i64 {
+    let waited_hours = (now - queued_at).num_seconds().max(0) as f64 / 3600.0;
+    let age = policy.age_weight * waited_hours.min(policy.age_cap_hours);
+    let share = policy.fairshare_weight * user_gpu_hours;
+    i64::from(priority) * PRIORITY_SCALE + (age - share).round() as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+
+    #[test]
+    fn usage_halves_every_half_life() {
+        let now = crate::now();
+        let mut usage = Usage::default();
+        usage.add(7200.0, now, 3600);
+        let later = now + Duration::seconds(3600);
+        assert!((usage.at(later, 3600) - 3600.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn explicit_priority_beats_age_and_usage_which_trade_off() {
+        let policy = Policy::default();
+        let now = crate::now();
+        let old = now - Duration::hours(100);
+        let high_new = effective_priority(1, now, 500.0, &policy, now);
+        let low_old = effective_priority(0, old, 0.0, &policy, now);
+        assert!(high_new > low_old);
+        let heavy = effective_priority(0, now, 10.0, &policy, now);
+        let light = effective_priority(0, now, 0.0, &policy, now);
+        assert!(light > heavy);
+        let older = effective_priority(0, now - Duration::hours(2), 0.0, &policy, now);
+        assert!(older > light);
+    }
+}
