@@ -25,5 +25,9 @@ pub enum NodeControl {
         job_id: JobId,
         attempt: u32,
         reason: String,
+        /// The job is being put back in the queue (its time slice ended while others wait),
+        /// not cancelled: the agent reports `preempted` instead of `cancelled`.
+        #[serde(default)]
+        requeue: bool,
     },
 }

@@ -37,6 +37,9 @@ pub enum JobEventKind {
         cancelled: bool,
         #[serde(default)]
         timed_out: bool,
+        /// Stopped by a Kill with `requeue`: it goes back to the queue.
+        #[serde(default)]
+        preempted: bool,
     },
     /// The scheduler recorded the job as finished in this state.
     Finished {

@@ -33,6 +33,10 @@ pub struct JobSpec {
     /// Exact physical GPU indices on the node, when the user pins them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_ids: Option<Vec<u32>>,
+    /// GPUs the job may be placed on (seed 004's `allowed_gpus`): any of these, chosen by the
+    /// scheduler, unlike `gpu_ids`, which pins exactly those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_gpus: Option<Vec<u32>>,
     /// GPU memory needed on each GPU, in MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_mib: Option<u64>,
@@ -111,6 +115,7 @@ impl JobSpec {
             name: None,
             gpus: GpuAmount::ONE,
             gpu_ids: None,
+            allowed_gpus: None,
             mem_mib: None,
             priority: 0,
             time_limit_secs: None,
@@ -139,6 +144,7 @@ impl JobSpec {
             self.workdir,
             self.gpus,
             self.gpu_ids,
+            self.allowed_gpus,
             self.mem_mib,
             self.array.as_ref().map(|a| a.index),
         ]);
@@ -221,6 +227,9 @@ impl JobSpec {
                     "a share of a GPU can be pinned to exactly one GPU id",
                 ));
             }
+        }
+        if self.allowed_gpus.as_ref().is_some_and(Vec::is_empty) {
+            return Err(InvalidInput::new("the allowed GPU list is empty"));
         }
         if let Some(mem) = self.mem_mib
             && (mem == 0 || mem > 16 * 1024 * 1024)
