@@ -409,6 +409,9 @@ pub struct Run {
     /// Set once a cancel was asked for and sent to the node; the job ends as cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested_by: Option<String>,
+    /// Set once its time slice ended while others waited and a requeue kill was sent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preempt_requested: bool,
 }
 
 /// How a finished job ended.

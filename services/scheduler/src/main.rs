@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`core`]: the pure scheduling function (no I/O; unit and property tests live there).
+//! - [`config`]: the policy file (`--config`).
 //! - [`service`]: the event loop around it: consumers, passes, assignments, events.
 //! - [`requests`]: submissions and cancellations from users.
 //! - [`reports`]: what node agents report about the processes they run.
@@ -9,6 +10,7 @@
 //! - [`nodes`]: the node table built from heartbeats.
 //! - [`status`]: the NATS micro service (`$SRV.PING`, `mgpu.scheduler.status`).
 
+mod config;
 mod core;
 mod nodes;
 mod reports;
@@ -44,6 +46,34 @@ struct Args {
     /// Total job output kept, in MiB, across all jobs (oldest output goes first).
     #[arg(long, default_value_t = 4096)]
     output_max_mib: i64,
+    /// Policy file (TOML): placement, max_job_time, age_weight, age_cap, fairshare_weight,
+    /// half_life, max_reservations. Flags below override it.
+    #[arg(long, env = "MGPU_SCHEDULER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where jobs go when several nodes fit: fill_first (pack) or spread.
+    #[arg(long, value_parser = parse_placement)]
+    placement: Option<mgpu_shared::priority::PlacementPolicy>,
+    /// Cluster-wide time limit (`12h`, `90`, `1-00:00:00`); a time slice for jobs that requeue.
+    #[arg(long, value_parser = parse_seconds)]
+    max_job_time: Option<u64>,
+}
+
+fn parse_placement(text: &str) -> Result<mgpu_shared::priority::PlacementPolicy, String> {
+    match text {
+        "fill_first" | "fill-first" | "pack" => {
+            Ok(mgpu_shared::priority::PlacementPolicy::FillFirst)
+        }
+        "spread" => Ok(mgpu_shared::priority::PlacementPolicy::Spread),
+        other => Err(format!(
+            "`{other}` is not a placement policy: fill_first or spread"
+        )),
+    }
+}
+
+fn parse_seconds(text: &str) -> Result<u64, String> {
+    mgpu_shared::duration::parse_duration(text)
+        .map(|d| d.as_secs())
+        .map_err(|e| e.to_string())
 }
 
 #[tokio::main]
@@ -70,6 +100,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         server: args.server.clone(),
         creds: args.creds.clone(),
     };
+    let mut policy = config::load_policy(args.config.as_deref())?;
+    if let Some(placement) = args.placement {
+        policy.placement = placement;
+    }
+    if let Some(max) = args.max_job_time {
+        policy.max_job_time_secs = Some(max);
+    }
     let client = connect(&target, "mgpu-scheduler").await?;
     tracing::info!(server = %args.server, "connected");
     let settings = StreamSettings {
@@ -82,7 +119,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         wait_for_signal().await;
         let _ = shutdown_tx.send(true);
     });
-    service::run(client.clone(), settings, shutdown_rx).await?;
+    service::run(client.clone(), settings, policy, shutdown_rx).await?;
     // Flush what is still buffered (acks, last events) before leaving.
     let _ = client.drain().await;
     Ok(())

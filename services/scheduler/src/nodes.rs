@@ -1,35 +1,42 @@
-//! The scheduler's view of the nodes: the last heartbeat of each, turned into what the
-//! core needs (online or not, GPU inventory).
+//! The scheduler's view of the nodes: the last heartbeat of each plus its administrative
+//! state (drained, paused GPUs), turned into what the core needs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mgpu_shared::Timestamp;
-use mgpu_shared::node::{NodeHeartbeat, NodeLiveness};
+use mgpu_shared::node::{NodeAdmin, NodeHeartbeat, NodeLiveness};
 
-use crate::core::{GpuCapacity, NodeView};
+use crate::core::{GpuView, NodeView};
 
 #[derive(Default)]
 pub struct NodeTable {
     nodes: HashMap<String, NodeHeartbeat>,
+    pub(crate) admin: BTreeMap<String, NodeAdmin>,
 }
 
 impl NodeTable {
-    pub fn from_heartbeats(beats: Vec<NodeHeartbeat>) -> Self {
+    pub fn new(beats: Vec<NodeHeartbeat>, admin: BTreeMap<String, NodeAdmin>) -> Self {
         NodeTable {
             nodes: beats.into_iter().map(|b| (b.node.clone(), b)).collect(),
+            admin,
         }
     }
 
     /// Records a heartbeat. Returns true when it may let queued work start: the node is new,
-    /// was offline, or its GPUs changed.
+    /// was offline, or what it offers changed (GPUs, foreign use, thresholds).
     pub fn update(&mut self, beat: NodeHeartbeat, now: Timestamp) -> bool {
         let changes_capacity = match self.nodes.get(&beat.node) {
             None => true,
             Some(old) => {
                 old.liveness(now) == NodeLiveness::Offline
                     || old.gpus.len() != beat.gpus.len()
+                    || old.mem_threshold != beat.mem_threshold
+                    || old.load_threshold != beat.load_threshold
                     || old.gpus.iter().zip(&beat.gpus).any(|(a, b)| {
-                        a.index != b.index || a.memory_total_mib != b.memory_total_mib
+                        a.index != b.index
+                            || a.memory_total_mib != b.memory_total_mib
+                            || a.foreign_processes != b.foreign_processes
+                            || (a.utilization_pct > 80) != (b.utilization_pct > 80)
                     })
             }
         };
@@ -53,17 +60,26 @@ impl NodeTable {
         let mut views: Vec<NodeView> = self
             .nodes
             .values()
-            .map(|beat| NodeView {
-                name: beat.node.clone(),
-                online: beat.liveness(now) == NodeLiveness::Online,
-                gpus: beat
-                    .gpus
-                    .iter()
-                    .map(|g| GpuCapacity {
-                        index: g.index,
-                        memory_total_mib: g.memory_total_mib,
-                    })
-                    .collect(),
+            .map(|beat| {
+                let admin = self.admin.get(&beat.node);
+                NodeView {
+                    name: beat.node.clone(),
+                    online: beat.liveness(now) == NodeLiveness::Online,
+                    drained: admin.is_some_and(|a| a.drained.is_some()),
+                    mem_threshold: beat.mem_threshold,
+                    load_threshold: beat.load_threshold,
+                    gpus: beat
+                        .gpus
+                        .iter()
+                        .map(|g| GpuView {
+                            index: g.index,
+                            memory_total_mib: g.memory_total_mib,
+                            foreign_mem_mib: g.foreign_processes.iter().map(|p| p.used_mib).sum(),
+                            utilization_pct: g.utilization_pct,
+                            paused: admin.is_some_and(|a| a.paused_gpus.contains_key(&g.index)),
+                        })
+                        .collect(),
+                }
             })
             .collect();
         views.sort_by(|a, b| a.name.cmp(&b.name));

@@ -5,7 +5,7 @@
 use anyhow::Result;
 
 use mgpu_shared::event::{JobEvent, JobEventKind};
-use mgpu_shared::job::{Ending, JobState};
+use mgpu_shared::job::{Ending, JobState, WaitReason, Waiting};
 
 use crate::service::Scheduler;
 
@@ -58,8 +58,33 @@ impl Scheduler {
                 signal,
                 cancelled,
                 timed_out,
+                preempted,
             } => {
                 let at = event.at;
+                if let Some(record) = self.store.get(&job).cloned() {
+                    self.account_usage(&record, at);
+                }
+                if preempted && cancel_requested_by.is_none() {
+                    // Back to the end of the queue, as the next attempt.
+                    self.store
+                        .update(&job, |r| {
+                            r.attempt += 1;
+                            r.state = JobState::Queued(Waiting {
+                                reason: WaitReason::Resources,
+                                held_by: None,
+                                enqueued_at: Some(at),
+                            });
+                        })
+                        .await?;
+                    self.publish_event(
+                        &job,
+                        JobEventKind::Queued {
+                            reason: WaitReason::Resources,
+                        },
+                    );
+                    tracing::info!(job = %job, "requeued after its time slice");
+                    return Ok(());
+                }
                 let ending = |reason: Option<String>| Ending {
                     placement: Some(placement.clone()),
                     started_at: started_at.or(Some(at)),
@@ -74,7 +99,7 @@ impl Scheduler {
                         .unwrap_or_else(|| "an administrator".into());
                     JobState::Cancelled(ending(Some(format!("cancelled by {by}"))))
                 } else if timed_out {
-                    JobState::Failed(ending(Some("time limit reached".into())))
+                    JobState::TimedOut(ending(Some("time limit reached".into())))
                 } else if exit_code == 0 {
                     JobState::Succeeded(ending(None))
                 } else if let Some(signal) = signal {

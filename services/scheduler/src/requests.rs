@@ -9,9 +9,10 @@ use mgpu_shared::assign::NodeControl;
 use mgpu_shared::event::JobEventKind;
 use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{
-    CancelRequest, Ending, JobRecord, JobState, MAX_SUBMIT_BYTES, SubmitRequest, WaitReason,
-    Waiting,
+    CancelRequest, Ending, HoldRequest, JobRecord, JobState, MAX_SUBMIT_BYTES, SubmitRequest,
+    WaitReason, Waiting,
 };
+use mgpu_shared::node::{AdminMark, AdminRequest};
 use mgpu_shared::{now, subjects};
 
 use crate::service::Scheduler;
@@ -30,11 +31,22 @@ impl Scheduler {
             }
         };
         let at = now();
-        let state = match request.spec.validate() {
-            Ok(()) => JobState::Queued(Waiting {
-                reason: WaitReason::Submitted,
-            }),
-            Err(invalid) => JobState::Failed(Ending {
+        let duplicate_of = if request.spec.dedup {
+            let key = request.spec.dedup_key();
+            self.store
+                .records()
+                .find(|r| {
+                    r.id != request.id
+                        && r.user == request.user
+                        && matches!(r.state, JobState::Queued(_) | JobState::Running(_))
+                        && r.spec.dedup_key() == key
+                })
+                .map(|r| r.id.clone())
+        } else {
+            None
+        };
+        let state = match (request.spec.validate(), duplicate_of) {
+            (Err(invalid), _) => JobState::Failed(Ending {
                 placement: None,
                 started_at: None,
                 ended_at: at,
@@ -42,6 +54,18 @@ impl Scheduler {
                 signal: None,
                 reason: Some(format!("invalid submission: {invalid}")),
             }),
+            (Ok(()), Some(original)) => JobState::Failed(Ending {
+                placement: None,
+                started_at: None,
+                ended_at: at,
+                exit_code: None,
+                signal: None,
+                reason: Some(format!(
+                    "not added: identical to job {} (--dedup)",
+                    original.short()
+                )),
+            }),
+            (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),
         };
         let rejected = state.is_finished();
         let record = JobRecord {
@@ -117,6 +141,7 @@ impl Scheduler {
                     job_id: job.clone(),
                     attempt: record.attempt,
                     reason: reason.clone(),
+                    requeue: false,
                 };
                 self.store
                     .update(&job, |r| {
@@ -138,6 +163,88 @@ impl Scheduler {
             }
             _ => tracing::debug!(job = %job, state = record.state.name(), "cancel: nothing to do"),
         }
+        Ok(())
+    }
+
+    /// `jobs.<id>.hold` (hold = true) and `jobs.<id>.release`: only queued jobs.
+    pub(crate) async fn on_hold(&mut self, id: &str, payload: &Bytes, hold: bool) -> Result<()> {
+        let request: HoldRequest = match serde_json::from_slice(payload) {
+            Ok(request) => request,
+            Err(err) => {
+                tracing::warn!(job = id, %err, "refusing a malformed hold/release request");
+                return Ok(());
+            }
+        };
+        let Ok(job) = id.parse::<JobId>() else {
+            tracing::warn!(job = id, "hold/release for something that is not a job id");
+            return Ok(());
+        };
+        let Some(JobState::Queued(_)) = self.store.get(&job).map(|r| &r.state) else {
+            tracing::info!(job = %job, "hold/release of a job that is not queued: nothing to do");
+            return Ok(());
+        };
+        let by = request.user;
+        self.store
+            .update(&job, |r| {
+                if let JobState::Queued(waiting) = &mut r.state {
+                    waiting.held_by = hold.then(|| by.clone());
+                    if hold {
+                        waiting.reason = WaitReason::Held;
+                    }
+                }
+            })
+            .await?;
+        tracing::info!(job = %job, hold, "hold state changed");
+        Ok(())
+    }
+
+    /// `admin.requests`: drain/resume nodes, pause/resume GPUs. The server lets only admins
+    /// publish it; the state is kept in the cluster bucket so it survives restarts.
+    pub(crate) async fn on_admin(&mut self, payload: &Bytes) -> Result<()> {
+        let request: AdminRequest = match serde_json::from_slice(payload) {
+            Ok(request) => request,
+            Err(err) => {
+                tracing::warn!(%err, "refusing a malformed admin request");
+                return Ok(());
+            }
+        };
+        let mark = |by: &str, reason: &Option<String>| AdminMark {
+            by: by.to_owned(),
+            at: now(),
+            reason: reason.clone(),
+        };
+        let node = match &request {
+            AdminRequest::DrainNode { node, .. }
+            | AdminRequest::ResumeNode { node, .. }
+            | AdminRequest::PauseGpu { node, .. }
+            | AdminRequest::ResumeGpu { node, .. } => node.clone(),
+        };
+        if mgpu_shared::ids::validate_node_name(&node).is_err() {
+            tracing::warn!(node, "admin request for an invalid node name");
+            return Ok(());
+        }
+        let mut admin = self.nodes.admin.get(&node).cloned().unwrap_or_default();
+        match &request {
+            AdminRequest::DrainNode { by, reason, .. } => admin.drained = Some(mark(by, reason)),
+            AdminRequest::ResumeNode { .. } => admin.drained = None,
+            AdminRequest::PauseGpu {
+                index, by, reason, ..
+            } => {
+                admin.paused_gpus.insert(*index, mark(by, reason));
+            }
+            AdminRequest::ResumeGpu { index, .. } => {
+                admin.paused_gpus.remove(index);
+            }
+        }
+        self.cluster
+            .put(
+                subjects::node_admin_key(&node),
+                Bytes::from(serde_json::to_vec(&admin)?),
+            )
+            .await
+            .map_err(|e| anyhow!("storing node {node} administration: {e}"))?;
+        tracing::info!(node, request = ?request, "node administration changed");
+        self.nodes.admin.insert(node, admin);
         Ok(())
     }
 }

@@ -14,15 +14,17 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 
+use async_nats::jetstream::kv;
 use mgpu_shared::assign::Assignment;
 use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{Ending, JobRecord, JobState, Placement, Run, Waiting};
+use mgpu_shared::job::{Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting};
 use mgpu_shared::node::NodeHeartbeat;
+use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
 use mgpu_shared::streams::{self, StreamSettings};
 use mgpu_shared::{Timestamp, now, records, subjects};
 
-use crate::core::{self, Decision, QueuedJob};
+use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, RunningJob};
 use crate::nodes::NodeTable;
 use crate::state::JobStore;
 use crate::status::Status;
@@ -34,32 +36,55 @@ pub struct Scheduler {
     pub(crate) js: jetstream::Context,
     pub(crate) store: JobStore,
     pub(crate) nodes: NodeTable,
+    /// Node administration, policy and usage (`mgpu-cluster` bucket).
+    pub(crate) cluster: kv::Store,
+    pub(crate) policy: Policy,
+    pub(crate) usage: UsageBook,
+    usage_dirty: bool,
     status: watch::Sender<Status>,
     passes: u64,
+    /// When the next time slice of a running job ends (the loop wakes up then).
+    next_slice_end: Option<Timestamp>,
 }
 
 /// Runs the scheduler until `shutdown` turns true.
 pub async fn run(
     client: async_nats::Client,
     settings: StreamSettings,
+    policy: Policy,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let js = jetstream::new(client.clone());
     streams::ensure(&js, &settings).await?;
 
     let store = JobStore::load(&js).await.context("loading job records")?;
-    let nodes = NodeTable::from_heartbeats(
+    let nodes = NodeTable::new(
         records::list_nodes(&js)
             .await
             .context("loading node heartbeats")?,
+        records::node_admin(&js)
+            .await
+            .context("loading node administration")?,
     );
+    let usage = records::usage(&js).await.context("loading usage")?;
+    let cluster = records::cluster_bucket(&js).await?;
+    // Publish the policy in force, so `mgpu queue` computes the same priorities.
+    cluster
+        .put(subjects::POLICY_KEY, serde_json::to_vec(&policy)?.into())
+        .await
+        .map_err(|e| anyhow!("storing the policy: {e}"))?;
     let (status_tx, status_rx) = watch::channel(Status::default());
     let mut scheduler = Scheduler {
         js: js.clone(),
         store,
         nodes,
+        cluster,
+        policy,
+        usage,
+        usage_dirty: false,
         status: status_tx,
         passes: 0,
+        next_slice_end: None,
     };
     tracing::info!(
         jobs = scheduler.store.records().count(),
@@ -118,8 +143,14 @@ pub async fn run(
     scheduler.pass().await;
     tracing::info!("scheduler ready");
     loop {
+        let slice_timer = scheduler.next_slice_end.map(|end| {
+            let wait = (end - now()).to_std().unwrap_or(Duration::ZERO);
+            tokio::time::Instant::now() + wait + Duration::from_millis(5)
+        });
         tokio::select! {
             _ = shutdown.changed() => break,
+            // A running job's time slice ends: the pass decides whether to preempt it.
+            _ = tokio::time::sleep_until(slice_timer.unwrap_or_else(far_future)), if slice_timer.is_some() => {}
             Some(message) = requests.next() => {
                 scheduler.on_request(message).await;
                 for _ in 0..BATCH {
@@ -156,6 +187,10 @@ pub async fn run(
     }
     tracing::info!("scheduler stopping");
     Ok(())
+}
+
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400)
 }
 
 async fn durable_consumer(
@@ -198,16 +233,18 @@ impl Scheduler {
             }
         };
         let subject = message.subject.to_string();
-        let handled = if subject == subjects::SUBMIT {
-            self.on_submit(&message.payload).await
-        } else if let Some(id) =
-            subjects::job_id_of(&subject).filter(|_| subject.ends_with(".cancel"))
-        {
-            let id = id.to_owned();
-            self.on_cancel(&id, &message.payload).await
-        } else {
-            tracing::warn!(%subject, "ignoring a request on an unexpected subject");
-            Ok(())
+        let job = subjects::job_id_of(&subject).map(str::to_owned);
+        let kind = subject.rsplit('.').next().unwrap_or("");
+        let handled = match (subject.as_str(), job, kind) {
+            (subjects::SUBMIT, _, _) => self.on_submit(&message.payload).await,
+            (subjects::ADMIN_REQUESTS, _, _) => self.on_admin(&message.payload).await,
+            (_, Some(id), "cancel") => self.on_cancel(&id, &message.payload).await,
+            (_, Some(id), "hold") => self.on_hold(&id, &message.payload, true).await,
+            (_, Some(id), "release") => self.on_hold(&id, &message.payload, false).await,
+            _ => {
+                tracing::warn!(%subject, "ignoring a request on an unexpected subject");
+                Ok(())
+            }
         };
         match handled {
             Ok(()) => {
@@ -260,30 +297,128 @@ impl Scheduler {
         let queue: Vec<QueuedJob> = self
             .store
             .records()
-            .filter(|r| matches!(r.state, JobState::Queued(_)))
-            .map(|r| QueuedJob {
-                id: r.id.clone(),
-                priority: r.spec.priority,
-                submitted_at: r.submitted_at,
-                gpus: r.spec.gpus,
-                gpu_ids: r.spec.gpu_ids.clone(),
-                mem_mib: r.spec.mem_mib,
+            .filter_map(|r| match &r.state {
+                JobState::Queued(waiting) => Some(self.queued_job(r, waiting, now)),
+                _ => None,
             })
             .collect();
+        let running: Vec<RunningJob> = self
+            .store
+            .records()
+            .filter_map(|r| match &r.state {
+                JobState::Running(run) => Some(self.running_job(r, run)),
+                _ => None,
+            })
+            .collect();
+        self.next_slice_end = running.iter().filter_map(|r| r.slice_end).min();
         if !queue.is_empty() {
-            let decisions = core::plan(
-                &self.nodes.views(now),
-                &self.store.running_placements(),
-                &queue,
-            );
+            let settings = CoreSettings {
+                placement: self.policy.placement,
+                max_reservations: self.policy.max_reservations,
+            };
+            let decisions = core::plan(&self.nodes.views(now), &running, &queue, &settings, now);
             for decision in decisions {
                 if let Err(err) = self.carry_out(decision, now).await {
                     tracing::error!("{err:#}");
                 }
             }
         }
+        if self.usage_dirty {
+            match serde_json::to_vec(&self.usage) {
+                Ok(bytes) => match self.cluster.put(subjects::USAGE_KEY, bytes.into()).await {
+                    Ok(_) => self.usage_dirty = false,
+                    Err(err) => tracing::warn!(%err, "storing usage"),
+                },
+                Err(err) => tracing::warn!(%err, "encoding usage"),
+            }
+        }
         self.passes += 1;
         self.publish_status(now);
+    }
+
+    /// The time limit a job runs under: its own, capped by the cluster's `max_job_time`.
+    pub(crate) fn effective_time_limit(&self, spec: &JobSpec) -> Option<Duration> {
+        let cluster = self.policy.max_job_time_secs.map(Duration::from_secs);
+        match (spec.time_limit(), cluster) {
+            (Some(own), Some(max)) => Some(own.min(max)),
+            (own, max) => own.or(max),
+        }
+    }
+
+    fn queued_job(&self, record: &JobRecord, waiting: &Waiting, now: Timestamp) -> QueuedJob {
+        let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
+        let gpu_hours = self
+            .usage
+            .gpu_hours(&record.user, now, self.policy.half_life_secs);
+        QueuedJob {
+            id: record.id.clone(),
+            effective_priority: effective_priority(
+                record.spec.priority,
+                queued_at,
+                gpu_hours,
+                &self.policy,
+                now,
+            ),
+            queued_at,
+            gpus: record.spec.gpus,
+            gpu_ids: record.spec.gpu_ids.clone(),
+            allowed_gpus: record.spec.allowed_gpus.clone(),
+            mem_mib: record.spec.mem_mib,
+            time_limit: self.effective_time_limit(&record.spec),
+            held: waiting.held_by.is_some(),
+            dependencies: self.dependencies(&record.spec),
+            array: record
+                .spec
+                .array
+                .as_ref()
+                .map(|a| (a.array_id.clone(), a.max_running)),
+        }
+    }
+
+    fn running_job(&self, record: &JobRecord, run: &Run) -> RunningJob {
+        let began = run.started_at.unwrap_or(run.assigned_at);
+        let end = self
+            .effective_time_limit(&record.spec)
+            .and_then(|limit| chrono::Duration::from_std(limit).ok())
+            .map(|limit| began + limit);
+        let sliced = record.spec.on_timeout == OnTimeout::Requeue && !run.preempt_requested;
+        RunningJob {
+            id: record.id.clone(),
+            placement: run.placement.clone(),
+            expected_end: end,
+            slice_end: if sliced { end } else { None },
+            array_id: record.spec.array.as_ref().map(|a| a.array_id.clone()),
+        }
+    }
+
+    /// Whether `--after` (must succeed) and `--after-any` (must end) are met.
+    fn dependencies(&self, spec: &JobSpec) -> Dependencies {
+        let mut waiting = false;
+        for id in &spec.after {
+            match self.store.get(id).map(|r| &r.state) {
+                Some(JobState::Succeeded(_)) => {}
+                Some(state) if state.is_finished() => {
+                    return Dependencies::Broken(format!(
+                        "dependency {} ended {} (--after needs it to succeed)",
+                        id.short(),
+                        state.name()
+                    ));
+                }
+                Some(_) => waiting = true,
+                // Submitted but not recorded yet, or unknown: wait for it.
+                None => waiting = true,
+            }
+        }
+        for id in &spec.after_any {
+            if !self.store.get(id).is_some_and(|r| r.state.is_finished()) {
+                waiting = true;
+            }
+        }
+        if waiting {
+            Dependencies::Waiting
+        } else {
+            Dependencies::Met
+        }
     }
 
     async fn carry_out(&mut self, decision: Decision, now: Timestamp) -> Result<()> {
@@ -296,7 +431,11 @@ impl Scheduler {
                 );
                 if !unchanged {
                     self.store
-                        .update(&job, |r| r.state = JobState::Queued(Waiting { reason }))
+                        .update(&job, |r| {
+                            if let JobState::Queued(waiting) = &mut r.state {
+                                waiting.reason = reason;
+                            }
+                        })
                         .await?;
                     self.publish_event(&job, JobEventKind::Queued { reason });
                 }
@@ -315,6 +454,7 @@ impl Scheduler {
                 })
                 .await
             }
+            Decision::Preempt { job } => self.preempt(&job).await,
         }
     }
 
@@ -331,23 +471,99 @@ impl Scheduler {
                     started_at: None,
                     pid: None,
                     cancel_requested_by: None,
+                    preempt_requested: false,
                 })
             })
             .await?;
         self.send_assignment(&record).await?;
         self.publish_event(job, JobEventKind::Assigned { placement });
+        if let Some(end) = self
+            .effective_time_limit(&record.spec)
+            .and_then(|l| chrono::Duration::from_std(l).ok())
+        {
+            let end = now + end;
+            if record.spec.on_timeout == OnTimeout::Requeue
+                && self.next_slice_end.is_none_or(|next| end < next)
+            {
+                self.next_slice_end = Some(end);
+            }
+        }
         Ok(())
+    }
+
+    /// Stops a job whose time slice is over; it comes back to the queue when the agent reports.
+    async fn preempt(&mut self, job: &JobId) -> Result<()> {
+        let Some(record) = self.store.get(job).cloned() else {
+            return Ok(());
+        };
+        let JobState::Running(run) = &record.state else {
+            return Ok(());
+        };
+        if run.preempt_requested || run.cancel_requested_by.is_some() {
+            return Ok(());
+        }
+        self.store
+            .update(job, |r| {
+                if let JobState::Running(run) = &mut r.state {
+                    run.preempt_requested = true;
+                }
+            })
+            .await?;
+        let control = mgpu_shared::assign::NodeControl::Kill {
+            job_id: job.clone(),
+            attempt: record.attempt,
+            reason: "time slice over while other jobs wait: back to the queue".into(),
+            requeue: true,
+        };
+        self.js
+            .publish(
+                subjects::control(&run.placement.node),
+                Bytes::from(serde_json::to_vec(&control)?),
+            )
+            .await
+            .map_err(|e| anyhow!("sending preemption of {job}: {e}"))?
+            .await
+            .map_err(|e| anyhow!("sending preemption of {job}: {e}"))?;
+        tracing::info!(job = %job, node = %run.placement.node, "time slice over; preempting");
+        Ok(())
+    }
+
+    /// Adds a finished run's GPU time to its user's fair-share usage.
+    pub(crate) fn account_usage(&mut self, record: &JobRecord, ended_at: Timestamp) {
+        let JobState::Running(run) = &record.state else {
+            return;
+        };
+        let Some(started) = run.started_at else {
+            return;
+        };
+        let seconds = (ended_at - started).num_milliseconds().max(0) as f64 / 1000.0;
+        let gpus: f64 = run.placement.gpus.iter().map(|g| g.amount.as_f64()).sum();
+        if gpus > 0.0 && seconds > 0.0 {
+            self.usage.add(
+                &record.user,
+                gpus * seconds,
+                ended_at,
+                self.policy.half_life_secs,
+            );
+            self.usage_dirty = true;
+        }
     }
 
     pub(crate) async fn send_assignment(&self, record: &JobRecord) -> Result<()> {
         let JobState::Running(run) = &record.state else {
             return Ok(());
         };
+        // The agent enforces hard limits only; time slices (requeue) are the scheduler's.
+        let mut spec = record.spec.clone();
+        spec.time_limit_secs = match spec.on_timeout {
+            OnTimeout::Fail => self.effective_time_limit(&spec).map(|l| l.as_secs().max(1)),
+            OnTimeout::Requeue => None,
+        };
         let assignment = Assignment {
             job_id: record.id.clone(),
             attempt: record.attempt,
             user: record.user.clone(),
-            spec: record.spec.clone(),
+            spec,
             placement: run.placement.clone(),
         };
         let mut headers = HeaderMap::new();

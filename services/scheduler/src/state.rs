@@ -9,7 +9,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobState, Placement};
+use mgpu_shared::job::JobRecord;
 use mgpu_shared::{records, subjects};
 
 /// A record and the KV revision it was read or written at.
@@ -67,16 +67,6 @@ impl JobStore {
 
     pub fn records(&self) -> impl Iterator<Item = &JobRecord> {
         self.jobs.values().map(|t| &t.record)
-    }
-
-    /// Placements of every job that holds GPUs now.
-    pub fn running_placements(&self) -> Vec<Placement> {
-        self.records()
-            .filter_map(|r| match &r.state {
-                JobState::Running(run) => Some(run.placement.clone()),
-                _ => None,
-            })
-            .collect()
     }
 
     /// Stores a new record. Returns false when a record with that id already exists (a

@@ -1,0 +1,97 @@
+//! The scheduler's configuration: a TOML file (`--config`) and flags that override it.
+//!
+//! ```toml
+//! placement = "fill_first"     # or "spread"
+//! max_job_time = "12h"         # cluster-wide time limit (slices for --on-timeout requeue)
+//! age_weight = 100.0           # effective-priority points per hour waited
+//! age_cap = "7d"               # age stops counting after this
+//! fairshare_weight = 100.0     # points per decayed GPU-hour of the user's usage
+//! half_life = "1d"             # usage halves every half_life
+//! max_reservations = 16        # blocked jobs that get a backfill reservation
+//! ```
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+use mgpu_shared::duration::parse_duration;
+use mgpu_shared::priority::{PlacementPolicy, Policy};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    placement: Option<PlacementPolicy>,
+    max_job_time: Option<String>,
+    age_weight: Option<f64>,
+    age_cap: Option<String>,
+    fairshare_weight: Option<f64>,
+    half_life: Option<String>,
+    max_reservations: Option<usize>,
+}
+
+/// Reads the policy from `path` (if any) over the defaults.
+pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
+    let mut policy = Policy::default();
+    let Some(path) = path else {
+        return Ok(policy);
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
+    let file: ConfigFile =
+        toml::from_str(&text).with_context(|| format!("config {}", path.display()))?;
+    let seconds = |text: &str| -> Result<u64> { Ok(parse_duration(text)?.as_secs()) };
+    if let Some(p) = file.placement {
+        policy.placement = p;
+    }
+    if let Some(t) = &file.max_job_time {
+        policy.max_job_time_secs = Some(seconds(t).context("max_job_time")?);
+    }
+    if let Some(w) = file.age_weight {
+        anyhow::ensure!(w.is_finite() && w >= 0.0, "age_weight must be 0 or more");
+        policy.age_weight = w;
+    }
+    if let Some(t) = &file.age_cap {
+        policy.age_cap_hours = seconds(t).context("age_cap")? as f64 / 3600.0;
+    }
+    if let Some(w) = file.fairshare_weight {
+        anyhow::ensure!(
+            w.is_finite() && w >= 0.0,
+            "fairshare_weight must be 0 or more"
+        );
+        policy.fairshare_weight = w;
+    }
+    if let Some(t) = &file.half_life {
+        policy.half_life_secs = seconds(t).context("half_life")?;
+    }
+    if let Some(n) = file.max_reservations {
+        policy.max_reservations = n;
+    }
+    Ok(policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_file_sets_the_policy_and_typos_are_errors() {
+        let dir = std::env::temp_dir().join(format!("mgpu-config-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let good = dir.join("good.toml");
+        let _ = std::fs::write(
+            &good,
+            "placement = \"spread\"\nmax_job_time = \"10m\"\nhalf_life = \"1h\"\n",
+        );
+        let policy = load_policy(Some(&good)).ok();
+        assert_eq!(
+            policy.as_ref().map(|p| p.placement),
+            Some(PlacementPolicy::Spread)
+        );
+        assert_eq!(policy.as_ref().and_then(|p| p.max_job_time_secs), Some(600));
+        let bad = dir.join("bad.toml");
+        let _ = std::fs::write(&bad, "placment = \"spread\"\n");
+        assert!(load_policy(Some(&bad)).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

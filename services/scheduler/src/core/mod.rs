@@ -1,0 +1,291 @@
+//! The scheduling core: a pure function from (nodes, running jobs, queue, policy, clock) to
+//! decisions. No NATS, no clock reads, no I/O: unit and property tests drive it directly and
+//! the service around it stays a thin adapter.
+//!
+//! # One pass
+//! Queued jobs are taken in order of effective priority (see `mgpu_shared::priority`), then
+//! queue time, then id. For each job:
+//! 1. held → waits (`Held`); dependencies not met → waits (`Dependency`), or is rejected when
+//!    a dependency can no longer succeed; its array already runs `%N` tasks → `ArrayLimit`;
+//! 2. a request no known node could ever satisfy, even idle, is rejected with the reason;
+//! 3. it starts if it fits now on GPUs that are offered (node online and not drained, GPU not
+//!    paused, not busy with processes mgpu did not start) and not reserved for a job ahead of
+//!    it — unless it will end before that reservation begins (backfill);
+//! 4. otherwise it waits, and the first `max_reservations` such jobs get a reservation: the
+//!    GPUs that free up first according to running jobs' time limits, and when.
+//!
+//! Running jobs whose time slice (`--on-timeout requeue`) is over are preempted when some
+//! other job waits for GPUs: they go back to the end of the queue.
+//!
+//! # Placement
+//! Whole-GPU jobs take GPUs nobody holds; a share (0.5) takes units of one GPU, preferring the
+//! fullest GPU that still fits. Among nodes, `fill_first` packs (fewest free GPUs first) and
+//! `spread` spreads (most free first). `--mem` is booked per GPU until the job ends.
+
+mod capacity;
+mod reservation;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use mgpu_shared::Timestamp;
+use mgpu_shared::gpu_amount::GpuAmount;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{Placement, WaitReason};
+use mgpu_shared::priority::PlacementPolicy;
+
+pub use capacity::impossible_reason;
+use capacity::{Capacity, Constraints};
+use reservation::Reservation;
+
+/// One GPU of a node as the core sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuView {
+    pub index: u32,
+    pub memory_total_mib: u64,
+    /// Memory used by processes mgpu did not start.
+    pub foreign_mem_mib: u64,
+    pub utilization_pct: u32,
+    pub paused: bool,
+}
+
+/// A node that may receive work.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    /// Online nodes get new work; offline ones only count when judging what is possible.
+    pub online: bool,
+    /// Drained: running jobs finish, nothing new lands here.
+    pub drained: bool,
+    pub mem_threshold: f64,
+    pub load_threshold: f64,
+    pub gpus: Vec<GpuView>,
+}
+
+/// A job holding GPUs now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub placement: Placement,
+    /// When it will be gone at the latest (start + time limit); None when it has no limit.
+    pub expected_end: Option<Timestamp>,
+    /// End of its time slice when it runs with `--on-timeout requeue`.
+    pub slice_end: Option<Timestamp>,
+    pub array_id: Option<JobId>,
+}
+
+/// Whether a queued job's `--after` / `--after-any` are met.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dependencies {
+    Met,
+    Waiting,
+    /// A dependency ended in a way that means this job can never run.
+    Broken(String),
+}
+
+/// What a queued job needs, and its place in line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueuedJob {
+    pub id: JobId,
+    pub effective_priority: i64,
+    pub queued_at: Timestamp,
+    pub gpus: GpuAmount,
+    pub gpu_ids: Option<Vec<u32>>,
+    pub allowed_gpus: Option<Vec<u32>>,
+    pub mem_mib: Option<u64>,
+    /// How long it may run (its own limit, capped by the cluster's); None: unlimited.
+    pub time_limit: Option<Duration>,
+    pub held: bool,
+    pub dependencies: Dependencies,
+    /// Its array and the array's `%N`.
+    pub array: Option<(JobId, Option<u32>)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Start {
+        job: JobId,
+        placement: Placement,
+    },
+    Wait {
+        job: JobId,
+        reason: WaitReason,
+    },
+    Reject {
+        job: JobId,
+        reason: String,
+    },
+    /// Stop a running job whose time slice is over and put it back in the queue.
+    Preempt {
+        job: JobId,
+    },
+}
+
+/// Scheduling settings the core needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoreSettings {
+    pub placement: PlacementPolicy,
+    pub max_reservations: usize,
+}
+
+/// Puts jobs in the order they are considered.
+pub fn queue_order(queue: &mut [QueuedJob]) {
+    queue.sort_by(|a, b| {
+        b.effective_priority
+            .cmp(&a.effective_priority)
+            .then(a.queued_at.cmp(&b.queued_at))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
+/// One scheduling pass: one decision per queued job (in queue order), plus preemptions.
+pub fn plan(
+    nodes: &[NodeView],
+    running: &[RunningJob],
+    queue: &[QueuedJob],
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> Vec<Decision> {
+    plan_with_reservations(nodes, running, queue, settings, now).0
+}
+
+/// [`plan`], also returning the backfill reservations it made (for tests and diagnostics).
+fn plan_with_reservations(
+    nodes: &[NodeView],
+    running: &[RunningJob],
+    queue: &[QueuedJob],
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> (Vec<Decision>, Vec<Reservation>) {
+    let mut ordered = queue.to_vec();
+    queue_order(&mut ordered);
+    let mut capacity = Capacity::new(nodes, running);
+    // Running jobs plus those started in this pass: what holds GPUs, and until when.
+    let mut holding: Vec<RunningJob> = running.to_vec();
+    let mut reservations: Vec<Reservation> = Vec::new();
+    let mut array_running: HashMap<JobId, u32> = HashMap::new();
+    for job in running {
+        if let Some(array) = &job.array_id {
+            *array_running.entry(array.clone()).or_default() += 1;
+        }
+    }
+    let any_online = nodes.iter().any(|n| n.online);
+    let mut someone_waits_for_gpus = false;
+    let mut decisions = Vec::with_capacity(ordered.len() + 1);
+
+    for job in ordered {
+        let wait = |reason| Decision::Wait {
+            job: job.id.clone(),
+            reason,
+        };
+        if job.held {
+            decisions.push(wait(WaitReason::Held));
+            continue;
+        }
+        match &job.dependencies {
+            Dependencies::Met => {}
+            Dependencies::Waiting => {
+                decisions.push(wait(WaitReason::Dependency));
+                continue;
+            }
+            Dependencies::Broken(reason) => {
+                decisions.push(Decision::Reject {
+                    job: job.id.clone(),
+                    reason: reason.clone(),
+                });
+                continue;
+            }
+        }
+        if let Some((array, Some(limit))) = &job.array
+            && array_running.get(array).copied().unwrap_or(0) >= *limit
+        {
+            decisions.push(wait(WaitReason::ArrayLimit));
+            continue;
+        }
+        if let Some(reason) = impossible_reason(nodes, &job) {
+            decisions.push(Decision::Reject {
+                job: job.id.clone(),
+                reason,
+            });
+            continue;
+        }
+        if !any_online {
+            decisions.push(wait(WaitReason::NoNodes));
+            continue;
+        }
+        let ends_at = job
+            .time_limit
+            .and_then(|limit| chrono::Duration::from_std(limit).ok())
+            .map(|limit| now + limit);
+        let respecting_reservations = Constraints {
+            offered_only: true,
+            avoid: &|node: &str, index: u32| {
+                reservations.iter().any(|r| r.blocks(node, index, ends_at))
+            },
+        };
+        if let Some(placement) = capacity.place(&job, &respecting_reservations, settings.placement)
+        {
+            capacity.book(&placement);
+            if let Some((array, _)) = &job.array {
+                *array_running.entry(array.clone()).or_default() += 1;
+            }
+            holding.push(RunningJob {
+                id: job.id.clone(),
+                placement: placement.clone(),
+                expected_end: ends_at,
+                slice_end: None,
+                array_id: None,
+            });
+            decisions.push(Decision::Start {
+                job: job.id,
+                placement,
+            });
+            continue;
+        }
+        someone_waits_for_gpus = true;
+        let no_reservations = Constraints {
+            offered_only: true,
+            avoid: &|_: &str, _: u32| false,
+        };
+        let reason = if capacity
+            .place(&job, &no_reservations, settings.placement)
+            .is_some()
+        {
+            WaitReason::Priority
+        } else if capacity
+            .place(
+                &job,
+                &Constraints {
+                    offered_only: false,
+                    avoid: &|_: &str, _: u32| false,
+                },
+                settings.placement,
+            )
+            .is_some()
+        {
+            WaitReason::GpusPaused
+        } else {
+            WaitReason::Resources
+        };
+        if reservations.len() < settings.max_reservations
+            && let Some(reservation) =
+                reservation::reserve(&capacity, nodes, &holding, &job, &reservations, now)
+        {
+            reservations.push(reservation);
+        }
+        decisions.push(wait(reason));
+    }
+
+    if someone_waits_for_gpus {
+        for job in running {
+            if job.slice_end.is_some_and(|end| end <= now) {
+                decisions.push(Decision::Preempt {
+                    job: job.id.clone(),
+                });
+            }
+        }
+    }
+    (decisions, reservations)
+}

@@ -1,0 +1,481 @@
+//! Stories and properties of the scheduling core.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::TimeZone;
+use proptest::prelude::*;
+
+use super::*;
+use mgpu_shared::job::GpuShare;
+
+fn t0() -> Timestamp {
+    chrono::Utc
+        .timestamp_opt(1_700_000_000, 0)
+        .single()
+        .unwrap_or_default()
+}
+
+fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
+    NodeView {
+        name: name.into(),
+        online: true,
+        drained: false,
+        mem_threshold: 0.8,
+        load_threshold: 0.8,
+        gpus: (0..gpus)
+            .map(|index| GpuView {
+                index,
+                memory_total_mib: mem,
+                foreign_mem_mib: 0,
+                utilization_pct: 0,
+                paused: false,
+            })
+            .collect(),
+    }
+}
+
+fn id(n: u32) -> JobId {
+    format!("{n:032x}")
+        .parse()
+        .unwrap_or_else(|_| JobId::random())
+}
+
+fn job(n: u32, gpus: GpuAmount) -> QueuedJob {
+    QueuedJob {
+        id: id(n),
+        effective_priority: 0,
+        queued_at: t0() + chrono::Duration::seconds(i64::from(n)),
+        gpus,
+        gpu_ids: None,
+        allowed_gpus: None,
+        mem_mib: None,
+        time_limit: None,
+        held: false,
+        dependencies: Dependencies::Met,
+        array: None,
+    }
+}
+
+fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) -> RunningJob {
+    RunningJob {
+        id: id(1000 + n),
+        placement: Placement {
+            node: node.into(),
+            gpus: gpus
+                .iter()
+                .map(|index| GpuShare {
+                    index: *index,
+                    amount: GpuAmount::ONE,
+                    mem_mib: 0,
+                })
+                .collect(),
+        },
+        expected_end: ends_in.map(|s| t0() + chrono::Duration::seconds(s)),
+        slice_end: None,
+        array_id: None,
+    }
+}
+
+fn settings() -> CoreSettings {
+    CoreSettings {
+        placement: PlacementPolicy::FillFirst,
+        max_reservations: 16,
+    }
+}
+
+fn run(nodes: &[NodeView], holding: &[RunningJob], queue: &[QueuedJob]) -> Vec<Decision> {
+    plan(nodes, holding, queue, &settings(), t0())
+}
+
+fn started(decisions: &[Decision]) -> Vec<(&JobId, &Placement)> {
+    decisions
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Start { job, placement } => Some((job, placement)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reason_of(decisions: &[Decision], job: &JobId) -> Option<WaitReason> {
+    decisions.iter().find_map(|d| match d {
+        Decision::Wait { job: j, reason } if j == job => Some(*reason),
+        _ => None,
+    })
+}
+
+#[test]
+fn two_one_gpu_jobs_on_a_one_gpu_node_the_second_waits() {
+    let queue = [job(1, GpuAmount::ONE), job(2, GpuAmount::ONE)];
+    let decisions = run(&[node("n1", 1, 24_000)], &[], &queue);
+    assert_eq!(started(&decisions).len(), 1);
+    assert_eq!(started(&decisions)[0].0, &queue[0].id);
+    assert_eq!(
+        reason_of(&decisions, &queue[1].id),
+        Some(WaitReason::Resources)
+    );
+}
+
+#[test]
+fn higher_effective_priority_goes_first_even_when_younger() {
+    let mut urgent = job(2, GpuAmount::ONE);
+    urgent.effective_priority = 10;
+    let decisions = run(
+        &[node("n1", 1, 24_000)],
+        &[],
+        &[job(1, GpuAmount::ONE), urgent.clone()],
+    );
+    assert_eq!(started(&decisions)[0].0, &urgent.id);
+}
+
+#[test]
+fn exact_ids_are_honoured_and_missing_ids_rejected() {
+    let nodes = [node("n1", 4, 24_000)];
+    let mut pinned = job(1, GpuAmount::whole(2));
+    pinned.gpu_ids = Some(vec![1, 3]);
+    assert_eq!(
+        started(&run(&nodes, &[], &[pinned]))[0].1.gpu_indices(),
+        vec![1, 3]
+    );
+    let mut missing = job(2, GpuAmount::ONE);
+    missing.gpu_ids = Some(vec![7]);
+    assert!(matches!(
+        run(&nodes, &[], &[missing])[0],
+        Decision::Reject { .. }
+    ));
+}
+
+#[test]
+fn allowed_gpus_restrict_without_pinning() {
+    let mut picky = job(1, GpuAmount::ONE);
+    picky.allowed_gpus = Some(vec![2, 3]);
+    let decisions = run(
+        &[node("n1", 4, 24_000)],
+        &[running(1, "n1", &[2], None)],
+        &[picky],
+    );
+    assert_eq!(started(&decisions)[0].1.gpu_indices(), vec![3]);
+}
+
+#[test]
+fn shares_pack_onto_one_gpu_and_memory_is_booked() {
+    let nodes = [node("n1", 2, 24_000)];
+    let queue = [
+        job(1, GpuAmount::from_units(5_000)),
+        job(2, GpuAmount::from_units(5_000)),
+    ];
+    let decisions = run(&nodes, &[], &queue);
+    let starts = started(&decisions);
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[0].1.gpus[0].index, starts[1].1.gpus[0].index);
+
+    let mut a = job(1, GpuAmount::from_units(2_500));
+    a.mem_mib = Some(16_000);
+    let mut b = job(2, GpuAmount::from_units(2_500));
+    b.mem_mib = Some(16_000);
+    assert_eq!(
+        started(&run(&[node("n1", 1, 24_000)], &[], &[a, b])).len(),
+        1
+    );
+}
+
+#[test]
+fn gpus_busy_with_other_peoples_work_are_not_offered() {
+    let mut busy = node("n1", 2, 24_000);
+    busy.gpus[0].foreign_mem_mib = 20_000; // above 0.8 of 24 000
+    busy.gpus[1].utilization_pct = 95; // above 0.8 load, and no mgpu job on it
+    let decisions = run(&[busy], &[], &[job(1, GpuAmount::ONE)]);
+    assert!(started(&decisions).is_empty());
+    let mut light = node("n1", 1, 24_000);
+    light.gpus[0].foreign_mem_mib = 4_000;
+    let mut needs = job(1, GpuAmount::ONE);
+    needs.mem_mib = Some(22_000);
+    assert!(
+        started(&run(&[light], &[], &[needs])).is_empty(),
+        "foreign memory is not free"
+    );
+}
+
+#[test]
+fn paused_gpus_and_drained_nodes_get_nothing_and_say_so() {
+    let mut n = node("n1", 1, 24_000);
+    n.gpus[0].paused = true;
+    let decisions = run(&[n], &[], &[job(1, GpuAmount::ONE)]);
+    assert_eq!(reason_of(&decisions, &id(1)), Some(WaitReason::GpusPaused));
+    let mut d = node("n1", 1, 24_000);
+    d.drained = true;
+    let decisions = run(
+        &[d],
+        &[],
+        &[job(1, GpuAmount::ONE), job(2, GpuAmount::ZERO)],
+    );
+    assert!(started(&decisions).is_empty());
+}
+
+#[test]
+fn fill_first_packs_and_spread_spreads() {
+    let nodes = [node("big", 8, 24_000), node("small", 2, 24_000)];
+    let packed = run(&nodes, &[], &[job(1, GpuAmount::ONE)]);
+    assert_eq!(started(&packed)[0].1.node, "small");
+    let spread = plan(
+        &nodes,
+        &[],
+        &[job(1, GpuAmount::ONE)],
+        &CoreSettings {
+            placement: PlacementPolicy::Spread,
+            max_reservations: 16,
+        },
+        t0(),
+    );
+    assert_eq!(started(&spread)[0].1.node, "big");
+}
+
+#[test]
+fn held_dependent_and_array_limited_jobs_wait_with_their_reason() {
+    let nodes = [node("n1", 4, 24_000)];
+    let mut held = job(1, GpuAmount::ONE);
+    held.held = true;
+    let mut dependent = job(2, GpuAmount::ONE);
+    dependent.dependencies = Dependencies::Waiting;
+    let mut broken = job(3, GpuAmount::ONE);
+    broken.dependencies = Dependencies::Broken("dependency x failed".into());
+    let array = JobId::random();
+    let mut tasks: Vec<QueuedJob> = (4..7)
+        .map(|n| {
+            let mut t = job(n, GpuAmount::ZERO);
+            t.array = Some((array.clone(), Some(2)));
+            t
+        })
+        .collect();
+    let mut queue = vec![held, dependent, broken];
+    queue.append(&mut tasks);
+    let decisions = run(&nodes, &[], &queue);
+    assert_eq!(reason_of(&decisions, &id(1)), Some(WaitReason::Held));
+    assert_eq!(reason_of(&decisions, &id(2)), Some(WaitReason::Dependency));
+    assert!(decisions.contains(&Decision::Reject {
+        job: id(3),
+        reason: "dependency x failed".into()
+    }));
+    assert_eq!(
+        started(&decisions).len(),
+        2,
+        "at most 2 tasks of the array at once"
+    );
+    assert_eq!(reason_of(&decisions, &id(6)), Some(WaitReason::ArrayLimit));
+}
+
+#[test]
+fn backfill_lets_short_jobs_through_and_keeps_long_ones_behind_the_reservation() {
+    // 2 GPUs; GPU 0 busy for 100 s. A 2-GPU job waits at the head and reserves both GPUs from
+    // t+100. A 50 s job may use GPU 1 now; an unlimited one may not.
+    let nodes = [node("n1", 2, 24_000)];
+    let holding = [running(1, "n1", &[0], Some(100))];
+    let big = job(1, GpuAmount::whole(2));
+    let mut short = job(2, GpuAmount::ONE);
+    short.time_limit = Some(Duration::from_secs(50));
+    let long = job(3, GpuAmount::ONE);
+    let decisions = run(
+        &nodes,
+        &holding,
+        &[big.clone(), short.clone(), long.clone()],
+    );
+    assert_eq!(reason_of(&decisions, &big.id), Some(WaitReason::Resources));
+    assert_eq!(started(&decisions).len(), 1);
+    assert_eq!(started(&decisions)[0].0, &short.id);
+    // Without the short one, GPU 1 is free, yet the unlimited job must leave it to the big one.
+    let decisions = run(&nodes, &holding, &[big.clone(), long.clone()]);
+    assert!(started(&decisions).is_empty());
+    assert_eq!(reason_of(&decisions, &long.id), Some(WaitReason::Priority));
+}
+
+#[test]
+fn over_slice_jobs_are_preempted_only_when_someone_waits() {
+    let nodes = [node("n1", 1, 24_000)];
+    let mut over = running(1, "n1", &[0], None);
+    over.slice_end = Some(t0() - chrono::Duration::seconds(1));
+    let alone = run(&nodes, std::slice::from_ref(&over), &[]);
+    assert!(alone.is_empty());
+    let contended = run(&nodes, &[over.clone()], &[job(1, GpuAmount::ONE)]);
+    assert!(contended.contains(&Decision::Preempt { job: over.id }));
+}
+
+#[test]
+fn impossible_requests_are_rejected_and_no_nodes_means_waiting() {
+    let nodes = [node("n1", 2, 24_000)];
+    let decisions = run(&nodes, &[], &[job(1, GpuAmount::whole(3))]);
+    assert!(
+        matches!(&decisions[0], Decision::Reject { reason, .. } if reason.contains("largest node has 2"))
+    );
+    let mut big = job(2, GpuAmount::ONE);
+    big.mem_mib = Some(80_000);
+    assert!(matches!(
+        run(&nodes, &[], &[big])[0],
+        Decision::Reject { .. }
+    ));
+    let decisions = run(&[], &[], &[job(3, GpuAmount::ONE)]);
+    assert_eq!(reason_of(&decisions, &id(3)), Some(WaitReason::NoNodes));
+    let mut offline = node("n1", 1, 24_000);
+    offline.online = false;
+    assert_eq!(
+        reason_of(&run(&[offline], &[], &[job(4, GpuAmount::ONE)]), &id(4)),
+        Some(WaitReason::NoNodes)
+    );
+}
+
+fn amount() -> impl Strategy<Value = GpuAmount> {
+    prop_oneof![
+        (0u32..=3).prop_map(GpuAmount::whole),
+        prop::sample::select(vec![2_500u32, 5_000, 7_500]).prop_map(GpuAmount::from_units),
+    ]
+}
+
+fn arb_queue() -> impl Strategy<Value = Vec<QueuedJob>> {
+    prop::collection::vec(
+        (
+            amount(),
+            prop::option::of(1_000u64..30_000),
+            -2i64..3,
+            prop::option::of(1u64..300),
+            prop::option::of(prop::collection::vec(0u32..4, 1..3)),
+        ),
+        1..30,
+    )
+    .prop_map(|shapes| {
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (a, mem, prio, limit, ids))| {
+                let mut j = job(i as u32, a);
+                j.mem_mib = if a.is_zero() { None } else { mem };
+                j.effective_priority = prio;
+                j.time_limit = limit.map(Duration::from_secs);
+                if let Some(mut ids) = ids
+                    && a.is_whole()
+                    && !a.is_zero()
+                {
+                    ids.sort_unstable();
+                    ids.dedup();
+                    j.gpus = GpuAmount::whole(ids.len() as u32);
+                    j.gpu_ids = Some(ids);
+                }
+                j
+            })
+            .collect()
+    })
+}
+
+fn arb_cluster() -> impl Strategy<Value = (Vec<NodeView>, Vec<RunningJob>)> {
+    prop::collection::vec(
+        (
+            1u32..5,
+            prop::collection::vec(any::<bool>(), 4),
+            prop::collection::vec(prop::option::of(prop::option::of(1i64..500)), 4),
+        ),
+        1..4,
+    )
+    .prop_map(|specs| {
+        let mut nodes = Vec::new();
+        let mut holding = Vec::new();
+        for (i, (gpus, paused, busy)) in specs.into_iter().enumerate() {
+            let name = format!("n{i}");
+            let mut n = node(&name, gpus, 24_000);
+            for (g, p) in n.gpus.iter_mut().zip(&paused) {
+                g.paused = *p && g.index % 2 == 1;
+            }
+            for (g, b) in busy.iter().enumerate().take(gpus as usize) {
+                if let Some(ends) = b {
+                    holding.push(running((i * 10 + g) as u32, &name, &[g as u32], *ends));
+                }
+            }
+            nodes.push(n);
+        }
+        (nodes, holding)
+    })
+}
+
+proptest! {
+    #[test]
+    fn allocations_respect_capacity_memory_pins_and_pauses(
+        (nodes, holding) in arb_cluster(),
+        queue in arb_queue(),
+    ) {
+        let decisions = run(&nodes, &holding, &queue);
+        let mut units: BTreeMap<(String, u32), u32> = BTreeMap::new();
+        let mut mem: BTreeMap<(String, u32), u64> = BTreeMap::new();
+        for h in &holding {
+            for s in &h.placement.gpus {
+                *units.entry((h.placement.node.clone(), s.index)).or_default() += s.amount.units();
+            }
+        }
+        for (job_id, placement) in started(&decisions) {
+            let job = queue.iter().find(|j| &j.id == job_id);
+            prop_assert!(job.is_some());
+            let job = job.unwrap_or_else(|| unreachable!());
+            if let Some(ids) = &job.gpu_ids {
+                prop_assert_eq!(&placement.gpu_indices(), ids);
+            }
+            let n = nodes.iter().find(|n| n.name == placement.node);
+            prop_assert!(n.is_some_and(|n| !n.drained));
+            for share in &placement.gpus {
+                let gpu = n.and_then(|n| n.gpus.iter().find(|g| g.index == share.index));
+                prop_assert!(gpu.is_some_and(|g| !g.paused), "a paused GPU got work");
+                *units.entry((placement.node.clone(), share.index)).or_default() += share.amount.units();
+                *mem.entry((placement.node.clone(), share.index)).or_default() += share.mem_mib;
+            }
+        }
+        prop_assert!(units.values().all(|u| *u <= GpuAmount::UNITS_PER_GPU));
+        prop_assert!(mem.values().all(|m| *m <= 24_000));
+    }
+
+    #[test]
+    fn a_fitting_higher_priority_job_is_never_passed_over(
+        (nodes, holding) in arb_cluster(),
+        queue in arb_queue(),
+    ) {
+        let decisions = run(&nodes, &holding, &queue);
+        // Every job that waits for GPUs alone ("Resources") must not fit in what is left once
+        // the jobs ahead of it started: re-planning it alone on that remainder starts nothing.
+        let mut remaining = holding.clone();
+        for (job_id, placement) in started(&decisions) {
+            remaining.push(RunningJob { id: job_id.clone(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None });
+        }
+        for job in &queue {
+            if reason_of(&decisions, &job.id) == Some(WaitReason::Resources) {
+                let alone = run(&nodes, &remaining, std::slice::from_ref(job));
+                prop_assert!(started(&alone).is_empty(), "job {} fit but waited", job.id);
+            }
+        }
+    }
+
+    #[test]
+    fn backfill_never_delays_a_reservation(
+        (nodes, holding) in arb_cluster(),
+        queue in arb_queue(),
+    ) {
+        let (decisions, reservations) =
+            plan_with_reservations(&nodes, &holding, &queue, &settings(), t0());
+        let mut ordered = queue.clone();
+        queue_order(&mut ordered);
+        for (job_id, placement) in started(&decisions) {
+            let job = ordered.iter().find(|j| &j.id == job_id);
+            prop_assert!(job.is_some());
+            let job = job.unwrap_or_else(|| unreachable!());
+            let ends = job.time_limit.and_then(|l| chrono::Duration::from_std(l).ok()).map(|l| t0() + l);
+            let position = ordered.iter().position(|j| &j.id == job_id);
+            for r in &reservations {
+                // Only jobs behind the one the reservation is for may not delay it.
+                let reserved_for = ordered.iter().position(|j| j.id == r.job);
+                if position <= reserved_for {
+                    continue;
+                }
+                for share in &placement.gpus {
+                    prop_assert!(
+                        !r.blocks(&placement.node, share.index, ends),
+                        "job {} took reserved GPU {}:{}", job_id, placement.node, share.index
+                    );
+                }
+            }
+        }
+    }
+}
