@@ -310,7 +310,13 @@ impl Scheduler {
                 _ => None,
             })
             .collect();
-        self.next_slice_end = running.iter().filter_map(|r| r.slice_end).min();
+        // Only slices still to come arm the timer: one already over is acted on by the next
+        // pass that finds someone waiting (a submission or an exit wakes the loop anyway).
+        self.next_slice_end = running
+            .iter()
+            .filter_map(|r| r.slice_end)
+            .filter(|end| *end > now)
+            .min();
         if !queue.is_empty() {
             let settings = CoreSettings {
                 placement: self.policy.placement,
