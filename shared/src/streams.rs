@@ -142,5 +142,10 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
         .map_err(|e| {
             StateError::JetStream(format!("creating bucket {}: {e}", subjects::JOBS_BUCKET))
         })?;
+    js.create_or_update_key_value(cluster_bucket_config(settings))
+        .await
+        .map_err(|e| {
+            StateError::JetStream(format!("creating bucket {}: {e}", subjects::CLUSTER_BUCKET))
+        })?;
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::commands::{admin, cancel, logs, nodes, queue, show, submit};
+use crate::commands::{admin, cancel, hold, logs, node_admin, nodes, queue, show, submit};
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
 #[derive(Debug, Parser)]
@@ -39,18 +39,27 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Submit a job: `mgpu submit --gpus 2 -- python train.py`.
-    Submit(submit::SubmitArgs),
+    // Boxed: its many options would make every other variant as large.
+    Submit(Box<submit::SubmitArgs>),
     /// List queued and running jobs, and the nodes.
     #[command(visible_alias = "status")]
     Queue(queue::QueueArgs),
     /// Cancel jobs, queued or running.
     Cancel(cancel::CancelArgs),
+    /// Hold queued jobs: they keep their place but do not start until released.
+    Hold(hold::HoldArgs),
+    /// Release held jobs, so they can start.
+    Release(hold::HoldArgs),
     /// Print a job's output.
     Logs(logs::LogsArgs),
     /// Show everything recorded about one job.
     Show(show::ShowArgs),
     /// Show the nodes and their GPUs.
     Nodes(nodes::NodesArgs),
+    /// Drain a node or resume it (admins only).
+    Node(node_admin::NodeArgs),
+    /// Pause one GPU of a node or resume it (admins only).
+    Gpu(node_admin::GpuArgs),
     /// Set up the cluster: credentials, server configuration, streams.
     Admin(admin::AdminArgs),
 }
@@ -70,6 +79,23 @@ mod tests {
         let parsed = Cli::try_parse_from(["mgpu", "submit", "--gpus", "-1", "--", "true"]);
         let err = parsed.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("GPU count must be 0 or more"), "{err}");
+    }
+
+    #[test]
+    fn admin_commands_check_their_arguments() {
+        let err = |argv: &[&str]| {
+            Cli::try_parse_from(argv)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(err(&["mgpu", "gpu", "pause", "node001"]).contains("NODE:INDEX"));
+        assert!(err(&["mgpu", "node", "drain", "node.1"]).contains("not a valid node name"));
+        assert!(
+            Cli::try_parse_from(["mgpu", "node", "drain", "node001", "--reason", "fan"]).is_ok()
+        );
+        assert!(Cli::try_parse_from(["mgpu", "gpu", "resume", "node001:3"]).is_ok());
+        assert!(err(&["mgpu", "hold"]).contains("ID"));
     }
 
     #[test]

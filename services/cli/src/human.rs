@@ -48,6 +48,14 @@ pub fn mib_pair(used: u64, total: u64) -> String {
     format!("{used}/{total}")
 }
 
+/// A job state as a sentence says it: `timed out` rather than the wire name `timed_out`.
+pub fn state_words(state: &mgpu_shared::job::JobState) -> &'static str {
+    match state {
+        mgpu_shared::job::JobState::TimedOut(_) => "timed out",
+        other => other.name(),
+    }
+}
+
 /// A list of GPU indices as `0,1,3`.
 pub fn index_list(indices: &[u32]) -> String {
     indices

@@ -1,15 +1,18 @@
 //! `mgpu`: the command-line tool of the mgpu GPU job scheduler.
 //!
-//! It talks only to NATS: submissions and cancellations go to JetStream streams, and everything
-//! it shows (queue, records, nodes, output) is read straight from JetStream, so most commands work
-//! while the scheduler is down.
+//! It talks only to NATS: requests (submissions, cancellations, holds, node administration) go
+//! to JetStream streams, and everything it shows (queue, records, nodes, output) is read straight
+//! from JetStream, so most commands work while the scheduler is down.
 
 mod cli;
 mod commands;
 mod errors;
 mod follow;
 mod human;
+mod jobfile;
 mod parse;
+mod profiles;
+mod publish;
 mod session;
 mod tables;
 

@@ -1,9 +1,11 @@
 //! Parsers for what people type on the command line that the shared crate does not cover:
-//! GPU id lists and memory sizes. Each error says what was wrong and what would be accepted.
+//! GPU id lists, memory sizes, job array specs and `NODE:IDX`. Each error says what was wrong
+//! and what would be accepted.
 
 use std::fmt;
 
 use mgpu_shared::gpu_amount::GpuAmount;
+use mgpu_shared::ids::validate_node_name;
 
 /// `--gpu-ids 0,2` or `0-3` or `0-1,4`: physical GPU indices, in the order given.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,9 +85,195 @@ pub fn mem_mib(text: &str) -> Result<u64, String> {
     Ok(mib as u64)
 }
 
+/// Most tasks one `--array` may create: more is almost surely a typo, and each task is a
+/// message carrying the submitter's whole environment.
+pub const MAX_ARRAY_TASKS: u64 = 10_000;
+
+/// `--array 0-9`, `1,3,5-7`, `0-99%4`: the task indices, ascending, and the `%N` limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArraySpec {
+    pub indices: Vec<u32>,
+    pub max_running: Option<u32>,
+}
+
+pub fn array_spec(text: &str) -> Result<ArraySpec, String> {
+    let bad = |detail: String| {
+        format!(
+            "`{text}` is not an array spec ({detail}): use indices and ranges like 0-9 or \
+             1,3,5-7, optionally with %N to run at most N at once (0-99%4)"
+        )
+    };
+    let (body, limit) = match text.split_once('%') {
+        Some((body, limit)) => {
+            let limit: u32 = limit
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("`%{limit}` is not a whole number")))?;
+            if limit == 0 {
+                return Err(bad("the %N limit must be at least 1".into()));
+            }
+            (body, Some(limit))
+        }
+        None => (text, None),
+    };
+    let index = |word: &str| -> Result<u32, String> {
+        word.trim()
+            .parse()
+            .map_err(|_| bad(format!("`{}` is not an index", word.trim())))
+    };
+    // Ranges are counted before they are expanded, so `0-4000000000` fails fast and small.
+    let mut ranges = Vec::new();
+    let mut count: u64 = 0;
+    for part in body.split(',') {
+        if part.trim().is_empty() {
+            return Err(bad("an empty entry".into()));
+        }
+        let (first, last) = match part.split_once('-') {
+            Some((first, last)) => (index(first)?, index(last)?),
+            None => {
+                let one = index(part)?;
+                (one, one)
+            }
+        };
+        if first > last {
+            return Err(bad(format!("the range {first}-{last} runs backwards")));
+        }
+        count += u64::from(last - first) + 1;
+        if count > MAX_ARRAY_TASKS {
+            return Err(bad(format!("more than {MAX_ARRAY_TASKS} tasks")));
+        }
+        ranges.push((first, last));
+    }
+    let mut indices: Vec<u32> = ranges.into_iter().flat_map(|(a, b)| a..=b).collect();
+    indices.sort_unstable();
+    if let Some(pair) = indices.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(bad(format!("index {} is given twice", pair[0])));
+    }
+    Ok(ArraySpec {
+        indices,
+        max_running: limit,
+    })
+}
+
+/// `NODE:IDX`: one GPU of one node (`node001:3`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGpu {
+    pub node: String,
+    pub index: u32,
+}
+
+impl fmt::Display for NodeGpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.node, self.index)
+    }
+}
+
+pub fn node_gpu(text: &str) -> Result<NodeGpu, String> {
+    let Some((node, index)) = text.trim().rsplit_once(':') else {
+        return Err(format!(
+            "`{text}` does not name a GPU: use NODE:INDEX, like node001:3"
+        ));
+    };
+    validate_node_name(node).map_err(|e| e.to_string())?;
+    let index: u32 = index.parse().map_err(|_| {
+        format!("`{text}`: `{index}` is not a GPU index (NODE:INDEX, like node001:3)")
+    })?;
+    if index >= GpuAmount::MAX_GPUS {
+        return Err(format!("`{text}`: GPU {index} is beyond any node"));
+    }
+    Ok(NodeGpu {
+        node: node.to_owned(),
+        index,
+    })
+}
+
+/// A node name as typed, checked against the rules node agents follow.
+pub fn node_name(text: &str) -> Result<String, String> {
+    validate_node_name(text.trim()).map_err(|e| e.to_string())?;
+    Ok(text.trim().to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn array_specs_take_ranges_lists_and_limits() {
+        let spec = |t: &str| array_spec(t).ok();
+        assert_eq!(
+            spec("0-3"),
+            Some(ArraySpec {
+                indices: vec![0, 1, 2, 3],
+                max_running: None
+            })
+        );
+        assert_eq!(
+            spec("1,3,5-7").map(|s| s.indices),
+            Some(vec![1, 3, 5, 6, 7])
+        );
+        assert_eq!(
+            spec("7,0-1").map(|s| s.indices),
+            Some(vec![0, 1, 7]),
+            "indices come out in order"
+        );
+        let limited = spec("0-99%4");
+        assert_eq!(limited.as_ref().map(|s| s.indices.len()), Some(100));
+        assert_eq!(limited.and_then(|s| s.max_running), Some(4));
+        assert_eq!(spec("5").map(|s| s.indices), Some(vec![5]));
+        assert_eq!(
+            spec("0-9999").map(|s| s.indices.len()),
+            Some(10_000),
+            "exactly the limit is fine"
+        );
+    }
+
+    #[test]
+    fn bad_array_specs_say_why() {
+        for (bad, why) in [
+            ("", "empty entry"),
+            ("3-1", "runs backwards"),
+            ("0-10000", "more than 10000"),
+            ("0-4000000000", "more than 10000"),
+            ("1,1", "given twice"),
+            ("0-3,2", "given twice"),
+            ("0-9%0", "at least 1"),
+            ("0-9%x", "not a whole number"),
+            ("a", "not an index"),
+            ("1,,2", "empty entry"),
+            ("-1", "not an index"),
+        ] {
+            let err = array_spec(bad).err().unwrap_or_default();
+            assert!(err.contains(why), "`{bad}`: {err}");
+        }
+    }
+
+    #[test]
+    fn node_gpus_are_node_colon_index() {
+        assert_eq!(
+            node_gpu("node001:3").ok(),
+            Some(NodeGpu {
+                node: "node001".into(),
+                index: 3
+            })
+        );
+        assert_eq!(
+            node_gpu("gpu-box_2:0").map(|g| g.to_string()).ok(),
+            Some("gpu-box_2:0".into())
+        );
+        for bad in [
+            "node001",
+            "node001:",
+            ":3",
+            "node.1:3",
+            "node001:x",
+            "node001:-1",
+            "n:5000",
+        ] {
+            assert!(node_gpu(bad).is_err(), "`{bad}` accepted");
+        }
+        assert!(node_name("node001").is_ok());
+        assert!(node_name("node*").is_err());
+    }
 
     fn ids(text: &str) -> Option<Vec<u32>> {
         gpu_ids(text).ok().map(|ids| ids.0)

@@ -2,7 +2,9 @@
 
 use anyhow::{Result, anyhow};
 use async_nats::jetstream;
-use mgpu_shared::connect::{ConnectTarget, connect};
+use async_nats::{ConnectOptions, Event, ServerError};
+use mgpu_shared::connect::{ConnectTarget, connect_with};
+use tokio::sync::mpsc;
 
 use crate::cli::GlobalArgs;
 use crate::errors::plain;
@@ -18,6 +20,35 @@ pub struct Session {
 impl Session {
     /// Connects with the credentials from `--creds` / `MGPU_CREDS`.
     pub async fn connect(global: &GlobalArgs) -> Result<Session> {
+        Session::connect_with(global, ConnectOptions::new()).await
+    }
+
+    /// Connects like [`Session::connect`], and reports the server's permission refusals.
+    ///
+    /// A publish the server's permissions forbid is dropped with an `-ERR` on the connection,
+    /// and no JetStream acknowledgement ever comes; the refusal text (`Permissions Violation
+    /// for Publish to "admin.requests"`) arrives on the returned channel, long before the
+    /// acknowledgement would time out.
+    pub async fn connect_watching_permissions(
+        global: &GlobalArgs,
+    ) -> Result<(Session, mpsc::UnboundedReceiver<String>)> {
+        let (sender, refusals) = mpsc::unbounded_channel();
+        let options = ConnectOptions::new().event_callback(move |event| {
+            let sender = sender.clone();
+            async move {
+                if let Event::ServerError(ServerError::Other(text)) = event
+                    && text.contains("Permissions Violation")
+                {
+                    // Nobody listening any more means the command is over.
+                    let _ = sender.send(text);
+                }
+            }
+        });
+        let session = Session::connect_with(global, options).await?;
+        Ok((session, refusals))
+    }
+
+    async fn connect_with(global: &GlobalArgs, options: ConnectOptions) -> Result<Session> {
         let creds = global.creds.clone().ok_or_else(|| {
             anyhow!(
                 "no credentials: pass --creds FILE or set MGPU_CREDS \
@@ -31,7 +62,7 @@ impl Session {
         };
         // The shared error is already one sentence a person can act on; adding context would
         // only repeat the server address.
-        let client = connect(&target, &format!("mgpu {user}"))
+        let client = connect_with(&target, &format!("mgpu {user}"), options)
             .await
             .map_err(plain)?;
         let js = jetstream::new(client.clone());

@@ -225,7 +225,8 @@ fn list(dir: &Path, args: &ListArgs) -> Result<()> {
 
 async fn setup(global: &GlobalArgs) -> Result<()> {
     let session = Session::connect(global).await?;
-    streams::ensure(&session.js, &StreamSettings::default())
+    let settings = StreamSettings::default();
+    streams::ensure(&session.js, &settings)
         .await
         .map_err(plain)
         .map_err(|err| anyhow!("{err:#} (are these admin credentials?)"))?;

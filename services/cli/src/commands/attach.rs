@@ -262,7 +262,10 @@ impl Watcher {
                 }
                 None
             }
-            JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
+            JobState::Succeeded(end)
+            | JobState::Failed(end)
+            | JobState::Cancelled(end)
+            | JobState::TimedOut(end) => {
                 if end.started_at.is_none() && end.placement.is_none() {
                     // It never ran, so no output will come.
                     return Some(self.final_status(status));
@@ -281,7 +284,7 @@ impl Watcher {
         let ending = record.state.ending();
         let reason = ending.and_then(|e| e.reason.clone());
         let never_ran = ending.is_some_and(|e| e.started_at.is_none());
-        let state = record.state.name();
+        let state = human::state_words(&record.state);
         let what = match (&record.state, never_ran) {
             (JobState::Succeeded(_), _) => None,
             (_, true) => Some(format!("{state} before it started")),

@@ -13,10 +13,10 @@ use mgpu_shared::{records, subjects};
 
 use crate::cli::GlobalArgs;
 use crate::commands::println;
-use crate::commands::submit::publish_error;
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
+use crate::publish::publish_error;
 use crate::session::Session;
 
 /// How long to watch a cancelled job stop before leaving it to finish on its own.
@@ -72,7 +72,7 @@ async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
         bail!(
             "job {} already finished ({})",
             id.short(),
-            record.state.name()
+            human::state_words(&record.state)
         );
     }
 

@@ -4,7 +4,9 @@
 pub mod admin;
 pub mod attach;
 pub mod cancel;
+pub mod hold;
 pub mod logs;
+pub mod node_admin;
 pub mod nodes;
 pub mod queue;
 pub mod show;
@@ -23,9 +25,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Submit(args) => submit::run(&cli.global, args).await,
         Command::Queue(args) => queue::run(&cli.global, args).await,
         Command::Cancel(args) => cancel::run(&cli.global, args).await,
+        Command::Hold(args) => hold::run(&cli.global, args, hold::Action::Hold).await,
+        Command::Release(args) => hold::run(&cli.global, args, hold::Action::Release).await,
         Command::Logs(args) => logs::run(&cli.global, args).await,
         Command::Show(args) => show::run(&cli.global, args).await,
         Command::Nodes(args) => nodes::run(&cli.global, args).await,
+        Command::Node(args) => node_admin::run_node(&cli.global, args).await,
+        Command::Gpu(args) => node_admin::run_gpu(&cli.global, args).await,
         Command::Admin(args) => admin::run(&cli.global, args).await,
     }
 }

@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use mgpu_shared::Timestamp;
-use mgpu_shared::node::NodeHeartbeat;
+use mgpu_shared::node::{AdminMark, NodeAdmin, NodeHeartbeat};
 use mgpu_shared::records;
 
 use crate::cli::GlobalArgs;
-use crate::commands::queue::{liveness_name, source_name};
+use crate::commands::queue::{Cluster, liveness_name, source_name};
 use crate::commands::{print, print_json, println};
 use crate::errors::plain;
 use crate::human;
@@ -18,7 +18,8 @@ use crate::tables::Table;
 
 #[derive(Debug, Args)]
 pub struct NodesArgs {
-    /// Print an array of heartbeats (plus `state` and `last_heartbeat_age_ms`) for scripts.
+    /// Print an array of heartbeats (plus `state`, `last_heartbeat_age_ms` and `admin`, the
+    /// drained mark and paused GPUs) for scripts.
     #[arg(long)]
     pub json: bool,
 }
@@ -26,11 +27,13 @@ pub struct NodesArgs {
 pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
     let session = Session::connect(global).await?;
     let nodes = records::list_nodes(&session.js).await.map_err(plain)?;
+    let admin = Cluster::read(&session.js).await?.admin;
     let now = mgpu_shared::now();
+    let admin_of = |node: &NodeHeartbeat| admin.get(&node.node).cloned().unwrap_or_default();
     if args.json {
         let values = nodes
             .iter()
-            .map(|node| json_value(node, now))
+            .map(|node| json_value(node, &admin_of(node), now))
             .collect::<Result<Vec<_>>>()?;
         print_json(&values)?;
         return Ok(ExitCode::SUCCESS);
@@ -39,24 +42,40 @@ pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
         println("No nodes have reported yet: start mgpu-node on a GPU host.")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let blocks: Vec<String> = nodes.iter().map(|node| render(node, now)).collect();
+    let blocks: Vec<String> = nodes
+        .iter()
+        .map(|node| render(node, &admin_of(node), now))
+        .collect();
     print(&blocks.join("\n"))?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// The heartbeat as sent, with what the reader would otherwise compute.
-fn json_value(node: &NodeHeartbeat, now: Timestamp) -> Result<serde_json::Value> {
+fn json_value(
+    node: &NodeHeartbeat,
+    admin: &NodeAdmin,
+    now: Timestamp,
+) -> Result<serde_json::Value> {
     let mut value = serde_json::to_value(node)?;
     if let Some(object) = value.as_object_mut() {
         object.insert("state".into(), serde_json::to_value(node.liveness(now))?);
         let age_ms = (now - node.sent_at).num_milliseconds().max(0);
         object.insert("last_heartbeat_age_ms".into(), age_ms.into());
+        object.insert("admin".into(), serde_json::to_value(admin)?);
     }
     Ok(value)
 }
 
+/// `root: fan noise`, or just `root`.
+fn mark_text(mark: &AdminMark) -> String {
+    match &mark.reason {
+        Some(reason) => format!("{}: {}", mark.by, reason.replace(['\n', '\r'], " ")),
+        None => mark.by.clone(),
+    }
+}
+
 /// One node: a summary line, its details, then a table of its GPUs.
-fn render(node: &NodeHeartbeat, now: Timestamp) -> String {
+fn render(node: &NodeHeartbeat, admin: &NodeAdmin, now: Timestamp) -> String {
     let source = source_name(node.gpu_source);
     let mut text = format!(
         "{}  {}  last heartbeat {}  gpus {}\n",
@@ -67,6 +86,13 @@ fn render(node: &NodeHeartbeat, now: Timestamp) -> String {
     );
     if let Some(note) = &node.gpu_note {
         text.push_str(&format!("  note: {}\n", note.replace(['\n', '\r'], " ")));
+    }
+    if let Some(mark) = &admin.drained {
+        let running = match node.running.len() {
+            0 => String::new(),
+            n => format!("; its {n} running job(s) finish first"),
+        };
+        text.push_str(&format!("  drained by {}{running}\n", mark_text(mark)));
     }
     text.push_str(&format!(
         "  address {}  runs jobs as {}  agent {}\n",
@@ -90,8 +116,22 @@ fn render(node: &NodeHeartbeat, now: Timestamp) -> String {
         mgpu_shared::node::GpuSource::Nvml => "detected",
         mgpu_shared::node::GpuSource::Declared => "declared",
     };
-    let mut table = Table::new(["GPU", "NAME", "MEM (MiB)", "UTIL", "FOREIGN", "SOURCE"]).indent(2);
+    let mut table = Table::new([
+        "GPU",
+        "NAME",
+        "MEM (MiB)",
+        "UTIL",
+        "FOREIGN",
+        "SOURCE",
+        "ADMIN",
+    ])
+    .indent(2);
     for gpu in &node.gpus {
+        let paused = admin
+            .paused_gpus
+            .get(&gpu.index)
+            .map(|mark| format!("paused by {}", mark_text(mark)))
+            .unwrap_or_default();
         table.row(vec![
             gpu.index.to_string(),
             gpu.name.clone(),
@@ -99,6 +139,7 @@ fn render(node: &NodeHeartbeat, now: Timestamp) -> String {
             format!("{}%", gpu.utilization_pct),
             gpu.foreign_processes.len().to_string(),
             origin.to_owned(),
+            paused,
         ]);
     }
     text.push_str(&table.render());
@@ -108,7 +149,7 @@ fn render(node: &NodeHeartbeat, now: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::node::{ForeignProcess, GpuSource, GpuStatus};
+    use mgpu_shared::node::{DEFAULT_THRESHOLD, ForeignProcess, GpuSource, GpuStatus};
 
     #[test]
     fn a_node_block_lists_its_gpus() {
@@ -135,8 +176,10 @@ mod tests {
             address: "10.0.0.1".into(),
             runs_jobs_as: "mgpu".into(),
             agent_version: "0.1.0".into(),
+            mem_threshold: DEFAULT_THRESHOLD,
+            load_threshold: DEFAULT_THRESHOLD,
         };
-        let text = render(&node, now);
+        let text = render(&node, &NodeAdmin::default(), now);
         assert!(
             text.starts_with("node001  online  last heartbeat 1.2s ago  gpus declared\n"),
             "{text}"
@@ -146,8 +189,29 @@ mod tests {
             text.contains("  0    Fake 24GiB  100/24576  7%    1        declared\n"),
             "{text}"
         );
-        let json = json_value(&node, now).unwrap_or_default();
+        assert!(!text.contains("drained"), "{text}");
+        let json = json_value(&node, &NodeAdmin::default(), now).unwrap_or_default();
         assert_eq!(json["state"], "online");
         assert_eq!(json["last_heartbeat_age_ms"], 1_200);
+        assert_eq!(json["admin"]["paused_gpus"], serde_json::json!({}));
+
+        let mark = AdminMark {
+            by: "root".into(),
+            at: now,
+            reason: Some("fan noise".into()),
+        };
+        let admin = NodeAdmin {
+            drained: Some(mark.clone()),
+            paused_gpus: [(0, mark)].into(),
+        };
+        let text = render(&node, &admin, now);
+        assert!(text.contains("\n  drained by root: fan noise\n"), "{text}");
+        assert!(
+            text.contains("declared  paused by root: fan noise\n"),
+            "{text}"
+        );
+        let json = json_value(&node, &admin, now).unwrap_or_default();
+        assert_eq!(json["admin"]["drained"]["by"], "root");
+        assert_eq!(json["admin"]["paused_gpus"]["0"]["reason"], "fan noise");
     }
 }

@@ -2,15 +2,19 @@
 //! scheduler is down).
 
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::ExitCode;
 
 use anyhow::Result;
+use async_nats::jetstream;
 use clap::Args;
 use mgpu_shared::Timestamp;
 use mgpu_shared::duration::format_duration;
-use mgpu_shared::job::{JobRecord, JobState};
-use mgpu_shared::node::{GpuSource, NodeHeartbeat, NodeLiveness};
+use mgpu_shared::error::StateError;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{JobRecord, JobState, JobSummary};
+use mgpu_shared::node::{GpuSource, NodeAdmin, NodeHeartbeat, NodeLiveness};
+use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
 use mgpu_shared::records;
 use serde::Serialize;
 use serde_json::json;
@@ -33,22 +37,102 @@ pub struct QueueArgs {
     pub json: bool,
 }
 
+/// What the scheduler keeps in the cluster bucket, read once per command: the policy and
+/// usage that effective priorities are computed from, and drained nodes and paused GPUs.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    pub policy: Policy,
+    pub usage: UsageBook,
+    pub admin: BTreeMap<String, NodeAdmin>,
+}
+
+impl Cluster {
+    /// A server set up before the cluster bucket existed has none of it yet: defaults apply
+    /// (no node drained, nobody's usage counted), as the scheduler would assume.
+    pub async fn read(js: &jetstream::Context) -> Result<Cluster> {
+        fn missing_is_default<T: Default>(read: Result<T, StateError>) -> Result<T> {
+            match read {
+                Ok(value) => Ok(value),
+                Err(StateError::NotSetUp) => Ok(T::default()),
+                Err(err) => Err(plain(err)),
+            }
+        }
+        Ok(Cluster {
+            policy: missing_is_default(records::policy(js).await)?,
+            usage: missing_is_default(records::usage(js).await)?,
+            admin: missing_is_default(records::node_admin(js).await)?,
+        })
+    }
+
+    /// The effective priority of every queued job: the order the scheduler considers them in.
+    pub fn effective_priorities(&self, jobs: &[JobRecord], now: Timestamp) -> HashMap<JobId, i64> {
+        jobs.iter()
+            .filter(|job| matches!(job.state, JobState::Queued(_)))
+            .map(|job| {
+                let used = self
+                    .usage
+                    .gpu_hours(&job.user, now, self.policy.half_life_secs);
+                let value =
+                    effective_priority(job.spec.priority, queued_at(job), used, &self.policy, now);
+                (job.id.clone(), value)
+            })
+            .collect()
+    }
+}
+
+/// When a queued job (re-)entered the queue: a requeued job waits from its requeue.
+pub fn queued_at(job: &JobRecord) -> Timestamp {
+    match &job.state {
+        JobState::Queued(waiting) => waiting.enqueued_at.unwrap_or(job.submitted_at),
+        _ => job.submitted_at,
+    }
+}
+
+/// One job as `--json` prints it: the shared summary plus what only the queue knows.
+#[derive(Debug, Serialize)]
+struct QueueJob {
+    #[serde(flatten)]
+    summary: JobSummary,
+    /// Null unless queued.
+    effective_priority: Option<i64>,
+    held_by: Option<String>,
+}
+
+fn held_by(job: &JobRecord) -> Option<&str> {
+    match &job.state {
+        JobState::Queued(waiting) => waiting.held_by.as_deref(),
+        _ => None,
+    }
+}
+
 pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
     let session = Session::connect(global).await?;
     let mut jobs = records::list_jobs(&session.js).await.map_err(plain)?;
     let nodes = records::list_nodes(&session.js).await.map_err(plain)?;
+    let cluster = Cluster::read(&session.js).await?;
     let now = mgpu_shared::now();
 
     // Node usage counts every running job, shown or not.
-    let node_rows: Vec<NodeRow> = nodes.iter().map(|n| node_row(n, &jobs, now)).collect();
+    let node_rows: Vec<NodeRow> = nodes
+        .iter()
+        .map(|n| node_row(n, &jobs, cluster.admin.get(&n.node), now))
+        .collect();
     if !args.all {
         jobs.retain(|job| !job.state.is_finished());
     }
-    sort_jobs(&mut jobs);
+    let priorities = cluster.effective_priorities(&jobs, now);
+    sort_jobs(&mut jobs, &priorities);
 
     if args.json {
-        let summaries: Vec<_> = jobs.iter().map(JobRecord::summary).collect();
-        print_json(&json!({ "jobs": summaries, "nodes": node_rows }))?;
+        let listed: Vec<QueueJob> = jobs
+            .iter()
+            .map(|job| QueueJob {
+                summary: job.summary(),
+                effective_priority: priorities.get(&job.id).copied(),
+                held_by: held_by(job).map(str::to_owned),
+            })
+            .collect();
+        print_json(&json!({ "jobs": listed, "nodes": node_rows }))?;
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -64,13 +148,14 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
             "USER",
             "NAME",
             "STATE",
+            "PRIO",
             "GPUS",
             "NODE:GPUS",
             "TIME",
             "REASON",
         ]);
         for job in &jobs {
-            table.row(job_cells(job, now));
+            table.row(job_cells(job, priorities.get(&job.id).copied(), now));
         }
         print(&table.render())?;
     }
@@ -80,10 +165,14 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
     } else {
         let mut table = Table::new(["NODE", "STATE", "GPUS", "MEM (MiB)", "SOURCE"]);
         for row in &node_rows {
+            let paused = match row.gpus_paused {
+                0 => String::new(),
+                n => format!(", {n} paused"),
+            };
             table.row(vec![
                 row.node.clone(),
-                liveness_name(row.state).to_owned(),
-                format!("{}/{} free", row.gpus_free, row.gpus_total),
+                node_state_name(row),
+                format!("{}/{} free{paused}", row.gpus_free, row.gpus_total),
                 human::mib_pair(row.mem_used_mib, row.mem_total_mib),
                 source_name(row.gpu_source).to_owned(),
             ]);
@@ -94,12 +183,12 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
 }
 
 /// Running first (longest running first), then queued in the order the scheduler considers
-/// them (higher priority, then earlier submission), then finished by end time.
-pub fn sort_jobs(jobs: &mut [JobRecord]) {
-    jobs.sort_by(compare_jobs);
+/// them (higher effective priority, then earlier queue time), then finished by end time.
+pub fn sort_jobs(jobs: &mut [JobRecord], priorities: &HashMap<JobId, i64>) {
+    jobs.sort_by(|a, b| compare_jobs(a, b, priorities));
 }
 
-fn compare_jobs(a: &JobRecord, b: &JobRecord) -> Ordering {
+fn compare_jobs(a: &JobRecord, b: &JobRecord, priorities: &HashMap<JobId, i64>) -> Ordering {
     fn group(job: &JobRecord) -> u8 {
         match job.state {
             JobState::Running(_) => 0,
@@ -114,11 +203,12 @@ fn compare_jobs(a: &JobRecord, b: &JobRecord) -> Ordering {
                 .started_at
                 .unwrap_or(x.assigned_at)
                 .cmp(&y.started_at.unwrap_or(y.assigned_at)),
-            (JobState::Queued(_), JobState::Queued(_)) => b
-                .spec
-                .priority
-                .cmp(&a.spec.priority)
-                .then(a.submitted_at.cmp(&b.submitted_at)),
+            (JobState::Queued(_), JobState::Queued(_)) => {
+                let effective = |job: &JobRecord| priorities.get(&job.id).copied();
+                effective(b)
+                    .cmp(&effective(a))
+                    .then(queued_at(a).cmp(&queued_at(b)))
+            }
             _ => {
                 let end = |job: &JobRecord| job.state.ending().map(|e| e.ended_at);
                 end(a).cmp(&end(b))
@@ -127,16 +217,23 @@ fn compare_jobs(a: &JobRecord, b: &JobRecord) -> Ordering {
         .then_with(|| a.id.cmp(&b.id))
 }
 
-fn job_cells(job: &JobRecord, now: Timestamp) -> Vec<String> {
+fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<String> {
     let placement = job
         .state
         .placement()
-        .map(|p| format!("{}:{}", p.node, human::index_list(&p.gpu_indices())))
+        .map(|p| match p.gpu_indices().as_slice() {
+            // A CPU-only job holds no GPU there.
+            [] => p.node.clone(),
+            gpus => format!("{}:{}", p.node, human::index_list(gpus)),
+        })
         .unwrap_or_else(|| "-".to_owned());
     let (time, reason) = match &job.state {
         JobState::Queued(waiting) => (
-            human::elapsed(job.submitted_at, now),
-            waiting.reason.describe().to_owned(),
+            human::elapsed(queued_at(job), now),
+            match &waiting.held_by {
+                Some(by) => format!("held by {by}"),
+                None => waiting.reason.describe().to_owned(),
+            },
         ),
         JobState::Running(run) => (
             run.started_at
@@ -144,11 +241,16 @@ fn job_cells(job: &JobRecord, now: Timestamp) -> Vec<String> {
                 .unwrap_or_default(),
             match (&run.cancel_requested_by, run.started_at) {
                 (Some(_), _) => "cancelling".to_owned(),
+                // Its time slice ended while others wait: it goes back to the queue.
+                (None, _) if run.preempt_requested => "time slice over: requeueing".to_owned(),
                 (None, None) => "starting".to_owned(),
                 (None, Some(_)) => String::new(),
             },
         ),
-        JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => (
+        JobState::Succeeded(end)
+        | JobState::Failed(end)
+        | JobState::Cancelled(end)
+        | JobState::TimedOut(end) => (
             end.started_at
                 .map(|s| human::elapsed(s, end.ended_at))
                 .unwrap_or_default(),
@@ -164,6 +266,9 @@ fn job_cells(job: &JobRecord, now: Timestamp) -> Vec<String> {
         job.user.clone(),
         job.spec.display_name(),
         job.state.name().to_owned(),
+        effective
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "-".to_owned()),
         job.spec.gpus.to_string(),
         placement,
         format_duration(time),
@@ -178,7 +283,13 @@ pub struct NodeRow {
     pub state: NodeLiveness,
     pub last_heartbeat: Timestamp,
     pub gpus_total: usize,
+    /// GPUs no running job holds and no admin paused.
     pub gpus_free: usize,
+    pub gpus_paused: usize,
+    /// Jobs running there (by the records and the node's own report).
+    pub jobs_running: usize,
+    /// Drained or not, paused GPUs: what `mgpu node` and `mgpu gpu` set.
+    pub admin: NodeAdmin,
     #[serde(skip)]
     pub mem_used_mib: u64,
     #[serde(skip)]
@@ -197,8 +308,20 @@ pub fn busy_gpus(node: &str, jobs: &[JobRecord]) -> BTreeSet<u32> {
         .collect()
 }
 
-pub fn node_row(beat: &NodeHeartbeat, jobs: &[JobRecord], now: Timestamp) -> NodeRow {
+pub fn node_row(
+    beat: &NodeHeartbeat,
+    jobs: &[JobRecord],
+    admin: Option<&NodeAdmin>,
+    now: Timestamp,
+) -> NodeRow {
     let busy = busy_gpus(&beat.node, jobs);
+    let admin = admin.cloned().unwrap_or_default();
+    let recorded = jobs
+        .iter()
+        .filter(
+            |job| matches!(&job.state, JobState::Running(run) if run.placement.node == beat.node),
+        )
+        .count();
     NodeRow {
         node: beat.node.clone(),
         state: beat.liveness(now),
@@ -207,11 +330,28 @@ pub fn node_row(beat: &NodeHeartbeat, jobs: &[JobRecord], now: Timestamp) -> Nod
         gpus_free: beat
             .gpus
             .iter()
-            .filter(|g| !busy.contains(&g.index))
+            .filter(|g| !busy.contains(&g.index) && !admin.paused_gpus.contains_key(&g.index))
             .count(),
+        gpus_paused: beat
+            .gpus
+            .iter()
+            .filter(|g| admin.paused_gpus.contains_key(&g.index))
+            .count(),
+        jobs_running: recorded.max(beat.running.len()),
+        admin,
         mem_used_mib: beat.gpus.iter().map(|g| g.memory_used_mib).sum(),
         mem_total_mib: beat.gpus.iter().map(|g| g.memory_total_mib).sum(),
         gpu_source: beat.gpu_source,
+    }
+}
+
+/// `online`, `offline`, or for a drained node `draining` (jobs still run there) or `drained`.
+pub fn node_state_name(row: &NodeRow) -> String {
+    match (row.state, row.admin.drained.is_some()) {
+        (NodeLiveness::Offline, true) => "offline, drained".to_owned(),
+        (NodeLiveness::Online, true) if row.jobs_running > 0 => "draining".to_owned(),
+        (NodeLiveness::Online, true) => "drained".to_owned(),
+        (state, false) => liveness_name(state).to_owned(),
     }
 }
 
@@ -236,7 +376,7 @@ mod tests {
     use mgpu_shared::gpu_amount::GpuAmount;
     use mgpu_shared::ids::JobId;
     use mgpu_shared::job::{Ending, GpuShare, JobSpec, Placement, Run, WaitReason, Waiting};
-    use mgpu_shared::node::GpuStatus;
+    use mgpu_shared::node::{AdminMark, DEFAULT_THRESHOLD, GpuStatus};
 
     fn job(name: &str, state: JobState, priority: i32, submitted_secs_ago: i64) -> JobRecord {
         let mut spec = JobSpec::new(vec![name.to_owned()], "/tmp");
@@ -252,9 +392,7 @@ mod tests {
     }
 
     fn queued() -> JobState {
-        JobState::Queued(Waiting {
-            reason: WaitReason::Resources,
-        })
+        JobState::Queued(Waiting::new(WaitReason::Resources))
     }
 
     fn placement(node: &str, gpus: &[(u32, GpuAmount)]) -> Placement {
@@ -278,6 +416,7 @@ mod tests {
             started_at: Some(mgpu_shared::now()),
             pid: Some(1),
             cancel_requested_by: None,
+            preempt_requested: false,
         })
     }
 
@@ -302,7 +441,9 @@ mod tests {
             job("low-new", queued(), 0, 5),
             job("run", running("n1", &[(0, GpuAmount::ONE)]), -3, 200),
         ];
-        sort_jobs(&mut jobs);
+        let now = mgpu_shared::now();
+        let priorities = Cluster::default().effective_priorities(&jobs, now);
+        sort_jobs(&mut jobs, &priorities);
         let names: Vec<String> = jobs.iter().map(|j| j.spec.display_name()).collect();
         assert_eq!(
             names,
@@ -315,6 +456,30 @@ mod tests {
                 "done-late"
             ]
         );
+    }
+
+    #[test]
+    fn fair_share_and_requeues_reorder_equal_priorities() {
+        let now = mgpu_shared::now();
+        let mut heavy = job("heavy", queued(), 0, 3_600);
+        heavy.user = "bob".into();
+        let light = job("light", queued(), 0, 60);
+        // Requeued a minute ago after waiting two hours: its wait counts from the requeue.
+        let mut requeued = job("requeued", queued(), 0, 7_200);
+        if let JobState::Queued(waiting) = &mut requeued.state {
+            waiting.enqueued_at = Some(now - Duration::seconds(30));
+        }
+        let mut cluster = Cluster::default();
+        let half_life = cluster.policy.half_life_secs;
+        cluster.usage.add("bob", 36_000.0, now, half_life);
+        let mut jobs = vec![heavy, requeued, light];
+        let priorities = cluster.effective_priorities(&jobs, now);
+        sort_jobs(&mut jobs, &priorities);
+        let names: Vec<String> = jobs.iter().map(|j| j.spec.display_name()).collect();
+        assert_eq!(names, ["light", "requeued", "heavy"]);
+        let heavy_priority = priorities.get(&jobs[2].id).copied().unwrap_or_default();
+        // 10 GPU-hours × 100 points taken, one hour × 100 points given.
+        assert_eq!(heavy_priority, -900);
     }
 
     fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
@@ -339,6 +504,8 @@ mod tests {
             address: "127.0.0.1".into(),
             runs_jobs_as: "mgpu".into(),
             agent_version: "0".into(),
+            mem_threshold: DEFAULT_THRESHOLD,
+            load_threshold: DEFAULT_THRESHOLD,
         }
     }
 
@@ -358,11 +525,36 @@ mod tests {
             job("d", queued(), 0, 1),
             job("e", finished(1), 0, 1),
         ];
-        let row = node_row(&heartbeat("n1", 4), &jobs, mgpu_shared::now());
+        let row = node_row(&heartbeat("n1", 4), &jobs, None, mgpu_shared::now());
         assert_eq!((row.gpus_free, row.gpus_total), (1, 4));
         assert_eq!((row.mem_used_mib, row.mem_total_mib), (600, 4_000));
         assert_eq!(row.state, NodeLiveness::Online);
+        assert_eq!(row.jobs_running, 2);
         assert_eq!(busy_gpus("n1", &jobs), BTreeSet::from([0, 2, 3]));
+    }
+
+    #[test]
+    fn drained_nodes_and_paused_gpus_show() {
+        let mark = AdminMark {
+            by: "root".into(),
+            at: mgpu_shared::now(),
+            reason: None,
+        };
+        let mut admin = NodeAdmin::default();
+        admin.paused_gpus.insert(1, mark.clone());
+        let now = mgpu_shared::now();
+        let row = node_row(&heartbeat("n1", 4), &[], Some(&admin), now);
+        assert_eq!((row.gpus_free, row.gpus_paused), (3, 1));
+        assert_eq!(node_state_name(&row), "online");
+        admin.drained = Some(mark);
+        let idle = node_row(&heartbeat("n1", 4), &[], Some(&admin), now);
+        assert_eq!(node_state_name(&idle), "drained");
+        let busy = vec![job("a", running("n1", &[(0, GpuAmount::ONE)]), 0, 1)];
+        let draining = node_row(&heartbeat("n1", 4), &busy, Some(&admin), now);
+        assert_eq!(node_state_name(&draining), "draining");
+        let json = serde_json::to_value(&draining).unwrap_or_default();
+        assert_eq!(json["admin"]["drained"]["by"], "root");
+        assert_eq!(json["gpus_paused"], 1);
     }
 
     #[test]
@@ -370,7 +562,7 @@ mod tests {
         let mut beat = heartbeat("n1", 1);
         beat.sent_at = mgpu_shared::now() - Duration::seconds(60);
         assert_eq!(
-            node_row(&beat, &[], mgpu_shared::now()).state,
+            node_row(&beat, &[], None, mgpu_shared::now()).state,
             NodeLiveness::Offline
         );
     }
@@ -378,19 +570,27 @@ mod tests {
     #[test]
     fn rows_show_placement_and_reason() {
         let queued_job = job("train", queued(), 0, 90);
-        let cells = job_cells(&queued_job, mgpu_shared::now());
-        assert_eq!(cells[5], "-");
-        assert_eq!(cells[6], "1m30s");
-        assert_eq!(cells[7], "waiting for GPUs to become free");
+        let cells = job_cells(&queued_job, Some(2), mgpu_shared::now());
+        assert_eq!(cells[4], "2");
+        assert_eq!(cells[6], "-");
+        assert_eq!(cells[7], "1m30s");
+        assert_eq!(cells[8], "waiting for GPUs to become free");
+        let mut held = job("train", queued(), 0, 1);
+        if let JobState::Queued(waiting) = &mut held.state {
+            waiting.reason = WaitReason::Held;
+            waiting.held_by = Some("bob".into());
+        }
+        assert_eq!(
+            job_cells(&held, Some(0), mgpu_shared::now())[8],
+            "held by bob"
+        );
         let running_job = job(
             "train",
             running("node001", &[(0, GpuAmount::ONE), (1, GpuAmount::ONE)]),
             0,
             1,
         );
-        assert_eq!(
-            job_cells(&running_job, mgpu_shared::now())[5],
-            "node001:0,1"
-        );
+        let cells = job_cells(&running_job, None, mgpu_shared::now());
+        assert_eq!((cells[4].as_str(), cells[6].as_str()), ("-", "node001:0,1"));
     }
 }

@@ -7,7 +7,8 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use mgpu_shared::Timestamp;
 use mgpu_shared::duration::format_duration;
-use mgpu_shared::job::{JobRecord, JobState};
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{JobRecord, JobState, OnTimeout};
 use mgpu_shared::records;
 
 use crate::cli::GlobalArgs;
@@ -64,6 +65,12 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
     if let Some(ids) = &spec.gpu_ids {
         lines.push(("gpu ids pinned", human::index_list(ids)));
     }
+    if let Some(ids) = &spec.allowed_gpus {
+        lines.push(("allowed gpus", human::index_list(ids)));
+    }
+    if let Some(profile) = &spec.profile {
+        lines.push(("profile", profile.clone()));
+    }
     if let Some(mem) = spec.mem_mib {
         lines.push(("mem", format!("{mem} MiB per GPU")));
     }
@@ -74,8 +81,35 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
             .map(format_duration)
             .unwrap_or_else(|| "none".to_owned()),
     ));
+    lines.push((
+        "on timeout",
+        match spec.on_timeout {
+            OnTimeout::Requeue => "requeue (back to the end of the queue when others wait)",
+            OnTimeout::Fail => "fail (ends as timed_out)",
+        }
+        .to_owned(),
+    ));
     if let Some(setup) = &spec.env_setup_cmd {
         lines.push(("env setup", setup.clone()));
+    }
+    if let Some(env) = &spec.conda_env {
+        lines.push(("conda env", env.clone()));
+    }
+    if !spec.after.is_empty() {
+        lines.push(("after", id_list(&spec.after)));
+    }
+    if !spec.after_any.is_empty() {
+        lines.push(("after any", id_list(&spec.after_any)));
+    }
+    if let Some(member) = &spec.array {
+        lines.push(("array", member.array_id.to_string()));
+        lines.push(("array index", member.index.to_string()));
+        if let Some(limit) = member.max_running {
+            lines.push(("array limit", format!("{limit} at once")));
+        }
+    }
+    if spec.dedup {
+        lines.push(("dedup", "yes".to_owned()));
     }
     if spec.interactive {
         lines.push(("interactive", "yes".to_owned()));
@@ -100,11 +134,15 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
     lines.push(("submitted", human::time_with_age(record.submitted_at, now)));
     match &record.state {
         JobState::Queued(waiting) => {
-            lines.push((
-                "waiting",
-                format_duration(human::elapsed(record.submitted_at, now)),
-            ));
+            let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
+            if waiting.enqueued_at.is_some() {
+                lines.push(("enqueued", human::time_with_age(queued_at, now)));
+            }
+            lines.push(("waiting", format_duration(human::elapsed(queued_at, now))));
             lines.push(("reason", waiting.reason.describe().to_owned()));
+            if let Some(by) = &waiting.held_by {
+                lines.push(("held by", by.clone()));
+            }
         }
         JobState::Running(run) => {
             lines.push(("assigned", human::time_with_age(run.assigned_at, now)));
@@ -119,7 +157,10 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
                 lines.push(("cancel requested by", by.clone()));
             }
         }
-        JobState::Succeeded(end) | JobState::Failed(end) | JobState::Cancelled(end) => {
+        JobState::Succeeded(end)
+        | JobState::Failed(end)
+        | JobState::Cancelled(end)
+        | JobState::TimedOut(end) => {
             if let Some(started) = end.started_at {
                 lines.push(("started", human::time_with_age(started, now)));
             }
@@ -146,6 +187,14 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
         .collect()
 }
 
+/// Job ids in full: they are what `mgpu show` and `mgpu cancel` take.
+fn id_list(ids: &[JobId]) -> String {
+    ids.iter()
+        .map(JobId::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Values from users and nodes may hold newlines; each key keeps one line.
 fn one_line(text: &str) -> String {
     text.chars()
@@ -156,8 +205,7 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::ids::JobId;
-    use mgpu_shared::job::{JobSpec, WaitReason, Waiting};
+    use mgpu_shared::job::{ArrayMember, Ending, JobSpec, WaitReason, Waiting};
 
     #[test]
     fn a_queued_job_shows_its_reason_aligned() {
@@ -168,9 +216,7 @@ mod tests {
             spec: JobSpec::new(vec!["python".into(), "train.py".into()], "/tmp"),
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 1,
-            state: JobState::Queued(Waiting {
-                reason: WaitReason::Resources,
-            }),
+            state: JobState::Queued(Waiting::new(WaitReason::Resources)),
         };
         let text = render(&record, now);
         assert!(text.contains("\nstate:          queued\n"), "{text}");
@@ -180,5 +226,81 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("exit code"));
+        assert!(!text.contains("held by"));
+    }
+
+    #[test]
+    fn new_fields_show_when_set() {
+        let now = mgpu_shared::now();
+        let dependency = JobId::random();
+        let array_id = JobId::random();
+        let mut spec = JobSpec::new(vec!["python a.py --cuda {gpus}".into()], "/tmp");
+        spec.after = vec![dependency.clone()];
+        spec.array = Some(ArrayMember {
+            array_id: array_id.clone(),
+            index: 7,
+            max_running: Some(4),
+        });
+        spec.on_timeout = OnTimeout::Fail;
+        spec.conda_env = Some("pytorch_env".into());
+        spec.profile = Some("qwen2.5-7b-inst".into());
+        spec.allowed_gpus = Some(vec![4, 5]);
+        let mut waiting = Waiting::new(WaitReason::Held);
+        waiting.held_by = Some("bob".into());
+        waiting.enqueued_at = Some(now - chrono::Duration::seconds(5));
+        let record = JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec,
+            submitted_at: now - chrono::Duration::seconds(75),
+            attempt: 2,
+            state: JobState::Queued(waiting),
+        };
+        let text = render(&record, now);
+        for expected in [
+            format!("after:          {dependency}\n"),
+            format!("array:          {array_id}\n"),
+            "array index:    7\n".to_owned(),
+            "array limit:    4 at once\n".to_owned(),
+            "on timeout:     fail (ends as timed_out)\n".to_owned(),
+            "conda env:      pytorch_env\n".to_owned(),
+            "profile:        qwen2.5-7b-inst\n".to_owned(),
+            "allowed gpus:   4,5\n".to_owned(),
+            "held by:        bob\n".to_owned(),
+            "waiting:        5s\n".to_owned(),
+            "name:           python[7]\n".to_owned(),
+        ] {
+            assert!(
+                text.contains(&expected),
+                "{expected:?} missing from\n{text}"
+            );
+        }
+        assert!(text.contains("\nenqueued:"), "{text}");
+    }
+
+    #[test]
+    fn a_timed_out_job_shows_why() {
+        let now = mgpu_shared::now();
+        let record = JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec: JobSpec::new(vec!["sleep 99".into()], "/tmp"),
+            submitted_at: now - chrono::Duration::seconds(75),
+            attempt: 1,
+            state: JobState::TimedOut(Ending {
+                placement: None,
+                started_at: Some(now - chrono::Duration::seconds(70)),
+                ended_at: now,
+                exit_code: Some(143),
+                signal: Some(15),
+                reason: Some("time limit of 1m reached".into()),
+            }),
+        };
+        let text = render(&record, now);
+        assert!(text.contains("\nstate:          timed_out\n"), "{text}");
+        assert!(
+            text.contains("\nreason:         time limit of 1m reached\n"),
+            "{text}"
+        );
     }
 }

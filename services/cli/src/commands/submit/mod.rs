@@ -1,4 +1,9 @@
-//! `mgpu submit`: send a job to the scheduler through JetStream, then (with `-i`) follow it.
+//! `mgpu submit`: send a job (or a job array, or a job file's jobs) to the scheduler through
+//! JetStream, then (with `-i`) follow it.
+
+mod array;
+mod dedup;
+mod file;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -6,28 +11,28 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::{HeaderMap, header};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use mgpu_shared::duration::parse_duration;
-use mgpu_shared::error::StateError;
 use mgpu_shared::gpu_amount::GpuAmount;
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobSpec, MAX_SUBMIT_BYTES, SubmitRequest};
-use mgpu_shared::subjects;
+use mgpu_shared::job::{JobSpec, OnTimeout, SubmitRequest};
+use mgpu_shared::records;
 use serde_json::json;
 
 use crate::cli::GlobalArgs;
 use crate::commands::{attach, print_json, println};
 use crate::errors::plain;
 use crate::human;
-use crate::parse::{self, GpuIds};
-use crate::session::{Session, current_user};
+use crate::parse::{self, ArraySpec, GpuIds};
+use crate::profiles::{self, LazyProfiles};
+use crate::publish;
+use crate::session::Session;
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
     /// GPUs to use: a whole number (2), a share of one GPU (0.5), or 0 for a CPU-only job.
-    /// Defaults to 1, or to the number of ids in --gpu-ids.
+    /// Defaults to the --profile's requirement, the number of ids in --gpu-ids, the profile of
+    /// `--llm NAME` in the command (when a profiles file exists), or 1.
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_gpus)]
     pub gpus: Option<GpuAmount>,
 
@@ -52,35 +57,111 @@ pub struct SubmitArgs {
     )]
     pub priority: i32,
 
-    /// Stop the job after this long: 90 (seconds), 10m, 2h, 1h30m, 2d or [D-]HH:MM:SS.
+    /// Time limit: 90 (seconds), 10m, 2h, 1h30m, 2d or [D-]HH:MM:SS. What happens then is
+    /// --on-timeout's choice.
     #[arg(long, value_name = "DUR", value_parser = parse_time_limit)]
     pub time_limit: Option<Duration>,
+
+    /// At the time limit: `requeue` (default) stops the job and puts it back at the end of the
+    /// queue when others wait (a time slice; it keeps running while nobody waits); `fail` stops
+    /// it for good, as `timed_out`.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub on_timeout: Option<TimeoutAction>,
 
     /// Shell code run before the command, in the same shell (`source venv/bin/activate`).
     #[arg(long, value_name = "CMD")]
     pub env_setup_cmd: Option<String>,
 
+    /// Conda environment the node agent activates before the command (after --env-setup-cmd).
+    #[arg(long, value_name = "ENV")]
+    pub conda: Option<String>,
+
     /// Directory the job runs in (default: the current one). It must exist on the nodes too.
     #[arg(long, value_name = "DIR")]
     pub workdir: Option<PathBuf>,
+
+    /// Start only after these jobs succeeded (ids or unique prefixes; comma-separated or
+    /// repeated). If one of them fails, this job never runs.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    pub after: Vec<String>,
+
+    /// Start only after these jobs ended, however they ended.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    pub after_any: Vec<String>,
+
+    /// Submit a job array: one task per index, `0-9`, `1,3,5-7`; `%N` runs at most N at once
+    /// (`0-99%4`). Each task gets MGPU_ARRAY_INDEX. At most 10000 tasks.
+    #[arg(long, value_name = "SPEC", value_parser = parse::array_spec, conflicts_with = "interactive")]
+    pub array: Option<ArraySpec>,
+
+    /// Do not submit when one of your queued or running jobs is identical (same command,
+    /// directory, environment setup and resources); the scheduler also refuses such races.
+    #[arg(long)]
+    pub dedup: bool,
+
+    /// Ask for the GPUs the profiles file gives this model (an explicit --gpus still wins).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+
+    /// Profiles file (seed 004's llm_config.json); default ./llm_config.json, then
+    /// ~/.config/mgpu/llm_config.json, when they exist.
+    #[arg(long, env = "MGPU_PROFILES", value_name = "FILE")]
+    pub profiles: Option<PathBuf>,
+
+    /// Submit every job of a job file: seed 004's lines
+    /// (`priority,script_path,conda_env,arguments,allowed_gpus`), or `[[job]]` tables in a
+    /// `.toml` file. Jobs identical to a queued or running one are skipped.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
+        "interactive", "json", "command",
+    ])]
+    pub file: Option<PathBuf>,
+
+    /// With --file: keep watching the file and submit jobs appended to it, until Ctrl+C.
+    #[arg(long, requires = "file")]
+    pub watch: bool,
 
     /// Stay attached: show the job's output here, send it this terminal's input, and exit with
     /// its exit status. Ctrl+C detaches and leaves the job running.
     #[arg(short, long, conflicts_with = "json")]
     pub interactive: bool,
 
-    /// Print `{"id": …}` instead of a sentence.
+    /// Print `{"id": …}` (arrays: `{"array_id": …, "ids": […]}`) instead of a sentence.
     #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
 
-    /// Print only the job id (with -i: print nothing but the job's own output).
+    /// Print only the job id, one per line for arrays and files (with -i: print nothing but
+    /// the job's own output).
     #[arg(short, long)]
     pub quiet: bool,
 
     /// The command: one argument is a shell command line ("python a.py | tee log"); several are
     /// a program and its arguments, passed as given. Put `--` before it when it has options.
-    #[arg(required = true, trailing_var_arg = true, value_name = "COMMAND")]
+    /// `{gpus}` in it is replaced by the job's GPU ids on the node (`--cuda {gpus}`).
+    #[arg(
+        required_unless_present = "file",
+        trailing_var_arg = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<String>,
+}
+
+/// `--on-timeout`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TimeoutAction {
+    /// Back to the end of the queue when others wait.
+    Requeue,
+    /// End as `timed_out`.
+    Fail,
+}
+
+impl From<TimeoutAction> for OnTimeout {
+    fn from(action: TimeoutAction) -> OnTimeout {
+        match action {
+            TimeoutAction::Requeue => OnTimeout::Requeue,
+            TimeoutAction::Fail => OnTimeout::Fail,
+        }
+    }
 }
 
 fn parse_gpus(text: &str) -> Result<GpuAmount, String> {
@@ -92,11 +173,37 @@ fn parse_time_limit(text: &str) -> Result<Duration, String> {
 }
 
 pub async fn run(global: &GlobalArgs, args: &SubmitArgs) -> Result<ExitCode> {
+    check_flags(args)?;
+    if let Some(path) = &args.file {
+        return file::run(global, args, path).await;
+    }
     // Mistakes in the request are reported before (and without) reaching the server.
-    let request = build_request(args, &current_user())?;
+    let mut profiles = LazyProfiles::new(args.profiles.clone());
+    let mut spec = build_spec(args, &mut profiles)?;
     let session = Session::connect(global).await?;
+    spec.after = resolve_ids(&session, &args.after).await?;
+    spec.after_any = resolve_ids(&session, &args.after_any).await?;
+    spec.validate().map_err(plain)?;
+
+    if let Some(array) = &args.array {
+        return array::submit(&session, args, spec, array).await;
+    }
+    let request = SubmitRequest {
+        id: JobId::random(),
+        user: session.user.clone(),
+        spec,
+    };
+    if args.dedup
+        && let Some(existing) = dedup::Existing::load(&session).await?.find(&request.spec)
+    {
+        report_duplicate(args, existing)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let id = request.id.clone();
-    publish(&session, &request).await?;
+    publish::submit_all(&session, std::slice::from_ref(&request))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>>>()?;
 
     if args.interactive {
         if !args.quiet {
@@ -115,38 +222,82 @@ pub async fn run(global: &GlobalArgs, args: &SubmitArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Everything the scheduler needs, checked as far as it can be without a node.
-fn build_request(args: &SubmitArgs, user: &str) -> Result<SubmitRequest> {
+/// Combinations clap cannot refuse on its own: `--file` conflicts with the command, and clap
+/// drops a requirement (`--watch` requires `--file`) that conflicts with a present argument.
+fn check_flags(args: &SubmitArgs) -> Result<()> {
+    if args.watch && args.file.is_none() {
+        bail!("--watch watches a job file: use it with --file FILE");
+    }
+    Ok(())
+}
+
+/// Says the job was not submitted because an identical one waits or runs. Not an error: the
+/// work the user asked for is queued.
+fn report_duplicate(args: &SubmitArgs, existing: &dedup::Match) -> Result<()> {
+    let sentence = format!(
+        "Not submitted: identical to job {} ({})",
+        existing.id.short(),
+        existing.state
+    );
+    if args.json {
+        print_json(&json!({ "id": null, "duplicate_of": existing.id }))
+    } else if args.quiet {
+        // Stdout stays empty, so `id=$(mgpu submit -q …)` holds no id that was not submitted.
+        human::stderr_line(&sentence);
+        Ok(())
+    } else {
+        Ok(println(&sentence)?)
+    }
+}
+
+/// The job as asked for on the command line, checked as far as it can be without a node.
+fn build_spec(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSpec> {
     let workdir = resolve_workdir(args.workdir.as_deref())?;
     let gpu_ids = args.gpu_ids.as_ref().map(|ids| ids.0.clone());
-    let gpus = match (args.gpus, &gpu_ids) {
-        (Some(gpus), _) => gpus,
-        // Pinning GPUs says how many are wanted.
-        (None, Some(ids)) => GpuAmount::whole(u32::try_from(ids.len()).unwrap_or(u32::MAX)),
-        (None, None) => GpuAmount::ONE,
-    };
+    let choice = profiles::choose_gpus(
+        args.gpus,
+        args.profile.as_deref(),
+        gpu_ids.as_ref().map(Vec::len),
+        &args.command,
+        profiles,
+    )?;
     let mut spec = JobSpec::new(args.command.clone(), workdir);
     spec.name = args.name.clone();
-    spec.gpus = gpus;
+    spec.gpus = choice.gpus;
+    spec.profile = choice.profile;
     spec.gpu_ids = gpu_ids;
     spec.mem_mib = args.mem;
     spec.priority = args.priority;
     spec.time_limit_secs = args.time_limit.map(|d| d.as_secs());
+    spec.on_timeout = args.on_timeout.map(OnTimeout::from).unwrap_or_default();
     spec.env_setup_cmd = args.env_setup_cmd.clone();
+    spec.conda_env = args.conda.clone();
     spec.env = capture_environment();
     spec.interactive = args.interactive;
+    spec.dedup = args.dedup;
     // The spec's own message says what is wrong and which option to change.
     spec.validate().map_err(plain)?;
-    Ok(SubmitRequest {
-        id: JobId::random(),
-        user: user.to_owned(),
-        spec,
-    })
+    Ok(spec)
+}
+
+/// Turns `--after` ids and prefixes into job ids; an unknown or ambiguous one is an error,
+/// since a job waiting for a job that does not exist would wait forever.
+async fn resolve_ids(session: &Session, typed: &[String]) -> Result<Vec<JobId>> {
+    let mut ids: Vec<JobId> = Vec::with_capacity(typed.len());
+    for text in typed.iter().filter(|t| !t.trim().is_empty()) {
+        let id = records::resolve_job(&session.js, text)
+            .await
+            .map_err(plain)?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// The job runs where the user stands unless told otherwise; the path is made absolute
 /// (symlinks resolved) because the agent starts the job from nowhere in particular.
-fn resolve_workdir(given: Option<&Path>) -> Result<String> {
+pub(crate) fn resolve_workdir(given: Option<&Path>) -> Result<String> {
     let dir = match given {
         Some(dir) => dir.to_path_buf(),
         None => std::env::current_dir().context("cannot read the current directory")?,
@@ -166,7 +317,7 @@ fn resolve_workdir(given: Option<&Path>) -> Result<String> {
 
 /// The submitter's environment, which the job gets. Variables that are not UTF-8 cannot travel
 /// in JSON; they are left out with a warning rather than silently mangled.
-fn capture_environment() -> BTreeMap<String, String> {
+pub(crate) fn capture_environment() -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     for (key, value) in std::env::vars_os() {
         match (key.to_str(), value.to_str()) {
@@ -182,49 +333,6 @@ fn capture_environment() -> BTreeMap<String, String> {
     env
 }
 
-/// Stores the submission in JetStream and waits for the acknowledgement, so the printed id
-/// belongs to a job that exists. The job id is the dedup id: a retry cannot submit twice.
-async fn publish(session: &Session, request: &SubmitRequest) -> Result<()> {
-    let payload = serde_json::to_vec(request).context("encoding the submission")?;
-    check_size(payload.len(), &request.spec.env)?;
-    let mut headers = HeaderMap::new();
-    headers.insert(header::NATS_MESSAGE_ID, request.id.as_str());
-    let ack = session
-        .js
-        .publish_with_headers(subjects::SUBMIT, headers, payload.into())
-        .await
-        .map_err(|err| publish_error(err.kind(), &err))?;
-    ack.await.map_err(|err| publish_error(err.kind(), &err))?;
-    Ok(())
-}
-
-fn check_size(bytes: usize, env: &BTreeMap<String, String>) -> Result<()> {
-    if bytes <= MAX_SUBMIT_BYTES {
-        return Ok(());
-    }
-    let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
-    bail!(
-        "the submission is {} KiB, over the {} KiB limit; {} KiB of it is your environment, \
-         which the job inherits: unset large environment variables and submit again",
-        bytes.div_ceil(1024),
-        MAX_SUBMIT_BYTES / 1024,
-        env_bytes.div_ceil(1024)
-    )
-}
-
-/// Turns a JetStream publish failure into advice. "No responders" means no stream listens on
-/// `jobs.submit`: mgpu's streams were never created on this server.
-pub fn publish_error(kind: PublishErrorKind, err: &dyn std::fmt::Display) -> anyhow::Error {
-    match kind {
-        PublishErrorKind::StreamNotFound => plain(StateError::NotSetUp),
-        PublishErrorKind::TimedOut => anyhow!(
-            "JetStream did not acknowledge the request in time: the server may be overloaded, \
-             or your credentials may not allow this request"
-        ),
-        _ => anyhow!("JetStream refused the request: {err}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,16 +346,28 @@ mod tests {
             Ok(Cli {
                 command: Command::Submit(args),
                 ..
-            }) => Some(args),
+            }) => Some(*args),
             _ => None,
         }
     }
 
+    fn parse_error(argv: &[&str]) -> String {
+        let mut full = vec!["mgpu", "submit"];
+        full.extend_from_slice(argv);
+        Cli::try_parse_from(full)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    fn spec_of(argv: &[&str]) -> Option<JobSpec> {
+        let args = submit_args(argv)?;
+        build_spec(&args, &mut LazyProfiles::preloaded(None)).ok()
+    }
+
     #[test]
     fn pinned_gpus_set_the_count() {
-        let args = submit_args(&["--gpu-ids", "0-2", "--workdir", "/", "--", "true"]);
-        let request = args.and_then(|a| build_request(&a, "alice").ok());
-        let spec = request.map(|r| r.spec);
+        let spec = spec_of(&["--gpu-ids", "0-2", "--workdir", "/", "--", "true"]);
         assert_eq!(spec.as_ref().map(|s| s.gpus), Some(GpuAmount::whole(3)));
         assert_eq!(spec.and_then(|s| s.gpu_ids), Some(vec![0, 1, 2]));
     }
@@ -255,9 +375,83 @@ mod tests {
     #[test]
     fn the_spec_check_runs_before_anything_is_sent() {
         let args = submit_args(&["--gpus", "2", "--gpu-ids", "1", "--workdir", "/", "--", "x"]);
-        let err = args.map(|a| build_request(&a, "alice").err().map(|e| e.to_string()));
+        let err = args.map(|a| {
+            build_spec(&a, &mut LazyProfiles::preloaded(None))
+                .err()
+                .map(|e| e.to_string())
+        });
         let err = err.flatten().unwrap_or_default();
         assert!(err.contains("does not match"), "{err}");
+    }
+
+    #[test]
+    fn new_flags_reach_the_spec() {
+        let spec = spec_of(&[
+            "--workdir",
+            "/",
+            "--on-timeout",
+            "fail",
+            "--time-limit",
+            "2h",
+            "--conda",
+            "pytorch_env",
+            "--dedup",
+            "--",
+            "python a.py --cuda {gpus}",
+        ]);
+        assert!(spec.is_some(), "the spec did not build");
+        let Some(spec) = spec else { return };
+        assert_eq!(spec.on_timeout, OnTimeout::Fail);
+        assert_eq!(spec.time_limit_secs, Some(7_200));
+        assert_eq!(spec.conda_env.as_deref(), Some("pytorch_env"));
+        assert!(spec.dedup);
+        assert_eq!(
+            spec.command,
+            ["python a.py --cuda {gpus}"],
+            "left for the agent"
+        );
+        let default = spec_of(&["--workdir", "/", "true"]);
+        assert_eq!(default.map(|s| s.on_timeout), Some(OnTimeout::Requeue));
+    }
+
+    #[test]
+    fn dependencies_split_on_commas_and_repeat() {
+        let args = submit_args(&[
+            "--after",
+            "ab,cd",
+            "--after",
+            "ef",
+            "--after-any",
+            "01",
+            "x",
+        ]);
+        assert_eq!(
+            args.as_ref().map(|a| a.after.clone()),
+            Some(vec!["ab".into(), "cd".into(), "ef".into()])
+        );
+        assert_eq!(args.map(|a| a.after_any), Some(vec!["01".into()]));
+    }
+
+    #[test]
+    fn conflicting_flags_are_refused_by_the_parser() {
+        let err = parse_error(&["--array", "0-3", "-i", "x"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = parse_error(&["--file", "jobs.txt", "--gpus", "2"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = parse_error(&["--file", "jobs.txt", "python", "x.py"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = parse_error(&["--watch"]);
+        assert!(err.contains("--file"), "{err}");
+        let watch_alone = submit_args(&["--watch", "x"]).map(|a| check_flags(&a).is_err());
+        assert_eq!(watch_alone, Some(true));
+        let err = parse_error(&["--array", "0-3%0", "x"]);
+        assert!(err.contains("at least 1"), "{err}");
+        let err = parse_error(&["--on-timeout", "retry", "x"]);
+        assert!(err.contains("requeue"), "{err}");
+        let err = parse_error(&[]);
+        assert!(err.contains("COMMAND"), "{err}");
+        let file = submit_args(&["--file", "jobs.txt", "--watch", "--time-limit", "1h"]);
+        assert!(file.is_some_and(|a| a.watch && a.command.is_empty()));
     }
 
     #[test]
@@ -270,17 +464,5 @@ mod tests {
             err.starts_with("workdir /no/such/dir/anywhere does not exist"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn oversized_submissions_blame_the_environment() {
-        let mut env = BTreeMap::new();
-        env.insert("BIG".to_owned(), "x".repeat(300 * 1024));
-        let err = check_size(301 * 1024, &env)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(err.contains("301 KiB of it is your environment"), "{err}");
-        assert!(check_size(1024, &env).is_ok());
     }
 }

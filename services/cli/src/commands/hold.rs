@@ -1,0 +1,287 @@
+//! `mgpu hold` and `mgpu release`: keep queued jobs from starting, and let them go again.
+//!
+//! The request goes through JetStream to the scheduler, which records `held_by` on the job;
+//! the command then watches the record (up to [`WAIT`]) to report what actually happened.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow, bail};
+use clap::Args;
+use futures::StreamExt;
+use futures::future::join_all;
+use mgpu_shared::event::{JobEvent, JobEventKind};
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{HoldRequest, JobRecord, JobState};
+use mgpu_shared::{records, subjects};
+
+use crate::cli::GlobalArgs;
+use crate::commands::println;
+use crate::errors::plain;
+use crate::follow;
+use crate::human;
+use crate::publish::publish_error;
+use crate::session::Session;
+
+/// How long to wait for the scheduler to record the change.
+const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    /// Job ids, or unique prefixes of them.
+    #[arg(required = true, value_name = "ID")]
+    pub ids: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Hold,
+    Release,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Action::Hold => "hold",
+            Action::Release => "release",
+        }
+    }
+
+    fn participle(self) -> &'static str {
+        match self {
+            Action::Hold => "held",
+            Action::Release => "released",
+        }
+    }
+
+    fn subject(self, id: &JobId) -> String {
+        match self {
+            Action::Hold => subjects::hold(id),
+            Action::Release => subjects::release(id),
+        }
+    }
+}
+
+/// What became of one request.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Held(JobId),
+    Released(JobId),
+    AlreadyHeld(JobId, String),
+    NotHeld(JobId),
+}
+
+impl Outcome {
+    fn sentence(&self) -> String {
+        match self {
+            Outcome::Held(id) => format!(
+                "Held job {short}; `mgpu release {short}` lets it run",
+                short = id.short()
+            ),
+            Outcome::Released(id) => format!("Released job {}", id.short()),
+            Outcome::AlreadyHeld(id, by) => {
+                format!("Job {} is already held by {by}", id.short())
+            }
+            Outcome::NotHeld(id) => format!("Job {} is not held", id.short()),
+        }
+    }
+}
+
+pub async fn run(global: &GlobalArgs, args: &HoldArgs, action: Action) -> Result<ExitCode> {
+    let session = Session::connect(global).await?;
+    // All at once, so ten jobs take one wait, not ten.
+    let outcomes = join_all(args.ids.iter().map(|typed| one(&session, typed, action))).await;
+    let mut failed = false;
+    for outcome in outcomes {
+        match outcome {
+            Ok(outcome) => println(&outcome.sentence())?,
+            Err(err) => {
+                failed = true;
+                human::stderr_line(&format!("error: {err:#}"));
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn one(session: &Session, typed: &str, action: Action) -> Result<Outcome> {
+    let id = records::resolve_job(&session.js, typed)
+        .await
+        .map_err(plain)?;
+    let record = records::get_job(&session.js, &id)
+        .await
+        .map_err(plain)?
+        .ok_or_else(|| anyhow!("job {} no longer exists", id.short()))?;
+    if let Some(outcome) = settled_before(&record, action)? {
+        return Ok(outcome);
+    }
+
+    // Watching and listening from before the request, so a quick answer cannot be missed.
+    let mut changes = follow::watch_record(&session.js, &id).await?;
+    let mut events = session
+        .client
+        .subscribe(subjects::events(&id))
+        .await
+        .map_err(plain)?;
+    let request = HoldRequest {
+        user: session.user.clone(),
+    };
+    let payload = serde_json::to_vec(&request)?;
+    let ack = session
+        .js
+        .publish(action.subject(&id), payload.into())
+        .await
+        .map_err(|err| publish_error(err.kind(), &err))?;
+    ack.await.map_err(|err| publish_error(err.kind(), &err))?;
+
+    let wait = async {
+        loop {
+            tokio::select! {
+                change = changes.next() => {
+                    let Some(change) = change else {
+                        bail!("lost the watch on job {}'s record", id.short());
+                    };
+                    let Some(record) = change? else {
+                        bail!("job {} was removed", id.short());
+                    };
+                    if let Some(outcome) = settled_after(&record, action)? {
+                        return Ok(outcome);
+                    }
+                }
+                Some(event) = events.next() => {
+                    if let Ok(JobEvent { kind: JobEventKind::Rejected { reason }, .. }) =
+                        serde_json::from_slice::<JobEvent>(&event.payload)
+                    {
+                        bail!("the scheduler refused to {} job {}: {reason}", action.verb(), id.short());
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, wait).await.unwrap_or_else(|_| {
+        Err(anyhow!(
+            "the scheduler did not {} job {} within {} s: it may be down (the request waits \
+             for it in JetStream), or you may not be allowed to",
+            action.verb(),
+            id.short(),
+            WAIT.as_secs()
+        ))
+    })
+}
+
+/// Before asking: an error when the job is not queued, an outcome when nothing is to be done.
+fn settled_before(record: &JobRecord, action: Action) -> Result<Option<Outcome>> {
+    let id = record.id.clone();
+    match (&record.state, action) {
+        (JobState::Queued(waiting), Action::Hold) => Ok(waiting
+            .held_by
+            .clone()
+            .map(|by| Outcome::AlreadyHeld(id, by))),
+        (JobState::Queued(waiting), Action::Release) => {
+            Ok(waiting.held_by.is_none().then_some(Outcome::NotHeld(id)))
+        }
+        (JobState::Running(_), _) => bail!(
+            "job {} is running: only queued jobs can be {} (`mgpu cancel` stops it)",
+            id.short(),
+            action.participle()
+        ),
+        (state, _) => bail!(
+            "job {} already finished ({}): only queued jobs can be {}",
+            id.short(),
+            human::state_words(state),
+            action.participle()
+        ),
+    }
+}
+
+/// After asking: the outcome once the record shows it, an error when the job moved on first.
+fn settled_after(record: &JobRecord, action: Action) -> Result<Option<Outcome>> {
+    let id = record.id.clone();
+    match (&record.state, action) {
+        (JobState::Queued(waiting), Action::Hold) => {
+            Ok(waiting.held_by.is_some().then_some(Outcome::Held(id)))
+        }
+        (JobState::Queued(waiting), Action::Release) => {
+            Ok(waiting.held_by.is_none().then_some(Outcome::Released(id)))
+        }
+        // Released and started at once: that is what releasing is for.
+        (JobState::Running(_), Action::Release) => Ok(Some(Outcome::Released(id))),
+        (JobState::Running(_), Action::Hold) => bail!(
+            "job {} started before the hold took effect (`mgpu cancel` stops it)",
+            id.short()
+        ),
+        (state, _) => bail!(
+            "job {} finished ({}) before the {} took effect",
+            id.short(),
+            human::state_words(state),
+            action.verb()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_shared::job::{Ending, JobSpec, WaitReason, Waiting};
+
+    fn record(state: JobState) -> JobRecord {
+        JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec: JobSpec::new(vec!["true".into()], "/"),
+            submitted_at: mgpu_shared::now(),
+            attempt: 1,
+            state,
+        }
+    }
+
+    fn queued(held_by: Option<&str>) -> JobState {
+        let mut waiting = Waiting::new(WaitReason::Held);
+        waiting.held_by = held_by.map(str::to_owned);
+        JobState::Queued(waiting)
+    }
+
+    #[test]
+    fn only_queued_jobs_can_be_held() {
+        let free = record(queued(None));
+        assert_eq!(settled_before(&free, Action::Hold).ok(), Some(None));
+        assert_eq!(
+            settled_before(&free, Action::Release).ok(),
+            Some(Some(Outcome::NotHeld(free.id.clone())))
+        );
+        let held = record(queued(Some("bob")));
+        assert_eq!(
+            settled_before(&held, Action::Hold).ok(),
+            Some(Some(Outcome::AlreadyHeld(held.id.clone(), "bob".into())))
+        );
+        let done = record(JobState::TimedOut(Ending {
+            placement: None,
+            started_at: None,
+            ended_at: mgpu_shared::now(),
+            exit_code: None,
+            signal: None,
+            reason: Some("time limit".into()),
+        }));
+        let err = settled_before(&done, Action::Hold)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("already finished (timed out)"), "{err}");
+    }
+
+    #[test]
+    fn the_record_tells_when_the_request_took_effect() {
+        let held = record(queued(Some("alice")));
+        assert_eq!(
+            settled_after(&held, Action::Hold).ok(),
+            Some(Some(Outcome::Held(held.id.clone())))
+        );
+        assert_eq!(settled_after(&held, Action::Release).ok(), Some(None));
+        let free = record(queued(None));
+        assert_eq!(settled_after(&free, Action::Hold).ok(), Some(None));
+    }
+}

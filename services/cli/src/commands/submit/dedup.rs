@@ -1,0 +1,114 @@
+//! `--dedup` and job files: finding a queued or running job of the same user that is the same
+//! job ([`JobSpec::dedup_key`]), so submitting twice queues the work once.
+//!
+//! The check reads the job list once; two submissions racing each other both pass it, which is
+//! why the spec also carries `dedup = true` for the scheduler to refuse the second.
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{JobRecord, JobSpec, JobState};
+use mgpu_shared::records;
+
+use crate::errors::plain;
+use crate::session::Session;
+
+/// A job that makes a submission redundant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Match {
+    pub id: JobId,
+    pub state: &'static str,
+}
+
+/// The submitter's queued and running jobs, by dedup key.
+#[derive(Debug, Default)]
+pub struct Existing {
+    by_key: HashMap<String, Match>,
+}
+
+impl Existing {
+    pub async fn load(session: &Session) -> Result<Existing> {
+        let jobs = records::list_jobs(&session.js).await.map_err(plain)?;
+        Ok(Existing::from_jobs(&jobs, &session.user))
+    }
+
+    pub fn from_jobs(jobs: &[JobRecord], user: &str) -> Existing {
+        let by_key = jobs
+            .iter()
+            .filter(|job| job.user == user)
+            .filter(|job| matches!(job.state, JobState::Queued(_) | JobState::Running(_)))
+            .map(|job| {
+                let found = Match {
+                    id: job.id.clone(),
+                    state: job.state.name(),
+                };
+                (job.spec.dedup_key(), found)
+            })
+            .collect();
+        Existing { by_key }
+    }
+
+    pub fn find(&self, spec: &JobSpec) -> Option<&Match> {
+        self.by_key.get(&spec.dedup_key())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_shared::job::{Ending, WaitReason, Waiting};
+
+    fn record(user: &str, command: &str, state: JobState) -> JobRecord {
+        JobRecord {
+            id: JobId::random(),
+            user: user.into(),
+            spec: JobSpec::new(vec![command.into()], "/w"),
+            submitted_at: mgpu_shared::now(),
+            attempt: 1,
+            state,
+        }
+    }
+
+    #[test]
+    fn only_the_users_waiting_or_running_jobs_count() {
+        let queued = || JobState::Queued(Waiting::new(WaitReason::Resources));
+        let done = JobState::Succeeded(Ending {
+            placement: None,
+            started_at: None,
+            ended_at: mgpu_shared::now(),
+            exit_code: Some(0),
+            signal: None,
+            reason: None,
+        });
+        let mine = record("alice", "python a.py", queued());
+        let jobs = vec![
+            mine.clone(),
+            record("bob", "python b.py", queued()),
+            record("alice", "python c.py", done),
+        ];
+        let existing = Existing::from_jobs(&jobs, "alice");
+        let mut same = JobSpec::new(vec!["python a.py".into()], "/w");
+        // The captured environment differs between shells and does not make a job different.
+        same.env.insert("TERM".into(), "xterm".into());
+        assert_eq!(
+            existing.find(&same),
+            Some(&Match {
+                id: mine.id,
+                state: "queued"
+            })
+        );
+        assert_eq!(
+            existing.find(&JobSpec::new(vec!["python b.py".into()], "/w")),
+            None
+        );
+        assert_eq!(
+            existing.find(&JobSpec::new(vec!["python c.py".into()], "/w")),
+            None
+        );
+        assert_eq!(
+            existing.find(&JobSpec::new(vec!["python a.py".into()], "/x")),
+            None
+        );
+    }
+}

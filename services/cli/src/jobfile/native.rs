@@ -1,0 +1,409 @@
+//! Native job files: TOML with one `[[job]]` table per job.
+//!
+//! ```toml
+//! [[job]]
+//! command = "python train.py --cuda {gpus}"   # a shell line, or ["python", "train.py"]
+//! name = "train"
+//! gpus = 2                                    # or 0.5; default from --llm / profiles, else 1
+//! gpu_ids = "0-1"                             # or [0, 1]: exactly these GPUs
+//! allowed_gpus = [4, 5, 6, 7]                 # any of these GPUs
+//! mem = "24GiB"                               # or MiB as a number
+//! priority = 5                                # higher first, like --priority
+//! time_limit = "2h"
+//! on_timeout = "fail"                         # or "requeue" (the default)
+//! conda = "pytorch_env"
+//! env_setup_cmd = "source venv/bin/activate"
+//! workdir = "/data/project"
+//! dedup = true                                # the default in job files
+//! profile = "qwen2.5-7b-inst"                 # like --profile
+//! ```
+//!
+//! Each value is checked with the command line's own parsers, so a mistake reads the same as
+//! it would on the command line, prefixed with the job's number and the line it is on.
+
+use std::collections::BTreeMap;
+
+use mgpu_shared::duration::parse_duration;
+use mgpu_shared::gpu_amount::GpuAmount;
+use mgpu_shared::job::OnTimeout;
+use serde::Deserialize;
+use toml::{Spanned, Value};
+
+use super::{Draft, Entry, FileError};
+use crate::parse;
+
+/// Every key a `[[job]]` table may hold.
+const KEYS: [&str; 14] = [
+    "command",
+    "name",
+    "gpus",
+    "gpu_ids",
+    "allowed_gpus",
+    "mem",
+    "priority",
+    "time_limit",
+    "on_timeout",
+    "conda",
+    "env_setup_cmd",
+    "workdir",
+    "dedup",
+    "profile",
+];
+
+type Table = BTreeMap<Spanned<String>, Spanned<Value>>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    job: Vec<Spanned<Table>>,
+}
+
+/// Every `[[job]]` of the file. A syntax error (or a top-level key other than `job`) makes the
+/// whole file unusable; a bad job only makes that job unusable.
+pub fn parse(text: &str) -> Result<Vec<Entry>, FileError> {
+    let file: File = toml::from_str(text).map_err(|err| FileError {
+        line: err.span().map(|s| line_of(text, s.start)).unwrap_or(1),
+        message: err.message().to_owned(),
+    })?;
+    Ok(file
+        .job
+        .iter()
+        .enumerate()
+        .map(|(index, table)| {
+            let number = index + 1;
+            match job(table.get_ref()) {
+                Ok(draft) => Entry {
+                    line: line_of(text, table.span().start),
+                    draft: Ok(draft),
+                },
+                Err((at, message)) => Entry {
+                    line: line_of(text, at.unwrap_or(table.span().start)),
+                    draft: Err(format!("job {number}: {message}")),
+                },
+            }
+        })
+        .collect())
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// A problem and where it is (byte offset), when a key or value is to blame.
+type Problem = (Option<usize>, String);
+
+fn job(table: &Table) -> Result<Draft, Problem> {
+    if let Some(key) = table.keys().find(|k| !KEYS.contains(&k.get_ref().as_str())) {
+        return Err((
+            Some(key.span().start),
+            format!(
+                "unknown key `{}` (known keys: {})",
+                key.get_ref(),
+                KEYS.join(", ")
+            ),
+        ));
+    }
+    let get = |key: &str| {
+        table
+            .iter()
+            .find(|(k, _)| k.get_ref() == key)
+            .map(|(_, v)| v)
+    };
+    // Each conversion names its key and points at its value.
+    let field = |key: &'static str| -> Option<(&'static str, &Spanned<Value>)> {
+        get(key).map(|value| (key, value))
+    };
+    let at = |value: &Spanned<Value>, message: String| (Some(value.span().start), message);
+
+    let Some(command) = get("command") else {
+        return Err((None, "no `command`".into()));
+    };
+    let mut draft = Draft {
+        command: command_of(command.get_ref()).map_err(|m| at(command, m))?,
+        dedup: true,
+        ..Draft::default()
+    };
+    if let Some((key, value)) = field("name") {
+        draft.name = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("gpus") {
+        draft.gpus = Some(gpus(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("gpu_ids") {
+        draft.gpu_ids = Some(ids(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("allowed_gpus") {
+        let mut allowed = ids(key, value.get_ref()).map_err(|m| at(value, m))?;
+        allowed.sort_unstable();
+        allowed.dedup();
+        draft.allowed_gpus = Some(allowed);
+    }
+    if let Some((key, value)) = field("mem") {
+        draft.mem_mib = Some(mem(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("priority") {
+        draft.priority = match value.get_ref() {
+            Value::Integer(p) => {
+                i32::try_from(*p).map_err(|_| at(value, format!("`{key}` {p} is out of range")))?
+            }
+            other => return Err(at(value, expected(key, "a whole number", other))),
+        };
+    }
+    if let Some((key, value)) = field("time_limit") {
+        let text = match value.get_ref() {
+            Value::String(s) => s.clone(),
+            Value::Integer(secs) => secs.to_string(),
+            other => return Err(at(value, expected(key, "a duration like \"2h\"", other))),
+        };
+        let limit = parse_duration(&text).map_err(|e| at(value, format!("`{key}`: {e}")))?;
+        draft.time_limit_secs = Some(limit.as_secs());
+    }
+    if let Some((key, value)) = field("on_timeout") {
+        draft.on_timeout = Some(match value.get_ref() {
+            Value::String(s) if s == "requeue" => OnTimeout::Requeue,
+            Value::String(s) if s == "fail" => OnTimeout::Fail,
+            other => return Err(at(value, expected(key, "\"requeue\" or \"fail\"", other))),
+        });
+    }
+    if let Some((key, value)) = field("conda") {
+        draft.conda_env = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("env_setup_cmd") {
+        draft.env_setup_cmd = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("workdir") {
+        draft.workdir = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("profile") {
+        draft.profile = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
+    }
+    if let Some((key, value)) = field("dedup") {
+        draft.dedup = match value.get_ref() {
+            Value::Boolean(b) => *b,
+            other => return Err(at(value, expected(key, "true or false", other))),
+        };
+    }
+    Ok(draft)
+}
+
+fn expected(key: &str, what: &str, found: &Value) -> String {
+    format!("`{key}` must be {what}, not {}", found.type_str())
+}
+
+fn string(key: &str, value: &Value) -> Result<String, String> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        other => Err(expected(key, "a string", other)),
+    }
+}
+
+/// A string is one shell line; an array is a program and its arguments.
+fn command_of(value: &Value) -> Result<Vec<String>, String> {
+    let what = "a string (a shell line) or an array of strings (a program and its arguments)";
+    match value {
+        Value::String(line) => Ok(vec![line.clone()]),
+        Value::Array(items) if !items.is_empty() => items
+            .iter()
+            .map(|item| match item {
+                Value::String(word) => Ok(word.clone()),
+                other => Err(expected("command", what, other)),
+            })
+            .collect(),
+        Value::Array(_) => Err("`command` is an empty array".into()),
+        other => Err(expected("command", what, other)),
+    }
+}
+
+fn gpus(key: &str, value: &Value) -> Result<GpuAmount, String> {
+    let text = match value {
+        Value::Integer(n) => n.to_string(),
+        Value::Float(x) => x.to_string(),
+        Value::String(s) => s.clone(),
+        other => return Err(expected(key, "a number of GPUs (2, 0.5)", other)),
+    };
+    text.parse::<GpuAmount>()
+        .map_err(|e| format!("`{key}`: {e}"))
+}
+
+/// `[0, 1]` or `"0-1"`.
+fn ids(key: &str, value: &Value) -> Result<Vec<u32>, String> {
+    let what = "an array of GPU indices or a string like \"0-3\"";
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::Integer(n) => Ok(n.to_string()),
+                other => Err(expected(key, what, other)),
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .join(","),
+        other => return Err(expected(key, what, other)),
+    };
+    parse::gpu_ids(&text)
+        .map(|ids| ids.0)
+        .map_err(|e| format!("`{key}`: {e}"))
+}
+
+/// `"24GiB"` or MiB as a number.
+fn mem(key: &str, value: &Value) -> Result<u64, String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Integer(n) => n.to_string(),
+        other => {
+            return Err(expected(
+                key,
+                "a size like \"24GiB\" or MiB as a number",
+                other,
+            ));
+        }
+    };
+    parse::mem_mib(&text).map_err(|e| format!("`{key}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"# two jobs
+[[job]]
+command = "python train.py --cuda {gpus}"
+name = "train"
+gpus = 2
+gpu_ids = "0-1"
+mem = "24GiB"
+priority = 5
+time_limit = "2h"
+on_timeout = "fail"
+conda = "pytorch_env"
+env_setup_cmd = "source venv/bin/activate"
+workdir = "/data"
+
+[[job]]
+command = ["python", "eval.py", "--llm", "qwen2.5-3b-inst"]
+allowed_gpus = [7, 4, 5]
+mem = 1024
+time_limit = 90
+dedup = false
+profile = "qwen2.5-3b-inst"
+"#;
+
+    #[test]
+    fn a_good_file_reads_every_key() {
+        let entries = parse(GOOD).unwrap_or_default();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].line, 2);
+        assert_eq!(entries[1].line, 15);
+        let train = entries[0].draft.clone().unwrap_or_default();
+        assert_eq!(train.command, ["python train.py --cuda {gpus}"]);
+        assert_eq!(train.name.as_deref(), Some("train"));
+        assert_eq!(train.gpus, Some(GpuAmount::whole(2)));
+        assert_eq!(train.gpu_ids, Some(vec![0, 1]));
+        assert_eq!(train.mem_mib, Some(24_576));
+        assert_eq!(train.priority, 5);
+        assert_eq!(train.time_limit_secs, Some(7_200));
+        assert_eq!(train.on_timeout, Some(OnTimeout::Fail));
+        assert_eq!(train.conda_env.as_deref(), Some("pytorch_env"));
+        assert_eq!(
+            train.env_setup_cmd.as_deref(),
+            Some("source venv/bin/activate")
+        );
+        assert_eq!(train.workdir.as_deref(), Some("/data"));
+        assert!(train.dedup, "on by default");
+        let eval = entries[1].draft.clone().unwrap_or_default();
+        assert_eq!(eval.command.len(), 4);
+        assert_eq!(eval.allowed_gpus, Some(vec![4, 5, 7]));
+        assert_eq!(eval.mem_mib, Some(1_024));
+        assert_eq!(eval.time_limit_secs, Some(90));
+        assert_eq!(eval.gpus, None);
+        assert_eq!(eval.profile.as_deref(), Some("qwen2.5-3b-inst"));
+        assert!(!eval.dedup);
+    }
+
+    #[test]
+    fn shares_and_empty_files_are_fine() {
+        let entries = parse("[[job]]\ncommand = \"x\"\ngpus = 0.5\n").unwrap_or_default();
+        let draft = entries.first().and_then(|e| e.draft.clone().ok());
+        assert_eq!(
+            draft.and_then(|d| d.gpus),
+            Some(GpuAmount::from_units(5_000))
+        );
+        assert_eq!(parse("# nothing yet\n").map(|e| e.len()), Ok(0));
+    }
+
+    fn error_of(text: &str) -> (usize, String) {
+        match parse(text) {
+            Ok(entries) => entries
+                .into_iter()
+                .find_map(|e| e.draft.err().map(|m| (e.line, m)))
+                .unwrap_or_default(),
+            Err(err) => (err.line, format!("FILE {}", err.message)),
+        }
+    }
+
+    #[test]
+    fn bad_jobs_name_their_number_line_and_problem() {
+        let (line, err) =
+            error_of("[[job]]\ncommand = \"a\"\n\n[[job]]\ncommand = \"b\"\nbogus = 1\n");
+        assert_eq!(line, 6);
+        assert!(
+            err.starts_with("job 2: unknown key `bogus` (known keys: command,"),
+            "{err}"
+        );
+        let (line, err) = error_of("[[job]]\nname = \"x\"\n");
+        assert_eq!((line, err.as_str()), (1, "job 1: no `command`"));
+        for (text, why) in [
+            ("command = 3", "`command` must be a string"),
+            ("command = []", "empty array"),
+            ("command = [\"a\", 1]", "must be a string"),
+            ("command = \"a\"\ngpus = 1.5", "`gpus`: GPU count 1.5"),
+            ("command = \"a\"\ngpus = true", "`gpus` must be a number"),
+            (
+                "command = \"a\"\ngpu_ids = \"3-1\"",
+                "`gpu_ids`: `3-1` is not a GPU id list",
+            ),
+            (
+                "command = \"a\"\nallowed_gpus = [\"x\"]",
+                "`allowed_gpus` must be an array",
+            ),
+            (
+                "command = \"a\"\nmem = \"12KiB\"",
+                "`mem`: `12KiB` is not a memory size",
+            ),
+            (
+                "command = \"a\"\npriority = 1.5",
+                "`priority` must be a whole number, not float",
+            ),
+            ("command = \"a\"\npriority = 9999999999", "out of range"),
+            ("command = \"a\"\ntime_limit = \"soon\"", "`time_limit`:"),
+            (
+                "command = \"a\"\non_timeout = \"retry\"",
+                "\"requeue\" or \"fail\"",
+            ),
+            (
+                "command = \"a\"\ndedup = \"yes\"",
+                "`dedup` must be true or false",
+            ),
+            ("command = \"a\"\nconda = 1", "`conda` must be a string"),
+        ] {
+            let (_, err) = error_of(&format!("[[job]]\n{text}\n"));
+            assert!(err.contains(why), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_and_stray_tables_spoil_the_file() {
+        let (line, err) = error_of("[[job]]\ncommand = \"a\"\n[[job]]\ncommand = \n");
+        assert_eq!(line, 4);
+        assert!(err.starts_with("FILE "), "{err}");
+        let (_, err) = error_of("[defaults]\ngpus = 1\n");
+        assert!(err.contains("unknown field `defaults`"), "{err}");
+    }
+}
