@@ -356,6 +356,9 @@ pub enum WaitReason {
     Held,
     /// The only GPUs that could take it are paused or their nodes drained.
     GpusPaused,
+    /// The only GPUs that could take it are busy with processes mgpu did not start (above the
+    /// node's memory or load threshold).
+    GpusBusy,
     /// As many tasks of its array run as `%N` allows.
     ArrayLimit,
 }
@@ -370,6 +373,9 @@ impl WaitReason {
             WaitReason::Dependency => "waiting for the jobs it depends on",
             WaitReason::Held => "held: `mgpu release` lets it run",
             WaitReason::GpusPaused => "waiting: the GPUs it could use are paused or drained",
+            WaitReason::GpusBusy => {
+                "waiting: the GPUs it could use are busy with work outside mgpu"
+            }
             WaitReason::ArrayLimit => "waiting: its array runs as many tasks as allowed",
         }
     }

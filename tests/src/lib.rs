@@ -5,16 +5,25 @@
 //! then the real `mgpu-scheduler` and `mgpu-node` binaries. Tests drive it through the real
 //! `mgpu` CLI (and, for attacks and raw checks, an async-nats client). Nothing is mocked.
 //!
+//! [`Cluster::start_with`] also passes flags to the scheduler (`--config FILE`, `--placement`),
+//! [`NodeSpec::agent_args`] to an agent (`--mem-threshold`), and [`NodeSpec::without_agent`]
+//! gives a node credentials but no agent, so a test can speak for it (heartbeats describing GPUs
+//! busy with foreign processes, which declared GPUs never are).
+//!
 //! The binaries come from the cargo target directory the tests run from; `scripts/test.sh`
 //! builds them first. The nats-server is `$MGPU_NATS_SERVER`, else `.tools/bin/nats-server`,
 //! else the one on PATH.
 
+use std::collections::BTreeMap;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use mgpu_shared::auth::{Registry, Role, render_server_conf};
+use mgpu_shared::connect::read_seed;
+use mgpu_shared::node::{NodeAdmin, NodeHeartbeat};
+use mgpu_shared::{records, subjects};
 use serde_json::Value;
 
 /// Heartbeat interval the agents use in tests (short, so node changes are seen quickly).
@@ -26,6 +35,10 @@ pub struct NodeSpec {
     pub name: String,
     /// Declared GPUs, e.g. `1x24GiB`.
     pub gpus: String,
+    /// Extra flags for its agent (`--mem-threshold 0.5`).
+    pub agent_args: Vec<String>,
+    /// False: the node gets credentials but no agent is started for it.
+    pub agent: bool,
 }
 
 impl NodeSpec {
@@ -33,7 +46,22 @@ impl NodeSpec {
         NodeSpec {
             name: name.into(),
             gpus: gpus.into(),
+            agent_args: Vec::new(),
+            agent: true,
         }
+    }
+
+    /// A node the test speaks for itself (with [`Cluster::creds`] of `Role::Node`).
+    pub fn without_agent(name: &str) -> Self {
+        NodeSpec {
+            agent: false,
+            ..NodeSpec::new(name, "")
+        }
+    }
+
+    pub fn agent_args(mut self, args: &[&str]) -> Self {
+        self.agent_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self
     }
 }
 
@@ -45,6 +73,11 @@ pub struct Cluster {
     scheduler: Option<Child>,
     agents: Vec<(String, Child)>,
     nodes: Vec<NodeSpec>,
+    /// Flags every scheduler start gets, restarts included.
+    scheduler_args: Vec<String>,
+    /// Environment added to every `mgpu` run (a PATH with fake `python` and `conda`, say):
+    /// jobs run with the environment captured at submit, so it reaches them too.
+    cli_env: Vec<(String, String)>,
 }
 
 /// Where the mgpu binaries are: the target directory of this test executable.
@@ -107,6 +140,30 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
+/// A timestamp field of a job's `show --json` (`started_at`, `ended_at`); panics when unset.
+pub fn time_of(job: &Value, field: &str) -> chrono::DateTime<chrono::Utc> {
+    job[field]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{field} missing in {job}"))
+}
+
+/// The GPU indices a job got, from its `show --json` (empty while queued).
+pub fn gpus_of(job: &Value) -> Vec<u64> {
+    job["gpus"]
+        .as_array()
+        .map(|g| g.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default()
+}
+
+/// Writes an executable script (a fake `python` or `conda` put first on a job's PATH).
+pub fn write_executable(path: &Path, content: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, content).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 /// True while a process with this pid exists.
 pub fn process_alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
@@ -115,12 +172,20 @@ pub fn process_alive(pid: i32) -> bool {
 impl Cluster {
     /// Server, scheduler and the given agents.
     pub fn start(nodes: &[NodeSpec]) -> Cluster {
+        Cluster::start_with(nodes, &[])
+    }
+
+    /// Server, a scheduler started with `scheduler_args` (`--config FILE`, `--placement
+    /// spread`), and the agents of the nodes that have one.
+    pub fn start_with(nodes: &[NodeSpec], scheduler_args: &[&str]) -> Cluster {
         let mut cluster = Cluster::server_only(nodes);
+        cluster.scheduler_args = scheduler_args.iter().map(|a| (*a).to_owned()).collect();
         cluster.start_scheduler();
-        for node in nodes {
+        let with_agents: Vec<&NodeSpec> = nodes.iter().filter(|n| n.agent).collect();
+        for node in &with_agents {
             cluster.start_agent(&node.name);
         }
-        cluster.wait_nodes_online(nodes.len());
+        cluster.wait_nodes_online(with_agents.len());
         cluster
     }
 
@@ -157,6 +222,8 @@ impl Cluster {
             scheduler: None,
             agents: Vec::new(),
             nodes: nodes.to_vec(),
+            scheduler_args: Vec::new(),
+            cli_env: Vec::new(),
         };
         cluster.start_nats();
         cluster
@@ -212,6 +279,7 @@ impl Cluster {
     pub fn start_scheduler(&mut self) {
         assert!(self.scheduler.is_none(), "scheduler already running");
         let child = Command::new(bin_dir().join("mgpu-scheduler"))
+            .args(&self.scheduler_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
             .env("RUST_LOG", "info")
@@ -241,6 +309,7 @@ impl Cluster {
         let child = Command::new(bin_dir().join("mgpu-node"))
             .args(["--node", &spec.name, "--gpus", &spec.gpus])
             .args(["--heartbeat-interval", HEARTBEAT, "--kill-grace", "2s"])
+            .args(&spec.agent_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Node, name))
             .env("RUST_LOG", "info")
@@ -256,15 +325,31 @@ impl Cluster {
         self.mgpu_with(&self.user_creds("alice"), args, None)
     }
 
-    /// Runs `mgpu ARGS` with the given credentials, optionally feeding `stdin`.
-    pub fn mgpu_with(&self, creds: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    /// Adds `name=value` to the environment of every later `mgpu` run.
+    pub fn set_cli_env(&mut self, name: &str, value: &str) {
+        self.cli_env.push((name.to_owned(), value.to_owned()));
+    }
+
+    /// `mgpu ARGS` with the given credentials, ready to spawn (for commands that keep running,
+    /// such as `submit --file F --watch`).
+    pub fn mgpu_command(&self, creds: &Path, args: &[&str]) -> Command {
         let mut command = Command::new(bin_dir().join("mgpu"));
         command
             .args(args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", creds)
             .env("USER", "alice")
-            .current_dir(self.dir.path())
+            .current_dir(self.dir.path());
+        for (name, value) in &self.cli_env {
+            command.env(name, value);
+        }
+        command
+    }
+
+    /// Runs `mgpu ARGS` with the given credentials, optionally feeding `stdin`.
+    pub fn mgpu_with(&self, creds: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut command = self.mgpu_command(creds, args);
+        command
             .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -311,10 +396,28 @@ impl Cluster {
             .to_owned()
     }
 
+    /// `mgpu submit --json FLAGS -- COMMAND`, returning what it printed (`{"id": …}`, or for
+    /// arrays and duplicates the other shapes).
+    pub fn submit_json(&self, extra: &[&str], command: &str) -> Value {
+        let mut args = vec!["submit", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", command]);
+        let out = self.mgpu_ok(&args);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("submit --json printed {out:?}: {e}"))
+    }
+
     /// `mgpu show --json` of a job.
     pub fn show(&self, id: &str) -> Value {
         let out = self.mgpu_ok(&["show", "--json", id]);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("show --json printed {out:?}: {e}"))
+    }
+
+    /// Every job `mgpu queue --all --json` lists, finished ones included.
+    pub fn all_jobs(&self) -> Vec<Value> {
+        let out = self.mgpu_ok(&["queue", "--all", "--json"]);
+        let queue: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("queue --all --json printed {out:?}: {e}"));
+        queue["jobs"].as_array().cloned().unwrap_or_default()
     }
 
     pub fn state(&self, id: &str) -> String {
@@ -329,13 +432,37 @@ impl Cluster {
         })
     }
 
+    /// Waits until the job is queued for `reason` (a `WaitReason::describe` text).
+    pub fn wait_reason(&self, id: &str, reason: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let job = self.show(id);
+            if job["state"] == "queued" && job["reason"] == reason {
+                return job;
+            }
+            // The last state seen says more than a timeout: which reason, or that it ran.
+            assert!(
+                Instant::now() < deadline,
+                "job {id} never waited with `{reason}`; last seen: {job}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the job has finished and asserts it ended in `state`.
+    pub fn finished_as(&self, id: &str, state: &str, timeout: Duration) -> Value {
+        let job = self.wait_finished(id, timeout);
+        assert_eq!(job["state"], state, "{job}");
+        job
+    }
+
     /// Waits until the job has finished, returning its `show --json`.
     pub fn wait_finished(&self, id: &str, timeout: Duration) -> Value {
         wait_for(&format!("job {id} to finish"), timeout, || {
             let job = self.show(id);
             let done = matches!(
                 job["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
+                Some("succeeded" | "failed" | "cancelled" | "timed_out")
             );
             done.then_some(job)
         })
@@ -356,6 +483,51 @@ impl Cluster {
                 (online >= count).then_some(())
             },
         );
+    }
+
+    /// Runs `work` with a NATS client connected with `creds`, on a runtime of its own: the
+    /// stories are synchronous, and a few speak NATS directly (as a node, as an admin).
+    pub fn with_nats<T, Fut>(&self, creds: &Path, work: impl FnOnce(async_nats::Client) -> Fut) -> T
+    where
+        Fut: std::future::Future<Output = T>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+        runtime.block_on(async {
+            let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
+            let client = async_nats::ConnectOptions::with_nkey(seed)
+                .connect(self.server_url())
+                .await
+                .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()));
+            let result = work(client.clone()).await;
+            let _ = client.flush().await;
+            result
+        })
+    }
+
+    /// Publishes a heartbeat as its node would (with that node's credentials), so a test can
+    /// describe GPUs declared inventories never have: busy with processes mgpu did not start.
+    pub fn publish_heartbeat(&self, beat: &NodeHeartbeat) {
+        let payload = serde_json::to_vec(beat).unwrap_or_else(|e| panic!("{e}"));
+        let subject = subjects::heartbeat(&beat.node);
+        self.with_nats(&self.creds(Role::Node, &beat.node), |client| async move {
+            let js = async_nats::jetstream::new(client);
+            js.publish(subject, payload.into())
+                .await
+                .unwrap_or_else(|e| panic!("publishing a heartbeat: {e}"))
+                .await
+                .unwrap_or_else(|e| panic!("heartbeat not stored: {e}"));
+        });
+    }
+
+    /// Drained nodes and paused GPUs as the scheduler recorded them (empty until it did).
+    pub fn node_admin(&self) -> BTreeMap<String, NodeAdmin> {
+        self.with_nats(&self.admin_creds(), |client| async move {
+            let js = async_nats::jetstream::new(client);
+            records::node_admin(&js).await.unwrap_or_default()
+        })
     }
 
     /// Prints the component logs; call before failing to see what happened.

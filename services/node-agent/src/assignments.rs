@@ -290,12 +290,18 @@ impl Dispatcher {
                 job_id,
                 attempt,
                 reason,
+                requeue,
             } => {
                 let key = AttemptKey { job_id, attempt };
-                if self.ctx.table.request_stop(&key, StopReason::Cancelled) {
-                    info!(%key, reason, "kill requested");
+                let stop = if requeue {
+                    StopReason::Requeued
                 } else {
-                    info!(%key, reason, "kill requested for a job attempt not running here; nothing to do");
+                    StopReason::Cancelled
+                };
+                if self.ctx.table.request_stop(&key, stop) {
+                    info!(%key, reason, requeue, "kill requested");
+                } else {
+                    info!(%key, reason, requeue, "kill requested for a job attempt not running here; nothing to do");
                 }
             }
         }

@@ -59,6 +59,26 @@ pub struct Args {
     #[arg(long, value_name = "ADDR")]
     pub address: Option<String>,
 
+    /// Do not offer a GPU when processes mgpu did not start use more than this share of its
+    /// memory (0.0 to 1.0).
+    #[arg(
+        long,
+        value_name = "SHARE",
+        default_value_t = mgpu_shared::node::DEFAULT_THRESHOLD,
+        value_parser = parse_threshold
+    )]
+    pub mem_threshold: f64,
+
+    /// Do not offer a GPU that runs no mgpu job when its utilisation exceeds this share
+    /// (0.0 to 1.0).
+    #[arg(
+        long,
+        value_name = "SHARE",
+        default_value_t = mgpu_shared::node::DEFAULT_THRESHOLD,
+        value_parser = parse_threshold
+    )]
+    pub load_threshold: f64,
+
     /// Print the GPUs this agent would report, as JSON, and exit without connecting.
     #[arg(long)]
     pub print_gpus: bool,
@@ -76,6 +96,21 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
         };
     }
     mgpu_shared::duration::parse_duration(trimmed).map_err(|err| err.to_string())
+}
+
+/// A share for `--mem-threshold` / `--load-threshold`: a number from 0.0 to 1.0 (`0.8`, `1`).
+/// A percentage such as `80` is refused rather than read as "never", which it would mean.
+pub fn parse_threshold(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number; give a share from 0.0 to 1.0"))?;
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!(
+            "`{text}` is out of range: give a share from 0.0 to 1.0 (0.8 means 80%)"
+        ));
+    }
+    Ok(value)
 }
 
 /// The host name as the kernel has it.
@@ -172,5 +207,44 @@ mod tests {
         assert_eq!(args.kill_grace, Duration::from_secs(3));
         assert_eq!(args.gpus.map(|g| g.to_string()).as_deref(), Some("2x24GiB"));
         assert!(Args::try_parse_from(["mgpu-node", "--creds", "x", "--gpus", "4"]).is_err());
+    }
+
+    #[test]
+    fn thresholds_are_shares_from_zero_to_one() {
+        assert_eq!(parse_threshold("0.8"), Ok(0.8));
+        assert_eq!(parse_threshold("0"), Ok(0.0));
+        assert_eq!(parse_threshold("1"), Ok(1.0));
+        assert_eq!(parse_threshold(" 0.25 "), Ok(0.25));
+        for bad in ["80", "1.01", "-0.1", "NaN", "inf", "", "high"] {
+            assert!(parse_threshold(bad).is_err(), "{bad} accepted");
+        }
+        let message = parse_threshold("80").err().unwrap_or_default();
+        assert!(message.contains("0.0 to 1.0"), "{message}");
+    }
+
+    #[test]
+    fn thresholds_default_to_the_shared_value_and_parse_from_flags() {
+        let base = ["mgpu-node", "--creds", "/tmp/n1.nk"];
+        let Ok(args) = Args::try_parse_from(base) else {
+            panic!("defaults did not parse");
+        };
+        assert_eq!(args.mem_threshold, mgpu_shared::node::DEFAULT_THRESHOLD);
+        assert_eq!(args.load_threshold, mgpu_shared::node::DEFAULT_THRESHOLD);
+        let flags = base
+            .into_iter()
+            .chain(["--mem-threshold", "0.5", "--load-threshold", "0.9"]);
+        let Ok(args) = Args::try_parse_from(flags) else {
+            panic!("threshold flags did not parse");
+        };
+        assert_eq!(args.mem_threshold, 0.5);
+        assert_eq!(args.load_threshold, 0.9);
+        let err = Args::try_parse_from(base.into_iter().chain(["--mem-threshold", "1.5"]))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("--mem-threshold") && err.contains("0.0 to 1.0"),
+            "{err}"
+        );
     }
 }

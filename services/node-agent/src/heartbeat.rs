@@ -1,4 +1,5 @@
-//! The node's heartbeat on `nodes.heartbeat.<node>`: GPUs, running jobs, address. Published at
+//! The node's heartbeat on `nodes.heartbeat.<node>`: GPUs, running jobs, address, and the
+//! thresholds above which a GPU busy with others' work is not offered. Published at
 //! start, every interval, at once when a job starts or ends, and a last time at shutdown.
 //!
 //! JetStream keeps the last one per node (stream `MGPU_NODES`), which exists only once the
@@ -31,6 +32,16 @@ pub struct Identity {
     pub address: String,
     pub runs_jobs_as: String,
     pub interval: Duration,
+    pub thresholds: Thresholds,
+}
+
+/// When a GPU busy with work mgpu did not start stops being offered (`--mem-threshold`,
+/// `--load-threshold`): shares of 0.0..=1.0. The agent only announces them; the scheduler,
+/// which sees every node's GPUs, applies them when placing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Thresholds {
+    pub mem: f64,
+    pub load: f64,
 }
 
 pub struct Heartbeater {
@@ -118,6 +129,8 @@ impl Heartbeater {
             address: self.identity.address.clone(),
             runs_jobs_as: self.identity.runs_jobs_as.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            mem_threshold: self.identity.thresholds.mem,
+            load_threshold: self.identity.thresholds.load,
         };
         match self.publish(&heartbeat).await {
             Ok(()) => {

@@ -1,8 +1,7 @@
-//! One job attempt's process: building its script and environment, spawning it in its own
-//! process group, watching it (time limit, kill requests), and reporting how it ended after
-//! its output was flushed.
+//! One job attempt's process: spawning it (script and environment from [`crate::script`]) in
+//! its own process group, watching it (time limit, kill requests), and reporting how it ended
+//! after its output was flushed.
 
-use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, OnceLock};
@@ -12,7 +11,6 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use mgpu_shared::assign::Assignment;
 use mgpu_shared::event::JobEventKind;
-use mgpu_shared::job::JobSpec;
 use mgpu_shared::{output, subjects};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -25,6 +23,7 @@ use crate::input::InputForwarder;
 use crate::output::{OutputPipeline, output_headers};
 use crate::reports::Reporter;
 use crate::running::{AttemptKey, RunningTable, StopReason, StopRequests};
+use crate::script::{build_script, job_environment};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
 /// that escaped the group (a daemon) can hold the pipes open that long.
@@ -86,9 +85,9 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     let mut command = Command::new(shell);
     command
         .arg("-c")
-        .arg(build_script(spec))
+        .arg(build_script(spec, &gpus))
         .env_clear()
-        .envs(job_environment(&spec.env, &key, node, &gpus))
+        .envs(job_environment(spec, &key, node, &gpus))
         .current_dir(&spec.workdir)
         // Its own process group, so a kill reaches everything the job started.
         .process_group(0)
@@ -195,6 +194,7 @@ impl StartedJob {
             ?signal,
             cancelled = ending.cancelled,
             timed_out = ending.timed_out,
+            preempted = ending.preempted,
             output_bytes = summary.bytes,
             output_chunks_lost = summary.lost_chunks,
             "job exited"
@@ -207,6 +207,7 @@ impl StartedJob {
                     signal,
                     cancelled: ending.cancelled,
                     timed_out: ending.timed_out,
+                    preempted: ending.preempted,
                 },
             )
             .await;
@@ -221,6 +222,8 @@ struct Ending {
     status: Option<ExitStatus>,
     cancelled: bool,
     timed_out: bool,
+    /// Stopped so that it goes back to the queue (a Kill with `requeue`).
+    preempted: bool,
 }
 
 /// The rules for stopping one running job.
@@ -237,6 +240,7 @@ impl Watch<'_> {
     async fn until_exit(&self, child: &mut Child, stop_requests: &mut StopRequests) -> Ending {
         let mut cancelled = false;
         let mut timed_out = false;
+        let mut preempted = false;
         // When SIGKILL is due, once a stop has begun.
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
@@ -248,7 +252,7 @@ impl Watch<'_> {
                     let status = status
                         .inspect_err(|err| error!(key = %self.key, "cannot read the job's exit status: {err}"))
                         .ok();
-                    return Ending { status, cancelled, timed_out };
+                    return Ending { status, cancelled, timed_out, preempted };
                 }
                 () = sleep_until(self.time_limit_at), if !stopping && self.time_limit_at.is_some() => {
                     info!(key = %self.key, "time limit reached; stopping the job");
@@ -265,8 +269,10 @@ impl Watch<'_> {
                     match reason {
                         StopReason::Cancelled => info!(key = %self.key, "cancelling the job"),
                         StopReason::AgentShutdown => info!(key = %self.key, "stopping the job: the agent is shutting down"),
+                        StopReason::Requeued => info!(key = %self.key, "stopping the job: the scheduler puts it back in the queue"),
                     }
                     cancelled = reason == StopReason::Cancelled;
+                    preempted = reason == StopReason::Requeued;
                     kill_at = Some(self.terminate());
                 }
                 () = sleep_until(kill_at), if stopping && !killed => {
@@ -328,56 +334,6 @@ fn shell_program() -> &'static str {
     })
 }
 
-/// The shell script a job runs: its command line (one element is a shell line used as is,
-/// several are quoted word by word), after the environment setup when there is one, in the
-/// same shell so that `source venv/bin/activate` takes effect.
-pub fn build_script(spec: &JobSpec) -> String {
-    let line = spec.command_line();
-    match spec.env_setup_cmd.as_deref() {
-        Some(setup) if !setup.trim().is_empty() => format!("{setup}\n{line}"),
-        _ => line,
-    }
-}
-
-/// Whether a variable from the submitter's captured environment is passed on. The agent sets
-/// the GPU and mgpu variables itself, and `LD_PRELOAD` would inject code into every process
-/// the job starts.
-fn passes_user_variable(name: &str) -> bool {
-    !(name.is_empty()
-        || name.contains(['=', '\0'])
-        || name == "LD_PRELOAD"
-        || name == "CUDA_VISIBLE_DEVICES"
-        || name == "CUDA_DEVICE_ORDER"
-        || name.starts_with("MGPU_"))
-}
-
-/// The job's whole environment: the submitter's (filtered), then the agent's variables.
-pub fn job_environment(
-    user_env: &BTreeMap<String, String>,
-    key: &AttemptKey,
-    node: &str,
-    gpus: &[u32],
-) -> BTreeMap<String, String> {
-    let mut env: BTreeMap<String, String> = user_env
-        .iter()
-        .filter(|(name, value)| passes_user_variable(name) && !value.contains('\0'))
-        .map(|(name, value)| (name.clone(), value.clone()))
-        .collect();
-    let gpu_list = gpus
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    env.insert("CUDA_VISIBLE_DEVICES".into(), gpu_list.clone());
-    // CUDA's default numbering is fastest-first; PCI bus order matches NVML's indices.
-    env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
-    env.insert("MGPU_JOB_ID".into(), key.job_id.to_string());
-    env.insert("MGPU_NODE".into(), node.to_owned());
-    env.insert("MGPU_ATTEMPT".into(), key.attempt.to_string());
-    env.insert("MGPU_GPUS".into(), gpu_list);
-    env
-}
-
 /// Checks the job's directory before spawning, so the user gets a sentence rather than an errno.
 async fn check_workdir(workdir: &str, node: &str) -> Result<(), String> {
     match tokio::fs::metadata(workdir).await {
@@ -395,100 +351,6 @@ async fn check_workdir(workdir: &str, node: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::ids::JobId;
-
-    fn spec(command: &[&str]) -> JobSpec {
-        JobSpec::new(command.iter().map(|s| (*s).to_owned()).collect(), "/tmp")
-    }
-
-    #[test]
-    fn one_element_is_a_shell_line_used_as_is() {
-        let s = spec(&["python train.py | tee log.txt && echo $HOME"]);
-        assert_eq!(
-            build_script(&s),
-            "python train.py | tee log.txt && echo $HOME"
-        );
-    }
-
-    #[test]
-    fn several_elements_are_quoted_word_by_word() {
-        let s = spec(&[
-            "python",
-            "-c",
-            "print('hi there')",
-            "a b",
-            "$HOME",
-            "plain-arg",
-        ]);
-        assert_eq!(
-            build_script(&s),
-            r#"python -c 'print('\''hi there'\'')' 'a b' '$HOME' plain-arg"#
-        );
-    }
-
-    #[test]
-    fn the_environment_setup_runs_first_in_the_same_shell() {
-        let mut s = spec(&["python", "train.py"]);
-        s.env_setup_cmd = Some("source venv/bin/activate".into());
-        assert_eq!(
-            build_script(&s),
-            "source venv/bin/activate\npython train.py"
-        );
-        s.env_setup_cmd = Some("   ".into());
-        assert_eq!(build_script(&s), "python train.py");
-    }
-
-    #[test]
-    fn user_variables_cannot_override_the_agents_or_inject_code() {
-        let user: BTreeMap<String, String> = [
-            ("PATH", "/usr/bin"),
-            ("HOME", "/home/alice"),
-            ("LD_PRELOAD", "/tmp/evil.so"),
-            ("LD_LIBRARY_PATH", "/opt/cuda/lib64"),
-            ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
-            ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
-            ("MGPU_JOB_ID", "forged"),
-            ("MGPU_ANYTHING", "x"),
-            ("BAD=NAME", "x"),
-            ("NUL_VALUE", "a\0b"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let key = AttemptKey {
-            job_id: JobId::random(),
-            attempt: 3,
-        };
-        let env = job_environment(&user, &key, "node001", &[2, 5]);
-        let get = |name: &str| env.get(name).map(String::as_str);
-        assert_eq!(get("PATH"), Some("/usr/bin"));
-        assert_eq!(get("HOME"), Some("/home/alice"));
-        assert_eq!(get("LD_LIBRARY_PATH"), Some("/opt/cuda/lib64"));
-        assert_eq!(get("LD_PRELOAD"), None);
-        assert_eq!(get("MGPU_ANYTHING"), None);
-        assert_eq!(get("BAD=NAME"), None);
-        assert_eq!(get("NUL_VALUE"), None);
-        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("2,5"));
-        assert_eq!(get("MGPU_GPUS"), Some("2,5"));
-        assert_eq!(get("CUDA_DEVICE_ORDER"), Some("PCI_BUS_ID"));
-        assert_eq!(get("MGPU_JOB_ID"), Some(key.job_id.as_str()));
-        assert_eq!(get("MGPU_NODE"), Some("node001"));
-        assert_eq!(get("MGPU_ATTEMPT"), Some("3"));
-    }
-
-    #[test]
-    fn a_job_without_gpus_sees_none() {
-        let key = AttemptKey {
-            job_id: JobId::random(),
-            attempt: 1,
-        };
-        let env = job_environment(&BTreeMap::new(), &key, "n", &[]);
-        assert_eq!(
-            env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
-            Some("")
-        );
-        assert_eq!(env.get("MGPU_GPUS").map(String::as_str), Some(""));
-    }
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {
@@ -500,6 +362,48 @@ mod tests {
             (143, Some(15))
         );
         assert_eq!(exit_code_of(None), (-1, None));
+    }
+
+    /// Spawns `sleep` as the agent spawns jobs (own process group), asks the table to stop it
+    /// for `reason` and returns how the watch saw it end.
+    async fn stop_a_sleeping_job(reason: StopReason) -> Ending {
+        let table = RunningTable::default();
+        let key = AttemptKey {
+            job_id: mgpu_shared::ids::JobId::random(),
+            attempt: 1,
+        };
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning sleep: {e}"));
+        let pid = child.id().unwrap_or_else(|| panic!("sleep has no pid"));
+        let mut stop_requests = table.insert(key.clone(), pid);
+        assert!(table.request_stop(&key, reason));
+        let watch = Watch {
+            key: &key,
+            pid,
+            kill_grace: Duration::from_secs(5),
+            time_limit_at: None,
+        };
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            watch.until_exit(&mut child, &mut stop_requests),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the job was not stopped"))
+    }
+
+    #[tokio::test]
+    async fn a_requeue_kill_stops_the_job_as_a_cancel_does_but_reports_it_preempted() {
+        let requeued = stop_a_sleeping_job(StopReason::Requeued).await;
+        assert!(requeued.preempted && !requeued.cancelled && !requeued.timed_out);
+        let cancelled = stop_a_sleeping_job(StopReason::Cancelled).await;
+        assert!(cancelled.cancelled && !cancelled.preempted && !cancelled.timed_out);
+        // Both end the same way: SIGTERM to the group.
+        assert_eq!(exit_code_of(requeued.status), (143, Some(15)));
+        assert_eq!(exit_code_of(cancelled.status), (143, Some(15)));
     }
 
     #[tokio::test]

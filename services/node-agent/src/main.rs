@@ -17,6 +17,7 @@ mod nvml;
 mod output;
 mod reports;
 mod running;
+mod script;
 mod shutdown;
 mod throttle;
 
@@ -35,7 +36,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::assignments::Dispatcher;
 use crate::cli::Args;
-use crate::heartbeat::{Heartbeater, Identity};
+use crate::heartbeat::{Heartbeater, Identity, Thresholds};
 use crate::job::JobContext;
 use crate::reports::Reporter;
 use crate::running::{RunningTable, StopReason};
@@ -121,7 +122,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat_interval,
         kill_grace: args.kill_grace,
     };
-    let agent = start_loops(client, node, address, probe, timings);
+    let thresholds = Thresholds {
+        mem: args.mem_threshold,
+        load: args.load_threshold,
+    };
+    let agent = start_loops(client, node, address, probe, timings, thresholds);
     wait_for_stop_signal().await?;
     agent.shut_down().await;
     Ok(())
@@ -141,6 +146,7 @@ fn start_loops(
     address: String,
     probe: Box<dyn gpu::GpuProbe>,
     timings: Timings,
+    thresholds: Thresholds,
 ) -> Agent {
     let js = async_nats::jetstream::new(client.clone());
     let (stop_taking_work, shutdown) = shutdown::signal();
@@ -154,6 +160,7 @@ fn start_loops(
         address,
         runs_jobs_as: cli::current_user(),
         interval: timings.heartbeat_interval,
+        thresholds,
     };
     let heartbeater = Heartbeater::new(js.clone(), identity, probe, table.clone());
     let heartbeat = tokio::spawn(heartbeater.run(heartbeat_now.clone(), heartbeat_stop));

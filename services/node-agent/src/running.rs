@@ -31,6 +31,9 @@ impl std::fmt::Display for AttemptKey {
 pub enum StopReason {
     /// The scheduler sent a Kill (the user cancelled): the job ends as cancelled.
     Cancelled,
+    /// The scheduler sent a Kill with `requeue` (its time slice is over and others wait): the
+    /// job is stopped exactly as for a cancel, but reported as preempted, not cancelled.
+    Requeued,
     /// The agent is shutting down.
     AgentShutdown,
 }

@@ -12,8 +12,17 @@ pub(super) struct FreeGpu {
     pub index: u32,
     pub units: u32,
     pub memory_mib: u64,
-    /// Not paused, node not drained, not busy with processes mgpu did not start.
-    pub offered: bool,
+    /// Not paused and node not drained.
+    pub in_service: bool,
+    /// Not busy with processes mgpu did not start (memory and load thresholds).
+    pub unbusy: bool,
+}
+
+impl FreeGpu {
+    /// Offered to new work now.
+    pub fn offered(&self) -> bool {
+        self.in_service && self.unbusy
+    }
 }
 
 pub(super) struct FreeNode {
@@ -29,8 +38,10 @@ pub(super) struct Capacity {
 
 /// Which GPUs a placement may use.
 pub(super) struct Constraints<'a> {
-    /// Only GPUs offered now (false: also paused GPUs and drained nodes, to tell why a job waits).
-    pub offered_only: bool,
+    /// Only GPUs in service: not paused, node not drained (false: to tell why a job waits).
+    pub in_service_only: bool,
+    /// Only GPUs not busy with foreign work (false: to tell why a job waits).
+    pub unbusy_only: bool,
     /// GPUs held for someone else (backfill reservations).
     pub avoid: &'a dyn Fn(&str, u32) -> bool,
 }
@@ -53,7 +64,8 @@ impl Capacity {
                             index: g.index,
                             units: GpuAmount::UNITS_PER_GPU,
                             memory_mib: g.memory_total_mib.saturating_sub(g.foreign_mem_mib),
-                            offered: !n.drained && !g.paused && !too_much_foreign_memory,
+                            in_service: !n.drained && !g.paused,
+                            unbusy: !too_much_foreign_memory,
                         }
                     })
                     .collect(),
@@ -77,7 +89,7 @@ impl Capacity {
                         && f64::from(g.utilization_pct) > view.load_threshold * 100.0
                 });
                 if busy_elsewhere && gpu.units == GpuAmount::UNITS_PER_GPU {
-                    gpu.offered = false;
+                    gpu.unbusy = false;
                 }
             }
         }
@@ -105,13 +117,14 @@ impl Capacity {
     ) -> Option<Placement> {
         let mut best: Option<(usize, Placement)> = None;
         for node in &self.nodes {
-            if constraints.offered_only && !node.offered {
+            if constraints.in_service_only && !node.offered {
                 continue;
             }
             let usable: Vec<&FreeGpu> = node
                 .gpus
                 .iter()
-                .filter(|g| !constraints.offered_only || g.offered)
+                .filter(|g| !constraints.in_service_only || g.in_service)
+                .filter(|g| !constraints.unbusy_only || g.unbusy)
                 .filter(|g| !(constraints.avoid)(&node.name, g.index))
                 .filter(|g| {
                     job.allowed_gpus
@@ -125,7 +138,7 @@ impl Capacity {
             let free_whole = node
                 .gpus
                 .iter()
-                .filter(|g| g.offered && g.units == GpuAmount::UNITS_PER_GPU)
+                .filter(|g| g.offered() && g.units == GpuAmount::UNITS_PER_GPU)
                 .count();
             let better = match (&best, policy) {
                 (None, _) => true,

@@ -219,14 +219,18 @@ fn plan_with_reservations(
             .time_limit
             .and_then(|limit| chrono::Duration::from_std(limit).ok())
             .map(|limit| now + limit);
-        let respecting_reservations = Constraints {
-            offered_only: true,
-            avoid: &|node: &str, index: u32| {
-                reservations.iter().any(|r| r.blocks(node, index, ends_at))
-            },
+        let avoid_reserved =
+            |node: &str, index: u32| reservations.iter().any(|r| r.blocks(node, index, ends_at));
+        let nothing_reserved = |_: &str, _: u32| false;
+        let fits = |in_service_only, unbusy_only, avoid: &dyn Fn(&str, u32) -> bool| {
+            let constraints = Constraints {
+                in_service_only,
+                unbusy_only,
+                avoid,
+            };
+            capacity.place(&job, &constraints, settings.placement)
         };
-        if let Some(placement) = capacity.place(&job, &respecting_reservations, settings.placement)
-        {
+        if let Some(placement) = fits(true, true, &avoid_reserved) {
             capacity.book(&placement);
             if let Some((array, _)) = &job.array {
                 *array_running.entry(array.clone()).or_default() += 1;
@@ -245,27 +249,13 @@ fn plan_with_reservations(
             continue;
         }
         someone_waits_for_gpus = true;
-        let no_reservations = Constraints {
-            offered_only: true,
-            avoid: &|_: &str, _: u32| false,
-        };
-        let reason = if capacity
-            .place(&job, &no_reservations, settings.placement)
-            .is_some()
-        {
+        // Why it waits: the first constraint whose removal would let it start.
+        let reason = if fits(true, true, &nothing_reserved).is_some() {
             WaitReason::Priority
-        } else if capacity
-            .place(
-                &job,
-                &Constraints {
-                    offered_only: false,
-                    avoid: &|_: &str, _: u32| false,
-                },
-                settings.placement,
-            )
-            .is_some()
-        {
+        } else if fits(false, true, &nothing_reserved).is_some() {
             WaitReason::GpusPaused
+        } else if fits(true, false, &nothing_reserved).is_some() {
+            WaitReason::GpusBusy
         } else {
             WaitReason::Resources
         };

@@ -54,7 +54,7 @@ pub(super) fn reserve(
         let mut candidates: Vec<(u32, Option<Timestamp>)> = node
             .gpus
             .iter()
-            .filter(|g| g.offered)
+            .filter(|g| g.offered())
             .filter(|g| {
                 !existing
                     .iter()

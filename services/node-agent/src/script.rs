@@ -1,0 +1,353 @@
+//! What a job attempt runs: the shell script built from its spec (environment setup, conda
+//! activation, then the command with `{gpus}` filled in) and the environment it runs with.
+//!
+//! Everything here is pure, so the exact text a job gets is unit-tested without spawning it.
+
+use std::collections::BTreeMap;
+
+use mgpu_shared::job::{JobSpec, shell_quote};
+
+use crate::running::AttemptKey;
+
+/// Text in the command replaced by the assigned GPU indices (`--cuda {gpus}` → `--cuda 0,2`),
+/// for programs that take their devices as an argument rather than from CUDA_VISIBLE_DEVICES.
+pub const GPUS_PLACEHOLDER: &str = "{gpus}";
+
+/// Exit status of a job whose conda environment cannot be activated: the shell's "command not
+/// found", since what is missing is the environment the command needs.
+pub const CONDA_FAILURE_EXIT: i32 = 127;
+
+/// The assigned GPU indices as CUDA_VISIBLE_DEVICES and `{gpus}` get them: `0,2`.
+pub fn gpu_list(gpus: &[u32]) -> String {
+    gpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The shell script a job runs, in one shell so that each step affects the next:
+///
+/// 1. `env_setup_cmd` (`source venv/bin/activate`), when there is one;
+/// 2. the conda environment's activation, when there is one; the job stops with
+///    [`CONDA_FAILURE_EXIT`] and a message on stderr if it fails, rather than running the
+///    command with the wrong Python;
+/// 3. the command, `{gpus}` replaced in every element. One element is a shell line used as is;
+///    several are quoted word by word (after the replacement, so an index list stays one word).
+pub fn build_script(spec: &JobSpec, gpus: &[u32]) -> String {
+    let mut lines = Vec::new();
+    if let Some(setup) = spec.env_setup_cmd.as_deref()
+        && !setup.trim().is_empty()
+    {
+        lines.push(setup.to_owned());
+    }
+    if let Some(env) = spec.conda_env.as_deref() {
+        lines.push(conda_activation(env));
+    }
+    lines.push(command_line(&spec.command, &gpu_list(gpus)));
+    lines.join("\n")
+}
+
+/// The line activating a conda environment. `conda shell.bash hook` defines the `conda` shell
+/// function that `activate` needs (a non-interactive shell never read the user's `.bashrc`);
+/// when conda is missing altogether, the hook prints nothing and `conda activate` fails, which
+/// the same message covers.
+fn conda_activation(env: &str) -> String {
+    let quoted = shell_quote(env);
+    // The name is closed off from the double-quoted text and appended as its own quoted word,
+    // so the message reads the same for any name and no name can inject shell code.
+    format!(
+        r#"eval "$(conda shell.bash hook 2>/dev/null)" && conda activate {quoted} || {{ echo "mgpu: cannot activate conda environment "{quoted} >&2; exit {CONDA_FAILURE_EXIT}; }}"#
+    )
+}
+
+/// The command as one shell line with `{gpus}` filled in; the same rule as
+/// `JobSpec::command_line`, which shows the command unfilled in listings.
+fn command_line(command: &[String], gpu_list: &str) -> String {
+    let filled: Vec<String> = command
+        .iter()
+        .map(|arg| arg.replace(GPUS_PLACEHOLDER, gpu_list))
+        .collect();
+    match filled.as_slice() {
+        [one] => one.clone(),
+        many => many
+            .iter()
+            .map(|arg| shell_quote(arg))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// Whether a variable from the submitter's captured environment is passed on. The agent sets
+/// the GPU and mgpu variables itself, and `LD_PRELOAD` would inject code into every process
+/// the job starts.
+fn passes_user_variable(name: &str) -> bool {
+    !(name.is_empty()
+        || name.contains(['=', '\0'])
+        || name == "LD_PRELOAD"
+        || name == "CUDA_VISIBLE_DEVICES"
+        || name == "CUDA_DEVICE_ORDER"
+        || name.starts_with("MGPU_"))
+}
+
+/// The job's whole environment: the submitter's captured one (filtered), then the agent's
+/// variables, which always win.
+pub fn job_environment(
+    spec: &JobSpec,
+    key: &AttemptKey,
+    node: &str,
+    gpus: &[u32],
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = spec
+        .env
+        .iter()
+        .filter(|(name, value)| passes_user_variable(name) && !value.contains('\0'))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let gpu_list = gpu_list(gpus);
+    env.insert("CUDA_VISIBLE_DEVICES".into(), gpu_list.clone());
+    // CUDA's default numbering is fastest-first; PCI bus order matches NVML's indices.
+    env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
+    env.insert("MGPU_JOB_ID".into(), key.job_id.to_string());
+    env.insert("MGPU_NODE".into(), node.to_owned());
+    env.insert("MGPU_ATTEMPT".into(), key.attempt.to_string());
+    // Attempts count from 1; a job checks this to resume from its checkpoint after a requeue.
+    env.insert(
+        "MGPU_RESTART_COUNT".into(),
+        key.attempt.saturating_sub(1).to_string(),
+    );
+    env.insert("MGPU_GPUS".into(), gpu_list);
+    if let Some(member) = &spec.array {
+        env.insert("MGPU_ARRAY_INDEX".into(), member.index.to_string());
+        env.insert("MGPU_ARRAY_ID".into(), member.array_id.to_string());
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_shared::ids::JobId;
+    use mgpu_shared::job::ArrayMember;
+
+    fn spec(command: &[&str]) -> JobSpec {
+        JobSpec::new(command.iter().map(|s| (*s).to_owned()).collect(), "/tmp")
+    }
+
+    fn key(attempt: u32) -> AttemptKey {
+        AttemptKey {
+            job_id: JobId::random(),
+            attempt,
+        }
+    }
+
+    #[test]
+    fn one_element_is_a_shell_line_used_as_is() {
+        let s = spec(&["python train.py | tee log.txt && echo $HOME"]);
+        assert_eq!(
+            build_script(&s, &[0]),
+            "python train.py | tee log.txt && echo $HOME"
+        );
+    }
+
+    #[test]
+    fn several_elements_are_quoted_word_by_word() {
+        let s = spec(&[
+            "python",
+            "-c",
+            "print('hi there')",
+            "a b",
+            "$HOME",
+            "plain-arg",
+        ]);
+        assert_eq!(
+            build_script(&s, &[0]),
+            r#"python -c 'print('\''hi there'\'')' 'a b' '$HOME' plain-arg"#
+        );
+    }
+
+    #[test]
+    fn the_environment_setup_runs_first_in_the_same_shell() {
+        let mut s = spec(&["python", "train.py"]);
+        s.env_setup_cmd = Some("source venv/bin/activate".into());
+        assert_eq!(
+            build_script(&s, &[]),
+            "source venv/bin/activate\npython train.py"
+        );
+        s.env_setup_cmd = Some("   ".into());
+        assert_eq!(build_script(&s, &[]), "python train.py");
+    }
+
+    #[test]
+    fn gpus_placeholder_becomes_the_assigned_indices_in_every_element() {
+        let line = spec(&["python run.py --cuda {gpus} --log gpu{gpus}.txt"]);
+        assert_eq!(
+            build_script(&line, &[0, 2]),
+            "python run.py --cuda 0,2 --log gpu0,2.txt"
+        );
+        let words = spec(&["python", "run.py", "--cuda", "{gpus}", "--tag=a{gpus}b"]);
+        assert_eq!(
+            build_script(&words, &[3]),
+            "python run.py --cuda 3 --tag=a3b"
+        );
+        // Without GPUs the placeholder empties, as CUDA_VISIBLE_DEVICES does.
+        assert_eq!(
+            build_script(&words, &[]),
+            "python run.py --cuda '' --tag=ab"
+        );
+        // Only the exact text is replaced.
+        let near = spec(&["echo {gpu} {GPUS} { gpus }"]);
+        assert_eq!(build_script(&near, &[1]), "echo {gpu} {GPUS} { gpus }");
+    }
+
+    #[test]
+    fn conda_activates_after_the_setup_and_before_the_command() {
+        let mut s = spec(&["python", "train.py"]);
+        s.conda_env = Some("llm-env".into());
+        let activate = r#"eval "$(conda shell.bash hook 2>/dev/null)" && conda activate llm-env || { echo "mgpu: cannot activate conda environment "llm-env >&2; exit 127; }"#;
+        assert_eq!(
+            build_script(&s, &[0]),
+            format!("{activate}\npython train.py")
+        );
+        s.env_setup_cmd = Some("module load cuda".into());
+        assert_eq!(
+            build_script(&s, &[0]),
+            format!("module load cuda\n{activate}\npython train.py")
+        );
+    }
+
+    #[test]
+    fn a_conda_name_is_quoted_as_one_word() {
+        // Validation refuses such names; the script stays safe even without it.
+        let mut s = spec(&["true"]);
+        s.conda_env = Some("x; rm -rf ~".into());
+        let script = build_script(&s, &[]);
+        assert!(
+            script.contains("conda activate 'x; rm -rf ~' ||"),
+            "{script}"
+        );
+        assert!(
+            script.contains(r#"environment "'x; rm -rf ~' >&2"#),
+            "{script}"
+        );
+    }
+
+    /// Runs the conda line in a real bash with a fake `conda` on PATH, so the shell syntax and
+    /// the failure path are checked, not just the text.
+    #[test]
+    fn the_conda_line_activates_or_stops_the_job_with_127() {
+        use std::os::unix::fs::PermissionsExt;
+        if !std::path::Path::new("/bin/bash").exists() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let fake = dir.path().join("conda");
+        // The hook defines a `conda` function that knows only the environment `good`.
+        let hook = r#"#!/bin/sh
+if [ "$1" = shell.bash ]; then
+  echo 'conda() { [ "$1" = activate ] && [ "$2" = good ] && export CONDA_DEFAULT_ENV="$2"; }'
+fi
+"#;
+        std::fs::write(&fake, hook).unwrap_or_else(|e| panic!("write: {e}"));
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod: {e}"));
+        let path = format!("{}:/usr/bin:/bin", dir.path().display());
+        let run = |env: &str| {
+            let mut s = spec(&["echo active=$CONDA_DEFAULT_ENV"]);
+            s.conda_env = Some(env.into());
+            std::process::Command::new("/bin/bash")
+                .arg("-c")
+                .arg(build_script(&s, &[]))
+                .env_clear()
+                .env("PATH", &path)
+                .output()
+                .unwrap_or_else(|e| panic!("bash: {e}"))
+        };
+        let good = run("good");
+        assert_eq!(good.status.code(), Some(0));
+        assert_eq!(String::from_utf8_lossy(&good.stdout), "active=good\n");
+        let bad = run("missing");
+        assert_eq!(bad.status.code(), Some(CONDA_FAILURE_EXIT));
+        assert!(
+            bad.stdout.is_empty(),
+            "the command ran without its environment"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&bad.stderr),
+            "mgpu: cannot activate conda environment missing\n"
+        );
+    }
+
+    #[test]
+    fn user_variables_cannot_override_the_agents_or_inject_code() {
+        let mut s = spec(&["true"]);
+        s.env = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/alice"),
+            ("LD_PRELOAD", "/tmp/evil.so"),
+            ("LD_LIBRARY_PATH", "/opt/cuda/lib64"),
+            ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+            ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+            ("MGPU_JOB_ID", "forged"),
+            ("MGPU_ANYTHING", "x"),
+            ("MGPU_RESTART_COUNT", "9"),
+            ("MGPU_ARRAY_INDEX", "9"),
+            ("MGPU_ARRAY_ID", "forged"),
+            ("BAD=NAME", "x"),
+            ("NUL_VALUE", "a\0b"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let key = key(3);
+        let env = job_environment(&s, &key, "node001", &[2, 5]);
+        let get = |name: &str| env.get(name).map(String::as_str);
+        assert_eq!(get("PATH"), Some("/usr/bin"));
+        assert_eq!(get("HOME"), Some("/home/alice"));
+        assert_eq!(get("LD_LIBRARY_PATH"), Some("/opt/cuda/lib64"));
+        assert_eq!(get("LD_PRELOAD"), None);
+        assert_eq!(get("MGPU_ANYTHING"), None);
+        assert_eq!(get("BAD=NAME"), None);
+        assert_eq!(get("NUL_VALUE"), None);
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("2,5"));
+        assert_eq!(get("MGPU_GPUS"), Some("2,5"));
+        assert_eq!(get("CUDA_DEVICE_ORDER"), Some("PCI_BUS_ID"));
+        assert_eq!(get("MGPU_JOB_ID"), Some(key.job_id.as_str()));
+        assert_eq!(get("MGPU_NODE"), Some("node001"));
+        assert_eq!(get("MGPU_ATTEMPT"), Some("3"));
+        assert_eq!(get("MGPU_RESTART_COUNT"), Some("2"));
+        // Not an array task: the forged array variables are dropped, none are set.
+        assert_eq!(get("MGPU_ARRAY_INDEX"), None);
+        assert_eq!(get("MGPU_ARRAY_ID"), None);
+    }
+
+    #[test]
+    fn the_first_attempt_is_no_restart() {
+        let env = job_environment(&spec(&["true"]), &key(1), "n", &[0]);
+        assert_eq!(env.get("MGPU_RESTART_COUNT").map(String::as_str), Some("0"));
+    }
+
+    #[test]
+    fn array_tasks_see_their_index_and_array() {
+        let mut s = spec(&["true"]);
+        let array_id = JobId::random();
+        s.array = Some(ArrayMember {
+            array_id: array_id.clone(),
+            index: 4,
+            max_running: Some(2),
+        });
+        let env = job_environment(&s, &key(1), "n", &[0]);
+        let get = |name: &str| env.get(name).map(String::as_str);
+        assert_eq!(get("MGPU_ARRAY_INDEX"), Some("4"));
+        assert_eq!(get("MGPU_ARRAY_ID"), Some(array_id.as_str()));
+    }
+
+    #[test]
+    fn a_job_without_gpus_sees_none() {
+        let env = job_environment(&spec(&["true"]), &key(1), "n", &[]);
+        assert_eq!(
+            env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
+            Some("")
+        );
+        assert_eq!(env.get("MGPU_GPUS").map(String::as_str), Some(""));
+    }
+}
