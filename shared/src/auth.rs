@@ -183,6 +183,7 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 "$JS.FC.>",
                 "$KV.mgpu-jobs.>",
                 "$KV.mgpu-cluster.>",
+                "$KV.mgpu-leader.>",
                 subjects::ALL_ASSIGNMENTS,
                 subjects::ALL_CONTROLS,
                 subjects::ALL_EVENTS,

@@ -40,6 +40,10 @@ pub enum JobEventKind {
         /// Stopped by a Kill with `requeue`: it goes back to the queue.
         #[serde(default)]
         preempted: bool,
+        /// Found still running by a restarted agent, which could no longer stream its output
+        /// and so stopped it: treated like a lost node (requeued unless `--no-requeue`).
+        #[serde(default)]
+        lost: bool,
     },
     /// The scheduler recorded the job as finished in this state.
     Finished {

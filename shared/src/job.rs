@@ -77,6 +77,9 @@ pub struct JobSpec {
     /// The profile the GPU requirement came from (`--profile`, or `--llm NAME` in the command).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// When its node is lost, end as `node_failed` instead of going back to the queue.
+    #[serde(default)]
+    pub no_requeue: bool,
 }
 
 /// What a job does when its time limit is reached.
@@ -130,6 +133,7 @@ impl JobSpec {
             array: None,
             dedup: false,
             profile: None,
+            no_requeue: false,
         }
     }
 
@@ -447,6 +451,9 @@ pub enum JobState {
     Cancelled(Ending),
     /// Stopped at its time limit with `--on-timeout fail`.
     TimedOut(Ending),
+    /// Its node was lost while it ran, and it was not requeued (`--no-requeue`, or too many
+    /// attempts).
+    NodeFailed(Ending),
 }
 
 impl JobState {
@@ -458,6 +465,7 @@ impl JobState {
             JobState::Failed(_) => "failed",
             JobState::Cancelled(_) => "cancelled",
             JobState::TimedOut(_) => "timed_out",
+            JobState::NodeFailed(_) => "node_failed",
         }
     }
 
@@ -468,6 +476,7 @@ impl JobState {
                 | JobState::Failed(_)
                 | JobState::Cancelled(_)
                 | JobState::TimedOut(_)
+                | JobState::NodeFailed(_)
         )
     }
 
@@ -478,7 +487,8 @@ impl JobState {
             JobState::Succeeded(end)
             | JobState::Failed(end)
             | JobState::Cancelled(end)
-            | JobState::TimedOut(end) => end.placement.as_ref(),
+            | JobState::TimedOut(end)
+            | JobState::NodeFailed(end) => end.placement.as_ref(),
         }
     }
 
@@ -487,7 +497,8 @@ impl JobState {
             JobState::Succeeded(end)
             | JobState::Failed(end)
             | JobState::Cancelled(end)
-            | JobState::TimedOut(end) => Some(end),
+            | JobState::TimedOut(end)
+            | JobState::NodeFailed(end) => Some(end),
             _ => None,
         }
     }
@@ -520,7 +531,8 @@ impl JobRecord {
             JobState::Succeeded(e)
             | JobState::Failed(e)
             | JobState::Cancelled(e)
-            | JobState::TimedOut(e) => (e.started_at, Some(e.ended_at), e.reason.clone()),
+            | JobState::TimedOut(e)
+            | JobState::NodeFailed(e) => (e.started_at, Some(e.ended_at), e.reason.clone()),
         };
         JobSummary {
             id: self.id.clone(),

@@ -142,7 +142,12 @@ pub enum NodeLiveness {
 impl NodeHeartbeat {
     /// Online while fewer than [`MISSED_HEARTBEATS_OFFLINE`] heartbeats were missed.
     pub fn liveness(&self, now: Timestamp) -> NodeLiveness {
-        let allowed = Duration::from_millis(self.interval_ms.max(1)) * MISSED_HEARTBEATS_OFFLINE;
+        self.liveness_after(now, MISSED_HEARTBEATS_OFFLINE)
+    }
+
+    /// Online while fewer than `missed` heartbeats were missed (the scheduler's policy).
+    pub fn liveness_after(&self, now: Timestamp, missed: u32) -> NodeLiveness {
+        let allowed = Duration::from_millis(self.interval_ms.max(1)) * missed.max(1);
         let age = (now - self.sent_at).to_std().unwrap_or(Duration::ZERO);
         if age <= allowed {
             NodeLiveness::Online

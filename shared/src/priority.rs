@@ -53,6 +53,10 @@ pub struct Policy {
     pub max_job_time_secs: Option<u64>,
     /// Blocked jobs at the head of the queue that get a backfill reservation, at most.
     pub max_reservations: usize,
+    /// Heartbeats a node may miss before it counts as offline and its jobs as lost.
+    pub missed_heartbeats: u32,
+    /// A job whose node is lost is requeued until it has run this many attempts.
+    pub max_attempts: u32,
 }
 
 impl Default for Policy {
@@ -65,6 +69,8 @@ impl Default for Policy {
             half_life_secs: 24 * 3600,
             max_job_time_secs: None,
             max_reservations: 16,
+            missed_heartbeats: crate::node::MISSED_HEARTBEATS_OFFLINE,
+            max_attempts: 3,
         }
     }
 }

@@ -129,6 +129,17 @@ pub fn cluster_bucket_config(settings: &StreamSettings) -> kv::Config {
     }
 }
 
+pub fn leader_bucket_config(settings: &StreamSettings) -> kv::Config {
+    kv::Config {
+        bucket: subjects::LEADER_BUCKET.into(),
+        description: "the active mgpu scheduler's lease".into(),
+        history: 1,
+        max_age: Duration::from_secs(subjects::LEADER_LEASE_TTL_SECS),
+        num_replicas: settings.replicas.max(1),
+        ..Default::default()
+    }
+}
+
 /// Creates every stream and the bucket, or brings their settings up to date.
 pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Result<(), StateError> {
     for config in stream_configs(settings) {
@@ -146,6 +157,11 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
         .await
         .map_err(|e| {
             StateError::JetStream(format!("creating bucket {}: {e}", subjects::CLUSTER_BUCKET))
+        })?;
+    js.create_or_update_key_value(leader_bucket_config(settings))
+        .await
+        .map_err(|e| {
+            StateError::JetStream(format!("creating bucket {}: {e}", subjects::LEADER_BUCKET))
         })?;
     Ok(())
 }

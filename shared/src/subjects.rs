@@ -46,6 +46,11 @@ pub const JOBS_BUCKET_STREAM: &str = "KV_mgpu-jobs";
 pub const CLUSTER_BUCKET: &str = "mgpu-cluster";
 pub const CLUSTER_BUCKET_STREAM: &str = "KV_mgpu-cluster";
 pub const POLICY_KEY: &str = "policy";
+/// KV bucket holding the active scheduler's lease; entries expire after
+/// [`LEADER_LEASE_TTL_SECS`], so a standby takes over when the active one stops renewing.
+pub const LEADER_BUCKET: &str = "mgpu-leader";
+pub const LEADER_KEY: &str = "scheduler";
+pub const LEADER_LEASE_TTL_SECS: u64 = 3;
 pub const USAGE_KEY: &str = "usage";
 pub fn node_admin_key(node: &str) -> String {
     format!("node.{node}")
