@@ -9,9 +9,13 @@
 //! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
 //! - [`nodes`]: the node table built from heartbeats.
 //! - [`status`]: the NATS micro service (`$SRV.PING`, `mgpu.scheduler.status`).
+//! - [`leader`]: the lease that makes exactly one replica active.
+//! - [`liveness`]: lost nodes, lost jobs and fencing of stale attempts.
 
 mod config;
 mod core;
+mod leader;
+mod liveness;
 mod nodes;
 mod reports;
 mod requests;
@@ -56,6 +60,12 @@ struct Args {
     /// Cluster-wide time limit (`12h`, `90`, `1-00:00:00`); a time slice for jobs that requeue.
     #[arg(long, value_parser = parse_seconds)]
     max_job_time: Option<u64>,
+    /// Heartbeats a node may miss before it is offline and its running jobs are lost.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    missed_heartbeats: Option<u32>,
+    /// Attempts a job gets when its nodes keep getting lost; then it ends `node_failed`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_attempts: Option<u32>,
 }
 
 fn parse_placement(text: &str) -> Result<mgpu_shared::priority::PlacementPolicy, String> {
@@ -107,6 +117,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(max) = args.max_job_time {
         policy.max_job_time_secs = Some(max);
     }
+    if let Some(missed) = args.missed_heartbeats {
+        policy.missed_heartbeats = missed;
+    }
+    if let Some(attempts) = args.max_attempts {
+        policy.max_attempts = attempts;
+    }
     let client = connect(&target, "mgpu-scheduler").await?;
     tracing::info!(server = %args.server, "connected");
     let settings = StreamSettings {
@@ -114,12 +130,35 @@ async fn run(args: Args) -> anyhow::Result<()> {
         output_max_bytes: args.output_max_mib.saturating_mul(1024 * 1024),
         ..StreamSettings::default()
     };
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
         let _ = shutdown_tx.send(true);
     });
-    service::run(client.clone(), settings, policy, shutdown_rx).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    mgpu_shared::streams::ensure(&js, &settings).await?;
+    let holder = format!(
+        "{}-{}-{}",
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "host".into()),
+        std::process::id(),
+        &mgpu_shared::ids::JobId::random().as_str()[..6]
+    );
+    // Stand by until this replica holds the lease; act while it does; stand by again if it
+    // is lost (another replica took over while this one was stalled).
+    while let Some(lease) = leader::acquire(&js, &holder, &mut shutdown_rx).await? {
+        service::run(
+            client.clone(),
+            policy.clone(),
+            shutdown_rx.clone(),
+            lease.lost.clone(),
+        )
+        .await?;
+        if *shutdown_rx.borrow() {
+            break;
+        }
+    }
     // Flush what is still buffered (acks, last events) before leaving.
     let _ = client.drain().await;
     Ok(())

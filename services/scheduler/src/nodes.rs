@@ -1,25 +1,45 @@
 //! The scheduler's view of the nodes: the last heartbeat of each plus its administrative
 //! state (drained, paused GPUs), turned into what the core needs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use mgpu_shared::Timestamp;
 use mgpu_shared::node::{NodeAdmin, NodeHeartbeat, NodeLiveness};
 
 use crate::core::{GpuView, NodeView};
 
-#[derive(Default)]
 pub struct NodeTable {
     nodes: HashMap<String, NodeHeartbeat>,
     pub(crate) admin: BTreeMap<String, NodeAdmin>,
+    /// Heartbeats a node may miss before it is offline (the policy's `missed_heartbeats`).
+    missed: u32,
+    /// Nodes already handled as lost, so their loss is acted on once.
+    lost: HashSet<String>,
 }
 
 impl NodeTable {
-    pub fn new(beats: Vec<NodeHeartbeat>, admin: BTreeMap<String, NodeAdmin>) -> Self {
+    pub fn new(beats: Vec<NodeHeartbeat>, admin: BTreeMap<String, NodeAdmin>, missed: u32) -> Self {
         NodeTable {
             nodes: beats.into_iter().map(|b| (b.node.clone(), b)).collect(),
             admin,
+            missed,
+            lost: HashSet::new(),
         }
+    }
+
+    /// Nodes that went offline since the last call (each reported once per outage).
+    pub fn newly_lost(&mut self, now: Timestamp) -> Vec<String> {
+        let mut lost = Vec::new();
+        for beat in self.nodes.values() {
+            let offline = beat.liveness_after(now, self.missed) == NodeLiveness::Offline;
+            if offline && !self.lost.contains(&beat.node) {
+                lost.push(beat.node.clone());
+            } else if !offline {
+                self.lost.remove(&beat.node);
+            }
+        }
+        self.lost.extend(lost.iter().cloned());
+        lost
     }
 
     /// Records a heartbeat. Returns true when it may let queued work start: the node is new,
@@ -28,7 +48,7 @@ impl NodeTable {
         let changes_capacity = match self.nodes.get(&beat.node) {
             None => true,
             Some(old) => {
-                old.liveness(now) == NodeLiveness::Offline
+                old.liveness_after(now, self.missed) == NodeLiveness::Offline
                     || old.gpus.len() != beat.gpus.len()
                     || old.mem_threshold != beat.mem_threshold
                     || old.load_threshold != beat.load_threshold
@@ -51,7 +71,7 @@ impl NodeTable {
     pub fn online(&self, now: Timestamp) -> usize {
         self.nodes
             .values()
-            .filter(|n| n.liveness(now) == NodeLiveness::Online)
+            .filter(|n| n.liveness_after(now, self.missed) == NodeLiveness::Online)
             .count()
     }
 
@@ -64,7 +84,7 @@ impl NodeTable {
                 let admin = self.admin.get(&beat.node);
                 NodeView {
                     name: beat.node.clone(),
-                    online: beat.liveness(now) == NodeLiveness::Online,
+                    online: beat.liveness_after(now, self.missed) == NodeLiveness::Online,
                     drained: admin.is_some_and(|a| a.drained.is_some()),
                     mem_threshold: beat.mem_threshold,
                     load_threshold: beat.load_threshold,

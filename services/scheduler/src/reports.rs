@@ -59,8 +59,13 @@ impl Scheduler {
                 cancelled,
                 timed_out,
                 preempted,
+                lost,
             } => {
                 let at = event.at;
+                if lost {
+                    let why = format!("its agent on {node} restarted and stopped it");
+                    return self.lose_job(&job, &why, at).await;
+                }
                 if let Some(record) = self.store.get(&job).cloned() {
                     self.account_usage(&record, at);
                 }

@@ -5,6 +5,7 @@
 //! the loop; nothing polls. Messages that arrive together are handled as one batch followed
 //! by one scheduling pass, so a burst of 1 000 submissions costs a handful of passes.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -21,7 +22,6 @@ use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting};
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
-use mgpu_shared::streams::{self, StreamSettings};
 use mgpu_shared::{Timestamp, now, records, subjects};
 
 use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, RunningJob};
@@ -45,17 +45,20 @@ pub struct Scheduler {
     passes: u64,
     /// When the next time slice of a running job ends (the loop wakes up then).
     next_slice_end: Option<Timestamp>,
+    /// Stale attempts we told a node to kill, and when (so heartbeats do not repeat it).
+    pub(crate) kills_sent: HashMap<(JobId, u32), std::time::Instant>,
 }
 
 /// Runs the scheduler until `shutdown` turns true.
+/// Runs the active scheduler until `shutdown` turns true or the lease is lost. The streams
+/// must exist (`streams::ensure`).
 pub async fn run(
     client: async_nats::Client,
-    settings: StreamSettings,
     policy: Policy,
     mut shutdown: watch::Receiver<bool>,
+    mut lease_lost: watch::Receiver<bool>,
 ) -> Result<()> {
     let js = jetstream::new(client.clone());
-    streams::ensure(&js, &settings).await?;
 
     let store = JobStore::load(&js).await.context("loading job records")?;
     let nodes = NodeTable::new(
@@ -65,6 +68,7 @@ pub async fn run(
         records::node_admin(&js)
             .await
             .context("loading node administration")?,
+        policy.missed_heartbeats,
     );
     let usage = records::usage(&js).await.context("loading usage")?;
     let cluster = records::cluster_bucket(&js).await?;
@@ -85,6 +89,7 @@ pub async fn run(
         status: status_tx,
         passes: 0,
         next_slice_end: None,
+        kills_sent: HashMap::new(),
     };
     tracing::info!(
         jobs = scheduler.store.records().count(),
@@ -140,8 +145,12 @@ pub async fn run(
     .await
     .map_err(|e| anyhow!("consuming requests: {e}"))?;
 
+    scheduler.check_liveness().await;
     scheduler.pass().await;
     tracing::info!("scheduler ready");
+    // Nodes that stop heartbeating are noticed on this timer (nothing else would wake us).
+    let mut liveness = tokio::time::interval(Duration::from_secs(1));
+    liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let slice_timer = scheduler.next_slice_end.map(|end| {
             let wait = (end - now()).to_std().unwrap_or(Duration::ZERO);
@@ -149,6 +158,15 @@ pub async fn run(
         });
         tokio::select! {
             _ = shutdown.changed() => break,
+            _ = lease_lost.changed() => {
+                tracing::error!("lost the scheduler lease: no longer active");
+                break;
+            }
+            _ = liveness.tick() => {
+                if !scheduler.check_liveness().await {
+                    continue;
+                }
+            }
             // A running job's time slice ends: the pass decides whether to preempt it.
             _ = tokio::time::sleep_until(slice_timer.unwrap_or_else(far_future)), if slice_timer.is_some() => {}
             Some(message) = requests.next() => {
@@ -174,9 +192,9 @@ pub async fn run(
                 }
             }
             Some(message) = heartbeats.next() => {
-                let mut changed = scheduler.on_heartbeat(&message.payload);
+                let mut changed = scheduler.on_heartbeat(&message.payload).await;
                 while let Some(Some(message)) = heartbeats.next().now_or_never() {
-                    changed |= scheduler.on_heartbeat(&message.payload);
+                    changed |= scheduler.on_heartbeat(&message.payload).await;
                 }
                 if !changed {
                     continue;
@@ -281,9 +299,12 @@ impl Scheduler {
         }
     }
 
-    fn on_heartbeat(&mut self, payload: &Bytes) -> bool {
+    async fn on_heartbeat(&mut self, payload: &Bytes) -> bool {
         match serde_json::from_slice::<NodeHeartbeat>(payload) {
-            Ok(beat) => self.nodes.update(beat, now()),
+            Ok(beat) => {
+                self.reconcile_heartbeat(&beat).await;
+                self.nodes.update(beat, now())
+            }
             Err(err) => {
                 tracing::warn!(%err, "ignoring a malformed heartbeat");
                 false

@@ -1,0 +1,187 @@
+//! Failures: nodes that stop heartbeating, jobs their agent no longer runs, and attempts
+//! that keep running where they are no longer wanted (fencing).
+//!
+//! - A node offline (more than `missed_heartbeats` missed) loses its running jobs: each goes
+//!   back to the queue as its next attempt, or ends `node_failed` (`--no-requeue`, or
+//!   `max_attempts` reached).
+//! - A job recorded as started on a node whose fresh heartbeat does not list it was lost
+//!   there (the agent restarted): the same.
+//! - A heartbeat listing an attempt that is not that job's current attempt on that node gets a
+//!   kill for it. When a lost node comes back, its stale attempts die before anything else
+//!   can go wrong: no job runs twice at once for longer than one heartbeat.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use bytes::Bytes;
+
+use mgpu_shared::assign::NodeControl;
+use mgpu_shared::event::JobEventKind;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{Ending, JobState, WaitReason, Waiting};
+use mgpu_shared::node::NodeHeartbeat;
+use mgpu_shared::{Timestamp, now, subjects};
+
+use crate::service::Scheduler;
+
+/// A kill for a stale attempt is repeated at most this often while heartbeats still list it.
+const KILL_REPEAT: Duration = Duration::from_secs(5);
+
+impl Scheduler {
+    /// Acts on nodes that went offline. Returns true when something changed.
+    pub(crate) async fn check_liveness(&mut self) -> bool {
+        let now = now();
+        let lost_nodes = self.nodes.newly_lost(now);
+        let mut changed = false;
+        for node in lost_nodes {
+            let victims: Vec<JobId> = self
+                .store
+                .records()
+                .filter(
+                    |r| matches!(&r.state, JobState::Running(run) if run.placement.node == node),
+                )
+                .map(|r| r.id.clone())
+                .collect();
+            tracing::warn!(
+                node,
+                jobs = victims.len(),
+                "node offline: its running jobs are lost"
+            );
+            for job in victims {
+                if let Err(err) = self
+                    .lose_job(&job, &format!("node {node} went offline"), now)
+                    .await
+                {
+                    tracing::error!("{err:#}");
+                }
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Compares what a node says it runs with what the records say.
+    pub(crate) async fn reconcile_heartbeat(&mut self, beat: &NodeHeartbeat) {
+        // Attempts the node runs that it should not: kill them there.
+        for running in &beat.running {
+            let current = self.store.get(&running.id).is_some_and(|r| {
+                r.attempt == running.attempt
+                    && matches!(&r.state, JobState::Running(run) if run.placement.node == beat.node)
+            });
+            if current {
+                continue;
+            }
+            let key = (running.id.clone(), running.attempt);
+            if self
+                .kills_sent
+                .get(&key)
+                .is_some_and(|sent| sent.elapsed() < KILL_REPEAT)
+            {
+                continue;
+            }
+            tracing::warn!(job = %running.id, attempt = running.attempt, node = %beat.node, "stale attempt still running: killing it");
+            if let Err(err) = self
+                .send_kill(&beat.node, &running.id, running.attempt)
+                .await
+            {
+                tracing::error!("{err:#}");
+                continue;
+            }
+            self.kills_sent.insert(key, Instant::now());
+        }
+        self.kills_sent
+            .retain(|_, sent| sent.elapsed() < KILL_REPEAT * 12);
+
+        // Jobs recorded as started there that the node no longer lists: lost with its agent.
+        let margin = chrono::Duration::milliseconds((beat.interval_ms as i64).saturating_mul(2));
+        let missing: Vec<JobId> = self
+            .store
+            .records()
+            .filter(|r| match &r.state {
+                JobState::Running(run) => {
+                    run.placement.node == beat.node
+                        && run.started_at.is_some_and(|s| beat.sent_at > s + margin)
+                        && !beat
+                            .running
+                            .iter()
+                            .any(|j| j.id == r.id && j.attempt == r.attempt)
+                }
+                _ => false,
+            })
+            .map(|r| r.id.clone())
+            .collect();
+        for job in missing {
+            let why = format!("node {} no longer runs it (its agent restarted)", beat.node);
+            if let Err(err) = self.lose_job(&job, &why, beat.sent_at).await {
+                tracing::error!("{err:#}");
+            }
+        }
+    }
+
+    async fn send_kill(&self, node: &str, job: &JobId, attempt: u32) -> Result<()> {
+        let control = NodeControl::Kill {
+            job_id: job.clone(),
+            attempt,
+            reason: "stale attempt: this job was requeued or ended elsewhere".into(),
+            requeue: false,
+        };
+        self.js
+            .publish(
+                subjects::control(node),
+                Bytes::from(serde_json::to_vec(&control)?),
+            )
+            .await
+            .map_err(|e| anyhow!("sending a fencing kill to {node}: {e}"))?
+            .await
+            .map_err(|e| anyhow!("sending a fencing kill to {node}: {e}"))?;
+        Ok(())
+    }
+
+    /// A running job whose node lost it: back to the queue as the next attempt (keeping its
+    /// place in line), or `node_failed` when it may not be requeued.
+    pub(crate) async fn lose_job(&mut self, job: &JobId, why: &str, at: Timestamp) -> Result<()> {
+        let Some(record) = self.store.get(job).cloned() else {
+            return Ok(());
+        };
+        let JobState::Running(run) = &record.state else {
+            return Ok(());
+        };
+        self.account_usage(&record, at);
+        let out_of_attempts = record.attempt >= self.policy.max_attempts;
+        if record.spec.no_requeue || out_of_attempts {
+            let reason = if record.spec.no_requeue {
+                format!("{why}; not requeued (--no-requeue)")
+            } else {
+                format!(
+                    "{why}; not requeued: {} attempt(s) made, max_attempts is {}",
+                    record.attempt, self.policy.max_attempts
+                )
+            };
+            let ending = Ending {
+                placement: Some(run.placement.clone()),
+                started_at: run.started_at,
+                ended_at: at,
+                exit_code: None,
+                signal: None,
+                reason: Some(reason),
+            };
+            return self
+                .finish(job, |_| JobState::NodeFailed(ending.clone()))
+                .await;
+        }
+        self.store
+            .update(job, |r| {
+                r.attempt += 1;
+                r.state = JobState::Queued(Waiting::new(WaitReason::Resources));
+            })
+            .await?;
+        self.publish_event(
+            job,
+            JobEventKind::Queued {
+                reason: WaitReason::Resources,
+            },
+        );
+        tracing::warn!(job = %job, attempt = record.attempt + 1, "{why}: requeued");
+        Ok(())
+    }
+}
