@@ -106,3 +106,47 @@ impl NodeTable {
         views
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_shared::node::GpuSource;
+
+    fn beat(node: &str, sent_at: Timestamp) -> NodeHeartbeat {
+        NodeHeartbeat {
+            node: node.into(),
+            sent_at,
+            interval_ms: 1000,
+            gpu_source: GpuSource::Declared,
+            gpu_note: None,
+            gpus: Vec::new(),
+            running: Vec::new(),
+            address: "h".into(),
+            runs_jobs_as: "u".into(),
+            agent_version: "0".into(),
+            mem_threshold: 0.8,
+            load_threshold: 0.8,
+        }
+    }
+
+    #[test]
+    fn a_silent_node_is_lost_once_per_outage() {
+        let start = mgpu_shared::now();
+        let mut table = NodeTable::new(vec![beat("n1", start)], BTreeMap::new(), 3);
+        assert!(
+            table
+                .newly_lost(start + chrono::Duration::seconds(2))
+                .is_empty()
+        );
+        let later = start + chrono::Duration::seconds(4);
+        assert_eq!(table.newly_lost(later), vec!["n1".to_owned()]);
+        assert!(table.newly_lost(later).is_empty(), "reported once");
+        // It comes back, then goes silent again: a new outage.
+        table.update(beat("n1", later), later);
+        assert!(table.newly_lost(later).is_empty());
+        assert_eq!(
+            table.newly_lost(later + chrono::Duration::seconds(5)),
+            vec!["n1".to_owned()]
+        );
+    }
+}
