@@ -1,34 +1,42 @@
 #!/usr/bin/env bash
-# Starts a local mgpu cluster: one nats-server, the scheduler and N node agents.
+# Starts a local mgpu cluster: one nats-server, the scheduler (or several replicas) and N
+# node agents.
 #
-#   scripts/dev-up.sh [--nodes N] [--gpus SPEC] [--port PORT] [--release]
+#   scripts/dev-up.sh [--nodes N] [--schedulers N] [--gpus SPEC] [--port PORT] [--release]
 #
-#   --nodes N     agents to start, named node001, node002, … (default 1)
-#   --gpus SPEC   declare each agent's GPUs, e.g. 2x24GiB or 4x80GiB,1x16GiB. Without it,
-#                 agents read the GPUs through NVML, and where no NVIDIA driver exists they
-#                 declare 2 GPUs of 24 GiB and say so in `mgpu nodes`.
-#   --port PORT   NATS client port (default 4222)
+#   --nodes N        agents to start, named node001, node002, … (default 1)
+#   --schedulers N   scheduler replicas, named scheduler, scheduler-2, … (default 1): one is
+#                    active, the others stand by and take over within seconds if it dies
+#                    (try `kill -9 $(cat .mgpu/run/scheduler.pid)`)
+#   --gpus SPEC      declare each agent's GPUs, e.g. 2x24GiB or 4x80GiB,1x16GiB. Without it,
+#                    agents read the GPUs through NVML, and where no NVIDIA driver exists they
+#                    declare 2 GPUs of 24 GiB and say so in `mgpu nodes`.
+#   --port PORT      NATS client port (default 4222)
 #
 # Everything lives in .mgpu/ (git-ignored): credentials and server config in .mgpu/auth,
-# JetStream data in .mgpu/jetstream, logs in .mgpu/logs, pid files in .mgpu/run.
+# JetStream data in .mgpu/jetstream, logs in .mgpu/logs/<name>.log, pid files in
+# .mgpu/run/<name>.pid, the agents' state files (the jobs they run) in .mgpu/state.
 # Running it again starts only what is not running. Stop it all with scripts/dev-down.sh.
 # Afterwards: `source .mgpu/env` puts mgpu on PATH and sets MGPU_SERVER and MGPU_CREDS.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-nodes=1 gpus="" port=4222 profile=debug setup_args=()
+nodes=1 schedulers=1 gpus="" port=4222 profile=debug setup_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
+    --schedulers) schedulers="${2:?--schedulers needs a number}"; shift 2 ;;
     --gpus) gpus="${2:?--gpus needs a spec like 2x24GiB}"; shift 2 ;;
     --port) port="${2:?--port needs a number}"; shift 2 ;;
     --release) profile=release; setup_args+=(--release); shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    # The comment block at the top of this file, without its `# `.
+    -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
     *) echo "dev-up.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 999 ] || { echo "dev-up.sh: --nodes must be 1..999" >&2; exit 2; }
+[[ "$schedulers" =~ ^[0-9]+$ ]] && [ "$schedulers" -ge 1 ] && [ "$schedulers" -le 9 ] || { echo "dev-up.sh: --schedulers must be 1..9" >&2; exit 2; }
 
 say() { printf '[dev-up] %s\n' "$*"; }
 scripts/setup.sh "${setup_args[@]}"
@@ -36,7 +44,7 @@ scripts/setup.sh "${setup_args[@]}"
 bin="$root/target/$profile"
 state="$root/.mgpu"
 auth="$state/auth"
-mkdir -p "$state/logs" "$state/run" "$state/jetstream"
+mkdir -p "$state/logs" "$state/run" "$state/jetstream" "$state/state"
 
 user_name="$(id -un 2>/dev/null || echo "${USER:-user}")"
 principal="$(printf '%s' "$user_name" | tr -c 'A-Za-z0-9_-' '_')"
@@ -69,13 +77,18 @@ done
 (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "dev-up.sh: nats-server did not start; see .mgpu/logs/nats-server.log" >&2; exit 1; }
 
 server="nats://127.0.0.1:$port"
-MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/scheduler-scheduler.nk" \
-  start scheduler "$bin/mgpu-scheduler" || true
+# Replicas share the scheduler's key: whichever holds the lease acts, the others stand by.
+for i in $(seq 1 "$schedulers"); do
+  if [ "$i" -eq 1 ]; then name=scheduler; else name="scheduler-$i"; fi
+  MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/scheduler-scheduler.nk" \
+    start "$name" "$bin/mgpu-scheduler" || true
+done
 for i in $(seq 1 "$nodes"); do
   node="$(printf 'node%03d' "$i")"
   if [ -n "$gpus" ]; then gpu_args=(--gpus "$gpus"); else gpu_args=(--fallback-gpus 2x24GiB); fi
+  # The state file lets a restarted agent stop the jobs its crashed predecessor left running.
   MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/node-$node.nk" \
-    start "$node" "$bin/mgpu-node" --node "$node" "${gpu_args[@]}" || true
+    start "$node" "$bin/mgpu-node" --node "$node" "${gpu_args[@]}" --state-dir "$state/state" || true
 done
 
 cat >"$state/env" <<ENV
@@ -94,5 +107,5 @@ for attempt in $(seq 1 100); do
   [ $((attempt % 10)) -eq 0 ] && say "waiting for agents: ${online:-0}/$nodes online"
   sleep 0.2
 done
-say "cluster up at $server with $nodes node(s)"
+say "cluster up at $server with $nodes node(s) and $schedulers scheduler(s)"
 say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

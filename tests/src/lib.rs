@@ -5,10 +5,16 @@
 //! then the real `mgpu-scheduler` and `mgpu-node` binaries. Tests drive it through the real
 //! `mgpu` CLI (and, for attacks and raw checks, an async-nats client). Nothing is mocked.
 //!
-//! [`Cluster::start_with`] also passes flags to the scheduler (`--config FILE`, `--placement`),
-//! [`NodeSpec::agent_args`] to an agent (`--mem-threshold`), and [`NodeSpec::without_agent`]
-//! gives a node credentials but no agent, so a test can speak for it (heartbeats describing GPUs
-//! busy with foreign processes, which declared GPUs never are).
+//! [`Cluster::start_with`] also passes flags to the scheduler (`--config FILE`, `--placement`,
+//! `--missed-heartbeats`), [`NodeSpec::agent_args`] to an agent (`--mem-threshold`), and
+//! [`NodeSpec::without_agent`] gives a node credentials but no agent, so a test can speak for it
+//! (heartbeats describing GPUs busy with foreign processes, which declared GPUs never are).
+//!
+//! Failures are real too: [`Cluster::kill_agent`] and [`Cluster::kill_scheduler_named`] SIGKILL
+//! one process and return once it is dead, [`Cluster::signal_agent`] sends SIGSTOP/SIGCONT, and
+//! [`Cluster::start_standby_scheduler`] runs a second scheduler replica beside the first. Agents
+//! keep their state files in `<cluster dir>/state`; at teardown, job processes a killed agent
+//! left behind (recorded there) are killed, so no test leaks them.
 //!
 //! The binaries come from the cargo target directory the tests run from; `scripts/test.sh`
 //! builds them first. The nats-server is `$MGPU_NATS_SERVER`, else `.tools/bin/nats-server`,
@@ -25,6 +31,9 @@ use mgpu_shared::connect::read_seed;
 use mgpu_shared::node::{NodeAdmin, NodeHeartbeat};
 use mgpu_shared::{records, subjects};
 use serde_json::Value;
+
+mod faults;
+pub use faults::process_running;
 
 /// Heartbeat interval the agents use in tests (short, so node changes are seen quickly).
 pub const HEARTBEAT: &str = "200ms";
@@ -70,7 +79,8 @@ pub struct Cluster {
     pub port: u16,
     auth_dir: PathBuf,
     nats: Option<Child>,
-    scheduler: Option<Child>,
+    /// Running scheduler replicas by name (`scheduler`, `scheduler-2`, …), oldest first.
+    schedulers: Vec<(String, Child)>,
     agents: Vec<(String, Child)>,
     nodes: Vec<NodeSpec>,
     /// Flags every scheduler start gets, restarts included.
@@ -219,7 +229,7 @@ impl Cluster {
             port,
             auth_dir,
             nats: None,
-            scheduler: None,
+            schedulers: Vec::new(),
             agents: Vec::new(),
             nodes: nodes.to_vec(),
             scheduler_args: Vec::new(),
@@ -276,26 +286,36 @@ impl Cluster {
         });
     }
 
+    /// Starts the scheduler (named `scheduler`), with the flags given at [`Cluster::start_with`].
     pub fn start_scheduler(&mut self) {
-        assert!(self.scheduler.is_none(), "scheduler already running");
+        assert!(self.schedulers.is_empty(), "scheduler already running");
+        self.spawn_scheduler("scheduler");
+    }
+
+    fn spawn_scheduler(&mut self, name: &str) {
         let child = Command::new(bin_dir().join("mgpu-scheduler"))
             .args(&self.scheduler_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
             .env("RUST_LOG", "info")
-            .stdout(self.log("scheduler"))
-            .stderr(self.log("scheduler"))
+            .stdout(self.log(name))
+            .stderr(self.log(name))
             .spawn()
-            .unwrap_or_else(|e| panic!("starting the scheduler: {e}"));
-        self.scheduler = Some(child);
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        self.schedulers.push((name.to_owned(), child));
     }
 
-    /// SIGKILLs the scheduler: no chance to clean up, as in a crash.
+    /// SIGKILLs every scheduler replica: no chance to clean up, as in a crash.
     pub fn kill_scheduler(&mut self) {
-        if let Some(mut child) = self.scheduler.take() {
+        for (_, mut child) in self.schedulers.drain(..) {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Where agents keep their state files (`<node>.json`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 
     /// Starts the agent of a node declared at [`Cluster::start`].
@@ -309,6 +329,8 @@ impl Cluster {
         let child = Command::new(bin_dir().join("mgpu-node"))
             .args(["--node", &spec.name, "--gpus", &spec.gpus])
             .args(["--heartbeat-interval", HEARTBEAT, "--kill-grace", "2s"])
+            .arg("--state-dir")
+            .arg(self.state_dir())
             .args(&spec.agent_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Node, name))
@@ -462,7 +484,7 @@ impl Cluster {
             let job = self.show(id);
             let done = matches!(
                 job["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled" | "timed_out")
+                Some("succeeded" | "failed" | "cancelled" | "timed_out" | "node_failed")
             );
             done.then_some(job)
         })
@@ -543,14 +565,16 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
         if std::thread::panicking() {
             self.dump_logs();
         }
         for (_, child) in &mut self.agents {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+            let pid = Pid::from_raw(child.id() as i32);
+            // A frozen agent (a test that failed between SIGSTOP and SIGCONT) must run to stop.
+            let _ = kill(pid, Signal::SIGCONT);
+            let _ = kill(pid, Signal::SIGTERM);
         }
         for (_, child) in &mut self.agents {
             let deadline = Instant::now() + Duration::from_secs(8);
@@ -560,11 +584,9 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        for child in [self.scheduler.take(), self.nats.take()]
-            .into_iter()
-            .flatten()
-        {
-            let mut child = child;
+        self.kill_orphaned_jobs();
+        let schedulers = self.schedulers.drain(..).map(|(_, child)| child);
+        for mut child in schedulers.chain(self.nats.take()) {
             let _ = child.kill();
             let _ = child.wait();
         }

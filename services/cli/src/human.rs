@@ -52,6 +52,7 @@ pub fn mib_pair(used: u64, total: u64) -> String {
 pub fn state_words(state: &mgpu_shared::job::JobState) -> &'static str {
     match state {
         mgpu_shared::job::JobState::TimedOut(_) => "timed out",
+        mgpu_shared::job::JobState::NodeFailed(_) => "lost with its node",
         other => other.name(),
     }
 }
@@ -78,6 +79,28 @@ mod tests {
         assert_eq!(age(then, now), "5m03s ago");
         // A clock running behind is not a negative age.
         assert_eq!(age(now + chrono::Duration::seconds(3), now), "0.0s ago");
+    }
+
+    #[test]
+    fn states_read_as_words_in_sentences() {
+        use mgpu_shared::job::{Ending, JobState};
+        let ending = Ending {
+            placement: None,
+            started_at: None,
+            ended_at: mgpu_shared::now(),
+            exit_code: None,
+            signal: None,
+            reason: None,
+        };
+        assert_eq!(
+            state_words(&JobState::TimedOut(ending.clone())),
+            "timed out"
+        );
+        assert_eq!(
+            state_words(&JobState::NodeFailed(ending.clone())),
+            "lost with its node"
+        );
+        assert_eq!(state_words(&JobState::Failed(ending)), "failed");
     }
 
     #[test]

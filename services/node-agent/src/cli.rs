@@ -55,9 +55,17 @@ pub struct Args {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
     pub kill_grace: Duration,
 
-    /// Address other nodes reach this one at, as shown in heartbeats. Defaults to the host name.
+    /// Address other nodes reach this one at, as shown in heartbeats. Defaults to the local IP
+    /// address of a connection to the first NATS server, or the host name when that is a
+    /// loopback address (the server runs on this host).
     #[arg(long, value_name = "ADDR")]
     pub address: Option<String>,
+
+    /// Directory of the state file (`DIR/<node>.json`) in which the agent remembers the job
+    /// attempts it runs, so that after a crash it stops the ones left behind. Defaults to
+    /// `$XDG_STATE_HOME/mgpu`, else `~/.local/state/mgpu`.
+    #[arg(long, env = "MGPU_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 
     /// Do not offer a GPU when processes mgpu did not start use more than this share of its
     /// memory (0.0 to 1.0).
@@ -111,6 +119,27 @@ pub fn parse_threshold(text: &str) -> Result<f64, String> {
         ));
     }
     Ok(value)
+}
+
+/// `--state-dir`'s default: `$XDG_STATE_HOME/mgpu`, else `$HOME/.local/state/mgpu`. The XDG
+/// specification says a relative `XDG_STATE_HOME` is to be ignored.
+pub fn default_state_dir() -> anyhow::Result<PathBuf> {
+    state_dir_from(
+        std::env::var_os("XDG_STATE_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(PathBuf::from),
+    )
+}
+
+fn state_dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(xdg) = xdg.filter(|p| p.is_absolute()) {
+        return Ok(xdg.join("mgpu"));
+    }
+    match home.filter(|p| p.is_absolute()) {
+        Some(home) => Ok(home.join(".local/state/mgpu")),
+        None => Err(anyhow::anyhow!(
+            "neither XDG_STATE_HOME nor HOME is set to a full path; pass --state-dir DIR"
+        )),
+    }
 }
 
 /// The host name as the kernel has it.
@@ -172,6 +201,33 @@ mod tests {
         for bad in ["0ms", "ms", "-5ms", "1.5s", "", "0", "fast"] {
             assert!(parse_interval(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn the_state_dir_follows_xdg_then_home() {
+        let dir = |xdg: Option<&str>, home: Option<&str>| {
+            state_dir_from(xdg.map(PathBuf::from), home.map(PathBuf::from))
+                .ok()
+                .map(|p| p.display().to_string())
+        };
+        assert_eq!(
+            dir(Some("/var/state"), Some("/home/a")).as_deref(),
+            Some("/var/state/mgpu")
+        );
+        assert_eq!(
+            dir(None, Some("/home/a")).as_deref(),
+            Some("/home/a/.local/state/mgpu")
+        );
+        assert_eq!(
+            dir(Some("relative"), Some("/home/a")).as_deref(),
+            Some("/home/a/.local/state/mgpu")
+        );
+        assert_eq!(dir(None, None), None);
+        let args = Args::try_parse_from(["mgpu-node", "--creds", "c", "--state-dir", "/tmp/s"]);
+        assert_eq!(
+            args.ok().and_then(|a| a.state_dir),
+            Some(PathBuf::from("/tmp/s"))
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::output::{OutputPipeline, output_headers};
 use crate::reports::Reporter;
 use crate::running::{AttemptKey, RunningTable, StopReason, StopRequests};
 use crate::script::{build_script, job_environment};
+use crate::state_file::{self, RecordedAttempt, StateFile};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
 /// that escaped the group (a daemon) can hold the pipes open that long.
@@ -38,6 +39,8 @@ pub struct JobContext {
     pub kill_grace: Duration,
     pub table: RunningTable,
     pub reporter: Reporter,
+    /// Attempts running here, remembered on disk so a restarted agent can stop its orphans.
+    pub state: StateFile,
     /// Notified when the set of running jobs changed, so the heartbeat says so at once.
     pub heartbeat_now: Arc<Notify>,
 }
@@ -121,6 +124,18 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         _ => None,
     };
     let stop_requests = ctx.table.insert(key.clone(), pid);
+    // On disk before the assignment is acknowledged: if this agent is SIGKILLed from here on,
+    // the next one finds the process and stops it.
+    ctx.state
+        .record(RecordedAttempt {
+            job_id: key.job_id.clone(),
+            attempt: key.attempt,
+            pid,
+            started_at: mgpu_shared::now(),
+            boot_id: state_file::boot_id(),
+            start_ticks: state_file::start_ticks(pid),
+        })
+        .await;
     info!(%key, pid, ?gpus, "job started");
     Ok(StartedJob {
         ctx: ctx.clone(),
@@ -199,7 +214,8 @@ impl StartedJob {
             output_chunks_lost = summary.lost_chunks,
             "job exited"
         );
-        ctx.reporter
+        let reported = ctx
+            .reporter
             .job_event(
                 &key,
                 JobEventKind::Exited {
@@ -208,9 +224,15 @@ impl StartedJob {
                     cancelled: ending.cancelled,
                     timed_out: ending.timed_out,
                     preempted: ending.preempted,
+                    lost: false,
                 },
             )
             .await;
+        // Forgotten on disk only once the scheduler can learn how it ended; otherwise the next
+        // agent reports it (as lost).
+        if reported {
+            ctx.state.remove(&key).await;
+        }
         ctx.table.finish(&key);
         ctx.heartbeat_now.notify_one();
     }

@@ -2,10 +2,12 @@
 //! jobs in heartbeats, runs the jobs the scheduler assigns to it, streams their output and
 //! reports their starts and exits, all through NATS.
 //!
-//! This file owns the command line, startup (GPU discovery, connecting, starting the loops)
-//! and the shutdown sequence: on SIGTERM or SIGINT the agent stops taking assignments, stops
-//! every job (each still reports its exit), sends a last heartbeat and drains its connection.
+//! This file owns the command line, startup (GPU discovery, the state file, the address,
+//! connecting, reconciling what a previous agent left running, starting the loops) and the
+//! shutdown sequence: on SIGTERM or SIGINT the agent stops taking assignments, stops every job
+//! (each still reports its exit), sends a last heartbeat and drains its connection.
 
+mod address;
 mod assignments;
 mod cli;
 mod gpu;
@@ -15,10 +17,12 @@ mod input;
 mod job;
 mod nvml;
 mod output;
+mod reconcile;
 mod reports;
 mod running;
 mod script;
 mod shutdown;
+mod state_file;
 mod throttle;
 
 use std::process::ExitCode;
@@ -41,6 +45,7 @@ use crate::job::JobContext;
 use crate::reports::Reporter;
 use crate::running::{RunningTable, StopReason};
 use crate::shutdown::Trigger;
+use crate::state_file::{RecordedAttempt, StateFile};
 
 /// Time allowed, beyond the kill grace, for stopped jobs to report their exits at shutdown.
 const REPORT_MARGIN: Duration = Duration::from_secs(5);
@@ -95,9 +100,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let Some(creds) = args.creds else {
         return Err(anyhow!("--creds FILE (or MGPU_CREDS) is required"));
     };
+    let state_dir = match args.state_dir {
+        Some(dir) => dir,
+        None => cli::default_state_dir()?,
+    };
+    // Opened before connecting: an agent that cannot remember its jobs must not take any.
+    let (state, left) = StateFile::open(&state_dir, &node)?;
+    info!(file = %state.path().display(), unreported = left.len(), "state file opened");
     let address = match args.address {
         Some(address) => address,
-        None => cli::hostname().context("cannot tell this host's name; pass --address ADDR")?,
+        None => {
+            let servers = args.server.clone();
+            tokio::task::spawn_blocking(move || address::detect(&servers, cli::hostname))
+                .await
+                .context("detecting this node's address")?
+                .context("cannot tell this host's address; pass --address ADDR")?
+        }
     };
 
     let target = ConnectTarget {
@@ -126,7 +144,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         mem: args.mem_threshold,
         load: args.load_threshold,
     };
-    let agent = start_loops(client, node, address, probe, timings, thresholds);
+    let memory = Memory { state, left };
+    let agent = start_loops(client, node, address, probe, timings, thresholds, memory);
     wait_for_stop_signal().await?;
     agent.shut_down().await;
     Ok(())
@@ -139,7 +158,14 @@ struct Timings {
     kill_grace: Duration,
 }
 
-/// Starts the heartbeat and the assignment loop.
+/// The state file and what a previous agent left in it.
+struct Memory {
+    state: StateFile,
+    left: Vec<RecordedAttempt>,
+}
+
+/// Starts the heartbeat, then (once what a previous agent left running is stopped and
+/// reported) the assignment loop.
 fn start_loops(
     client: async_nats::Client,
     node: String,
@@ -147,6 +173,7 @@ fn start_loops(
     probe: Box<dyn gpu::GpuProbe>,
     timings: Timings,
     thresholds: Thresholds,
+    memory: Memory,
 ) -> Agent {
     let js = async_nats::jetstream::new(client.clone());
     let (stop_taking_work, shutdown) = shutdown::signal();
@@ -155,6 +182,8 @@ fn start_loops(
     let table = RunningTable::default();
     let heartbeat_now = Arc::new(Notify::new());
 
+    // Before the first heartbeat, so that it lists the jobs a previous agent left running.
+    let leftovers = reconcile::survey(memory.left, &table);
     let identity = Identity {
         node: node.clone(),
         address,
@@ -172,9 +201,20 @@ fn start_loops(
         kill_grace: timings.kill_grace,
         table: table.clone(),
         reporter: Reporter::new(js, node, give_up),
+        state: memory.state,
         heartbeat_now,
     };
-    let dispatcher = tokio::spawn(Dispatcher::new(ctx).run(shutdown));
+    let dispatcher = tokio::spawn(async move {
+        let reconciled = reconcile::settle(leftovers, &ctx);
+        tokio::select! {
+            () = shutdown.fired() => {
+                warn!("stopping before reconciliation finished; the next start finishes it");
+                return JoinSet::new();
+            }
+            () = reconciled => {}
+        }
+        Dispatcher::new(ctx).run(shutdown).await
+    });
     Agent {
         client,
         table,

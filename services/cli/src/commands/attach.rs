@@ -265,7 +265,8 @@ impl Watcher {
             JobState::Succeeded(end)
             | JobState::Failed(end)
             | JobState::Cancelled(end)
-            | JobState::TimedOut(end) => {
+            | JobState::TimedOut(end)
+            | JobState::NodeFailed(end) => {
                 if end.started_at.is_none() && end.placement.is_none() {
                     // It never ran, so no output will come.
                     return Some(self.final_status(status));

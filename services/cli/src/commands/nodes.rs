@@ -1,15 +1,21 @@
 //! `mgpu nodes`: every node that ever reported, from its last heartbeat, with its GPUs.
+//!
+//! A node's state (`online`, `draining`, `drained`, `offline`) is worked out here as the
+//! scheduler does: offline once more heartbeats are overdue than the policy's
+//! `missed_heartbeats`, read from the cluster bucket, so the listing agrees with the scheduler
+//! about which nodes it has given up on.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
 use mgpu_shared::Timestamp;
+use mgpu_shared::job::JobRecord;
 use mgpu_shared::node::{AdminMark, NodeAdmin, NodeHeartbeat};
 use mgpu_shared::records;
 
 use crate::cli::GlobalArgs;
-use crate::commands::queue::{Cluster, liveness_name, source_name};
+use crate::commands::queue::{Cluster, NodeState, node_row, node_state_name, source_name};
 use crate::commands::{print, print_json, println};
 use crate::errors::plain;
 use crate::human;
@@ -27,13 +33,21 @@ pub struct NodesArgs {
 pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
     let session = Session::connect(global).await?;
     let nodes = records::list_nodes(&session.js).await.map_err(plain)?;
-    let admin = Cluster::read(&session.js).await?.admin;
+    // The records say which jobs run where (a job assigned but not started yet is not in the
+    // heartbeat): a drained node is `draining` until they are done.
+    let jobs = records::list_jobs(&session.js).await.map_err(plain)?;
+    let cluster = Cluster::read(&session.js).await?;
     let now = mgpu_shared::now();
-    let admin_of = |node: &NodeHeartbeat| admin.get(&node.node).cloned().unwrap_or_default();
+    let view = |node: &NodeHeartbeat| View {
+        now,
+        jobs: &jobs,
+        admin: cluster.admin.get(&node.node).cloned().unwrap_or_default(),
+        missed_heartbeats: cluster.policy.missed_heartbeats,
+    };
     if args.json {
         let values = nodes
             .iter()
-            .map(|node| json_value(node, &admin_of(node), now))
+            .map(|node| json_value(node, &view(node)))
             .collect::<Result<Vec<_>>>()?;
         print_json(&values)?;
         return Ok(ExitCode::SUCCESS);
@@ -42,26 +56,35 @@ pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
         println("No nodes have reported yet: start mgpu-node on a GPU host.")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let blocks: Vec<String> = nodes
-        .iter()
-        .map(|node| render(node, &admin_of(node), now))
-        .collect();
+    let blocks: Vec<String> = nodes.iter().map(|node| render(node, &view(node))).collect();
     print(&blocks.join("\n"))?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// The heartbeat as sent, with what the reader would otherwise compute.
-fn json_value(
-    node: &NodeHeartbeat,
-    admin: &NodeAdmin,
+/// What a node's listing is computed from besides its heartbeat.
+struct View<'a> {
     now: Timestamp,
-) -> Result<serde_json::Value> {
+    jobs: &'a [JobRecord],
+    admin: NodeAdmin,
+    /// The scheduler's policy: heartbeats a node may miss before it is offline.
+    missed_heartbeats: u32,
+}
+
+/// The heartbeat as sent, with what the reader would otherwise compute.
+fn json_value(node: &NodeHeartbeat, view: &View<'_>) -> Result<serde_json::Value> {
+    let row = node_row(
+        node,
+        view.jobs,
+        Some(&view.admin),
+        view.now,
+        view.missed_heartbeats,
+    );
     let mut value = serde_json::to_value(node)?;
     if let Some(object) = value.as_object_mut() {
-        object.insert("state".into(), serde_json::to_value(node.liveness(now))?);
-        let age_ms = (now - node.sent_at).num_milliseconds().max(0);
+        object.insert("state".into(), serde_json::to_value(row.state)?);
+        let age_ms = (view.now - node.sent_at).num_milliseconds().max(0);
         object.insert("last_heartbeat_age_ms".into(), age_ms.into());
-        object.insert("admin".into(), serde_json::to_value(admin)?);
+        object.insert("admin".into(), serde_json::to_value(&view.admin)?);
     }
     Ok(value)
 }
@@ -75,20 +98,28 @@ fn mark_text(mark: &AdminMark) -> String {
 }
 
 /// One node: a summary line, its details, then a table of its GPUs.
-fn render(node: &NodeHeartbeat, admin: &NodeAdmin, now: Timestamp) -> String {
+fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
+    let admin = &view.admin;
+    let row = node_row(
+        node,
+        view.jobs,
+        Some(admin),
+        view.now,
+        view.missed_heartbeats,
+    );
     let source = source_name(node.gpu_source);
     let mut text = format!(
         "{}  {}  last heartbeat {}  gpus {}\n",
         node.node,
-        liveness_name(node.liveness(now)),
-        human::age(node.sent_at, now),
+        node_state_name(&row),
+        human::age(node.sent_at, view.now),
         source
     );
     if let Some(note) = &node.gpu_note {
         text.push_str(&format!("  note: {}\n", note.replace(['\n', '\r'], " ")));
     }
     if let Some(mark) = &admin.drained {
-        let running = match node.running.len() {
+        let running = match row.jobs_running {
             0 => String::new(),
             n => format!("; its {n} running job(s) finish first"),
         };
@@ -99,8 +130,14 @@ fn render(node: &NodeHeartbeat, admin: &NodeAdmin, now: Timestamp) -> String {
         node.address, node.runs_jobs_as, node.agent_version
     ));
     let running: Vec<&str> = node.running.iter().map(|job| job.id.short()).collect();
+    // An offline node's list is what it said last, not what runs there now.
+    let label = if row.state == NodeState::Offline {
+        "running when last heard from"
+    } else {
+        "running"
+    };
     text.push_str(&format!(
-        "  running: {}\n",
+        "  {label}: {}\n",
         if running.is_empty() {
             "none".to_owned()
         } else {
@@ -149,14 +186,13 @@ fn render(node: &NodeHeartbeat, admin: &NodeAdmin, now: Timestamp) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::node::{DEFAULT_THRESHOLD, ForeignProcess, GpuSource, GpuStatus};
+    use mgpu_shared::ids::JobId;
+    use mgpu_shared::node::{DEFAULT_THRESHOLD, ForeignProcess, GpuSource, GpuStatus, RunningJob};
 
-    #[test]
-    fn a_node_block_lists_its_gpus() {
-        let now = mgpu_shared::now();
-        let node = NodeHeartbeat {
+    fn heartbeat(sent_at: Timestamp) -> NodeHeartbeat {
+        NodeHeartbeat {
             node: "node001".into(),
-            sent_at: now - chrono::Duration::milliseconds(1_200),
+            sent_at,
             interval_ms: 2_000,
             gpu_source: GpuSource::Declared,
             gpu_note: Some("NVML unavailable".into()),
@@ -178,8 +214,20 @@ mod tests {
             agent_version: "0.1.0".into(),
             mem_threshold: DEFAULT_THRESHOLD,
             load_threshold: DEFAULT_THRESHOLD,
+        }
+    }
+
+    #[test]
+    fn a_node_block_lists_its_gpus() {
+        let now = mgpu_shared::now();
+        let node = heartbeat(now - chrono::Duration::milliseconds(1_200));
+        let view = |admin: NodeAdmin, missed: u32| View {
+            now,
+            jobs: &[],
+            admin,
+            missed_heartbeats: missed,
         };
-        let text = render(&node, &NodeAdmin::default(), now);
+        let text = render(&node, &view(NodeAdmin::default(), 3));
         assert!(
             text.starts_with("node001  online  last heartbeat 1.2s ago  gpus declared\n"),
             "{text}"
@@ -190,7 +238,7 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("drained"), "{text}");
-        let json = json_value(&node, &NodeAdmin::default(), now).unwrap_or_default();
+        let json = json_value(&node, &view(NodeAdmin::default(), 3)).unwrap_or_default();
         assert_eq!(json["state"], "online");
         assert_eq!(json["last_heartbeat_age_ms"], 1_200);
         assert_eq!(json["admin"]["paused_gpus"], serde_json::json!({}));
@@ -204,14 +252,61 @@ mod tests {
             drained: Some(mark.clone()),
             paused_gpus: [(0, mark)].into(),
         };
-        let text = render(&node, &admin, now);
+        let text = render(&node, &view(admin.clone(), 3));
+        assert!(text.starts_with("node001  drained  "), "{text}");
         assert!(text.contains("\n  drained by root: fan noise\n"), "{text}");
         assert!(
             text.contains("declared  paused by root: fan noise\n"),
             "{text}"
         );
-        let json = json_value(&node, &admin, now).unwrap_or_default();
+        let json = json_value(&node, &view(admin, 3)).unwrap_or_default();
+        assert_eq!(json["state"], "drained");
         assert_eq!(json["admin"]["drained"]["by"], "root");
         assert_eq!(json["admin"]["paused_gpus"]["0"]["reason"], "fan noise");
+    }
+
+    #[test]
+    fn states_follow_the_policys_missed_heartbeats_and_the_running_jobs() {
+        let now = mgpu_shared::now();
+        let mut node = heartbeat(now - chrono::Duration::milliseconds(5_000));
+        node.running = vec![RunningJob {
+            id: JobId::random(),
+            attempt: 1,
+            pid: 7,
+        }];
+        let drained = NodeAdmin {
+            drained: Some(AdminMark {
+                by: "root".into(),
+                at: now,
+                reason: None,
+            }),
+            ..NodeAdmin::default()
+        };
+        let view = |admin: NodeAdmin, missed: u32| View {
+            now,
+            jobs: &[],
+            admin,
+            missed_heartbeats: missed,
+        };
+        // 5 s since the last of 2 s heartbeats: online when 3 may be missed, not when 2 may.
+        let text = render(&node, &view(drained.clone(), 3));
+        assert!(
+            text.starts_with("node001  draining  last heartbeat 5.0s ago"),
+            "{text}"
+        );
+        assert!(text.contains("its 1 running job(s) finish first"), "{text}");
+        let text = render(&node, &view(NodeAdmin::default(), 2));
+        assert!(
+            text.starts_with("node001  offline  last heartbeat 5.0s ago"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n  running when last heard from: "),
+            "{text}"
+        );
+        let json = json_value(&node, &view(NodeAdmin::default(), 2)).unwrap_or_default();
+        assert_eq!(json["state"], "offline");
+        let json = json_value(&node, &view(drained, 3)).unwrap_or_default();
+        assert_eq!(json["state"], "draining");
     }
 }

@@ -115,7 +115,10 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
     // Node usage counts every running job, shown or not.
     let node_rows: Vec<NodeRow> = nodes
         .iter()
-        .map(|n| node_row(n, &jobs, cluster.admin.get(&n.node), now))
+        .map(|n| {
+            let admin = cluster.admin.get(&n.node);
+            node_row(n, &jobs, admin, now, cluster.policy.missed_heartbeats)
+        })
         .collect();
     if !args.all {
         jobs.retain(|job| !job.state.is_finished());
@@ -250,7 +253,8 @@ fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<Str
         JobState::Succeeded(end)
         | JobState::Failed(end)
         | JobState::Cancelled(end)
-        | JobState::TimedOut(end) => (
+        | JobState::TimedOut(end)
+        | JobState::NodeFailed(end) => (
             end.started_at
                 .map(|s| human::elapsed(s, end.ended_at))
                 .unwrap_or_default(),
@@ -280,7 +284,7 @@ fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<Str
 #[derive(Debug, PartialEq, Eq, Serialize)]
 pub struct NodeRow {
     pub node: String,
-    pub state: NodeLiveness,
+    pub state: NodeState,
     pub last_heartbeat: Timestamp,
     pub gpus_total: usize,
     /// GPUs no running job holds and no admin paused.
@@ -308,11 +312,14 @@ pub fn busy_gpus(node: &str, jobs: &[JobRecord]) -> BTreeSet<u32> {
         .collect()
 }
 
+/// A node as listings show it. `missed_heartbeats` is the scheduler's policy: the node is
+/// offline once that many heartbeats are overdue, exactly when the scheduler gives up on it.
 pub fn node_row(
     beat: &NodeHeartbeat,
     jobs: &[JobRecord],
     admin: Option<&NodeAdmin>,
     now: Timestamp,
+    missed_heartbeats: u32,
 ) -> NodeRow {
     let busy = busy_gpus(&beat.node, jobs);
     let admin = admin.cloned().unwrap_or_default();
@@ -322,9 +329,11 @@ pub fn node_row(
             |job| matches!(&job.state, JobState::Running(run) if run.placement.node == beat.node),
         )
         .count();
+    let jobs_running = recorded.max(beat.running.len());
+    let liveness = beat.liveness_after(now, missed_heartbeats);
     NodeRow {
         node: beat.node.clone(),
-        state: beat.liveness(now),
+        state: NodeState::of(liveness, admin.drained.is_some(), jobs_running),
         last_heartbeat: beat.sent_at,
         gpus_total: beat.gpus.len(),
         gpus_free: beat
@@ -337,7 +346,7 @@ pub fn node_row(
             .iter()
             .filter(|g| admin.paused_gpus.contains_key(&g.index))
             .count(),
-        jobs_running: recorded.max(beat.running.len()),
+        jobs_running,
         admin,
         mem_used_mib: beat.gpus.iter().map(|g| g.memory_used_mib).sum(),
         mem_total_mib: beat.gpus.iter().map(|g| g.memory_total_mib).sum(),
@@ -345,20 +354,47 @@ pub fn node_row(
     }
 }
 
-/// `online`, `offline`, or for a drained node `draining` (jobs still run there) or `drained`.
-pub fn node_state_name(row: &NodeRow) -> String {
-    match (row.state, row.admin.drained.is_some()) {
-        (NodeLiveness::Offline, true) => "offline, drained".to_owned(),
-        (NodeLiveness::Online, true) if row.jobs_running > 0 => "draining".to_owned(),
-        (NodeLiveness::Online, true) => "drained".to_owned(),
-        (state, false) => liveness_name(state).to_owned(),
+/// What listings say a node is doing: liveness first (an offline node runs nothing that can be
+/// seen), then the admin's drain mark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Heartbeats arrive and new jobs may start there.
+    Online,
+    /// Drained by an admin, but jobs still run there.
+    Draining,
+    /// Drained by an admin and idle.
+    Drained,
+    /// More heartbeats missed than the scheduler's policy allows (`missed_heartbeats`).
+    Offline,
+}
+
+impl NodeState {
+    pub fn of(liveness: NodeLiveness, drained: bool, jobs_running: usize) -> NodeState {
+        match (liveness, drained) {
+            (NodeLiveness::Offline, _) => NodeState::Offline,
+            (NodeLiveness::Online, true) if jobs_running > 0 => NodeState::Draining,
+            (NodeLiveness::Online, true) => NodeState::Drained,
+            (NodeLiveness::Online, false) => NodeState::Online,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Online => "online",
+            NodeState::Draining => "draining",
+            NodeState::Drained => "drained",
+            NodeState::Offline => "offline",
+        }
     }
 }
 
-pub fn liveness_name(state: NodeLiveness) -> &'static str {
-    match state {
-        NodeLiveness::Online => "online",
-        NodeLiveness::Offline => "offline",
+/// The state as the tables show it: an offline node that is also drained says both, since
+/// the drain outlives the outage.
+pub fn node_state_name(row: &NodeRow) -> String {
+    match (row.state, row.admin.drained.is_some()) {
+        (NodeState::Offline, true) => "offline, drained".to_owned(),
+        (state, _) => state.name().to_owned(),
     }
 }
 
@@ -525,10 +561,10 @@ mod tests {
             job("d", queued(), 0, 1),
             job("e", finished(1), 0, 1),
         ];
-        let row = node_row(&heartbeat("n1", 4), &jobs, None, mgpu_shared::now());
+        let row = node_row(&heartbeat("n1", 4), &jobs, None, mgpu_shared::now(), 3);
         assert_eq!((row.gpus_free, row.gpus_total), (1, 4));
         assert_eq!((row.mem_used_mib, row.mem_total_mib), (600, 4_000));
-        assert_eq!(row.state, NodeLiveness::Online);
+        assert_eq!(row.state, NodeState::Online);
         assert_eq!(row.jobs_running, 2);
         assert_eq!(busy_gpus("n1", &jobs), BTreeSet::from([0, 2, 3]));
     }
@@ -543,28 +579,43 @@ mod tests {
         let mut admin = NodeAdmin::default();
         admin.paused_gpus.insert(1, mark.clone());
         let now = mgpu_shared::now();
-        let row = node_row(&heartbeat("n1", 4), &[], Some(&admin), now);
+        let row = node_row(&heartbeat("n1", 4), &[], Some(&admin), now, 3);
         assert_eq!((row.gpus_free, row.gpus_paused), (3, 1));
         assert_eq!(node_state_name(&row), "online");
         admin.drained = Some(mark);
-        let idle = node_row(&heartbeat("n1", 4), &[], Some(&admin), now);
+        let idle = node_row(&heartbeat("n1", 4), &[], Some(&admin), now, 3);
         assert_eq!(node_state_name(&idle), "drained");
         let busy = vec![job("a", running("n1", &[(0, GpuAmount::ONE)]), 0, 1)];
-        let draining = node_row(&heartbeat("n1", 4), &busy, Some(&admin), now);
+        let draining = node_row(&heartbeat("n1", 4), &busy, Some(&admin), now, 3);
         assert_eq!(node_state_name(&draining), "draining");
         let json = serde_json::to_value(&draining).unwrap_or_default();
+        assert_eq!(json["state"], "draining");
         assert_eq!(json["admin"]["drained"]["by"], "root");
         assert_eq!(json["gpus_paused"], 1);
     }
 
     #[test]
-    fn a_silent_node_is_offline() {
+    fn a_silent_node_is_offline_after_the_policys_missed_heartbeats() {
+        let now = mgpu_shared::now();
         let mut beat = heartbeat("n1", 1);
-        beat.sent_at = mgpu_shared::now() - Duration::seconds(60);
-        assert_eq!(
-            node_row(&beat, &[], None, mgpu_shared::now()).state,
-            NodeLiveness::Offline
-        );
+        // Interval 2 s, last heard 5 s ago: two and a half heartbeats missed.
+        beat.sent_at = now - Duration::milliseconds(5_000);
+        assert_eq!(node_row(&beat, &[], None, now, 3).state, NodeState::Online);
+        assert_eq!(node_row(&beat, &[], None, now, 2).state, NodeState::Offline);
+        // Offline wins over a drain, which the table still mentions.
+        let admin = NodeAdmin {
+            drained: Some(AdminMark {
+                by: "root".into(),
+                at: now,
+                reason: None,
+            }),
+            ..NodeAdmin::default()
+        };
+        let row = node_row(&beat, &[], Some(&admin), now, 2);
+        assert_eq!(row.state, NodeState::Offline);
+        assert_eq!(node_state_name(&row), "offline, drained");
+        let json = serde_json::to_value(&row).unwrap_or_default();
+        assert_eq!(json["state"], "offline");
     }
 
     #[test]

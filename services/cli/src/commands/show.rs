@@ -89,6 +89,12 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
         }
         .to_owned(),
     ));
+    if spec.no_requeue {
+        lines.push((
+            "no requeue",
+            "yes (ends as node_failed if its node is lost)".to_owned(),
+        ));
+    }
     if let Some(setup) = &spec.env_setup_cmd {
         lines.push(("env setup", setup.clone()));
     }
@@ -160,7 +166,8 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
         JobState::Succeeded(end)
         | JobState::Failed(end)
         | JobState::Cancelled(end)
-        | JobState::TimedOut(end) => {
+        | JobState::TimedOut(end)
+        | JobState::NodeFailed(end) => {
             if let Some(started) = end.started_at {
                 lines.push(("started", human::time_with_age(started, now)));
             }
@@ -302,5 +309,35 @@ mod tests {
             text.contains("\nreason:         time limit of 1m reached\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_node_failed_job_says_why_it_was_not_requeued() {
+        let now = mgpu_shared::now();
+        let mut spec = JobSpec::new(vec!["send-mail".into()], "/tmp");
+        spec.no_requeue = true;
+        let record = JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec,
+            submitted_at: now - chrono::Duration::seconds(75),
+            attempt: 1,
+            state: JobState::NodeFailed(Ending {
+                placement: None,
+                started_at: Some(now - chrono::Duration::seconds(70)),
+                ended_at: now,
+                exit_code: None,
+                signal: None,
+                reason: Some("node node001 went offline; not requeued (--no-requeue)".into()),
+            }),
+        };
+        let text = render(&record, now);
+        assert!(text.contains("\nstate:          node_failed\n"), "{text}");
+        assert!(text.contains("\nno requeue:     yes"), "{text}");
+        assert!(
+            text.contains("\nreason:         node node001 went offline; not requeued"),
+            "{text}"
+        );
+        assert!(text.contains("\nran for:"), "{text}");
     }
 }

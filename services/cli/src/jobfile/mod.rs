@@ -60,6 +60,8 @@ pub struct Draft {
     pub workdir: Option<String>,
     /// Skip the job when an identical one is queued, running, or earlier in this run.
     pub dedup: bool,
+    /// `no_requeue = true|false` in a TOML job; None: the command line's `--no-requeue`.
+    pub no_requeue: Option<bool>,
 }
 
 /// One job of a file: the line it starts on (1-based) and the job, or why it is unusable.
@@ -93,6 +95,8 @@ pub struct Defaults {
     pub time_limit_secs: Option<u64>,
     pub on_timeout: Option<OnTimeout>,
     pub env_setup_cmd: Option<String>,
+    /// `--no-requeue`: every job of the file ends as `node_failed` if its node is lost.
+    pub no_requeue: bool,
     pub after: Vec<JobId>,
     pub after_any: Vec<JobId>,
 }
@@ -143,6 +147,7 @@ pub fn finalize(
     spec.after = defaults.after.clone();
     spec.after_any = defaults.after_any.clone();
     spec.dedup = draft.dedup;
+    spec.no_requeue = draft.no_requeue.unwrap_or(defaults.no_requeue);
     spec.validate().map_err(|e| e.to_string())?;
     Ok(spec)
 }
@@ -250,5 +255,27 @@ mod tests {
             err.unwrap_or_default()
                 .contains("not a conda environment name")
         );
+    }
+
+    #[test]
+    fn no_requeue_comes_from_the_job_else_the_command_line() {
+        let draft = |no_requeue| Draft {
+            command: vec!["true".into()],
+            no_requeue,
+            ..Draft::default()
+        };
+        let with_flag = Defaults {
+            no_requeue: true,
+            ..defaults()
+        };
+        let spec_of = |draft: Draft, defaults: &Defaults| {
+            finalize(draft, defaults, &mut no_profiles(), absolute)
+                .map(|s| s.no_requeue)
+                .ok()
+        };
+        assert_eq!(spec_of(draft(None), &defaults()), Some(false));
+        assert_eq!(spec_of(draft(None), &with_flag), Some(true));
+        assert_eq!(spec_of(draft(Some(false)), &with_flag), Some(false));
+        assert_eq!(spec_of(draft(Some(true)), &defaults()), Some(true));
     }
 }

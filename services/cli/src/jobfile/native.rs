@@ -16,6 +16,7 @@
 //! workdir = "/data/project"
 //! dedup = true                                # the default in job files
 //! profile = "qwen2.5-7b-inst"                 # like --profile
+//! no_requeue = true                           # like --no-requeue
 //! ```
 //!
 //! Each value is checked with the command line's own parsers, so a mistake reads the same as
@@ -33,7 +34,7 @@ use super::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 15] = [
     "command",
     "name",
     "gpus",
@@ -48,6 +49,7 @@ const KEYS: [&str; 14] = [
     "workdir",
     "dedup",
     "profile",
+    "no_requeue",
 ];
 
 type Table = BTreeMap<Spanned<String>, Spanned<Value>>;
@@ -190,6 +192,12 @@ fn job(table: &Table) -> Result<Draft, Problem> {
             other => return Err(at(value, expected(key, "true or false", other))),
         };
     }
+    if let Some((key, value)) = field("no_requeue") {
+        draft.no_requeue = match value.get_ref() {
+            Value::Boolean(b) => Some(*b),
+            other => return Err(at(value, expected(key, "true or false", other))),
+        };
+    }
     Ok(draft)
 }
 
@@ -293,6 +301,7 @@ mem = 1024
 time_limit = 90
 dedup = false
 profile = "qwen2.5-3b-inst"
+no_requeue = true
 "#;
 
     #[test]
@@ -317,6 +326,7 @@ profile = "qwen2.5-3b-inst"
         );
         assert_eq!(train.workdir.as_deref(), Some("/data"));
         assert!(train.dedup, "on by default");
+        assert_eq!(train.no_requeue, None, "the command line decides");
         let eval = entries[1].draft.clone().unwrap_or_default();
         assert_eq!(eval.command.len(), 4);
         assert_eq!(eval.allowed_gpus, Some(vec![4, 5, 7]));
@@ -325,6 +335,7 @@ profile = "qwen2.5-3b-inst"
         assert_eq!(eval.gpus, None);
         assert_eq!(eval.profile.as_deref(), Some("qwen2.5-3b-inst"));
         assert!(!eval.dedup);
+        assert_eq!(eval.no_requeue, Some(true));
     }
 
     #[test]

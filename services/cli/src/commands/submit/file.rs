@@ -45,6 +45,7 @@ pub async fn run(global: &GlobalArgs, args: &SubmitArgs, path: &Path) -> Result<
         time_limit_secs: args.time_limit.map(|d| d.as_secs()),
         on_timeout: args.on_timeout.map(Into::into),
         env_setup_cmd: args.env_setup_cmd.clone(),
+        no_requeue: args.no_requeue,
         after: resolve_ids(&session, &args.after).await?,
         after_any: resolve_ids(&session, &args.after_any).await?,
     };

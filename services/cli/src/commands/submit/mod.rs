@@ -68,6 +68,12 @@ pub struct SubmitArgs {
     #[arg(long, value_enum, value_name = "WHAT")]
     pub on_timeout: Option<TimeoutAction>,
 
+    /// When the job's node is lost (stops heartbeating, or its agent restarts) while the job
+    /// runs, end it as `node_failed` instead of putting it back in the queue: for jobs that
+    /// must not run twice (they send mail, they append to a shared file).
+    #[arg(long)]
+    pub no_requeue: bool,
+
     /// Shell code run before the command, in the same shell (`source venv/bin/activate`).
     #[arg(long, value_name = "CMD")]
     pub env_setup_cmd: Option<String>,
@@ -275,6 +281,7 @@ fn build_spec(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSpec>
     spec.env = capture_environment();
     spec.interactive = args.interactive;
     spec.dedup = args.dedup;
+    spec.no_requeue = args.no_requeue;
     // The spec's own message says what is wrong and which option to change.
     spec.validate().map_err(plain)?;
     Ok(spec)
@@ -396,6 +403,7 @@ mod tests {
             "--conda",
             "pytorch_env",
             "--dedup",
+            "--no-requeue",
             "--",
             "python a.py --cuda {gpus}",
         ]);
@@ -405,13 +413,18 @@ mod tests {
         assert_eq!(spec.time_limit_secs, Some(7_200));
         assert_eq!(spec.conda_env.as_deref(), Some("pytorch_env"));
         assert!(spec.dedup);
+        assert!(spec.no_requeue);
         assert_eq!(
             spec.command,
             ["python a.py --cuda {gpus}"],
             "left for the agent"
         );
         let default = spec_of(&["--workdir", "/", "true"]);
-        assert_eq!(default.map(|s| s.on_timeout), Some(OnTimeout::Requeue));
+        assert_eq!(
+            default.as_ref().map(|s| s.on_timeout),
+            Some(OnTimeout::Requeue)
+        );
+        assert_eq!(default.map(|s| s.no_requeue), Some(false));
     }
 
     #[test]

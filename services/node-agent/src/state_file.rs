@@ -1,0 +1,354 @@
+//! The agent's memory across its own deaths: `<state dir>/<node>.json` lists the job attempts
+//! whose processes this agent started and has not yet seen through to a stored `Exited` report.
+//!
+//! A SIGKILLed agent leaves its jobs running (each leads its own process group), but their
+//! output pipes died with it, and the scheduler will run them again elsewhere. The next agent
+//! reads this file before taking work and stops those orphans ([`crate::reconcile`]), so no
+//! attempt keeps running where it is no longer wanted.
+//!
+//! An attempt is recorded as soon as its process is spawned (before the assignment is
+//! acknowledged) and removed once its exit report is stored. Every change rewrites the whole
+//! file atomically (write a temporary file, fsync, rename), so a crash mid-write leaves either
+//! the old list or the new one, never half of one.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use anyhow::{Context, anyhow};
+use mgpu_shared::Timestamp;
+use mgpu_shared::ids::JobId;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::running::AttemptKey;
+use crate::throttle::{Throttle, Verdict};
+
+/// Bumped when the file's shape changes incompatibly; an agent refuses files it cannot read
+/// rather than guessing.
+const FORMAT_VERSION: u32 = 1;
+
+/// One attempt whose process this agent started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedAttempt {
+    pub job_id: JobId,
+    pub attempt: u32,
+    /// The job's main process, which leads its process group: also the group id.
+    pub pid: u32,
+    pub started_at: Timestamp,
+    /// The kernel's boot id when the process started: after a reboot the pid means nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// The process's start time (clock ticks since boot, from /proc), so that a pid reused
+    /// by an unrelated process is not taken for the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
+}
+
+impl RecordedAttempt {
+    pub fn key(&self) -> AttemptKey {
+        AttemptKey {
+            job_id: self.job_id.clone(),
+            attempt: self.attempt,
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct FileContents {
+    version: u32,
+    node: String,
+    attempts: Vec<RecordedAttempt>,
+}
+
+/// The state file of one node, shared by every job of the agent.
+#[derive(Clone)]
+pub struct StateFile {
+    inner: Arc<Mutex<Inner>>,
+}
+
+struct Inner {
+    path: PathBuf,
+    node: String,
+    attempts: BTreeMap<(JobId, u32), RecordedAttempt>,
+    write_failures: Throttle,
+}
+
+impl StateFile {
+    /// Opens (creating the directory if needed) the state file of `node` in `dir`, and returns
+    /// it with the attempts a previous agent left in it. Fails when the directory cannot be
+    /// written: an agent that could not remember its jobs would leave orphans after a crash.
+    pub fn open(dir: &Path, node: &str) -> anyhow::Result<(StateFile, Vec<RecordedAttempt>)> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+        let path = dir.join(format!("{node}.json"));
+        let left = read(&path, node)?;
+        let state = StateFile {
+            inner: Arc::new(Mutex::new(Inner {
+                path,
+                node: node.to_owned(),
+                attempts: left
+                    .iter()
+                    .map(|a| ((a.job_id.clone(), a.attempt), a.clone()))
+                    .collect(),
+                write_failures: Throttle::new(std::time::Duration::from_secs(60)),
+            })),
+        };
+        // Written once now, so an unwritable directory is found at start, not after a crash.
+        state.lock().write()?;
+        Ok((state, left))
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.lock().path.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every critical section leaves the map consistent; a panic elsewhere changes nothing.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Remembers a spawned attempt (on a blocking thread: it fsyncs).
+    pub async fn record(&self, attempt: RecordedAttempt) {
+        self.change(move |attempts| {
+            attempts.insert((attempt.job_id.clone(), attempt.attempt), attempt);
+        })
+        .await;
+    }
+
+    /// Forgets an attempt whose exit report is stored (or that was reconciled).
+    pub async fn remove(&self, key: &AttemptKey) {
+        let id = (key.job_id.clone(), key.attempt);
+        self.change(move |attempts| {
+            attempts.remove(&id);
+        })
+        .await;
+    }
+
+    /// Applies `edit` and rewrites the file. The lock is held across the write, so concurrent
+    /// changes reach the disk in the order they were made and the file always holds the latest
+    /// list. A failed write is logged (sparingly) and the agent carries on: the job runs either
+    /// way, only a crash would then leave it unknown to the next agent.
+    async fn change(
+        &self,
+        edit: impl FnOnce(&mut BTreeMap<(JobId, u32), RecordedAttempt>) + Send + 'static,
+    ) {
+        let state = self.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let mut inner = state.lock();
+            edit(&mut inner.attempts);
+            match inner.write() {
+                Ok(()) => {
+                    if inner.write_failures.success() {
+                        info!("the state file is written again");
+                    }
+                }
+                Err(err) => {
+                    let text = format!("{err:#}");
+                    if let Verdict::Log { suppressed } = inner.write_failures.failure(&text) {
+                        warn!(suppressed, "cannot update the state file: {text}");
+                    }
+                }
+            }
+        });
+        if let Err(err) = task.await {
+            warn!("updating the state file failed: {err}");
+        }
+    }
+}
+
+impl Inner {
+    fn write(&self) -> anyhow::Result<()> {
+        let contents = FileContents {
+            version: FORMAT_VERSION,
+            node: self.node.clone(),
+            attempts: self.attempts.values().cloned().collect(),
+        };
+        let json = serde_json::to_vec_pretty(&contents).context("encoding the state file")?;
+        write_atomically(&self.path, &json)
+    }
+}
+
+/// The attempts recorded in the file; none when it does not exist. A file that cannot be read
+/// as a state file is moved aside (and the agent starts afresh) rather than blocking the node.
+fn read(path: &Path, node: &str) -> anyhow::Result<Vec<RecordedAttempt>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => {
+            return Err(anyhow!(
+                "cannot read the state file {}: {err}",
+                path.display()
+            ));
+        }
+    };
+    let problem = match serde_json::from_slice::<FileContents>(&bytes) {
+        Ok(contents) if contents.version != FORMAT_VERSION => format!(
+            "it has format version {}, this agent reads {FORMAT_VERSION}",
+            contents.version
+        ),
+        Ok(contents) if contents.node != node => {
+            format!("it belongs to node {}, not {node}", contents.node)
+        }
+        Ok(contents) => return Ok(contents.attempts),
+        Err(err) => format!("it is not a state file: {err}"),
+    };
+    let aside = path.with_extension("json.unreadable");
+    std::fs::rename(path, &aside)
+        .with_context(|| format!("cannot move {} aside ({problem})", path.display()))?;
+    warn!(
+        file = %path.display(),
+        moved_to = %aside.display(),
+        "ignoring the state file: {problem}; jobs a previous agent left running are not stopped"
+    );
+    Ok(Vec::new())
+}
+
+/// Writes `path` so that readers see the old contents or the new, never a part: a temporary
+/// file in the same directory, flushed to disk, renamed over it, and the directory synced so
+/// the rename itself survives a power cut.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let written = (|| {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(anyhow!("cannot write {}: {err}", path.display()));
+    }
+    if let Some(dir) = path.parent()
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        // Best effort: some filesystems refuse to sync a directory; the data is written.
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// This boot's id (Linux); None where the kernel does not say.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty())
+}
+
+/// When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat); None
+/// when it does not exist or /proc cannot say.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_ticks(&stat)
+}
+
+/// The command name (field 2) is in parentheses and may itself hold spaces and parentheses,
+/// so fields are counted from the last `)`: the state is field 3, the start time field 22.
+fn parse_start_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(n: u32) -> RecordedAttempt {
+        RecordedAttempt {
+            job_id: JobId::random(),
+            attempt: n,
+            pid: 4000 + n,
+            started_at: mgpu_shared::now(),
+            boot_id: Some("boot".into()),
+            start_ticks: Some(77),
+        }
+    }
+
+    #[tokio::test]
+    async fn attempts_survive_the_agent_and_leave_when_removed() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let state_dir = dir.path().join("nested/state");
+        let (state, left) = StateFile::open(&state_dir, "node001")
+            .unwrap_or_else(|e| panic!("opening a fresh state file: {e:#}"));
+        assert!(left.is_empty());
+        assert_eq!(state.path(), state_dir.join("node001.json"));
+        assert!(state.path().exists(), "written at open");
+
+        let (first, second) = (attempt(1), attempt(2));
+        state.record(first.clone()).await;
+        state.record(second.clone()).await;
+        drop(state);
+        // A new agent finds both.
+        let (state, mut left) =
+            StateFile::open(&state_dir, "node001").unwrap_or_else(|e| panic!("reopening: {e:#}"));
+        left.sort_by_key(|a| a.attempt);
+        assert_eq!(left, vec![first.clone(), second.clone()]);
+
+        state.remove(&first.key()).await;
+        let (_, left) = StateFile::open(&state_dir, "node001").unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(left, vec![second]);
+        // No temporary file is left behind by the atomic writes.
+        let names: Vec<String> = std::fs::read_dir(&state_dir)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["node001.json".to_owned()]);
+    }
+
+    #[test]
+    fn each_node_has_its_own_file_and_a_foreign_or_broken_one_is_set_aside() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("node002.json");
+        std::fs::write(&path, b"{ half a file").unwrap_or_else(|e| panic!("{e}"));
+        let (_, left) = StateFile::open(dir.path(), "node002").unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(left.is_empty());
+        assert!(dir.path().join("node002.json.unreadable").exists());
+
+        // A file naming another node (copied by hand, say) is not trusted with its pids.
+        let foreign = FileContents {
+            version: FORMAT_VERSION,
+            node: "node009".into(),
+            attempts: vec![attempt(1)],
+        };
+        let json = serde_json::to_vec(&foreign).unwrap_or_default();
+        std::fs::write(&path, json).unwrap_or_else(|e| panic!("{e}"));
+        let (_, left) = StateFile::open(dir.path(), "node002").unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(left.is_empty());
+    }
+
+    #[test]
+    fn an_unwritable_directory_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"x").unwrap_or_else(|e| panic!("{e}"));
+        let err = StateFile::open(&not_a_dir, "n1")
+            .err()
+            .map(|e| format!("{e:#}"));
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("state directory")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn start_ticks_are_read_past_odd_command_names() {
+        let stat =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_ticks(stat), Some(987_654));
+        assert_eq!(parse_start_ticks("garbage"), None);
+        // This very process has a start time and a boot id on Linux.
+        if cfg!(target_os = "linux") {
+            assert!(start_ticks(std::process::id()).is_some());
+            assert!(boot_id().is_some());
+        }
+        assert_eq!(start_ticks(u32::MAX), None);
+    }
+}

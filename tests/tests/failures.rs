@@ -1,0 +1,392 @@
+//! Failures, told as stories: agents SIGKILLed with their jobs running (requeued elsewhere,
+//! orphans stopped when the agent returns), `--no-requeue` and `--max-attempts` ending a job
+//! `node_failed`, a frozen agent whose stale attempt is fenced off when it thaws, and the
+//! active scheduler SIGKILLed with a standby taking over.
+//!
+//! Real nats-server, real binaries, real signals: an agent is SIGKILLed (its job keeps running
+//! as an orphan, as after a crash) or SIGSTOPped. Agents heartbeat every 200 ms and the
+//! scheduler gives up on a node after 3 missed heartbeats, so a node is lost within about two
+//! seconds (its checker runs every second).
+//!
+//! Jobs append `start N` when attempt N begins, `stop N` when SIGTERM stops it and `end N` when
+//! it finishes, to a marker file: the file tells which attempts ran, which were stopped and in
+//! what order. Jobs write nothing on stdout: an orphan's output pipe died with its agent, and a
+//! write would kill it with SIGPIPE before the story could show who stops it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mgpu_tests::{Cluster, NodeSpec, process_running, time_of, wait_for};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+/// Flags every scheduler of these stories gets: a node is lost after 3 missed heartbeats.
+const MISSED: [&str; 2] = ["--missed-heartbeats", "3"];
+
+fn one_node() -> Vec<NodeSpec> {
+    vec![NodeSpec::new("node001", "1x24GiB")]
+}
+
+fn two_nodes() -> Vec<NodeSpec> {
+    vec![
+        NodeSpec::new("node001", "1x24GiB"),
+        NodeSpec::new("node002", "1x24GiB"),
+    ]
+}
+
+fn start(nodes: &[NodeSpec], extra: &[&str]) -> Cluster {
+    let args: Vec<&str> = MISSED.iter().chain(extra).copied().collect();
+    Cluster::start_with(nodes, &args)
+}
+
+fn text<'a>(job: &'a Value, field: &str) -> &'a str {
+    job[field].as_str().unwrap_or("")
+}
+
+/// A job that marks its attempts in `marker`: attempt 1 runs `first_secs`, later ones
+/// `later_secs`.
+fn marked_job(marker: &Path, first_secs: u32, later_secs: u32) -> String {
+    format!(
+        r#"m='{m}'; echo "start $MGPU_ATTEMPT" >> "$m"; trap 'echo "stop $MGPU_ATTEMPT" >> "$m"; exit 143' TERM; if [ "$MGPU_ATTEMPT" = 1 ]; then s={first_secs}; else s={later_secs}; fi; sleep "$s" & wait $!; echo "end $MGPU_ATTEMPT" >> "$m""#,
+        m = marker.display()
+    )
+}
+
+fn marker(cluster: &Cluster, name: &str) -> PathBuf {
+    cluster.dir.path().join(format!("{name}.marks"))
+}
+
+fn marks(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until the job's process runs (the agent reported its start), returning its node and
+/// the pid of its main process, which leads its process group.
+fn wait_started(cluster: &Cluster, id: &str) -> (String, i32) {
+    wait_for(&format!("job {id} to start"), T, || {
+        let job = cluster.show(id);
+        let pid = job["record"]["pid"].as_i64()?;
+        (job["state"] == "running").then(|| (text(&job, "node").to_owned(), pid as i32))
+    })
+}
+
+fn other(node: &str) -> &'static str {
+    if node == "node001" {
+        "node002"
+    } else {
+        "node001"
+    }
+}
+
+/// The node's state as `mgpu nodes --json` says it (`online`, `offline`, …).
+fn node_state(cluster: &Cluster, node: &str) -> String {
+    let out = cluster.mgpu_ok(&["nodes", "--json"]);
+    let nodes: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+    nodes
+        .as_array()
+        .and_then(|all| all.iter().find(|n| n["node"] == node))
+        .map(|n| text(n, "state").to_owned())
+        .unwrap_or_default()
+}
+
+fn wait_node_state(cluster: &Cluster, node: &str, state: &str) {
+    wait_for(&format!("{node} to be {state}"), T, || {
+        (node_state(cluster, node) == state).then_some(())
+    });
+}
+
+fn wait_gone(pid: i32, why: &str) {
+    wait_for(why, T, || (!process_running(pid)).then_some(()));
+}
+
+/// The `exited` events of a job, as (attempt, node, lost) — the agents' own reports.
+fn exits(cluster: &Cluster, id: &str) -> Vec<(u64, String, bool)> {
+    cluster
+        .job_events(id)
+        .iter()
+        .filter(|e| e["event"] == "exited")
+        .map(|e| {
+            (
+                e["attempt"].as_u64().unwrap_or(0),
+                text(&e["source"], "name").to_owned(),
+                e["lost"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+/// Waits until a restarted agent has reported what it reconciled (its state file is empty
+/// again) and gives the scheduler a moment to act on the report, which it must ignore.
+fn wait_reconciled(cluster: &Cluster, node: &str) {
+    wait_for(&format!("{node}'s state file to be cleared"), T, || {
+        cluster.state_file_attempts(node).is_empty().then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+}
+
+#[test]
+fn a_killed_agents_job_runs_again_elsewhere_and_its_orphan_dies_when_the_agent_returns() {
+    let mut cluster = start(&two_nodes(), &[]);
+    let marks_file = marker(&cluster, "a");
+    let id = cluster.submit(&[], &marked_job(&marks_file, 60, 2));
+    let (node_a, pid) = wait_started(&cluster, &id);
+    let node_b = other(&node_a);
+    let recorded = cluster.state_file_attempts(&node_a);
+    assert_eq!(
+        recorded.len(),
+        1,
+        "the agent records what it runs: {recorded:?}"
+    );
+    assert_eq!(recorded[0]["pid"].as_i64(), Some(i64::from(pid)));
+
+    cluster.kill_agent(&node_a);
+    assert!(
+        process_running(pid),
+        "a SIGKILLed agent leaves its job running"
+    );
+
+    // Its node is lost: the job goes back to the queue as attempt 2 and runs on the other node.
+    let done = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(text(&done, "node"), node_b, "{done}");
+    wait_node_state(&cluster, &node_a, "offline");
+    let listing = cluster.mgpu_ok(&["nodes"]);
+    assert!(
+        listing.contains(&format!("{node_a}  offline  last heartbeat ")),
+        "{listing}"
+    );
+    assert!(
+        process_running(pid),
+        "nobody stops an orphan while its agent is away"
+    );
+
+    // The agent returns: it stops the orphan before taking any work, and reports it lost.
+    cluster.start_agent(&node_a);
+    wait_gone(pid, "the orphaned attempt 1 to be stopped");
+    wait_node_state(&cluster, &node_a, "online");
+    wait_reconciled(&cluster, &node_a);
+    assert_eq!(
+        exits(&cluster, &id),
+        vec![(2, node_b.to_owned(), false), (1, node_a.clone(), true)],
+        "attempt 2 exited on {node_b}; attempt 1 was reported lost by {node_a}'s new agent"
+    );
+    // The late report of attempt 1 changes nothing, and the job never starts a third time.
+    let after = cluster.show(&id);
+    assert_eq!(
+        (text(&after, "state"), &after["attempt"]),
+        ("succeeded", &2.into())
+    );
+    let marks = marks(&marks_file);
+    assert_eq!(
+        marks,
+        ["start 1", "start 2", "end 2", "stop 1"],
+        "attempt 1 ran on as an orphan until its agent came back and stopped it; only attempt 2 finished"
+    );
+}
+
+#[test]
+fn a_no_requeue_job_on_a_lost_node_ends_node_failed() {
+    let mut cluster = start(&one_node(), &[]);
+    let marks_file = marker(&cluster, "b");
+    let id = cluster.submit(&["--no-requeue"], &marked_job(&marks_file, 60, 1));
+    let (_, pid) = wait_started(&cluster, &id);
+    assert!(cluster.mgpu_ok(&["show", &id]).contains("no requeue:"));
+
+    cluster.kill_agent("node001");
+    let failed = cluster.finished_as(&id, "node_failed", T);
+    assert_eq!(failed["attempt"], 1, "{failed}");
+    assert!(text(&failed, "reason").contains("--no-requeue"), "{failed}");
+    let queue = cluster.mgpu_ok(&["queue", "--all"]);
+    assert!(queue.contains("node_failed"), "{queue}");
+
+    // The returning agent stops the orphan; its lost report does not bring the job back.
+    cluster.start_agent("node001");
+    wait_gone(pid, "the orphan to be stopped");
+    wait_reconciled(&cluster, "node001");
+    let after = cluster.show(&id);
+    assert_eq!(
+        (text(&after, "state"), &after["attempt"]),
+        ("node_failed", &1.into())
+    );
+    assert_eq!(marks(&marks_file), ["start 1", "stop 1"]);
+}
+
+#[test]
+fn a_job_out_of_attempts_on_a_lost_node_ends_node_failed_saying_so() {
+    let mut cluster = start(&one_node(), &["--max-attempts", "1"]);
+    let marks_file = marker(&cluster, "c");
+    let id = cluster.submit(&[], &marked_job(&marks_file, 60, 1));
+    let (_, pid) = wait_started(&cluster, &id);
+
+    cluster.kill_agent("node001");
+    let failed = cluster.finished_as(&id, "node_failed", T);
+    assert_eq!(failed["attempt"], 1, "{failed}");
+    let reason = text(&failed, "reason");
+    assert!(
+        reason.contains("attempt"),
+        "the reason names the attempts: {reason}"
+    );
+
+    cluster.start_agent("node001");
+    wait_gone(pid, "the orphan to be stopped");
+    wait_reconciled(&cluster, "node001");
+    assert_eq!(cluster.state(&id), "node_failed");
+}
+
+#[test]
+fn a_frozen_agent_that_thaws_has_its_stale_attempt_killed() {
+    let cluster = start(&two_nodes(), &[]);
+    let marks_file = marker(&cluster, "d");
+    let id = cluster.submit(&[], &marked_job(&marks_file, 60, 3));
+    let (node_a, pid) = wait_started(&cluster, &id);
+    let node_b = other(&node_a);
+
+    // Frozen long enough to be declared offline: the job is requeued and runs on the other node,
+    // while attempt 1 still runs under the frozen agent.
+    cluster.signal_agent(&node_a, Signal::SIGSTOP);
+    let moved = wait_for("the job to run again on the other node", T, || {
+        let job = cluster.show(&id);
+        (job["attempt"] == 2 && job["state"] == "running" && job["record"]["pid"].is_i64())
+            .then_some(job)
+    });
+    assert_eq!(text(&moved, "node"), node_b, "{moved}");
+    assert_eq!(node_state(&cluster, &node_a), "offline");
+    assert!(
+        process_running(pid),
+        "attempt 1 ran on while its agent was frozen"
+    );
+
+    // Thawed, the agent lists attempt 1 in its heartbeats: the scheduler has it killed there.
+    cluster.signal_agent(&node_a, Signal::SIGCONT);
+    wait_gone(pid, "the stale attempt 1 to be killed");
+    let done = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!((&done["attempt"], text(&done, "node")), (&2.into(), node_b));
+    wait_node_state(&cluster, &node_a, "online");
+    let marks = marks(&marks_file);
+    assert_eq!(
+        marks.iter().filter(|m| m.starts_with("end")).count(),
+        1,
+        "{marks:?}"
+    );
+    for expected in ["start 1", "start 2", "stop 1", "end 2"] {
+        assert!(
+            marks.iter().any(|m| m == expected),
+            "{expected} missing: {marks:?}"
+        );
+    }
+    // The killed attempt's exit report is ignored: the job stays succeeded, attempt 2.
+    std::thread::sleep(Duration::from_secs(1));
+    let after = cluster.show(&id);
+    assert_eq!(
+        (text(&after, "state"), &after["attempt"]),
+        ("succeeded", &2.into())
+    );
+}
+
+#[test]
+fn an_agent_restarted_under_its_running_job_stops_the_orphan_and_the_job_runs_once_more() {
+    let mut cluster = start(&one_node(), &[]);
+    let marks_file = marker(&cluster, "e");
+    let id = cluster.submit(&[], &marked_job(&marks_file, 60, 1));
+    let (_, pid) = wait_started(&cluster, &id);
+
+    cluster.kill_agent("node001");
+    cluster.start_agent("node001");
+    wait_gone(pid, "the orphan to be stopped by the restarted agent");
+    let done = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(done["attempt"], 2, "{done}");
+    // One node: the next attempt started only once the orphan was gone.
+    assert_eq!(
+        marks(&marks_file),
+        ["start 1", "stop 1", "start 2", "end 2"]
+    );
+    assert_eq!(
+        exits(&cluster, &id),
+        vec![
+            (1, "node001".to_owned(), true),
+            (2, "node001".to_owned(), false)
+        ]
+    );
+
+    // Nothing counted twice: the job is listed once and the GPU is free again.
+    let jobs: Vec<Value> = cluster
+        .all_jobs()
+        .into_iter()
+        .filter(|j| j["id"] == id.as_str())
+        .collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    wait_for("the GPU to be free again", T, || {
+        let out = cluster.mgpu_ok(&["queue", "--json"]);
+        let queue: Value = serde_json::from_str(&out).ok()?;
+        let node = queue["nodes"].as_array()?.first()?.clone();
+        (node["gpus_free"] == 1 && node["jobs_running"] == 0 && node["state"] == "online")
+            .then_some(())
+    });
+    assert!(cluster.state_file_attempts("node001").is_empty());
+}
+
+#[test]
+fn a_standby_scheduler_takes_over_when_the_active_one_is_killed() {
+    let mut cluster = start(&[NodeSpec::new("node001", "2x24GiB")], &[]);
+    let first = wait_for("the scheduler to hold the lease", T, || {
+        cluster.scheduler_lease()
+    });
+    let standby = cluster.start_standby_scheduler();
+    let standby_log = cluster.dir.path().join(format!("logs/{standby}.log"));
+    wait_for("the second scheduler to stand by", T, || {
+        let log = std::fs::read_to_string(&standby_log).unwrap_or_default();
+        log.contains("standing by").then_some(())
+    });
+    assert_eq!(cluster.scheduler_lease().as_deref(), Some(first.as_str()));
+
+    let long = cluster.submit(&[], "sleep 6");
+    wait_started(&cluster, &long);
+
+    // SIGKILL the active replica (the first: it took the lease before the standby started).
+    let killed_at = chrono::Utc::now();
+    let clock = Instant::now();
+    cluster.kill_scheduler_named("scheduler");
+    // Submissions are stored by JetStream whoever is active, and run once the standby is.
+    let quick = cluster.submit(&[], "true");
+    let quick_job = wait_for("the job submitted after the kill to start", T, || {
+        let job = cluster.show(&quick);
+        job["started_at"].is_string().then_some(job)
+    });
+    let takeover = (time_of(&quick_job, "started_at") - killed_at)
+        .to_std()
+        .unwrap_or_default();
+    eprintln!(
+        "takeover: the job submitted right after the SIGKILL started {:.2}s after it ({:.2}s of wall clock to see it)",
+        takeover.as_secs_f64(),
+        clock.elapsed().as_secs_f64()
+    );
+    assert!(
+        takeover < Duration::from_secs(8),
+        "the standby took {takeover:?} to take over (target: 5 s)"
+    );
+    let holder = wait_for("the standby to hold the lease", T, || {
+        cluster.scheduler_lease().filter(|h| *h != first)
+    });
+    assert_ne!(holder, first);
+    cluster.finished_as(&quick, "succeeded", T);
+
+    // The job that ran across the failover finished once, as its first attempt.
+    let long_done = cluster.finished_as(&long, "succeeded", T);
+    assert_eq!(long_done["attempt"], 1, "{long_done}");
+    let listed = cluster
+        .all_jobs()
+        .iter()
+        .filter(|j| j["id"] == long.as_str())
+        .count();
+    assert_eq!(listed, 1);
+    assert_eq!(
+        exits(&cluster, &long),
+        vec![(1, "node001".to_owned(), false)]
+    );
+    assert_eq!(cluster.scheduler_names(), vec![standby]);
+}
