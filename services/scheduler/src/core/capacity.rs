@@ -126,11 +126,7 @@ impl Capacity {
                 .filter(|g| !constraints.in_service_only || g.in_service)
                 .filter(|g| !constraints.unbusy_only || g.unbusy)
                 .filter(|g| !(constraints.avoid)(&node.name, g.index))
-                .filter(|g| {
-                    job.allowed_gpus
-                        .as_ref()
-                        .is_none_or(|allowed| allowed.contains(&g.index))
-                })
+                .filter(|g| job.may_use_gpu(g.index))
                 .collect();
             let Some(shares) = fit(&usable, job) else {
                 continue;
@@ -159,7 +155,8 @@ impl Capacity {
     }
 }
 
-/// The GPUs among `usable` that `job` would get, or None when it does not fit.
+/// The GPUs among `usable` (already limited to those the job may use) that `job` would get,
+/// or None when it does not fit.
 fn fit(usable: &[&FreeGpu], job: &QueuedJob) -> Option<Vec<GpuShare>> {
     let mem = job.mem_mib.unwrap_or(0);
     if job.gpus.is_zero() {
@@ -193,11 +190,6 @@ fn fit(usable: &[&FreeGpu], job: &QueuedJob) -> Option<Vec<GpuShare>> {
     }
     usable
         .iter()
-        .filter(|g| {
-            job.gpu_ids
-                .as_ref()
-                .is_none_or(|ids| ids.contains(&g.index))
-        })
         .filter(|g| g.units >= job.gpus.units() && g.memory_mib >= mem)
         .min_by_key(|g| (g.units, g.index))
         .map(|g| vec![share(g, job.gpus)])
@@ -214,16 +206,7 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
             .gpus
             .iter()
             .filter(|g| g.memory_total_mib >= mem)
-            .filter(|g| {
-                job.gpu_ids
-                    .as_ref()
-                    .is_none_or(|ids| ids.contains(&g.index))
-            })
-            .filter(|g| {
-                job.allowed_gpus
-                    .as_ref()
-                    .is_none_or(|allowed| allowed.contains(&g.index))
-            })
+            .filter(|g| job.may_use_gpu(g.index))
             .map(|g| g.index)
             .collect();
         match &job.gpu_ids {

@@ -103,6 +103,18 @@ pub struct QueuedJob {
     pub array: Option<(JobId, Option<u32>)>,
 }
 
+impl QueuedJob {
+    /// Whether GPU `index` is one this job may get: among its pinned ids (`--gpu-ids`) and its
+    /// allowed GPUs (job files' `allowed_gpus`), when it has those.
+    pub fn may_use_gpu(&self, index: u32) -> bool {
+        self.gpu_ids.as_ref().is_none_or(|ids| ids.contains(&index))
+            && self
+                .allowed_gpus
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(&index))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     Start {

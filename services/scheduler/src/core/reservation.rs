@@ -60,16 +60,7 @@ pub(super) fn reserve(
                     .iter()
                     .any(|r| r.node == node.name && r.gpus.contains(&g.index))
             })
-            .filter(|g| {
-                job.gpu_ids
-                    .as_ref()
-                    .is_none_or(|ids| ids.contains(&g.index))
-            })
-            .filter(|g| {
-                job.allowed_gpus
-                    .as_ref()
-                    .is_none_or(|ids| ids.contains(&g.index))
-            })
+            .filter(|g| job.may_use_gpu(g.index))
             .filter(|g| {
                 view.gpus.iter().any(|v| {
                     v.index == g.index
