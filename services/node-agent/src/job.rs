@@ -85,8 +85,16 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
 
     let gpus = assignment.placement.gpu_indices();
     let shell = shell_program();
-    let mut command = Command::new(shell);
+    // The job runs under a guard (this same binary) that stops it if the agent dies.
+    let agent_exe = std::env::current_exe()
+        .map_err(|err| format!("cannot find the agent's own binary on {node}: {err}"))?;
+    let mut command = Command::new(agent_exe);
     command
+        .args(crate::guard::guard_args(
+            std::process::id(),
+            ctx.kill_grace,
+            shell,
+        ))
         .arg("-c")
         .arg(build_script(spec, &gpus))
         .env_clear()

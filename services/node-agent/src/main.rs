@@ -12,6 +12,7 @@ mod assignments;
 mod cli;
 mod gpu;
 mod gpu_spec;
+mod guard;
 mod heartbeat;
 mod input;
 mod job;
@@ -53,6 +54,10 @@ const REPORT_MARGIN: Duration = Duration::from_secs(5);
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 fn main() -> ExitCode {
+    // Every job starts as this binary in guard mode (see `guard`), before anything else.
+    if let Some(code) = guard::run_if_guard() {
+        return code;
+    }
     let args = Args::parse();
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

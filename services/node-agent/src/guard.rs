@@ -1,0 +1,140 @@
+//! The job guard: the first process of every job, so a job never outlives its agent.
+//!
+//! The agent starts each job as `mgpu-node __mgpu-job-guard AGENT_PID GRACE_MS SHELL -c SCRIPT`
+//! in a new process group. The guard asks the kernel for SIGTERM when the agent dies
+//! (`PR_SET_PDEATHSIG`), runs the shell as its child in the same group, and waits. If the agent
+//! dies (SIGKILL, crash) — or anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the
+//! whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
+//! would keep running while the scheduler already runs its next attempt elsewhere.
+//!
+//! Otherwise the guard is invisible: the shell inherits its standard streams, environment,
+//! directory and group, and the guard ends the way the shell ended (same exit code, or the
+//! same signal).
+//!
+//! PR_SET_PDEATHSIG fires when the *thread* that forked the guard ends; the agent spawns jobs
+//! from its async runtime's worker threads, which live as long as the agent.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, getpgrp, getppid};
+
+/// argv[1] that turns `mgpu-node` into a job guard.
+pub const GUARD_ARG: &str = "__mgpu-job-guard";
+
+/// The stop signal received, 0 while none.
+static STOP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: nix::libc::c_int) {
+    STOP.store(signal, Ordering::SeqCst);
+}
+
+/// The arguments that make the guard run `program args…` for the agent with pid `agent`.
+pub fn guard_args(agent: u32, grace: Duration, program: &str) -> Vec<String> {
+    vec![
+        GUARD_ARG.to_owned(),
+        agent.to_string(),
+        grace.as_millis().to_string(),
+        program.to_owned(),
+    ]
+}
+
+/// Runs as a job guard when argv says so; None otherwise (a normal agent start).
+pub fn run_if_guard() -> Option<ExitCode> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) != Some(GUARD_ARG) {
+        return None;
+    }
+    Some(match guard(&args[2..]) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("mgpu job guard: {err}");
+            ExitCode::from(127)
+        }
+    })
+}
+
+fn guard(args: &[String]) -> Result<ExitCode, String> {
+    let [agent, grace_ms, program, rest @ ..] = args else {
+        return Err("usage: __mgpu-job-guard AGENT_PID GRACE_MS PROGRAM [ARGS...]".into());
+    };
+    let agent: i32 = agent
+        .parse()
+        .map_err(|_| format!("bad agent pid {agent}"))?;
+    let grace = Duration::from_millis(
+        grace_ms
+            .parse()
+            .map_err(|_| format!("bad grace {grace_ms}"))?,
+    );
+
+    let action = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        // No SA_RESTART: a stop signal must interrupt the wait below.
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for stop in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { signal::sigaction(stop, &action) }.map_err(|e| format!("sigaction: {e}"))?;
+    }
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(|e| format!("prctl: {e}"))?;
+    // The agent may have died before the line above took effect: then nothing must start.
+    if getppid() != Pid::from_raw(agent) {
+        return Err("the agent is gone; not starting the job".into());
+    }
+
+    // Handlers do not survive exec: the shell starts with default dispositions.
+    let child = std::process::Command::new(program)
+        .args(rest)
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    let child = Pid::from_raw(child.id() as i32);
+
+    let mut stop_deadline: Option<Instant> = None;
+    loop {
+        let flags = stop_deadline.map(|_| WaitPidFlag::WNOHANG);
+        match waitpid(child, flags) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitCode::from(code as u8)),
+            Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(die_like(signal)),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(err) => return Err(format!("waiting for the job: {err}")),
+        }
+        if stop_deadline.is_none() && STOP.load(Ordering::SeqCst) != 0 {
+            // Stop the whole group (this guard ignores its own copy: the handler is set).
+            let _ = killpg(getpgrp(), Signal::SIGTERM);
+            stop_deadline = Some(Instant::now() + grace);
+        }
+        if let Some(deadline) = stop_deadline {
+            if Instant::now() >= deadline {
+                // Takes this guard down too; the agent (if alive) sees signal 9.
+                let _ = killpg(getpgrp(), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Ends this process by `signal`, as the shell ended, so the agent reports the same thing.
+fn die_like(signal: Signal) -> ExitCode {
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restoring the default disposition has no handler to be unsafe about.
+    let _ = unsafe { signal::sigaction(signal, &default) };
+    let _ = signal::raise(signal);
+    ExitCode::from(128u8.wrapping_add(signal as u8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_arguments_round_trip() {
+        let args = guard_args(42, Duration::from_millis(1500), "/bin/bash");
+        assert_eq!(args, vec![GUARD_ARG, "42", "1500", "/bin/bash"]);
+        assert!(guard(&["x".into()]).is_err());
+    }
+}
