@@ -177,14 +177,7 @@ impl JobSpec {
 
     /// The command as one line, for listings.
     pub fn command_line(&self) -> String {
-        match self.command.as_slice() {
-            [one] => one.clone(),
-            many => many
-                .iter()
-                .map(|arg| shell_quote(arg))
-                .collect::<Vec<_>>()
-                .join(" "),
-        }
+        command_line(&self.command)
     }
 
     /// Checks what no scheduler could fix later. Node-dependent checks (does GPU 7 exist?)
@@ -273,6 +266,23 @@ impl JobSpec {
             )));
         }
         Ok(())
+    }
+}
+
+/// Text in a command that the agent replaces with the job's GPU indices (`--cuda {gpus}` →
+/// `--cuda 0,2`), for programs that take devices as an argument (seed 004's `--cuda`).
+pub const GPUS_PLACEHOLDER: &str = "{gpus}";
+
+/// A command as one shell line: a single word is already a shell command line (`"a | tee
+/// log"`); several words are a program and its arguments, each quoted as needed.
+pub fn command_line(words: &[String]) -> String {
+    match words {
+        [one] => one.clone(),
+        many => many
+            .iter()
+            .map(|arg| shell_quote(arg))
+            .collect::<Vec<_>>()
+            .join(" "),
     }
 }
 

@@ -5,13 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use mgpu_shared::job::{JobSpec, shell_quote};
+use mgpu_shared::job::{GPUS_PLACEHOLDER, JobSpec, shell_quote};
 
 use crate::running::AttemptKey;
-
-/// Text in the command replaced by the assigned GPU indices (`--cuda {gpus}` → `--cuda 0,2`),
-/// for programs that take their devices as an argument rather than from CUDA_VISIBLE_DEVICES.
-pub const GPUS_PLACEHOLDER: &str = "{gpus}";
 
 /// Exit status of a job whose conda environment cannot be activated: the shell's "command not
 /// found", since what is missing is the environment the command needs.
@@ -60,21 +56,13 @@ fn conda_activation(env: &str) -> String {
     )
 }
 
-/// The command as one shell line with `{gpus}` filled in; the same rule as
-/// `JobSpec::command_line`, which shows the command unfilled in listings.
+/// The command as one shell line with `{gpus}` filled in (listings show it unfilled).
 fn command_line(command: &[String], gpu_list: &str) -> String {
     let filled: Vec<String> = command
         .iter()
         .map(|arg| arg.replace(GPUS_PLACEHOLDER, gpu_list))
         .collect();
-    match filled.as_slice() {
-        [one] => one.clone(),
-        many => many
-            .iter()
-            .map(|arg| shell_quote(arg))
-            .collect::<Vec<_>>()
-            .join(" "),
-    }
+    mgpu_shared::job::command_line(&filled)
 }
 
 /// Whether a variable from the submitter's captured environment is passed on. The agent sets

@@ -19,9 +19,7 @@ use mgpu_shared::job::{JobSpec, OnTimeout};
 
 use crate::profiles::{self, LazyProfiles};
 
-/// Text in a command that the node agent replaces with the job's GPU ids (`--cuda {gpus}`).
-/// The agent keeps its own copy of this constant; the shared crate has none.
-pub const GPUS_PLACEHOLDER: &str = "{gpus}";
+pub use mgpu_shared::job::GPUS_PLACEHOLDER;
 
 /// Which parser a file gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
