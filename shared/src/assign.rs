@@ -14,6 +14,9 @@ pub struct Assignment {
     pub user: String,
     pub spec: JobSpec,
     pub placement: Placement,
+    /// Which of the job's nodes this assignment is for (0 for a one-node job).
+    #[serde(default)]
+    pub rank: u32,
 }
 
 /// Control messages for a node's agent.

@@ -80,6 +80,76 @@ pub struct JobSpec {
     /// When its node is lost, end as `node_failed` instead of going back to the queue.
     #[serde(default)]
     pub no_requeue: bool,
+    /// Nodes the job spans (`--nodes`); `gpus` is then the count on each node.
+    #[serde(default = "one_node", skip_serializing_if = "is_one_node")]
+    pub nodes: u32,
+    /// Nodes the job must run on, in rank order (`--nodelist a,b`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodelist: Vec<String>,
+    /// Nodes the job must not run on (`--exclude c`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Exact GPUs on exact nodes, in rank order (`--node-gpu-ids "node001:0,1;node002:0,1"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_gpu_ids: Vec<NodeGpuIds>,
+    /// Run the command once per node, with the torchrun/MPI rendezvous variables set
+    /// (`--distributed`); otherwise a multi-node job's command runs once, on its first node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub distributed: bool,
+}
+
+/// GPUs pinned on one node (`node001:0,1`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpuIds {
+    pub node: String,
+    pub gpu_ids: Vec<u32>,
+}
+
+/// Most nodes one job may span.
+pub const MAX_JOB_NODES: u32 = 1024;
+
+fn one_node() -> u32 {
+    1
+}
+
+fn is_one_node(nodes: &u32) -> bool {
+    *nodes == 1
+}
+
+/// Parses `--node-gpu-ids`: `node001:0,1;node002:0,1` (rank order as written).
+pub fn parse_node_gpu_ids(text: &str) -> Result<Vec<NodeGpuIds>, InvalidInput> {
+    let mut out: Vec<NodeGpuIds> = Vec::new();
+    for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let (node, ids) = part.split_once(':').ok_or_else(|| {
+            InvalidInput::new(format!(
+                "`{part}` is not NODE:IDS (e.g. node001:0,1;node002:0,1)"
+            ))
+        })?;
+        let node = node.trim();
+        crate::ids::validate_node_name(node)?;
+        let gpu_ids = ids
+            .split(',')
+            .map(|id| {
+                id.trim().parse::<u32>().map_err(|_| {
+                    InvalidInput::new(format!("`{}` in `{part}` is not a GPU index", id.trim()))
+                })
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        if out.iter().any(|n| n.node == node) {
+            return Err(InvalidInput::new(format!(
+                "--node-gpu-ids names node {node} twice"
+            )));
+        }
+        out.push(NodeGpuIds {
+            node: node.to_owned(),
+            gpu_ids,
+        });
+    }
+    if out.is_empty() {
+        return Err(InvalidInput::new("--node-gpu-ids names no node"));
+    }
+    Ok(out)
 }
 
 /// What a job does when its time limit is reached.
@@ -134,7 +204,17 @@ impl JobSpec {
             dedup: false,
             profile: None,
             no_requeue: false,
+            nodes: 1,
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
+            node_gpu_ids: Vec::new(),
+            distributed: false,
         }
+    }
+
+    /// Whether the job spans more than one node.
+    pub fn is_multi_node(&self) -> bool {
+        self.nodes > 1
     }
 
     /// What makes two submissions "the same job" for dedup: command, environment setup and
@@ -151,6 +231,11 @@ impl JobSpec {
             self.allowed_gpus,
             self.mem_mib,
             self.array.as_ref().map(|a| a.index),
+            self.nodes,
+            self.nodelist,
+            self.exclude,
+            self.node_gpu_ids,
+            self.distributed,
         ]);
         key.to_string()
     }
@@ -258,6 +343,7 @@ impl JobSpec {
                 "an array's `%N` limit must be at least 1",
             ));
         }
+        self.validate_nodes()?;
         if let Some(limit) = self.time_limit_secs
             && (limit == 0 || limit > MAX_TIME_LIMIT.as_secs())
         {
@@ -266,6 +352,105 @@ impl JobSpec {
             )));
         }
         Ok(())
+    }
+}
+
+impl JobSpec {
+    /// The multi-node part of [`JobSpec::validate`].
+    fn validate_nodes(&self) -> Result<(), InvalidInput> {
+        if self.nodes == 0 || self.nodes > MAX_JOB_NODES {
+            return Err(InvalidInput::new(format!(
+                "--nodes {} is outside 1..{MAX_JOB_NODES}",
+                self.nodes
+            )));
+        }
+        for name in self.nodelist.iter().chain(&self.exclude) {
+            crate::ids::validate_node_name(name)?;
+        }
+        let mut listed = self.nodelist.clone();
+        listed.sort();
+        listed.dedup();
+        if listed.len() != self.nodelist.len() {
+            return Err(InvalidInput::new("--nodelist names a node twice"));
+        }
+        if let Some(both) = self.nodelist.iter().find(|n| self.exclude.contains(n)) {
+            return Err(InvalidInput::new(format!(
+                "node {both} is both in --nodelist and in --exclude"
+            )));
+        }
+        if self.nodelist.len() > self.nodes as usize {
+            return Err(InvalidInput::new(format!(
+                "--nodelist names {} nodes but the job asks for {} (--nodes)",
+                self.nodelist.len(),
+                self.nodes
+            )));
+        }
+        if self.is_multi_node() && !self.gpus.is_zero() && !self.gpus.is_whole() {
+            return Err(InvalidInput::new(
+                "a multi-node job takes whole GPUs on each node (--gpus-per-node 1 or more)",
+            ));
+        }
+        if !self.node_gpu_ids.is_empty() {
+            if self.gpu_ids.is_some() || !self.nodelist.is_empty() {
+                return Err(InvalidInput::new(
+                    "--node-gpu-ids already names nodes and GPUs: leave out --gpu-ids and --nodelist",
+                ));
+            }
+            if self.node_gpu_ids.len() != self.nodes as usize {
+                return Err(InvalidInput::new(format!(
+                    "--node-gpu-ids names {} node(s) but the job asks for {} (--nodes)",
+                    self.node_gpu_ids.len(),
+                    self.nodes
+                )));
+            }
+            for entry in &self.node_gpu_ids {
+                crate::ids::validate_node_name(&entry.node)?;
+                if self.exclude.contains(&entry.node) {
+                    return Err(InvalidInput::new(format!(
+                        "node {} is both in --node-gpu-ids and in --exclude",
+                        entry.node
+                    )));
+                }
+                let mut ids = entry.gpu_ids.clone();
+                ids.sort_unstable();
+                ids.dedup();
+                if ids.len() != entry.gpu_ids.len() || ids.is_empty() {
+                    return Err(InvalidInput::new(format!(
+                        "--node-gpu-ids: node {} needs distinct GPU ids",
+                        entry.node
+                    )));
+                }
+                if self.gpus.gpu_count() as usize != ids.len() {
+                    return Err(InvalidInput::new(format!(
+                        "--node-gpu-ids gives node {} {} GPU(s) but the job asks for {} per node",
+                        entry.node,
+                        ids.len(),
+                        self.gpus
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPUs pinned on `node`: from `--node-gpu-ids`, else `--gpu-ids` (any node).
+    pub fn pinned_gpus_on(&self, node: &str) -> Option<&[u32]> {
+        if self.node_gpu_ids.is_empty() {
+            return self.gpu_ids.as_deref();
+        }
+        self.node_gpu_ids
+            .iter()
+            .find(|n| n.node == node)
+            .map(|n| n.gpu_ids.as_slice())
+    }
+
+    /// The nodes the job must run on, in rank order: `--node-gpu-ids`'s, else `--nodelist`.
+    pub fn required_nodes(&self) -> Vec<String> {
+        if self.node_gpu_ids.is_empty() {
+            self.nodelist.clone()
+        } else {
+            self.node_gpu_ids.iter().map(|n| n.node.clone()).collect()
+        }
     }
 }
 
@@ -340,16 +525,118 @@ pub struct GpuShare {
     pub mem_mib: u64,
 }
 
-/// Where a job runs.
+/// Where a job runs: its first node (rank 0) and, for a multi-node job, the others.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub node: String,
     pub gpus: Vec<GpuShare>,
+    /// Ranks 1.. of a multi-node job, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<NodeShare>,
+    /// How a multi-node or distributed job is launched; None for a plain one-node job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Launch>,
+}
+
+/// One further node of a multi-node job and the GPUs it holds there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShare {
+    pub node: String,
+    pub gpus: Vec<GpuShare>,
+}
+
+/// The rendezvous of a multi-node or distributed job, filled in by the scheduler when it
+/// places the job, so every rank gets the same values.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launch {
+    /// The command runs once per node (`--distributed`), not only on rank 0.
+    pub distributed: bool,
+    /// The address each rank's node is reachable at, by rank (`MASTER_ADDR` is the first).
+    pub addresses: Vec<String>,
+    /// `MASTER_PORT`: chosen from the job id, the same for every rank.
+    pub master_port: u16,
 }
 
 impl Placement {
+    /// A one-node placement.
+    pub fn single(node: impl Into<String>, gpus: Vec<GpuShare>) -> Self {
+        Placement {
+            node: node.into(),
+            gpus,
+            peers: Vec::new(),
+            launch: None,
+        }
+    }
+
+    /// Rank 0's GPU indices.
     pub fn gpu_indices(&self) -> Vec<u32> {
         self.gpus.iter().map(|g| g.index).collect()
+    }
+
+    /// Every node with its rank and GPUs, rank 0 first.
+    pub fn ranks(&self) -> impl Iterator<Item = (u32, &str, &[GpuShare])> {
+        std::iter::once((self.node.as_str(), self.gpus.as_slice()))
+            .chain(
+                self.peers
+                    .iter()
+                    .map(|p| (p.node.as_str(), p.gpus.as_slice())),
+            )
+            .enumerate()
+            .map(|(rank, (node, gpus))| (rank as u32, node, gpus))
+    }
+
+    pub fn node_count(&self) -> usize {
+        1 + self.peers.len()
+    }
+
+    pub fn node_names(&self) -> Vec<&str> {
+        self.ranks().map(|(_, node, _)| node).collect()
+    }
+
+    /// Whether any rank is on `node`.
+    pub fn uses_node(&self, node: &str) -> bool {
+        self.rank_of(node).is_some()
+    }
+
+    pub fn rank_of(&self, node: &str) -> Option<u32> {
+        self.ranks().find(|(_, n, _)| *n == node).map(|(r, _, _)| r)
+    }
+
+    /// The GPUs held on `node`, if the job holds any there.
+    pub fn gpus_on(&self, node: &str) -> Option<&[GpuShare]> {
+        self.ranks().find(|(_, n, _)| *n == node).map(|(_, _, g)| g)
+    }
+
+    /// Whether the command runs everywhere (`--distributed`) or only on rank 0.
+    pub fn distributed(&self) -> bool {
+        self.launch.as_ref().is_some_and(|l| l.distributed)
+    }
+
+    /// The ranks where a process runs, with their nodes: all of them for a distributed job,
+    /// rank 0 otherwise (the other nodes' GPUs are held for it, to use through the hostfile).
+    pub fn launched_ranks(&self) -> Vec<(u32, &str)> {
+        let everywhere = self.distributed();
+        self.ranks()
+            .filter(|(rank, _, _)| everywhere || *rank == 0)
+            .map(|(rank, node, _)| (rank, node))
+            .collect()
+    }
+
+    /// Whether a process of this job runs on `node`.
+    pub fn launches_on(&self, node: &str) -> bool {
+        self.launched_ranks().iter().any(|(_, n)| *n == node)
+    }
+
+    /// Nodes for listings: `node001` or `node001,node002`.
+    pub fn nodes_label(&self) -> String {
+        self.node_names().join(",")
+    }
+
+    /// Whole or shared GPUs held on all nodes together.
+    pub fn total_gpus(&self) -> f64 {
+        self.ranks()
+            .flat_map(|(_, _, gpus)| gpus.iter().map(|g| g.amount.as_f64()))
+            .sum()
     }
 }
 
@@ -432,6 +719,28 @@ pub struct Run {
     /// Set once its time slice ended while others waited and a requeue kill was sent.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preempt_requested: bool,
+    /// Ranks of a multi-node job whose process started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks_started: Vec<u32>,
+    /// Ranks of a distributed job whose process already exited successfully.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks_done: Vec<u32>,
+}
+
+impl Run {
+    /// A fresh run on `placement`, assigned at `at`.
+    pub fn assigned(placement: Placement, at: Timestamp) -> Self {
+        Run {
+            placement,
+            assigned_at: at,
+            started_at: None,
+            pid: None,
+            cancel_requested_by: None,
+            preempt_requested: false,
+            ranks_started: Vec::new(),
+            ranks_done: Vec::new(),
+        }
+    }
 }
 
 /// How a finished job ended.
@@ -552,6 +861,9 @@ impl JobRecord {
             priority: self.spec.priority,
             gpus_requested: self.spec.gpus,
             node: placement.map(|p| p.node.clone()),
+            nodes: placement
+                .map(|p| p.node_names().into_iter().map(str::to_owned).collect())
+                .unwrap_or_default(),
             gpus: placement.map(Placement::gpu_indices).unwrap_or_default(),
             exit_code: self.exit_code(),
             attempt: self.attempt,
@@ -574,6 +886,8 @@ pub struct JobSummary {
     pub priority: i32,
     pub gpus_requested: GpuAmount,
     pub node: Option<String>,
+    /// Every node of the job, rank 0 first (one entry for a one-node job).
+    pub nodes: Vec<String>,
     pub gpus: Vec<u32>,
     pub exit_code: Option<i32>,
     pub attempt: u32,

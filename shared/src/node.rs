@@ -71,6 +71,10 @@ pub struct NodeHeartbeat {
     /// A GPU running no mgpu job whose utilisation exceeds this share is not offered.
     #[serde(default = "default_threshold")]
     pub load_threshold: f64,
+    /// Operator-given labels (`--label rack=r1`): multi-node jobs prefer nodes that share
+    /// the value of the scheduler's topology label.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 pub const DEFAULT_THRESHOLD: f64 = 0.8;

@@ -57,6 +57,9 @@ pub struct Policy {
     pub missed_heartbeats: u32,
     /// A job whose node is lost is requeued until it has run this many attempts.
     pub max_attempts: u32,
+    /// Multi-node jobs prefer nodes sharing this label's value (agents' `--label rack=r1`);
+    /// empty: no topology preference.
+    pub topology_label: String,
 }
 
 impl Default for Policy {
@@ -71,6 +74,7 @@ impl Default for Policy {
             max_reservations: 16,
             missed_heartbeats: crate::node::MISSED_HEARTBEATS_OFFLINE,
             max_attempts: 3,
+            topology_label: "rack".into(),
         }
     }
 }

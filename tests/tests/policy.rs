@@ -689,6 +689,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         agent_version: "test".into(),
         mem_threshold,
         load_threshold,
+        labels: Default::default(),
     }
 }
 

@@ -55,8 +55,46 @@ pub enum Chunk<'a> {
     /// The end of one attempt's output, with the process's exit status.
     Eof {
         attempt: Option<u32>,
+        /// Which process of a distributed job ended (0 for others).
+        rank: u32,
         exit_code: Option<i32>,
     },
+}
+
+/// End-of-output markers seen so far, by attempt: a distributed job's output is complete
+/// once every rank's marker came.
+#[derive(Debug, Default)]
+pub struct Ends {
+    seen: std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>>,
+    /// The first failing exit status per attempt, else the last one.
+    exit_codes: std::collections::BTreeMap<u32, i32>,
+}
+
+impl Ends {
+    pub fn saw(&mut self, attempt: u32, rank: u32, exit_code: Option<i32>) {
+        self.seen.entry(attempt).or_default().insert(rank);
+        let code = exit_code.unwrap_or(1);
+        let kept = self.exit_codes.entry(attempt).or_insert(code);
+        if *kept == 0 {
+            *kept = code;
+        }
+    }
+
+    /// Whether every process of `record`'s current attempt (or a later one) ended.
+    pub fn complete_for(&self, record: &JobRecord) -> bool {
+        let ranks = record
+            .state
+            .placement()
+            .map_or(1, |p| p.launched_ranks().len());
+        self.seen
+            .range(record.attempt..)
+            .any(|(_, seen)| seen.len() >= ranks)
+    }
+
+    /// The exit status to report for `attempt`: the first failure among its ranks.
+    pub fn exit_code(&self, attempt: u32) -> Option<i32> {
+        self.exit_codes.get(&attempt).copied()
+    }
 }
 
 /// Reads an output message's headers. Unlabelled output counts as stdout: the payload is
@@ -72,6 +110,9 @@ pub fn classify(message: &async_nats::Message) -> Chunk<'_> {
     match header(output::STREAM).as_deref() {
         Some(output::EOF) => Chunk::Eof {
             attempt: header(output::ATTEMPT).and_then(|a| a.parse().ok()),
+            rank: header(output::RANK)
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0),
             exit_code: header(output::EXIT_CODE).and_then(|c| c.parse().ok()),
         },
         Some(output::STDERR) => Chunk::Stderr(&message.payload),
@@ -171,6 +212,7 @@ mod tests {
             classify(&eof),
             Chunk::Eof {
                 attempt: Some(2),
+                rank: 0,
                 exit_code: Some(137)
             }
         );

@@ -243,12 +243,19 @@ impl Dispatcher {
                 return;
             }
         }
-        let started = if assignment.placement.node == self.ctx.node {
+        let for_this_node = assignment
+            .placement
+            .launched_ranks()
+            .iter()
+            .any(|(rank, node)| *rank == assignment.rank && *node == self.ctx.node);
+        let started = if for_this_node {
             job::start(&self.ctx, &assignment).await
         } else {
             Err(format!(
-                "the assignment names node {} but reached node {}",
-                assignment.placement.node, self.ctx.node
+                "the assignment for rank {} (nodes {}) reached node {}",
+                assignment.rank,
+                assignment.placement.nodes_label(),
+                self.ctx.node
             ))
         };
         match started {

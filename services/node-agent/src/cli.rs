@@ -87,9 +87,33 @@ pub struct Args {
     )]
     pub load_threshold: f64,
 
+    /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
+    /// prefer nodes that share the value of the scheduler's topology label (`rack`).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+
     /// Print the GPUs this agent would report, as JSON, and exit without connecting.
     #[arg(long)]
     pub print_gpus: bool,
+}
+
+/// A node label: `KEY=VALUE`, both made of letters, digits, `-`, `_`, `.` or `/`.
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not KEY=VALUE (e.g. rack=r1)"))?;
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 64
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    };
+    if !plain(key) || !plain(value) {
+        return Err(format!(
+            "`{text}`: key and value must be 1-64 letters, digits, `-`, `_`, `.` or `/`"
+        ));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// A duration as `mgpu_shared::duration::parse_duration` reads it (`2s`, `10m`, `1h30m`, `90`),

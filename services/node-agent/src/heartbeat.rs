@@ -33,6 +33,8 @@ pub struct Identity {
     pub runs_jobs_as: String,
     pub interval: Duration,
     pub thresholds: Thresholds,
+    /// `--label` values, sent in every heartbeat.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// When a GPU busy with work mgpu did not start stops being offered (`--mem-threshold`,
@@ -131,6 +133,7 @@ impl Heartbeater {
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             mem_threshold: self.identity.thresholds.mem,
             load_threshold: self.identity.thresholds.load,
+            labels: self.identity.labels.clone(),
         };
         match self.publish(&heartbeat).await {
             Ok(()) => {

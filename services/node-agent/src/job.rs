@@ -3,6 +3,7 @@
 //! after its output was flushed.
 
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use mgpu_shared::assign::Assignment;
 use mgpu_shared::event::JobEventKind;
+use mgpu_shared::job::Placement;
 use mgpu_shared::{output, subjects};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -23,7 +25,7 @@ use crate::input::InputForwarder;
 use crate::output::{OutputPipeline, output_headers};
 use crate::reports::Reporter;
 use crate::running::{AttemptKey, RunningTable, StopReason, StopRequests};
-use crate::script::{build_script, job_environment};
+use crate::script::{RankInfo, build_script, job_environment};
 use crate::state_file::{self, RecordedAttempt, StateFile};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
@@ -50,6 +52,9 @@ pub struct JobContext {
 pub struct StartedJob {
     ctx: JobContext,
     key: AttemptKey,
+    rank: u32,
+    /// The hostfile written for a multi-node job, removed when it ends.
+    hostfile: Option<PathBuf>,
     child: Child,
     pid: u32,
     started: Instant,
@@ -83,7 +88,24 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         None
     };
 
-    let gpus = assignment.placement.gpu_indices();
+    let rank = assignment.rank;
+    let gpus: Vec<u32> = assignment
+        .placement
+        .gpus_on(node)
+        .unwrap_or_default()
+        .iter()
+        .map(|g| g.index)
+        .collect();
+    // Multi-node and distributed jobs get the rendezvous variables and a hostfile.
+    let hostfile = match &assignment.placement.launch {
+        Some(_) => Some(write_hostfile(&key, node, &assignment.placement).await?),
+        None => None,
+    };
+    let ranks = hostfile.as_ref().map(|path| RankInfo {
+        placement: &assignment.placement,
+        rank,
+        hostfile: path,
+    });
     let shell = shell_program();
     // The job runs under a guard (this same binary) that stops it if the agent dies.
     let agent_exe = std::env::current_exe()
@@ -98,7 +120,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         .arg("-c")
         .arg(build_script(spec, &gpus))
         .env_clear()
-        .envs(job_environment(spec, &key, node, &gpus))
+        .envs(job_environment(spec, &key, node, &gpus, ranks.as_ref()))
         .current_dir(&spec.workdir)
         // Its own process group, so a kill reaches everything the job started.
         .process_group(0)
@@ -124,7 +146,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         signal_group(pid, Signal::SIGKILL, &key);
         return Err(format!("cannot read the job's output on {node}"));
     };
-    let output = OutputPipeline::start(ctx.js.clone(), key.clone(), stdout, stderr);
+    let output = OutputPipeline::start(ctx.js.clone(), key.clone(), rank, stdout, stderr);
     let input = match (input, child.stdin.take()) {
         (Some(subscription), Some(stdin)) => {
             Some(InputForwarder::start(subscription, stdin, key.clone()))
@@ -144,10 +166,12 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             start_ticks: state_file::start_ticks(pid),
         })
         .await;
-    info!(%key, pid, ?gpus, "job started");
+    info!(%key, pid, rank, ?gpus, "job started");
     Ok(StartedJob {
         ctx: ctx.clone(),
         key,
+        rank,
+        hostfile,
         child,
         pid,
         started: Instant::now(),
@@ -165,6 +189,8 @@ impl StartedJob {
         let StartedJob {
             ctx,
             key,
+            rank,
+            hostfile,
             mut child,
             pid,
             started,
@@ -199,12 +225,15 @@ impl StartedJob {
         let summary = output.finish(&key, OUTPUT_DRAIN_LIMIT).await;
         let (exit_code, signal) = exit_code_of(ending.status);
 
-        let mut eof_headers = output_headers(output::EOF, summary.next_seq, key.attempt);
+        let mut eof_headers = output_headers(output::EOF, summary.next_seq, key.attempt, rank);
+        if let Some(path) = &hostfile {
+            let _ = tokio::fs::remove_file(path).await;
+        }
         eof_headers.insert(output::EXIT_CODE, exit_code.to_string());
         let eof = PublishMessage::build()
             .payload(Bytes::new())
             .headers(eof_headers)
-            .message_id(format!("{}-{}-eof", key.job_id, key.attempt));
+            .message_id(format!("{}-{}-{}-eof", key.job_id, key.attempt, ctx.node));
         ctx.reporter
             .publish_until_stored(subjects::output(&key.job_id), eof, &key, "output end")
             .await;
@@ -376,6 +405,32 @@ async fn check_workdir(workdir: &str, node: &str) -> Result<(), String> {
             "workdir {workdir} is not accessible on {node}: {err}"
         )),
     }
+}
+
+/// Writes the MPI hostfile of a multi-node job (`ADDRESS slots=GPUS`, one line per node, rank
+/// order) where the job can read it: the temporary directory, named after the attempt.
+async fn write_hostfile(
+    key: &AttemptKey,
+    node: &str,
+    placement: &Placement,
+) -> Result<PathBuf, String> {
+    let addresses = placement
+        .launch
+        .as_ref()
+        .map(|l| l.addresses.clone())
+        .unwrap_or_default();
+    let mut text = String::new();
+    for (rank, node, gpus) in placement.ranks() {
+        let address = addresses.get(rank as usize).map_or(node, String::as_str);
+        text.push_str(&format!("{address} slots={}\n", gpus.len().max(1)));
+    }
+    // Named after the node too: agents sharing a host must not remove each other's file.
+    let path =
+        std::env::temp_dir().join(format!("mgpu-{}-{}-{node}.hosts", key.job_id, key.attempt));
+    tokio::fs::write(&path, text)
+        .await
+        .map_err(|err| format!("cannot write the hostfile {}: {err}", path.display()))?;
+    Ok(path)
 }
 
 #[cfg(test)]

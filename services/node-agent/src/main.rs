@@ -145,12 +145,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat_interval,
         kill_grace: args.kill_grace,
     };
-    let thresholds = Thresholds {
-        mem: args.mem_threshold,
-        load: args.load_threshold,
+    let identity = Identity {
+        node,
+        address,
+        runs_jobs_as: cli::current_user(),
+        interval: timings.heartbeat_interval,
+        thresholds: Thresholds {
+            mem: args.mem_threshold,
+            load: args.load_threshold,
+        },
+        labels: args.labels.into_iter().collect(),
     };
     let memory = Memory { state, left };
-    let agent = start_loops(client, node, address, probe, timings, thresholds, memory);
+    let agent = start_loops(client, identity, probe, timings, memory);
     wait_for_stop_signal().await?;
     agent.shut_down().await;
     Ok(())
@@ -173,13 +180,12 @@ struct Memory {
 /// reported) the assignment loop.
 fn start_loops(
     client: async_nats::Client,
-    node: String,
-    address: String,
+    identity: Identity,
     probe: Box<dyn gpu::GpuProbe>,
     timings: Timings,
-    thresholds: Thresholds,
     memory: Memory,
 ) -> Agent {
+    let node = identity.node.clone();
     let js = async_nats::jetstream::new(client.clone());
     let (stop_taking_work, shutdown) = shutdown::signal();
     let (stop_heartbeats, heartbeat_stop) = shutdown::signal();
@@ -189,13 +195,6 @@ fn start_loops(
 
     // Before the first heartbeat, so that it lists the jobs a previous agent left running.
     let leftovers = reconcile::survey(memory.left, &table);
-    let identity = Identity {
-        node: node.clone(),
-        address,
-        runs_jobs_as: cli::current_user(),
-        interval: timings.heartbeat_interval,
-        thresholds,
-    };
     let heartbeater = Heartbeater::new(js.clone(), identity, probe, table.clone());
     let heartbeat = tokio::spawn(heartbeater.run(heartbeat_now.clone(), heartbeat_stop));
 

@@ -48,9 +48,11 @@ pub struct OutputPipeline {
 }
 
 impl OutputPipeline {
+    /// `rank`: which of the job's processes this is (0 unless it is distributed).
     pub fn start(
         js: jetstream::Context,
         key: AttemptKey,
+        rank: u32,
         stdout: impl AsyncRead + Unpin + Send + 'static,
         stderr: impl AsyncRead + Unpin + Send + 'static,
     ) -> Self {
@@ -59,7 +61,7 @@ impl OutputPipeline {
             tokio::spawn(read_pipe(stdout, output::STDOUT, tx.clone(), key.clone())),
             tokio::spawn(read_pipe(stderr, output::STDERR, tx, key.clone())),
         ];
-        let publisher = tokio::spawn(publish_chunks(js, key, rx));
+        let publisher = tokio::spawn(publish_chunks(js, key, rank, rx));
         OutputPipeline { readers, publisher }
     }
 
@@ -130,11 +132,11 @@ async fn read_pipe(
 }
 
 /// Headers of an output message; see [`mgpu_shared::output`].
-pub fn output_headers(stream: &str, seq: u64, attempt: u32) -> HeaderMap {
+pub fn output_headers(stream: &str, seq: u64, attempt: u32, rank: u32) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(output::STREAM, stream);
     headers.insert(output::SEQ, seq.to_string());
-    headers.insert(output::RANK, "0");
+    headers.insert(output::RANK, rank.to_string());
     headers.insert(output::ATTEMPT, attempt.to_string());
     headers
 }
@@ -167,6 +169,7 @@ impl Losses<'_> {
 async fn publish_chunks(
     js: jetstream::Context,
     key: AttemptKey,
+    rank: u32,
     mut rx: mpsc::Receiver<Chunk>,
 ) -> OutputSummary {
     let subject = subjects::output(&key.job_id);
@@ -196,7 +199,7 @@ async fn publish_chunks(
         let Some(chunk) = chunk else { break };
         last_seq += 1;
         bytes += chunk.data.len() as u64;
-        let headers = output_headers(chunk.stream, last_seq, key.attempt);
+        let headers = output_headers(chunk.stream, last_seq, key.attempt, rank);
         match js
             .publish_with_headers(subject.clone(), headers, chunk.data)
             .await

@@ -3,7 +3,7 @@
 //! these, so each is retried with backoff until JetStream acknowledges it, or until the agent
 //! gives up at the end of a bounded shutdown.
 //!
-//! Each report carries a `Nats-Msg-Id` naming the attempt and what happened, so a retry after
+//! Each report carries a `Nats-Msg-Id` naming the attempt, the node and what happened, so a retry after
 //! a lost acknowledgement is stored once.
 
 use std::time::Duration;
@@ -53,7 +53,11 @@ impl Reporter {
         };
         let message = PublishMessage::build()
             .payload(payload)
-            .message_id(format!("{}-{}-{what}", key.job_id, key.attempt));
+            // The node is part of it: each rank of a distributed job reports on its own.
+            .message_id(format!(
+                "{}-{}-{}-{what}",
+                key.job_id, key.attempt, self.node
+            ));
         self.publish_until_stored(subjects::events(&key.job_id), message, key, what)
             .await
     }

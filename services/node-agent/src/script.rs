@@ -4,8 +4,9 @@
 //! Everything here is pure, so the exact text a job gets is unit-tested without spawning it.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use mgpu_shared::job::{GPUS_PLACEHOLDER, JobSpec, shell_quote};
+use mgpu_shared::job::{GPUS_PLACEHOLDER, JobSpec, Placement, shell_quote};
 
 use crate::running::AttemptKey;
 
@@ -79,11 +80,19 @@ fn passes_user_variable(name: &str) -> bool {
 
 /// The job's whole environment: the submitter's captured one (filtered), then the agent's
 /// variables, which always win.
+/// Where one process of a multi-node job stands among the others.
+pub struct RankInfo<'a> {
+    pub placement: &'a Placement,
+    pub rank: u32,
+    pub hostfile: &'a Path,
+}
+
 pub fn job_environment(
     spec: &JobSpec,
     key: &AttemptKey,
     node: &str,
     gpus: &[u32],
+    ranks: Option<&RankInfo<'_>>,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = spec
         .env
@@ -108,7 +117,38 @@ pub fn job_environment(
         env.insert("MGPU_ARRAY_INDEX".into(), member.index.to_string());
         env.insert("MGPU_ARRAY_ID".into(), member.array_id.to_string());
     }
+    if let Some(info) = ranks {
+        rank_environment(&mut env, info);
+    }
     env
+}
+
+/// The variables torchrun, `torch.distributed` and MPI launchers read, plus mgpu's own.
+fn rank_environment(env: &mut BTreeMap<String, String>, info: &RankInfo<'_>) {
+    let placement = info.placement;
+    let nodes = placement.node_count();
+    let gpus_per_node = placement.gpus.len().max(1);
+    let nodelist = placement.nodes_label();
+    env.insert("MGPU_NODELIST".into(), nodelist);
+    env.insert("MGPU_NNODES".into(), nodes.to_string());
+    env.insert("MGPU_NODE_RANK".into(), info.rank.to_string());
+    env.insert("MGPU_HOSTFILE".into(), info.hostfile.display().to_string());
+    if let Some(launch) = &placement.launch
+        && launch.distributed
+    {
+        let master = launch
+            .addresses
+            .first()
+            .cloned()
+            .unwrap_or_else(|| placement.node.clone());
+        env.insert("MASTER_ADDR".into(), master);
+        env.insert("MASTER_PORT".into(), launch.master_port.to_string());
+        env.insert("NNODES".into(), nodes.to_string());
+        env.insert("NODE_RANK".into(), info.rank.to_string());
+        env.insert("GPUS_PER_NODE".into(), gpus_per_node.to_string());
+        // torchrun's WORLD_SIZE: one process per GPU on every node.
+        env.insert("WORLD_SIZE".into(), (nodes * gpus_per_node).to_string());
+    }
 }
 
 #[cfg(test)]
@@ -287,7 +327,7 @@ fi
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         let key = key(3);
-        let env = job_environment(&s, &key, "node001", &[2, 5]);
+        let env = job_environment(&s, &key, "node001", &[2, 5], None);
         let get = |name: &str| env.get(name).map(String::as_str);
         assert_eq!(get("PATH"), Some("/usr/bin"));
         assert_eq!(get("HOME"), Some("/home/alice"));
@@ -310,7 +350,7 @@ fi
 
     #[test]
     fn the_first_attempt_is_no_restart() {
-        let env = job_environment(&spec(&["true"]), &key(1), "n", &[0]);
+        let env = job_environment(&spec(&["true"]), &key(1), "n", &[0], None);
         assert_eq!(env.get("MGPU_RESTART_COUNT").map(String::as_str), Some("0"));
     }
 
@@ -323,7 +363,7 @@ fi
             index: 4,
             max_running: Some(2),
         });
-        let env = job_environment(&s, &key(1), "n", &[0]);
+        let env = job_environment(&s, &key(1), "n", &[0], None);
         let get = |name: &str| env.get(name).map(String::as_str);
         assert_eq!(get("MGPU_ARRAY_INDEX"), Some("4"));
         assert_eq!(get("MGPU_ARRAY_ID"), Some(array_id.as_str()));
@@ -331,11 +371,51 @@ fi
 
     #[test]
     fn a_job_without_gpus_sees_none() {
-        let env = job_environment(&spec(&["true"]), &key(1), "n", &[]);
+        let env = job_environment(&spec(&["true"]), &key(1), "n", &[], None);
         assert_eq!(
             env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
             Some("")
         );
         assert_eq!(env.get("MGPU_GPUS").map(String::as_str), Some(""));
+    }
+
+    #[test]
+    fn a_distributed_rank_gets_the_torchrun_variables() {
+        use mgpu_shared::gpu_amount::GpuAmount;
+        use mgpu_shared::job::{GpuShare, Launch, NodeShare};
+        let share = |index| GpuShare {
+            index,
+            amount: GpuAmount::ONE,
+            mem_mib: 0,
+        };
+        let placement = Placement {
+            node: "a".into(),
+            gpus: vec![share(0), share(1)],
+            peers: vec![NodeShare {
+                node: "b".into(),
+                gpus: vec![share(2), share(3)],
+            }],
+            launch: Some(Launch {
+                distributed: true,
+                addresses: vec!["10.0.0.1".into(), "10.0.0.2".into()],
+                master_port: 29_877,
+            }),
+        };
+        let info = RankInfo {
+            placement: &placement,
+            rank: 1,
+            hostfile: Path::new("/tmp/h"),
+        };
+        let env = job_environment(&spec(&["true"]), &key(1), "b", &[2, 3], Some(&info));
+        let get = |name: &str| env.get(name).map(String::as_str);
+        assert_eq!(get("MASTER_ADDR"), Some("10.0.0.1"));
+        assert_eq!(get("MASTER_PORT"), Some("29877"));
+        assert_eq!(get("NNODES"), Some("2"));
+        assert_eq!(get("NODE_RANK"), Some("1"));
+        assert_eq!(get("GPUS_PER_NODE"), Some("2"));
+        assert_eq!(get("WORLD_SIZE"), Some("4"));
+        assert_eq!(get("MGPU_HOSTFILE"), Some("/tmp/h"));
+        assert_eq!(get("MGPU_NODELIST"), Some("a,b"));
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("2,3"));
     }
 }

@@ -8,6 +8,7 @@
 //! fairshare_weight = 100.0     # points per decayed GPU-hour of the user's usage
 //! half_life = "1d"             # usage halves every half_life
 //! max_reservations = 16        # blocked jobs that get a backfill reservation
+//! topology_label = "rack"      # multi-node jobs prefer nodes sharing this label ("" = off)
 //! ```
 
 use std::path::Path;
@@ -28,6 +29,7 @@ struct ConfigFile {
     fairshare_weight: Option<f64>,
     half_life: Option<String>,
     max_reservations: Option<usize>,
+    topology_label: Option<String>,
 }
 
 /// Reads the policy from `path` (if any) over the defaults.
@@ -66,6 +68,15 @@ pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
     }
     if let Some(n) = file.max_reservations {
         policy.max_reservations = n;
+    }
+    if let Some(label) = file.topology_label {
+        anyhow::ensure!(
+            label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)),
+            "topology_label `{label}` must be letters, digits, `-`, `_`, `.` or `/`"
+        );
+        policy.topology_label = label;
     }
     Ok(policy)
 }

@@ -38,7 +38,7 @@ impl Scheduler {
                 .store
                 .records()
                 .filter(
-                    |r| matches!(&r.state, JobState::Running(run) if run.placement.node == node),
+                    |r| matches!(&r.state, JobState::Running(run) if run.placement.uses_node(&node)),
                 )
                 .map(|r| r.id.clone())
                 .collect();
@@ -66,7 +66,7 @@ impl Scheduler {
         for running in &beat.running {
             let current = self.store.get(&running.id).is_some_and(|r| {
                 r.attempt == running.attempt
-                    && matches!(&r.state, JobState::Running(run) if run.placement.node == beat.node)
+                    && matches!(&r.state, JobState::Running(run) if run.placement.launches_on(&beat.node))
             });
             if current {
                 continue;
@@ -99,7 +99,18 @@ impl Scheduler {
             .records()
             .filter(|r| match &r.state {
                 JobState::Running(run) => {
-                    run.placement.node == beat.node
+                    let rank = run.placement.rank_of(&beat.node);
+                    // A one-process job started when it reported so; a rank of a
+                    // distributed job when that rank did (and it is not done yet).
+                    let started_here = match rank {
+                        Some(_) if run.placement.launched_ranks().len() < 2 => true,
+                        Some(rank) => {
+                            run.ranks_started.contains(&rank) && !run.ranks_done.contains(&rank)
+                        }
+                        None => false,
+                    };
+                    run.placement.launches_on(&beat.node)
+                        && started_here
                         && run.started_at.is_some_and(|s| beat.sent_at > s + margin)
                         && !beat
                             .running
@@ -147,6 +158,9 @@ impl Scheduler {
             return Ok(());
         };
         self.account_usage(&record, at);
+        // The job's other ranks, where it has any, stop with it (fencing would, a heartbeat later).
+        self.stop_other_ranks(job, record.attempt, &run.placement, None, why)
+            .await;
         let out_of_attempts = record.attempt >= self.policy.max_attempts;
         if record.spec.no_requeue || out_of_attempts {
             let reason = if record.spec.no_requeue {

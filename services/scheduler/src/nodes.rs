@@ -64,6 +64,14 @@ impl NodeTable {
         changes_capacity
     }
 
+    /// The address a node said other nodes can reach it at.
+    pub fn address(&self, node: &str) -> Option<&str> {
+        self.nodes
+            .get(node)
+            .map(|beat| beat.address.as_str())
+            .filter(|address| !address.is_empty())
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
@@ -88,6 +96,7 @@ impl NodeTable {
                     drained: admin.is_some_and(|a| a.drained.is_some()),
                     mem_threshold: beat.mem_threshold,
                     load_threshold: beat.load_threshold,
+                    labels: beat.labels.clone(),
                     gpus: beat
                         .gpus
                         .iter()
@@ -126,6 +135,7 @@ mod tests {
             agent_version: "0".into(),
             mem_threshold: 0.8,
             load_threshold: 0.8,
+            labels: BTreeMap::new(),
         }
     }
 

@@ -150,16 +150,10 @@ impl Scheduler {
                         }
                     })
                     .await?;
-                self.js
-                    .publish(
-                        subjects::control(&run.placement.node),
-                        Bytes::from(serde_json::to_vec(&control)?),
-                    )
+                self.send_control_to_job(&run.placement, &control, None)
                     .await
-                    .map_err(|e| anyhow!("sending kill for {job}: {e}"))?
-                    .await
-                    .map_err(|e| anyhow!("sending kill for {job}: {e}"))?;
-                tracing::info!(job = %job, node = %run.placement.node, "kill sent");
+                    .map_err(|e| anyhow!("sending kill for {job}: {e:#}"))?;
+                tracing::info!(job = %job, nodes = %run.placement.nodes_label(), "kill sent");
             }
             _ => tracing::debug!(job = %job, state = record.state.name(), "cancel: nothing to do"),
         }

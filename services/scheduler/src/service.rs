@@ -17,9 +17,12 @@ use tokio::sync::watch;
 
 use async_nats::jetstream::kv;
 use mgpu_shared::assign::Assignment;
+use mgpu_shared::assign::NodeControl;
 use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting};
+use mgpu_shared::job::{
+    Ending, JobRecord, JobSpec, JobState, Launch, OnTimeout, Placement, Run, Waiting,
+};
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
 use mgpu_shared::{Timestamp, now, records, subjects};
@@ -342,6 +345,8 @@ impl Scheduler {
             let settings = CoreSettings {
                 placement: self.policy.placement,
                 max_reservations: self.policy.max_reservations,
+                topology_label: Some(self.policy.topology_label.clone())
+                    .filter(|label| !label.is_empty()),
             };
             let decisions = core::plan(&self.nodes.views(now), &running, &queue, &settings, now);
             for decision in decisions {
@@ -399,6 +404,10 @@ impl Scheduler {
                 .array
                 .as_ref()
                 .map(|a| (a.array_id.clone(), a.max_running)),
+            nodes: record.spec.nodes,
+            required_nodes: record.spec.required_nodes(),
+            exclude: record.spec.exclude.clone(),
+            node_gpu_ids: record.spec.node_gpu_ids.clone(),
         }
     }
 
@@ -488,18 +497,25 @@ impl Scheduler {
     /// Records the placement first, then sends the assignment: if we die in between, the
     /// restarted scheduler sees a running job that never started and sends it again (the
     /// message id makes JetStream drop the copy if the first one did go out).
-    async fn start(&mut self, job: &JobId, placement: Placement, now: Timestamp) -> Result<()> {
+    async fn start(&mut self, job: &JobId, mut placement: Placement, now: Timestamp) -> Result<()> {
+        let Some(spec) = self.store.get(job).map(|r| r.spec.clone()) else {
+            return Ok(());
+        };
+        if spec.is_multi_node() || spec.distributed {
+            placement.launch = Some(Launch {
+                distributed: spec.distributed,
+                addresses: placement
+                    .node_names()
+                    .into_iter()
+                    .map(|node| self.nodes.address(node).unwrap_or(node).to_owned())
+                    .collect(),
+                master_port: master_port(job),
+            });
+        }
         let record = self
             .store
             .update(job, |r| {
-                r.state = JobState::Running(Run {
-                    placement: placement.clone(),
-                    assigned_at: now,
-                    started_at: None,
-                    pid: None,
-                    cancel_requested_by: None,
-                    preempt_requested: false,
-                })
+                r.state = JobState::Running(Run::assigned(placement.clone(), now))
             })
             .await?;
         self.send_assignment(&record).await?;
@@ -536,22 +552,37 @@ impl Scheduler {
                 }
             })
             .await?;
-        let control = mgpu_shared::assign::NodeControl::Kill {
+        let control = NodeControl::Kill {
             job_id: job.clone(),
             attempt: record.attempt,
             reason: "time slice over while other jobs wait: back to the queue".into(),
             requeue: true,
         };
-        self.js
-            .publish(
-                subjects::control(&run.placement.node),
-                Bytes::from(serde_json::to_vec(&control)?),
-            )
-            .await
-            .map_err(|e| anyhow!("sending preemption of {job}: {e}"))?
-            .await
-            .map_err(|e| anyhow!("sending preemption of {job}: {e}"))?;
-        tracing::info!(job = %job, node = %run.placement.node, "time slice over; preempting");
+        self.send_control_to_job(&run.placement, &control, None)
+            .await?;
+        tracing::info!(job = %job, nodes = %run.placement.nodes_label(), "time slice over; preempting");
+        Ok(())
+    }
+
+    /// Sends `control` to every node where a process of the job runs, but `except`.
+    pub(crate) async fn send_control_to_job(
+        &self,
+        placement: &Placement,
+        control: &NodeControl,
+        except: Option<&str>,
+    ) -> Result<()> {
+        let payload = Bytes::from(serde_json::to_vec(control)?);
+        for (_, node) in placement.launched_ranks() {
+            if except == Some(node) {
+                continue;
+            }
+            self.js
+                .publish(subjects::control(node), payload.clone())
+                .await
+                .map_err(|e| anyhow!("sending a control message to {node}: {e}"))?
+                .await
+                .map_err(|e| anyhow!("sending a control message to {node}: {e}"))?;
+        }
         Ok(())
     }
 
@@ -564,7 +595,7 @@ impl Scheduler {
             return;
         };
         let seconds = (ended_at - started).num_milliseconds().max(0) as f64 / 1000.0;
-        let gpus: f64 = run.placement.gpus.iter().map(|g| g.amount.as_f64()).sum();
+        let gpus = run.placement.total_gpus();
         if gpus > 0.0 && seconds > 0.0 {
             self.usage.add(
                 &record.user,
@@ -586,28 +617,35 @@ impl Scheduler {
             OnTimeout::Fail => self.effective_time_limit(&spec).map(|l| l.as_secs().max(1)),
             OnTimeout::Requeue => None,
         };
-        let assignment = Assignment {
-            job_id: record.id.clone(),
-            attempt: record.attempt,
-            user: record.user.clone(),
-            spec,
-            placement: run.placement.clone(),
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("{}-{}", record.id, record.attempt).as_str(),
-        );
-        self.js
-            .publish_with_headers(
-                subjects::assign(&run.placement.node),
-                headers,
-                Bytes::from(serde_json::to_vec(&assignment)?),
-            )
-            .await
-            .map_err(|e| anyhow!("sending job {} to {}: {e}", record.id, run.placement.node))?
-            .await
-            .map_err(|e| anyhow!("sending job {} to {}: {e}", record.id, run.placement.node))?;
+        // Every rank that runs a process gets its own assignment; all are recorded before
+        // any is sent (the record above), so a job is never half-placed.
+        for (rank, node) in run.placement.launched_ranks() {
+            let assignment = Assignment {
+                job_id: record.id.clone(),
+                attempt: record.attempt,
+                user: record.user.clone(),
+                spec: spec.clone(),
+                placement: run.placement.clone(),
+                rank,
+            };
+            let mut headers = HeaderMap::new();
+            let msg_id = if rank == 0 {
+                format!("{}-{}", record.id, record.attempt)
+            } else {
+                format!("{}-{}-{rank}", record.id, record.attempt)
+            };
+            headers.insert("Nats-Msg-Id", msg_id.as_str());
+            self.js
+                .publish_with_headers(
+                    subjects::assign(node),
+                    headers,
+                    Bytes::from(serde_json::to_vec(&assignment)?),
+                )
+                .await
+                .map_err(|e| anyhow!("sending job {} to {node}: {e}", record.id))?
+                .await
+                .map_err(|e| anyhow!("sending job {} to {node}: {e}", record.id))?;
+        }
         Ok(())
     }
 
@@ -692,4 +730,14 @@ impl Scheduler {
         }
         self.status.send_replace(status);
     }
+}
+
+/// The rendezvous port of a multi-node job: derived from its id so every rank agrees without
+/// asking, and spread over a range torchrun and MPI leave free by default.
+pub(crate) fn master_port(job: &JobId) -> u16 {
+    let hash = job
+        .as_str()
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    29_500 + (hash % 20_000) as u16
 }

@@ -57,6 +57,7 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
     tokio::pin!(grace);
     let mut grace_armed = false;
 
+    let mut ends = follow::Ends::default();
     loop {
         tokio::select! {
             signal = &mut ctrl_c, if ctrl_c_armed => {
@@ -79,10 +80,15 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
                     .map_err(plain)
                     .context("reading the job's output")?;
                 let chunk = follow::classify(&message);
-                if let Chunk::Eof { attempt, exit_code } = chunk {
-                    if watcher.is_current_attempt(attempt) {
+                if let Chunk::Eof { attempt, rank, exit_code } = chunk {
+                    let attempt = attempt.unwrap_or(0);
+                    ends.saw(attempt, rank, exit_code);
+                    // A distributed job has ended when every rank's output did.
+                    let all_ranks = watcher.record.as_ref().is_none_or(|r| ends.complete_for(r));
+                    if watcher.is_current_attempt(Some(attempt)) && all_ranks {
                         status.finish();
-                        return Ok(ExitCode::from(follow::clamp_exit_code(exit_code.unwrap_or(1))));
+                        let code = ends.exit_code(attempt).unwrap_or(1);
+                        return Ok(ExitCode::from(follow::clamp_exit_code(code)));
                     }
                     continue;
                 }

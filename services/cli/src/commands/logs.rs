@@ -68,8 +68,8 @@ async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Resul
     let mut feed = follow::open_output(&session.js, id).await?;
     let mut changes = follow::watch_record(&session.js, id).await?;
     let mut record: Option<JobRecord> = None;
-    // The highest attempt whose end-of-output marker we read.
-    let mut ended_attempt: Option<u32> = None;
+    // End-of-output markers read, by attempt and rank.
+    let mut ends = follow::Ends::default();
     let mut caught_up = feed.initially_pending == 0;
     let grace = tokio::time::sleep(Duration::MAX);
     tokio::pin!(grace);
@@ -82,7 +82,7 @@ async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Resul
         if let Some(record) = &record
             && record.state.is_finished()
         {
-            if ended_attempt.is_some_and(|a| a >= record.attempt) {
+            if ends.complete_for(record) {
                 return Ok(());
             }
             // Ended without a marker for this attempt (an agent that died): once the stored
@@ -102,9 +102,8 @@ async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Resul
                     .map_err(plain)
                     .context("reading the job's output")?;
                 let chunk = follow::classify(&message);
-                if let Chunk::Eof { attempt, .. } = chunk {
-                    let attempt = attempt.unwrap_or(0);
-                    ended_attempt = Some(ended_attempt.map_or(attempt, |a| a.max(attempt)));
+                if let Chunk::Eof { attempt, rank, exit_code } = chunk {
+                    ends.saw(attempt.unwrap_or(0), rank, exit_code);
                 } else {
                     follow::write_chunk(&chunk)?;
                 }

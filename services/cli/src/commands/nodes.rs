@@ -214,6 +214,7 @@ mod tests {
             agent_version: "0.1.0".into(),
             mem_threshold: DEFAULT_THRESHOLD,
             load_threshold: DEFAULT_THRESHOLD,
+            labels: Default::default(),
         }
     }
 

@@ -224,10 +224,18 @@ fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<Str
     let placement = job
         .state
         .placement()
-        .map(|p| match p.gpu_indices().as_slice() {
-            // A CPU-only job holds no GPU there.
-            [] => p.node.clone(),
-            gpus => format!("{}:{}", p.node, human::index_list(gpus)),
+        .map(|p| {
+            p.ranks()
+                .map(|(_, node, shares)| {
+                    let gpus: Vec<u32> = shares.iter().map(|g| g.index).collect();
+                    match gpus.as_slice() {
+                        // A CPU-only job holds no GPU there.
+                        [] => node.to_owned(),
+                        gpus => format!("{node}:{}", human::index_list(gpus)),
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
         })
         .unwrap_or_else(|| "-".to_owned());
     let (time, reason) = match &job.state {
@@ -305,10 +313,10 @@ pub struct NodeRow {
 pub fn busy_gpus(node: &str, jobs: &[JobRecord]) -> BTreeSet<u32> {
     jobs.iter()
         .filter_map(|job| match &job.state {
-            JobState::Running(run) if run.placement.node == node => Some(&run.placement),
+            JobState::Running(run) => run.placement.gpus_on(node),
             _ => None,
         })
-        .flat_map(|placement| placement.gpus.iter().map(|g| g.index))
+        .flat_map(|gpus| gpus.iter().map(|g| g.index))
         .collect()
 }
 
@@ -326,7 +334,7 @@ pub fn node_row(
     let recorded = jobs
         .iter()
         .filter(
-            |job| matches!(&job.state, JobState::Running(run) if run.placement.node == beat.node),
+            |job| matches!(&job.state, JobState::Running(run) if run.placement.uses_node(&beat.node)),
         )
         .count();
     let jobs_running = recorded.max(beat.running.len());
@@ -432,28 +440,23 @@ mod tests {
     }
 
     fn placement(node: &str, gpus: &[(u32, GpuAmount)]) -> Placement {
-        Placement {
-            node: node.into(),
-            gpus: gpus
-                .iter()
+        Placement::single(
+            node,
+            gpus.iter()
                 .map(|&(index, amount)| GpuShare {
                     index,
                     amount,
                     mem_mib: 0,
                 })
                 .collect(),
-        }
+        )
     }
 
     fn running(node: &str, gpus: &[(u32, GpuAmount)]) -> JobState {
-        JobState::Running(Run {
-            placement: placement(node, gpus),
-            assigned_at: mgpu_shared::now(),
-            started_at: Some(mgpu_shared::now()),
-            pid: Some(1),
-            cancel_requested_by: None,
-            preempt_requested: false,
-        })
+        let mut run = Run::assigned(placement(node, gpus), mgpu_shared::now());
+        run.started_at = Some(mgpu_shared::now());
+        run.pid = Some(1);
+        JobState::Running(run)
     }
 
     fn finished(secs_ago: i64) -> JobState {
@@ -542,6 +545,7 @@ mod tests {
             agent_version: "0".into(),
             mem_threshold: DEFAULT_THRESHOLD,
             load_threshold: DEFAULT_THRESHOLD,
+            labels: Default::default(),
         }
     }
 

@@ -120,7 +120,41 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
     if spec.interactive {
         lines.push(("interactive", "yes".to_owned()));
     }
-    if let Some(placement) = record.state.placement() {
+    if spec.is_multi_node() || spec.distributed {
+        let launch = if spec.distributed {
+            "distributed: the command runs on every node"
+        } else {
+            "the command runs on the first node"
+        };
+        lines.push(("nodes asked", format!("{} ({launch})", spec.nodes)));
+    }
+    if !spec.nodelist.is_empty() {
+        lines.push(("nodelist", spec.nodelist.join(",")));
+    }
+    if !spec.exclude.is_empty() {
+        lines.push(("exclude", spec.exclude.join(",")));
+    }
+    if let Some(placement) = record.state.placement()
+        && placement.node_count() > 1
+    {
+        for (rank, node, shares) in placement.ranks() {
+            let gpus: Vec<u32> = shares.iter().map(|g| g.index).collect();
+            lines.push((
+                "rank",
+                format!("{rank}: {node}, GPUs {}", human::index_list(&gpus)),
+            ));
+        }
+        if let Some(launch) = &placement.launch {
+            lines.push((
+                "master",
+                format!(
+                    "{}:{}",
+                    launch.addresses.first().map_or("-", String::as_str),
+                    launch.master_port
+                ),
+            ));
+        }
+    } else if let Some(placement) = record.state.placement() {
         lines.push(("node", placement.node.clone()));
         let gpus = placement
             .gpus

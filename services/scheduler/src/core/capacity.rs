@@ -1,10 +1,10 @@
 //! Free capacity of the online nodes during one pass, and fitting one job onto it.
 
 use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::job::{GpuShare, Placement};
+use mgpu_shared::job::{GpuShare, NodeShare, Placement};
 use mgpu_shared::priority::PlacementPolicy;
 
-use super::{NodeView, QueuedJob, RunningJob};
+use super::{CoreSettings, NodeView, QueuedJob, RunningJob};
 
 /// One GPU's room left while a pass places jobs.
 #[derive(Clone, Debug)]
@@ -27,6 +27,7 @@ impl FreeGpu {
 
 pub(super) struct FreeNode {
     pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
     pub gpus: Vec<FreeGpu>,
     /// Node-level switch for CPU-only jobs (a drained node takes nothing).
     pub offered: bool,
@@ -53,6 +54,7 @@ impl Capacity {
             .filter(|n| n.online)
             .map(|n| FreeNode {
                 name: n.name.clone(),
+                labels: n.labels.clone(),
                 offered: !n.drained,
                 gpus: n
                     .gpus
@@ -97,27 +99,34 @@ impl Capacity {
     }
 
     pub fn book(&mut self, placement: &Placement) {
-        let Some(node) = self.nodes.iter_mut().find(|n| n.name == placement.node) else {
-            return;
-        };
-        for share in &placement.gpus {
-            if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
-                gpu.units = gpu.units.saturating_sub(share.amount.units());
-                gpu.memory_mib = gpu.memory_mib.saturating_sub(share.mem_mib);
+        for (_, name, shares) in placement.ranks() {
+            let Some(node) = self.nodes.iter_mut().find(|n| n.name == name) else {
+                continue;
+            };
+            for share in shares {
+                if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
+                    gpu.units = gpu.units.saturating_sub(share.amount.units());
+                    gpu.memory_mib = gpu.memory_mib.saturating_sub(share.mem_mib);
+                }
             }
         }
     }
 
-    /// The best placement for `job` now under `constraints`, if one exists.
+    /// The best placement for `job` now under `constraints`, if one exists: all of its
+    /// nodes, or nothing.
     pub fn place(
         &self,
         job: &QueuedJob,
         constraints: &Constraints<'_>,
-        policy: PlacementPolicy,
+        settings: &CoreSettings,
     ) -> Option<Placement> {
-        let mut best: Option<(usize, Placement)> = None;
+        // Every node that could take one rank now, with its GPUs and how free it is.
+        let mut fitting: Vec<(&FreeNode, Vec<GpuShare>, usize)> = Vec::new();
         for node in &self.nodes {
             if constraints.in_service_only && !node.offered {
+                continue;
+            }
+            if !job.may_use_node(&node.name) {
                 continue;
             }
             let usable: Vec<&FreeGpu> = node
@@ -126,9 +135,9 @@ impl Capacity {
                 .filter(|g| !constraints.in_service_only || g.in_service)
                 .filter(|g| !constraints.unbusy_only || g.unbusy)
                 .filter(|g| !(constraints.avoid)(&node.name, g.index))
-                .filter(|g| job.may_use_gpu(g.index))
+                .filter(|g| job.may_use_gpu(&node.name, g.index))
                 .collect();
-            let Some(shares) = fit(&usable, job) else {
+            let Some(shares) = fit(&usable, job, job.pinned_on(&node.name)) else {
                 continue;
             };
             let free_whole = node
@@ -136,28 +145,111 @@ impl Capacity {
                 .iter()
                 .filter(|g| g.offered() && g.units == GpuAmount::UNITS_PER_GPU)
                 .count();
-            let better = match (&best, policy) {
-                (None, _) => true,
-                (Some((b, _)), PlacementPolicy::FillFirst) => free_whole < *b,
-                (Some((b, _)), PlacementPolicy::Spread) => free_whole > *b,
-            };
-            if better {
-                best = Some((
-                    free_whole,
-                    Placement {
-                        node: node.name.clone(),
-                        gpus: shares,
-                    },
-                ));
-            }
+            fitting.push((node, shares, free_whole));
         }
-        best.map(|(_, placement)| placement)
+        // Packing takes the fullest node first, spreading the emptiest; names break ties so a
+        // pass is deterministic.
+        fitting.sort_by(|a, b| {
+            let by_room = match settings.placement {
+                PlacementPolicy::FillFirst => a.2.cmp(&b.2),
+                PlacementPolicy::Spread => b.2.cmp(&a.2),
+            };
+            by_room.then_with(|| a.0.name.cmp(&b.0.name))
+        });
+        let chosen = choose_nodes(
+            &fitting.iter().map(|(node, _, _)| *node).collect::<Vec<_>>(),
+            job,
+            settings.topology_label.as_deref(),
+        )?;
+        let mut ranks = chosen.into_iter().filter_map(|name| {
+            fitting
+                .iter()
+                .find(|(node, _, _)| node.name == name)
+                .map(|(node, shares, _)| (node.name.clone(), shares.clone()))
+        });
+        let (node, gpus) = ranks.next()?;
+        let peers: Vec<NodeShare> = ranks.map(|(node, gpus)| NodeShare { node, gpus }).collect();
+        if peers.len() + 1 != job.nodes as usize {
+            return None;
+        }
+        Some(Placement {
+            node,
+            gpus,
+            peers,
+            launch: None,
+        })
     }
 }
 
+/// The names of the nodes a job gets, rank order, from `fitting` (the nodes that could take
+/// one rank now, best first): its required nodes first, then the best others, preferring a
+/// set that shares one value of `topology_label`. None when there are not enough.
+fn choose_nodes(
+    fitting: &[&FreeNode],
+    job: &QueuedJob,
+    topology_label: Option<&str>,
+) -> Option<Vec<String>> {
+    let wanted = job.nodes.max(1) as usize;
+    let mut chosen: Vec<String> = Vec::with_capacity(wanted);
+    for required in &job.required_nodes {
+        if !fitting.iter().any(|n| &n.name == required) {
+            return None;
+        }
+        chosen.push(required.clone());
+    }
+    let others: Vec<&&FreeNode> = fitting
+        .iter()
+        .filter(|n| !chosen.contains(&n.name))
+        .collect();
+    let missing = wanted.saturating_sub(chosen.len());
+    if others.len() < missing {
+        return None;
+    }
+    let label_of = |name: &str| -> Option<&String> {
+        let label = topology_label?;
+        fitting
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| n.labels.get(label))
+    };
+    // Topology: when the job spans nodes, look for one label value whose nodes can supply
+    // everything still missing; the required nodes' value first, then the best-ranked
+    // node's. Without such a group the best nodes are taken regardless of label.
+    let mut group: Option<&String> = None;
+    if wanted > 1 && missing > 0 && topology_label.is_some() {
+        let required_values: Vec<Option<&String>> =
+            chosen.iter().map(|name| label_of(name)).collect();
+        let shared_required = match required_values.first() {
+            Some(Some(first)) if required_values.iter().all(|v| *v == Some(*first)) => Some(*first),
+            Some(_) => None,
+            None => None,
+        };
+        let supplies = |value: &String| {
+            others
+                .iter()
+                .filter(|n| label_of(&n.name) == Some(value))
+                .count()
+                >= missing
+        };
+        group = if chosen.is_empty() {
+            others
+                .iter()
+                .filter_map(|n| label_of(&n.name))
+                .find(|value| supplies(value))
+        } else {
+            shared_required.filter(|value| supplies(value))
+        };
+    }
+    let in_group = |n: &&&FreeNode| group.is_some_and(|value| label_of(&n.name) == Some(value));
+    let preferred = others.iter().filter(|n| in_group(n));
+    let rest = others.iter().filter(|n| !in_group(n));
+    chosen.extend(preferred.chain(rest).take(missing).map(|n| n.name.clone()));
+    (chosen.len() == wanted).then_some(chosen)
+}
+
 /// The GPUs among `usable` (already limited to those the job may use) that `job` would get,
-/// or None when it does not fit.
-fn fit(usable: &[&FreeGpu], job: &QueuedJob) -> Option<Vec<GpuShare>> {
+/// or None when it does not fit. `pinned`: the exact GPU ids it must have on this node.
+fn fit(usable: &[&FreeGpu], job: &QueuedJob, pinned: Option<&[u32]>) -> Option<Vec<GpuShare>> {
     let mem = job.mem_mib.unwrap_or(0);
     if job.gpus.is_zero() {
         return Some(Vec::new());
@@ -170,7 +262,7 @@ fn fit(usable: &[&FreeGpu], job: &QueuedJob) -> Option<Vec<GpuShare>> {
     if job.gpus.is_whole() {
         let fits = |g: &&&FreeGpu| g.units == GpuAmount::UNITS_PER_GPU && g.memory_mib >= mem;
         let wanted = job.gpus.gpu_count() as usize;
-        let chosen: Vec<&&FreeGpu> = match &job.gpu_ids {
+        let chosen: Vec<&&FreeGpu> = match pinned {
             Some(ids) => ids
                 .iter()
                 .filter_map(|id| usable.iter().find(|g| g.index == *id))
@@ -197,24 +289,33 @@ fn fit(usable: &[&FreeGpu], job: &QueuedJob) -> Option<Vec<GpuShare>> {
 
 /// Why no known node could run `job` even if it were idle, or None when some node could.
 pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> {
-    if nodes.is_empty() || job.gpus.is_zero() {
+    if nodes.is_empty() {
         return None;
     }
     let mem = job.mem_mib.unwrap_or(0);
     let can_hold = |node: &NodeView| {
+        if !job.may_use_node(&node.name) {
+            return false;
+        }
+        if job.gpus.is_zero() {
+            return true;
+        }
         let usable: Vec<u32> = node
             .gpus
             .iter()
             .filter(|g| g.memory_total_mib >= mem)
-            .filter(|g| job.may_use_gpu(g.index))
+            .filter(|g| job.may_use_gpu(&node.name, g.index))
             .map(|g| g.index)
             .collect();
-        match &job.gpu_ids {
+        match job.pinned_on(&node.name) {
             Some(ids) if job.gpus.is_whole() => ids.iter().all(|id| usable.contains(id)),
             _ => usable.len() >= job.gpus.gpu_count() as usize,
         }
     };
-    if nodes.iter().any(can_hold) {
+    if job.nodes > 1 || !job.required_nodes.is_empty() {
+        return multi_node_impossible_reason(nodes, job, &can_hold);
+    }
+    if nodes.iter().any(can_hold) || job.gpus.is_zero() {
         return None;
     }
     let most_gpus = nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(0);
@@ -237,10 +338,52 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
             "no node has {} of the allowed GPUs {allowed:?}{with_mem}",
             job.gpus.gpu_count()
         )
+    } else if !job.exclude.is_empty() {
+        format!(
+            "asks for {} GPUs on one node; no node outside --exclude has that many",
+            job.gpus
+        )
     } else {
         format!(
             "asks for {} GPUs on one node; the largest node has {most_gpus}",
             job.gpus
         )
     })
+}
+
+/// [`impossible_reason`] for a job that names nodes or spans several. A required node that
+/// never joined the cluster is most likely a typo, and is refused like one.
+fn multi_node_impossible_reason(
+    nodes: &[NodeView],
+    job: &QueuedJob,
+    can_hold: &dyn Fn(&NodeView) -> bool,
+) -> Option<String> {
+    for required in &job.required_nodes {
+        let Some(node) = nodes.iter().find(|n| &n.name == required) else {
+            return Some(format!("node {required} is not known to the cluster"));
+        };
+        if !can_hold(node) {
+            let pinned = job
+                .pinned_on(required)
+                .map(|ids| format!(" (GPU ids {ids:?})"))
+                .unwrap_or_default();
+            return Some(format!(
+                "node {required} cannot hold {} GPU(s){pinned} of this job",
+                job.gpus
+            ));
+        }
+    }
+    let able = nodes.iter().filter(|n| can_hold(n)).count();
+    if able < job.nodes as usize {
+        let per_node = if job.gpus.is_zero() {
+            String::new()
+        } else {
+            format!(" with {} GPU(s) each", job.gpus)
+        };
+        return Some(format!(
+            "asks for {} nodes{per_node}; only {able} known node(s) can hold that",
+            job.nodes
+        ));
+    }
+    None
 }

@@ -21,19 +21,23 @@
 //! Whole-GPU jobs take GPUs nobody holds; a share (0.5) takes units of one GPU, preferring the
 //! fullest GPU that still fits. Among nodes, `fill_first` packs (fewest free GPUs first) and
 //! `spread` spreads (most free first). `--mem` is booked per GPU until the job ends.
+//!
+//! A multi-node job (`--nodes N`) is placed whole or not at all (gang allocation): N distinct
+//! nodes that each fit its per-node request, its `--nodelist` nodes first, preferring nodes
+//! that share the value of the topology label (`rack`). It is reserved for like any other job.
 
 mod capacity;
 mod reservation;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use mgpu_shared::Timestamp;
 use mgpu_shared::gpu_amount::GpuAmount;
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{Placement, WaitReason};
+use mgpu_shared::job::{NodeGpuIds, Placement, WaitReason};
 use mgpu_shared::priority::PlacementPolicy;
 
 pub use capacity::impossible_reason;
@@ -62,6 +66,8 @@ pub struct NodeView {
     pub mem_threshold: f64,
     pub load_threshold: f64,
     pub gpus: Vec<GpuView>,
+    /// Operator-given labels (`rack=r1`), for topology preference.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A job holding GPUs now.
@@ -101,13 +107,61 @@ pub struct QueuedJob {
     pub dependencies: Dependencies,
     /// Its array and the array's `%N`.
     pub array: Option<(JobId, Option<u32>)>,
+    /// Nodes it spans (1 for most jobs); `gpus` is per node.
+    pub nodes: u32,
+    /// Nodes it must run on, in rank order (`--nodelist`, or `--node-gpu-ids`'s nodes).
+    pub required_nodes: Vec<String>,
+    /// Nodes it must not run on.
+    pub exclude: Vec<String>,
+    /// GPUs pinned per node (`--node-gpu-ids`); when set, only those nodes may take it.
+    pub node_gpu_ids: Vec<NodeGpuIds>,
 }
 
 impl QueuedJob {
-    /// Whether GPU `index` is one this job may get: among its pinned ids (`--gpu-ids`) and its
-    /// allowed GPUs (job files' `allowed_gpus`), when it has those.
-    pub fn may_use_gpu(&self, index: u32) -> bool {
-        self.gpu_ids.as_ref().is_none_or(|ids| ids.contains(&index))
+    /// A job asking for `gpus` on one node, with no other constraint, queued at `queued_at`.
+    #[cfg(test)]
+    pub fn new(id: JobId, gpus: GpuAmount, queued_at: Timestamp) -> Self {
+        QueuedJob {
+            id,
+            effective_priority: 0,
+            queued_at,
+            gpus,
+            gpu_ids: None,
+            allowed_gpus: None,
+            mem_mib: None,
+            time_limit: None,
+            held: false,
+            dependencies: Dependencies::Met,
+            array: None,
+            nodes: 1,
+            required_nodes: Vec::new(),
+            exclude: Vec::new(),
+            node_gpu_ids: Vec::new(),
+        }
+    }
+
+    /// The GPU ids pinned on `node` (`--node-gpu-ids`, else `--gpu-ids`), if any.
+    pub fn pinned_on(&self, node: &str) -> Option<&[u32]> {
+        if self.node_gpu_ids.is_empty() {
+            return self.gpu_ids.as_deref();
+        }
+        self.node_gpu_ids
+            .iter()
+            .find(|n| n.node == node)
+            .map(|n| n.gpu_ids.as_slice())
+    }
+
+    /// Whether `node` may hold a part of this job at all.
+    pub fn may_use_node(&self, node: &str) -> bool {
+        !self.exclude.iter().any(|n| n == node)
+            && (self.node_gpu_ids.is_empty() || self.node_gpu_ids.iter().any(|n| n.node == node))
+    }
+
+    /// Whether GPU `index` of `node` is one this job may get: among its pinned ids
+    /// (`--gpu-ids`, `--node-gpu-ids`) and its allowed GPUs (job files' `allowed_gpus`).
+    pub fn may_use_gpu(&self, node: &str, index: u32) -> bool {
+        self.may_use_node(node)
+            && self.pinned_on(node).is_none_or(|ids| ids.contains(&index))
             && self
                 .allowed_gpus
                 .as_ref()
@@ -140,6 +194,8 @@ pub enum Decision {
 pub struct CoreSettings {
     pub placement: PlacementPolicy,
     pub max_reservations: usize,
+    /// Multi-node jobs prefer nodes sharing this label's value (`rack`); None: no preference.
+    pub topology_label: Option<String>,
 }
 
 /// Puts jobs in the order they are considered.
@@ -240,7 +296,7 @@ fn plan_with_reservations(
                 unbusy_only,
                 avoid,
             };
-            capacity.place(&job, &constraints, settings.placement)
+            capacity.place(&job, &constraints, settings)
         };
         if let Some(placement) = fits(true, true, &avoid_reserved) {
             capacity.book(&placement);

@@ -11,8 +11,8 @@ use super::{NodeView, QueuedJob, RunningJob};
 pub(super) struct Reservation {
     /// The waiting job the GPUs are held for.
     pub job: mgpu_shared::ids::JobId,
-    pub node: String,
-    pub gpus: Vec<u32>,
+    /// (node, GPU index) of every GPU held, on one node or, for a multi-node job, several.
+    pub gpus: Vec<(String, u32)>,
     /// When the GPUs are expected free; None when a job on them has no time limit.
     pub start: Option<Timestamp>,
 }
@@ -22,7 +22,11 @@ impl Reservation {
     pub fn blocks(&self, node: &str, index: u32, ends_at: Option<Timestamp>) -> bool {
         let ends_in_time =
             matches!((ends_at, self.start), (Some(end), Some(start)) if end <= start);
-        self.node == node && self.gpus.contains(&index) && !ends_in_time
+        !ends_in_time && self.holds(node, index)
+    }
+
+    fn holds(&self, node: &str, index: u32) -> bool {
+        self.gpus.iter().any(|(n, i)| n == node && *i == index)
     }
 }
 
@@ -31,7 +35,10 @@ fn release_key(release: Option<Timestamp>) -> (bool, Option<Timestamp>) {
     (release.is_none(), release)
 }
 
-/// The reservation for `job`, or None when no node could ever take it under current holdings.
+/// The reservation for `job`, or None when no set of nodes could ever take it under current
+/// holdings. Each node that could hold one rank offers the GPUs that free up first there; the
+/// job gets its required nodes plus the earliest-ready others, and starts when the last of
+/// them is ready.
 pub(super) fn reserve(
     capacity: &Capacity,
     nodes: &[NodeView],
@@ -45,8 +52,13 @@ pub(super) fn reserve(
     }
     let mem = job.mem_mib.unwrap_or(0);
     let wanted = job.gpus.gpu_count() as usize;
-    let mut best: Option<Reservation> = None;
-    for node in capacity.nodes.iter().filter(|n| n.offered) {
+    // (node, its GPUs for the job, when they are all free) for every node that could hold a rank.
+    let mut ready: Vec<(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
+    for node in capacity
+        .nodes
+        .iter()
+        .filter(|n| n.offered && job.may_use_node(&n.name))
+    {
         let Some(view) = nodes.iter().find(|n| n.name == node.name) else {
             continue;
         };
@@ -55,12 +67,8 @@ pub(super) fn reserve(
             .gpus
             .iter()
             .filter(|g| g.offered())
-            .filter(|g| {
-                !existing
-                    .iter()
-                    .any(|r| r.node == node.name && r.gpus.contains(&g.index))
-            })
-            .filter(|g| job.may_use_gpu(g.index))
+            .filter(|g| !existing.iter().any(|r| r.holds(&node.name, g.index)))
+            .filter(|g| job.may_use_gpu(&node.name, g.index))
             .filter(|g| {
                 view.gpus.iter().any(|v| {
                     v.index == g.index
@@ -70,8 +78,9 @@ pub(super) fn reserve(
             .map(|g| {
                 let mut release = Some(now);
                 for held in holding.iter().filter(|h| {
-                    h.placement.node == node.name
-                        && h.placement.gpus.iter().any(|s| s.index == g.index)
+                    h.placement
+                        .gpus_on(&node.name)
+                        .is_some_and(|gpus| gpus.iter().any(|s| s.index == g.index))
                 }) {
                     release = match (release, held.expected_end) {
                         (Some(a), Some(b)) => Some(a.max(b)),
@@ -89,19 +98,36 @@ pub(super) fn reserve(
         let start = chosen
             .iter()
             .try_fold(now, |latest, (_, release)| release.map(|r| latest.max(r)));
-        let reservation = Reservation {
-            job: job.id.clone(),
-            node: node.name.clone(),
-            gpus: chosen.iter().map(|(index, _)| *index).collect(),
+        ready.push((
+            node.name.as_str(),
+            chosen.iter().map(|(index, _)| *index).collect(),
             start,
-        };
-        let better = match &best {
-            None => true,
-            Some(current) => release_key(reservation.start) < release_key(current.start),
-        };
-        if better {
-            best = Some(reservation);
-        }
+        ));
     }
-    best
+    ready.sort_by(|a, b| release_key(a.2).cmp(&release_key(b.2)).then(a.0.cmp(b.0)));
+    let mut picked: Vec<&(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
+    for required in &job.required_nodes {
+        picked.push(ready.iter().find(|(name, _, _)| name == required)?);
+    }
+    let missing = (job.nodes.max(1) as usize).saturating_sub(picked.len());
+    let others: Vec<&(&str, Vec<u32>, Option<Timestamp>)> = ready
+        .iter()
+        .filter(|(name, _, _)| !job.required_nodes.iter().any(|r| r == name))
+        .take(missing)
+        .collect();
+    if others.len() < missing {
+        return None;
+    }
+    picked.extend(others);
+    let start = picked.iter().try_fold(now, |latest, (_, _, release)| {
+        release.map(|r| latest.max(r))
+    });
+    Some(Reservation {
+        job: job.id.clone(),
+        gpus: picked
+            .iter()
+            .flat_map(|(name, gpus, _)| gpus.iter().map(|index| ((*name).to_owned(), *index)))
+            .collect(),
+        start,
+    })
 }

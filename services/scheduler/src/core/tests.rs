@@ -7,7 +7,7 @@ use chrono::TimeZone;
 use proptest::prelude::*;
 
 use super::*;
-use mgpu_shared::job::GpuShare;
+use mgpu_shared::job::{GpuShare, NodeGpuIds};
 
 fn t0() -> Timestamp {
     chrono::Utc
@@ -32,6 +32,7 @@ fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
                 paused: false,
             })
             .collect(),
+        labels: BTreeMap::new(),
     }
 }
 
@@ -42,35 +43,22 @@ fn id(n: u32) -> JobId {
 }
 
 fn job(n: u32, gpus: GpuAmount) -> QueuedJob {
-    QueuedJob {
-        id: id(n),
-        effective_priority: 0,
-        queued_at: t0() + chrono::Duration::seconds(i64::from(n)),
-        gpus,
-        gpu_ids: None,
-        allowed_gpus: None,
-        mem_mib: None,
-        time_limit: None,
-        held: false,
-        dependencies: Dependencies::Met,
-        array: None,
-    }
+    QueuedJob::new(id(n), gpus, t0() + chrono::Duration::seconds(i64::from(n)))
 }
 
 fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) -> RunningJob {
     RunningJob {
         id: id(1000 + n),
-        placement: Placement {
-            node: node.into(),
-            gpus: gpus
-                .iter()
+        placement: Placement::single(
+            node,
+            gpus.iter()
                 .map(|index| GpuShare {
                     index: *index,
                     amount: GpuAmount::ONE,
                     mem_mib: 0,
                 })
                 .collect(),
-        },
+        ),
         expected_end: ends_in.map(|s| t0() + chrono::Duration::seconds(s)),
         slice_end: None,
         array_id: None,
@@ -81,6 +69,7 @@ fn settings() -> CoreSettings {
     CoreSettings {
         placement: PlacementPolicy::FillFirst,
         max_reservations: 16,
+        topology_label: Some("rack".into()),
     }
 }
 
@@ -224,7 +213,7 @@ fn fill_first_packs_and_spread_spreads() {
         &[job(1, GpuAmount::ONE)],
         &CoreSettings {
             placement: PlacementPolicy::Spread,
-            max_reservations: 16,
+            ..settings()
         },
         t0(),
     );
@@ -338,6 +327,7 @@ fn arb_queue() -> impl Strategy<Value = Vec<QueuedJob>> {
             -2i64..3,
             prop::option::of(1u64..300),
             prop::option::of(prop::collection::vec(0u32..4, 1..3)),
+            prop_oneof![4 => Just(1u32), 1 => 2u32..4],
         ),
         1..30,
     )
@@ -345,8 +335,11 @@ fn arb_queue() -> impl Strategy<Value = Vec<QueuedJob>> {
         shapes
             .into_iter()
             .enumerate()
-            .map(|(i, (a, mem, prio, limit, ids))| {
+            .map(|(i, (a, mem, prio, limit, ids, nodes))| {
                 let mut j = job(i as u32, a);
+                if a.is_whole() {
+                    j.nodes = nodes;
+                }
                 j.mem_mib = if a.is_zero() { None } else { mem };
                 j.effective_priority = prio;
                 j.time_limit = limit.map(Duration::from_secs);
@@ -412,16 +405,25 @@ proptest! {
             let job = queue.iter().find(|j| &j.id == job_id);
             prop_assert!(job.is_some());
             let job = job.unwrap_or_else(|| unreachable!());
-            if let Some(ids) = &job.gpu_ids {
-                prop_assert_eq!(&placement.gpu_indices(), ids);
-            }
-            let n = nodes.iter().find(|n| n.name == placement.node);
-            prop_assert!(n.is_some_and(|n| !n.drained));
-            for share in &placement.gpus {
-                let gpu = n.and_then(|n| n.gpus.iter().find(|g| g.index == share.index));
-                prop_assert!(gpu.is_some_and(|g| !g.paused), "a paused GPU got work");
-                *units.entry((placement.node.clone(), share.index)).or_default() += share.amount.units();
-                *mem.entry((placement.node.clone(), share.index)).or_default() += share.mem_mib;
+            // Gang allocation: exactly the nodes asked for, all distinct.
+            let mut names = placement.node_names();
+            prop_assert_eq!(names.len(), job.nodes as usize);
+            names.sort_unstable();
+            names.dedup();
+            prop_assert_eq!(names.len(), job.nodes as usize, "a node twice in one job");
+            for (_, node_name, shares) in placement.ranks() {
+                if let Some(ids) = &job.gpu_ids {
+                    let got: Vec<u32> = shares.iter().map(|g| g.index).collect();
+                    prop_assert_eq!(&got, ids);
+                }
+                let n = nodes.iter().find(|n| n.name == node_name);
+                prop_assert!(n.is_some_and(|n| !n.drained));
+                for share in shares {
+                    let gpu = n.and_then(|n| n.gpus.iter().find(|g| g.index == share.index));
+                    prop_assert!(gpu.is_some_and(|g| !g.paused), "a paused GPU got work");
+                    *units.entry((node_name.to_owned(), share.index)).or_default() += share.amount.units();
+                    *mem.entry((node_name.to_owned(), share.index)).or_default() += share.mem_mib;
+                }
             }
         }
         prop_assert!(units.values().all(|u| *u <= GpuAmount::UNITS_PER_GPU));
@@ -469,13 +471,170 @@ proptest! {
                 if position <= reserved_for {
                     continue;
                 }
-                for share in &placement.gpus {
-                    prop_assert!(
-                        !r.blocks(&placement.node, share.index, ends),
-                        "job {} took reserved GPU {}:{}", job_id, placement.node, share.index
-                    );
+                for (_, node_name, shares) in placement.ranks() {
+                    for share in shares {
+                        prop_assert!(
+                            !r.blocks(node_name, share.index, ends),
+                            "job {} took reserved GPU {}:{}", job_id, node_name, share.index
+                        );
+                    }
                 }
             }
         }
     }
+}
+
+fn labelled(name: &str, gpus: u32, rack: &str) -> NodeView {
+    let mut n = node(name, gpus, 24_000);
+    n.labels.insert("rack".into(), rack.into());
+    n
+}
+
+fn multi(n: u32, nodes: u32, gpus_per_node: u32) -> QueuedJob {
+    let mut j = job(n, GpuAmount::whole(gpus_per_node));
+    j.nodes = nodes;
+    j
+}
+
+#[test]
+fn a_multi_node_job_gets_all_its_nodes_or_none() {
+    let nodes = [
+        node("a", 2, 24_000),
+        node("b", 2, 24_000),
+        node("c", 2, 24_000),
+    ];
+    // Two nodes free of three: a three-node job waits and holds nothing (no half placement;
+    // reservations off here), so a small job behind it still starts on what is free.
+    let busy = [running(1, "c", &[0], None)];
+    let queue = [multi(1, 3, 2), job(2, GpuAmount::ONE)];
+    let no_reservations = CoreSettings {
+        max_reservations: 0,
+        ..settings()
+    };
+    let decisions = plan(&nodes, &busy, &queue, &no_reservations, t0());
+    let starts = started(&decisions);
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].0, &queue[1].id);
+    assert_eq!(
+        reason_of(&decisions, &queue[0].id),
+        Some(WaitReason::Resources)
+    );
+    // All free: it gets three distinct nodes with two GPUs each.
+    let decisions = run(&nodes, &[], &queue[..1]);
+    let starts = started(&decisions);
+    assert_eq!(starts.len(), 1);
+    let placement = starts[0].1;
+    assert_eq!(placement.node_count(), 3);
+    for (_, _, gpus) in placement.ranks() {
+        assert_eq!(gpus.len(), 2);
+    }
+}
+
+#[test]
+fn nodelist_exclude_and_node_gpu_ids_are_obeyed() {
+    let nodes = [
+        node("a", 2, 24_000),
+        node("b", 2, 24_000),
+        node("c", 2, 24_000),
+    ];
+    let mut listed = multi(1, 2, 1);
+    listed.required_nodes = vec!["c".into(), "a".into()];
+    let decisions = run(&nodes, &[], std::slice::from_ref(&listed));
+    assert_eq!(started(&decisions)[0].1.node_names(), vec!["c", "a"]);
+
+    let mut excluded = multi(2, 2, 1);
+    excluded.exclude = vec!["a".into()];
+    let decisions = run(&nodes, &[], std::slice::from_ref(&excluded));
+    let names = started(&decisions)[0].1.node_names();
+    assert!(!names.contains(&"a"), "{names:?}");
+
+    let mut pinned = multi(3, 2, 2);
+    pinned.node_gpu_ids = vec![
+        NodeGpuIds {
+            node: "b".into(),
+            gpu_ids: vec![1, 0],
+        },
+        NodeGpuIds {
+            node: "c".into(),
+            gpu_ids: vec![0, 1],
+        },
+    ];
+    pinned.required_nodes = vec!["b".into(), "c".into()];
+    let decisions = run(&nodes, &[], std::slice::from_ref(&pinned));
+    let placement = started(&decisions)[0].1;
+    assert_eq!(placement.node_names(), vec!["b", "c"]);
+    assert_eq!(placement.gpu_indices(), vec![1, 0]);
+    // A pinned GPU busy: the whole job waits.
+    let decisions = run(&nodes, &[running(1, "c", &[1], None)], &[pinned]);
+    assert!(started(&decisions).is_empty());
+}
+
+#[test]
+fn multi_node_jobs_prefer_nodes_sharing_a_rack() {
+    // Fill-first alone would pick the two fullest nodes (a1 and b1, one rack each).
+    let nodes = [
+        labelled("a1", 2, "r1"),
+        labelled("a2", 4, "r1"),
+        labelled("b1", 2, "r2"),
+        labelled("b2", 4, "r2"),
+    ];
+    let busy = [running(1, "a1", &[0], None), running(2, "b1", &[0], None)];
+    let decisions = run(&nodes, &busy, &[multi(1, 2, 1)]);
+    let mut names = started(&decisions)[0].1.node_names();
+    names.sort_unstable();
+    assert!(
+        names == vec!["a1", "a2"] || names == vec!["b1", "b2"],
+        "expected one rack, got {names:?}"
+    );
+    // With the preference off, packing wins.
+    let mut off = settings();
+    off.topology_label = None;
+    let decisions = plan(&nodes, &busy, &[multi(1, 2, 1)], &off, t0());
+    let mut names = started(&decisions)[0].1.node_names();
+    names.sort_unstable();
+    assert_eq!(names, vec!["a1", "b1"]);
+    // A required node's rack is preferred for the rest.
+    let mut listed = multi(2, 2, 1);
+    listed.required_nodes = vec!["b2".into()];
+    let decisions = run(&nodes, &busy, &[listed]);
+    assert_eq!(started(&decisions)[0].1.node_names(), vec!["b2", "b1"]);
+}
+
+#[test]
+fn impossible_multi_node_requests_are_rejected_with_the_reason() {
+    let nodes = [node("a", 2, 24_000), node("b", 2, 24_000)];
+    let reject = |j: QueuedJob| {
+        run(&nodes, &[], &[j]).into_iter().find_map(|d| match d {
+            Decision::Reject { reason, .. } => Some(reason),
+            _ => None,
+        })
+    };
+    let too_many = reject(multi(1, 3, 1)).unwrap_or_default();
+    assert!(too_many.contains("asks for 3 nodes"), "{too_many}");
+    let mut unknown = multi(2, 2, 1);
+    unknown.required_nodes = vec!["zz".into()];
+    let unknown = reject(unknown).unwrap_or_default();
+    assert!(unknown.contains("node zz is not known"), "{unknown}");
+    let mut excluded = multi(3, 2, 1);
+    excluded.exclude = vec!["b".into()];
+    assert!(reject(excluded).is_some());
+    assert!(reject(multi(4, 2, 2)).is_none());
+}
+
+#[test]
+fn a_waiting_multi_node_job_reserves_gpus_on_every_node_it_needs() {
+    let nodes = [node("a", 1, 24_000), node("b", 1, 24_000)];
+    // a frees at 100 s, b at 200 s: the two-node job starts at 200 s on both.
+    let busy = [
+        running(1, "a", &[0], Some(100)),
+        running(2, "b", &[0], Some(200)),
+    ];
+    let (_, reservations) =
+        plan_with_reservations(&nodes, &busy, &[multi(1, 2, 1)], &settings(), t0());
+    assert_eq!(reservations.len(), 1);
+    assert_eq!(reservations[0].gpus.len(), 2);
+    assert_eq!(
+        reservations[0].start,
+        Some(t0() + chrono::Duration::seconds(200))
+    );
 }

@@ -15,7 +15,7 @@ use clap::{Args, ValueEnum};
 use mgpu_shared::duration::parse_duration;
 use mgpu_shared::gpu_amount::GpuAmount;
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobSpec, OnTimeout, SubmitRequest};
+use mgpu_shared::job::{JobSpec, NodeGpuIds, OnTimeout, SubmitRequest};
 use mgpu_shared::records;
 use serde_json::json;
 
@@ -39,6 +39,37 @@ pub struct SubmitArgs {
     /// Run on exactly these GPUs of a node: `0,2` or `0-3`.
     #[arg(long, value_name = "LIST", value_parser = parse::gpu_ids)]
     pub gpu_ids: Option<GpuIds>,
+
+    /// Nodes the job spans (gang-scheduled: all start together or none does). --gpus then
+    /// counts GPUs per node. Without --distributed the command runs once, on the first node,
+    /// with MGPU_HOSTFILE listing every node (for mpirun or ssh).
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
+
+    /// GPUs on each node of a multi-node job (the same as --gpus, said explicitly).
+    #[arg(long, value_name = "G", conflicts_with = "gpus")]
+    pub gpus_per_node: Option<u32>,
+
+    /// Run on these nodes (all of them, in this order: the first is rank 0); --nodes
+    /// defaults to their count and may ask for more, chosen by the scheduler.
+    #[arg(long, value_name = "NODE[,NODE…]", value_delimiter = ',')]
+    pub nodelist: Vec<String>,
+
+    /// Never run on these nodes.
+    #[arg(long, value_name = "NODE[,NODE…]", value_delimiter = ',')]
+    pub exclude: Vec<String>,
+
+    /// Exact GPUs on exact nodes, rank order: `node001:0,1;node002:0,1`. Sets --nodes and
+    /// --gpus from what it names.
+    #[arg(long, value_name = "NODE:IDS;…", value_parser = parse_node_gpu_ids,
+          conflicts_with_all = ["gpu_ids", "nodelist"])]
+    pub node_gpu_ids: Option<NodeGpuIdList>,
+
+    /// Run the command once per node, with MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK,
+    /// GPUS_PER_NODE and WORLD_SIZE set for torchrun (and MGPU_HOSTFILE for MPI). Every
+    /// rank's output is tagged with its rank; one rank failing stops the others.
+    #[arg(long)]
+    pub distributed: bool,
 
     /// GPU memory the job needs on each of its GPUs: MiB (24576) or with a unit (24GiB).
     #[arg(long, value_name = "MIB", value_parser = parse::mem_mib)]
@@ -119,7 +150,8 @@ pub struct SubmitArgs {
     /// `.toml` file. Jobs identical to a queued or running one are skipped.
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
-        "interactive", "json", "command",
+        "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
+        "node_gpu_ids", "distributed",
     ])]
     pub file: Option<PathBuf>,
 
@@ -256,14 +288,33 @@ fn report_duplicate(args: &SubmitArgs, existing: &dedup::Match) -> Result<()> {
     }
 }
 
+/// `--node-gpu-ids`, parsed (a newtype: clap reads a bare `Vec` as a repeated option).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGpuIdList(pub Vec<NodeGpuIds>);
+
+fn parse_node_gpu_ids(text: &str) -> Result<NodeGpuIdList, String> {
+    mgpu_shared::job::parse_node_gpu_ids(text)
+        .map(NodeGpuIdList)
+        .map_err(|e| e.to_string())
+}
+
 /// The job as asked for on the command line, checked as far as it can be without a node.
 fn build_spec(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSpec> {
     let workdir = resolve_workdir(args.workdir.as_deref())?;
     let gpu_ids = args.gpu_ids.as_ref().map(|ids| ids.0.clone());
+    let node_gpu_ids = args
+        .node_gpu_ids
+        .as_ref()
+        .map(|list| list.0.clone())
+        .unwrap_or_default();
+    let pinned_per_node = gpu_ids
+        .as_ref()
+        .map(Vec::len)
+        .or_else(|| node_gpu_ids.first().map(|n| n.gpu_ids.len()));
     let choice = profiles::choose_gpus(
-        args.gpus,
+        args.gpus.or(args.gpus_per_node.map(GpuAmount::whole)),
         args.profile.as_deref(),
-        gpu_ids.as_ref().map(Vec::len),
+        pinned_per_node,
         &args.command,
         profiles,
     )?;
@@ -282,6 +333,15 @@ fn build_spec(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSpec>
     spec.interactive = args.interactive;
     spec.dedup = args.dedup;
     spec.no_requeue = args.no_requeue;
+    spec.nodelist = args.nodelist.clone();
+    spec.exclude = args.exclude.clone();
+    spec.nodes = args.nodes.unwrap_or(if node_gpu_ids.is_empty() {
+        spec.nodelist.len().max(1) as u32
+    } else {
+        node_gpu_ids.len() as u32
+    });
+    spec.node_gpu_ids = node_gpu_ids;
+    spec.distributed = args.distributed;
     // The spec's own message says what is wrong and which option to change.
     spec.validate().map_err(plain)?;
     Ok(spec)
