@@ -420,14 +420,20 @@ impl JobSpec {
                         entry.node
                     )));
                 }
-                if self.gpus.gpu_count() as usize != ids.len() {
-                    return Err(InvalidInput::new(format!(
-                        "--node-gpu-ids gives node {} {} GPU(s) but the job asks for {} per node",
-                        entry.node,
-                        ids.len(),
-                        self.gpus
-                    )));
-                }
+            }
+            // Nodes may get different counts (`node001:0,1;node002:0`); `gpus` is then the
+            // largest, and each node gets exactly its ids.
+            let most = self
+                .node_gpu_ids
+                .iter()
+                .map(|n| n.gpu_ids.len())
+                .max()
+                .unwrap_or(0);
+            if !self.gpus.is_whole() || self.gpus.gpu_count() as usize != most {
+                return Err(InvalidInput::new(format!(
+                    "--node-gpu-ids gives a node {most} GPU(s) but the job asks for {} per node",
+                    self.gpus
+                )));
             }
         }
         Ok(())
@@ -939,6 +945,43 @@ mod tests {
         s.command = vec![];
         assert!(s.validate().is_err());
         assert!(spec().validate().is_ok());
+    }
+
+    #[test]
+    fn node_gpu_ids_parse_in_rank_order_and_bad_ones_are_refused() {
+        let parsed = parse_node_gpu_ids("node002:0,1; node001:3").unwrap_or_default();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[0].node, "node002");
+        assert_eq!(parsed[0].gpu_ids, vec![0, 1]);
+        assert_eq!(parsed[1].gpu_ids, vec![3]);
+        for bad in ["", "node001", "node001:x", "a:0;a:1", "bad.name:0"] {
+            assert!(parse_node_gpu_ids(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn multi_node_specs_that_cannot_run_are_refused() {
+        let mut s = spec();
+        s.nodes = 0;
+        assert!(s.validate().is_err());
+        let mut s = spec();
+        s.nodes = 2;
+        s.gpus = GpuAmount::from_units(GpuAmount::UNITS_PER_GPU / 2);
+        assert!(s.validate().is_err(), "a share of a GPU across nodes");
+        let mut s = spec();
+        s.nodelist = vec!["a".into(), "b".into()];
+        assert!(s.validate().is_err(), "more listed nodes than --nodes");
+        s.nodes = 2;
+        assert!(s.validate().is_ok());
+        s.exclude = vec!["b".into()];
+        assert!(s.validate().is_err(), "listed and excluded");
+        let mut s = spec();
+        s.node_gpu_ids = parse_node_gpu_ids("a:0,1;b:0").unwrap_or_default();
+        s.nodes = 2;
+        s.gpus = GpuAmount::whole(2);
+        assert!(s.validate().is_ok());
+        s.gpus = GpuAmount::whole(3);
+        assert!(s.validate().is_err());
     }
 
     #[test]

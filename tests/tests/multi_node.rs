@@ -214,16 +214,35 @@ fn nodelist_exclude_node_gpu_ids_and_racks_choose_the_nodes() {
     ]);
     cluster.wait_nodes_online(3);
 
+    // Seed 000's form: --gpus counts all the GPUs named, and nodes may get different counts.
     let pinned = cluster.submit(
-        &["--node-gpu-ids", "node003:1;node002:0", "--distributed"],
-        "echo $NODE_RANK:$MGPU_NODE:$CUDA_VISIBLE_DEVICES",
+        &[
+            "--gpus",
+            "3",
+            "--node-gpu-ids",
+            "node003:1,0;node002:1",
+            "--distributed",
+        ],
+        "echo $NODE_RANK:$MGPU_NODE:$CUDA_VISIBLE_DEVICES:$WORLD_SIZE",
     );
     let job = cluster.finished_as(&pinned, "succeeded", T);
     assert_eq!(nodes_of(&job), vec!["node003", "node002"]);
     let logs = cluster.mgpu_ok(&["logs", &pinned]);
     let mut lines: Vec<&str> = logs.lines().collect();
     lines.sort_unstable();
-    assert_eq!(lines, vec!["0:node003:1", "1:node002:0"]);
+    assert_eq!(lines, vec!["0:node003:1,0:3", "1:node002:1:3"]);
+    let bad = cluster.mgpu(&[
+        "submit",
+        "--gpus",
+        "5",
+        "--node-gpu-ids",
+        "node003:1,0;node002:1",
+        "--",
+        "true",
+    ]);
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("nor the total (3)"), "{stderr}");
 
     let excluded = cluster.submit(&["--nodes", "2", "--exclude", "node001"], "true");
     let job = cluster.finished_as(&excluded, "succeeded", T);
@@ -261,5 +280,53 @@ fn nodelist_exclude_node_gpu_ids_and_racks_choose_the_nodes() {
         String::from_utf8_lossy(&bad.stderr).contains("NODE:IDS"),
         "{}",
         String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+#[test]
+fn losing_one_node_of_a_distributed_job_requeues_it_whole_and_stops_the_other_ranks() {
+    let mut cluster = Cluster::start_with(
+        &[
+            NodeSpec::new("node001", "1x24GiB"),
+            NodeSpec::new("node002", "1x24GiB"),
+            NodeSpec::new("node003", "1x24GiB"),
+        ],
+        &["--missed-heartbeats", "3"],
+    );
+    cluster.wait_nodes_online(3);
+    let pids = cluster.dir.path().join("pids");
+    std::fs::create_dir_all(&pids).unwrap_or_else(|e| panic!("{e}"));
+    let command = format!(
+        r#"echo $$ > "{dir}/a$MGPU_ATTEMPT-r$NODE_RANK-$MGPU_NODE"; if [ "$MGPU_ATTEMPT" = 1 ]; then sleep 120; fi"#,
+        dir = pids.display()
+    );
+    let id = cluster.submit(&["--nodes", "2", "--distributed"], &command);
+    let running = wait_for("both ranks to start", T, || {
+        let job = cluster.show(&id);
+        let started = job["record"]["ranks_started"]
+            .as_array()
+            .map_or(0, Vec::len);
+        (started == 2).then_some(job)
+    });
+    let nodes = nodes_of(&running);
+    let pid_of = |attempt: u32, rank: usize| -> i32 {
+        let file = pids.join(format!("a{attempt}-r{rank}-{}", nodes[rank]));
+        wait_for(&format!("{}", file.display()), T, || {
+            std::fs::read_to_string(&file).ok()?.trim().parse().ok()
+        })
+    };
+    let rank0 = pid_of(1, 0);
+    cluster.kill_agent(&nodes[1]);
+    // The job goes back to the queue as attempt 2; rank 0 of attempt 1 is stopped at once,
+    // not left holding its node.
+    wait_for("rank 0 of attempt 1 to be stopped", T, || {
+        (!process_alive(rank0)).then_some(())
+    });
+    let job = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(job["attempt"], 2, "{job}");
+    let second = nodes_of(&job);
+    assert!(
+        !second.contains(&nodes[1]),
+        "ran again on the lost node: {second:?}"
     );
 }

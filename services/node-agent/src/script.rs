@@ -146,8 +146,12 @@ fn rank_environment(env: &mut BTreeMap<String, String>, info: &RankInfo<'_>) {
         env.insert("NNODES".into(), nodes.to_string());
         env.insert("NODE_RANK".into(), info.rank.to_string());
         env.insert("GPUS_PER_NODE".into(), gpus_per_node.to_string());
-        // torchrun's WORLD_SIZE: one process per GPU on every node.
-        env.insert("WORLD_SIZE".into(), (nodes * gpus_per_node).to_string());
+        // torchrun's WORLD_SIZE: one process per GPU on every node (at least one per node).
+        let world: usize = placement
+            .ranks()
+            .map(|(_, _, gpus)| gpus.len().max(1))
+            .sum();
+        env.insert("WORLD_SIZE".into(), world.to_string());
     }
 }
 

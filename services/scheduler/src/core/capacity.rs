@@ -261,7 +261,8 @@ fn fit(usable: &[&FreeGpu], job: &QueuedJob, pinned: Option<&[u32]>) -> Option<V
     };
     if job.gpus.is_whole() {
         let fits = |g: &&&FreeGpu| g.units == GpuAmount::UNITS_PER_GPU && g.memory_mib >= mem;
-        let wanted = job.gpus.gpu_count() as usize;
+        // Pinned ids are exact, even where nodes of one job get different counts.
+        let wanted = pinned.map_or(job.gpus.gpu_count() as usize, <[u32]>::len);
         let chosen: Vec<&&FreeGpu> = match pinned {
             Some(ids) => ids
                 .iter()

@@ -51,7 +51,6 @@ pub(super) fn reserve(
         return None;
     }
     let mem = job.mem_mib.unwrap_or(0);
-    let wanted = job.gpus.gpu_count() as usize;
     // (node, its GPUs for the job, when they are all free) for every node that could hold a rank.
     let mut ready: Vec<(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
     for node in capacity
@@ -62,6 +61,9 @@ pub(super) fn reserve(
         let Some(view) = nodes.iter().find(|n| n.name == node.name) else {
             continue;
         };
+        let wanted = job
+            .pinned_on(&node.name)
+            .map_or(job.gpus.gpu_count() as usize, <[u32]>::len);
         // (index, when it is free) for every GPU the job could ever use here.
         let mut candidates: Vec<(u32, Option<Timestamp>)> = node
             .gpus

@@ -288,6 +288,24 @@ fn report_duplicate(args: &SubmitArgs, existing: &dedup::Match) -> Result<()> {
     }
 }
 
+/// GPUs per node for the spec. With `--node-gpu-ids`, `--gpus` may also count them all (as in
+/// `--gpus 4 --node-gpu-ids "node001:0,1;node002:0,1"`); each node gets exactly its ids.
+fn per_node_gpus(asked: GpuAmount, node_gpu_ids: &[NodeGpuIds]) -> Result<GpuAmount> {
+    if node_gpu_ids.is_empty() {
+        return Ok(asked);
+    }
+    let counts: Vec<usize> = node_gpu_ids.iter().map(|n| n.gpu_ids.len()).collect();
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let total: usize = counts.iter().sum();
+    let most_gpus = GpuAmount::whole(u32::try_from(most).unwrap_or(u32::MAX));
+    if asked == most_gpus || asked == GpuAmount::whole(u32::try_from(total).unwrap_or(u32::MAX)) {
+        return Ok(most_gpus);
+    }
+    Err(plain(format!(
+        "--gpus {asked} matches neither the GPUs per node ({most}) nor the total ({total})          that --node-gpu-ids names"
+    )))
+}
+
 /// `--node-gpu-ids`, parsed (a newtype: clap reads a bare `Vec` as a repeated option).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeGpuIdList(pub Vec<NodeGpuIds>);
@@ -320,7 +338,7 @@ fn build_spec(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSpec>
     )?;
     let mut spec = JobSpec::new(args.command.clone(), workdir);
     spec.name = args.name.clone();
-    spec.gpus = choice.gpus;
+    spec.gpus = per_node_gpus(choice.gpus, &node_gpu_ids)?;
     spec.profile = choice.profile;
     spec.gpu_ids = gpu_ids;
     spec.mem_mib = args.mem;
