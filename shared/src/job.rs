@@ -668,6 +668,9 @@ pub enum WaitReason {
     GpusBusy,
     /// As many tasks of its array run as `%N` allows.
     ArrayLimit,
+    /// Its node went silent while it ran: it waits until that node's agent has surely
+    /// stopped the old attempt (its `--fence-after` plus kill grace), so it never runs twice.
+    Fencing,
 }
 
 impl WaitReason {
@@ -684,6 +687,9 @@ impl WaitReason {
                 "waiting: the GPUs it could use are busy with work outside mgpu"
             }
             WaitReason::ArrayLimit => "waiting: its array runs as many tasks as allowed",
+            WaitReason::Fencing => {
+                "waiting until its lost node has surely stopped the previous attempt"
+            }
         }
     }
 }
@@ -698,6 +704,10 @@ pub struct Waiting {
     /// When it (re-)entered the queue; a requeued job goes to the back. None: `submitted_at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enqueued_at: Option<Timestamp>,
+    /// Not to start before then: the node that lost its previous attempt is silent, and its
+    /// agent stops the attempt by this time (self-fencing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Timestamp>,
 }
 
 impl Waiting {
@@ -706,6 +716,7 @@ impl Waiting {
             reason,
             held_by: None,
             enqueued_at: None,
+            not_before: None,
         }
     }
 }

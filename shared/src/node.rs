@@ -71,6 +71,13 @@ pub struct NodeHeartbeat {
     /// A GPU running no mgpu job whose utilisation exceeds this share is not offered.
     #[serde(default = "default_threshold")]
     pub load_threshold: f64,
+    /// The agent stops its jobs when it could not store a heartbeat for this long (its
+    /// `--fence-after`); None when it does not fence itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_after_ms: Option<u64>,
+    /// How long a stopped job gets between SIGTERM and SIGKILL on this node.
+    #[serde(default)]
+    pub kill_grace_ms: u64,
     /// Operator-given labels (`--label rack=r1`): multi-node jobs prefer nodes that share
     /// the value of the scheduler's topology label.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -144,6 +151,22 @@ pub enum NodeLiveness {
 }
 
 impl NodeHeartbeat {
+    /// When every job this node ran is surely dead if the node went silent after this
+    /// heartbeat: its agent fenced itself and the kill grace passed (plus one interval for
+    /// the fence check). None when the agent does not fence itself.
+    pub fn jobs_dead_by(&self) -> Option<Timestamp> {
+        let fence = self.fence_after_ms?;
+        // The guards fence half an interval after the agent and look every 100 ms at most;
+        // the half second on top covers that and a slow final SIGKILL.
+        let total = fence
+            .saturating_add(self.kill_grace_ms)
+            .saturating_add(self.interval_ms)
+            .saturating_add(500);
+        Some(
+            self.sent_at + chrono::Duration::milliseconds(i64::try_from(total).unwrap_or(i64::MAX)),
+        )
+    }
+
     /// Online while fewer than [`MISSED_HEARTBEATS_OFFLINE`] heartbeats were missed.
     pub fn liveness(&self, now: Timestamp) -> NodeLiveness {
         self.liveness_after(now, MISSED_HEARTBEATS_OFFLINE)

@@ -1,5 +1,5 @@
-//! Faults a story inflicts on its cluster, and what it reads to see their effects: SIGKILL or
-//! SIGSTOP an agent, SIGKILL one scheduler replica, start a standby replica, read the scheduler
+//! Faults a story inflicts on its cluster, and what it reads to see their effects: SIGKILL the
+//! nats-server and start it again, SIGKILL or SIGSTOP an agent, SIGKILL one scheduler replica, start a standby replica, read the scheduler
 //! lease, a job's events and an agent's state file. Every fault is a real signal to a real
 //! process.
 
@@ -29,6 +29,20 @@ pub fn process_running(pid: i32) -> bool {
 }
 
 impl Cluster {
+    /// SIGKILLs the nats-server: every component loses its connection at once.
+    pub fn kill_nats(&mut self) {
+        if let Some(mut server) = self.nats.take() {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+
+    /// Starts the nats-server again on the same port and JetStream directory.
+    pub fn restart_nats(&mut self) {
+        assert!(self.nats.is_none(), "nats-server is running");
+        self.start_nats();
+    }
+
     /// Starts one more scheduler replica beside those running, named `scheduler-2`,
     /// `scheduler-3`, … (its log is `logs/<name>.log`), and returns its name. It stands by while
     /// another holds the lease.

@@ -1,7 +1,7 @@
 //! Failures, told as stories: agents SIGKILLed with their jobs running (requeued elsewhere,
 //! orphans stopped when the agent returns), `--no-requeue` and `--max-attempts` ending a job
-//! `node_failed`, a frozen agent whose stale attempt is fenced off when it thaws, and the
-//! active scheduler SIGKILLed with a standby taking over.
+//! `node_failed`, a frozen agent whose job its guard stops (self-fencing) before the job runs
+//! elsewhere, and the active scheduler SIGKILLed with a standby taking over.
 //!
 //! Real nats-server, real binaries, real signals: an agent is SIGKILLed (its job keeps running
 //! as an orphan, as after a crash) or SIGSTOPped. Agents heartbeat every 200 ms and the
@@ -232,15 +232,16 @@ fn a_job_out_of_attempts_on_a_lost_node_ends_node_failed_saying_so() {
 }
 
 #[test]
-fn a_frozen_agent_that_thaws_has_its_stale_attempt_killed() {
+fn a_frozen_agents_job_is_stopped_by_its_guard_before_it_runs_elsewhere() {
     let cluster = start(&two_nodes(), &[]);
     let marks_file = marker(&cluster, "d");
     let id = cluster.submit(&[], &marked_job(&marks_file, 60, 3));
     let (node_a, pid) = wait_started(&cluster, &id);
     let node_b = other(&node_a);
 
-    // Frozen long enough to be declared offline: the job is requeued and runs on the other node,
-    // while attempt 1 still runs under the frozen agent.
+    // Frozen long enough to be declared offline: attempt 1's guard sees no heartbeat stored
+    // for longer than the fence and stops it, and only then (the scheduler waits for the
+    // fence and the kill grace) does attempt 2 start on the other node.
     cluster.signal_agent(&node_a, Signal::SIGSTOP);
     let moved = wait_for("the job to run again on the other node", T, || {
         let job = cluster.show(&id);
@@ -250,13 +251,21 @@ fn a_frozen_agent_that_thaws_has_its_stale_attempt_killed() {
     assert_eq!(text(&moved, "node"), node_b, "{moved}");
     assert_eq!(node_state(&cluster, &node_a), "offline");
     assert!(
-        process_running(pid),
-        "attempt 1 ran on while its agent was frozen"
+        !process_running(pid),
+        "attempt 1 still ran under its frozen agent when attempt 2 started"
+    );
+    let order = wait_for("attempt 2 to mark its start", T, || {
+        let order = marks(&marks_file);
+        order.iter().any(|m| m == "start 2").then_some(order)
+    });
+    assert_eq!(
+        order,
+        vec!["start 1", "stop 1", "start 2"],
+        "attempt 1 is stopped before attempt 2 begins"
     );
 
-    // Thawed, the agent lists attempt 1 in its heartbeats: the scheduler has it killed there.
+    // Thawed, the agent reports attempt 1 as it ended; the scheduler ignores the stale report.
     cluster.signal_agent(&node_a, Signal::SIGCONT);
-    wait_gone(pid, "the stale attempt 1 to be killed");
     let done = cluster.finished_as(&id, "succeeded", T);
     assert_eq!((&done["attempt"], text(&done, "node")), (&2.into(), node_b));
     wait_node_state(&cluster, &node_a, "online");
@@ -382,4 +391,27 @@ fn a_standby_scheduler_takes_over_when_the_active_one_is_killed() {
         vec![(1, "node001".to_owned(), false)]
     );
     assert_eq!(cluster.scheduler_names(), vec![standby]);
+}
+
+#[test]
+fn agents_cut_off_from_nats_stop_their_jobs_which_run_again_once_it_is_back() {
+    let mut cluster = start(&one_node(), &[]);
+    let marks_file = marker(&cluster, "e");
+    let id = cluster.submit(&[], &marked_job(&marks_file, 60, 1));
+    let (_, pid) = wait_started(&cluster, &id);
+
+    // No heartbeat can be stored: after --fence-after (3 intervals) the agent stops the job,
+    // since the scheduler would count the node offline and run the job elsewhere.
+    cluster.kill_nats();
+    wait_gone(pid, "the cut-off agent to stop its job");
+    assert_eq!(marks(&marks_file), vec!["start 1", "stop 1"]);
+
+    // Back: the agent reports the job lost, and it runs again as attempt 2.
+    cluster.restart_nats();
+    let done = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(
+        marks(&marks_file),
+        vec!["start 1", "stop 1", "start 2", "end 2"]
+    );
 }

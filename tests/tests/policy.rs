@@ -690,6 +690,8 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         mem_threshold,
         load_threshold,
         labels: Default::default(),
+        fence_after_ms: None,
+        kill_grace_ms: 0,
     }
 }
 

@@ -87,6 +87,14 @@ pub struct Args {
     )]
     pub load_threshold: f64,
 
+    /// Stop every job when no heartbeat could be stored for this long (`6s`), since the
+    /// scheduler then counts the node as offline and may run the jobs elsewhere; `off` never
+    /// does. Default: 3 heartbeat intervals, the scheduler's default offline detection (raise
+    /// both together). The scheduler holds such jobs until the fence and --kill-grace passed.
+    #[arg(long, value_name = "DURATION|off", default_value = "default", value_parser = parse_fence,
+          hide_default_value = true)]
+    pub fence_after: Fence,
+
     /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
     /// prefer nodes that share the value of the scheduler's topology label (`rack`).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
@@ -95,6 +103,26 @@ pub struct Args {
     /// Print the GPUs this agent would report, as JSON, and exit without connecting.
     #[arg(long)]
     pub print_gpus: bool,
+}
+
+/// `--fence-after`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// 3 heartbeat intervals.
+    Default,
+    Off,
+    After(Duration),
+}
+
+fn parse_fence(text: &str) -> Result<Fence, String> {
+    match text.trim() {
+        "default" => Ok(Fence::Default),
+        "off" | "never" => Ok(Fence::Off),
+        other => match parse_interval(other)? {
+            zero if zero.is_zero() => Err("--fence-after must be more than 0 (or `off`)".into()),
+            after => Ok(Fence::After(after)),
+        },
+    }
 }
 
 /// A node label: `KEY=VALUE`, both made of letters, digits, `-`, `_`, `.` or `/`.

@@ -1,11 +1,17 @@
 //! The job guard: the first process of every job, so a job never outlives its agent.
 //!
-//! The agent starts each job as `mgpu-node __mgpu-job-guard AGENT_PID GRACE_MS SHELL -c SCRIPT`
+//! The agent starts each job as
+//! `mgpu-node __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE SHELL -c SCRIPT`
 //! in a new process group. The guard asks the kernel for SIGTERM when the agent dies
 //! (`PR_SET_PDEATHSIG`), runs the shell as its child in the same group, and waits. If the agent
 //! dies (SIGKILL, crash) — or anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the
 //! whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
 //! would keep running while the scheduler already runs its next attempt elsewhere.
+//!
+//! The guard also fences the job when the agent is alive but cut off or frozen (SIGSTOP, a
+//! stalled host): the agent touches CONTACT_FILE whenever JetStream stored a heartbeat, and
+//! when that is older than FENCE_MS (0: never) the guard stops the group the same way, since
+//! the scheduler may by then run the job elsewhere.
 //!
 //! Otherwise the guard is invisible: the shell inherits its standard streams, environment,
 //! directory and group, and the guard ends the way the shell ended (same exit code, or the
@@ -33,14 +39,46 @@ extern "C" fn on_stop_signal(signal: nix::libc::c_int) {
     STOP.store(signal, Ordering::SeqCst);
 }
 
+/// How a guard fences its job: stop it once `contact_file` is older than `after`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardFence {
+    pub after: Duration,
+    pub contact_file: std::path::PathBuf,
+}
+
 /// The arguments that make the guard run `program args…` for the agent with pid `agent`.
-pub fn guard_args(agent: u32, grace: Duration, program: &str) -> Vec<String> {
+pub fn guard_args(
+    agent: u32,
+    grace: Duration,
+    fence: Option<&GuardFence>,
+    program: &str,
+) -> Vec<String> {
+    let (fence_ms, contact) = match fence {
+        Some(f) => (
+            f.after.as_millis().max(1).to_string(),
+            f.contact_file.display().to_string(),
+        ),
+        None => ("0".to_owned(), "-".to_owned()),
+    };
     vec![
         GUARD_ARG.to_owned(),
         agent.to_string(),
         grace.as_millis().to_string(),
+        fence_ms,
+        contact,
         program.to_owned(),
     ]
+}
+
+/// How long ago `file` was last touched; None when it cannot be read (the guard then keeps
+/// the job: fencing on a missing file would turn an operator's mistake into lost work).
+fn age_of(file: &std::path::Path) -> Option<Duration> {
+    let modified = std::fs::metadata(file).ok()?.modified().ok()?;
+    Some(
+        std::time::SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 /// Runs as a job guard when argv says so; None otherwise (a normal agent start).
@@ -59,9 +97,23 @@ pub fn run_if_guard() -> Option<ExitCode> {
 }
 
 fn guard(args: &[String]) -> Result<ExitCode, String> {
-    let [agent, grace_ms, program, rest @ ..] = args else {
-        return Err("usage: __mgpu-job-guard AGENT_PID GRACE_MS PROGRAM [ARGS...]".into());
+    let [agent, grace_ms, fence_ms, contact, program, rest @ ..] = args else {
+        return Err(
+            "usage: __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE PROGRAM [ARGS...]"
+                .into(),
+        );
     };
+    let fence_after = match fence_ms
+        .parse::<u64>()
+        .map_err(|_| format!("bad fence {fence_ms}"))?
+    {
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
+    };
+    let contact = std::path::Path::new(contact);
+    // Checked this often while fencing; the agent's heartbeat margin covers the delay.
+    let check_every =
+        fence_after.map(|f| (f / 8).clamp(Duration::from_millis(20), Duration::from_millis(100)));
     let agent: i32 = agent
         .parse()
         .map_err(|_| format!("bad agent pid {agent}"))?;
@@ -96,14 +148,24 @@ fn guard(args: &[String]) -> Result<ExitCode, String> {
 
     let mut stop_deadline: Option<Instant> = None;
     loop {
-        let flags = stop_deadline.map(|_| WaitPidFlag::WNOHANG);
+        let polling = stop_deadline.is_some() || fence_after.is_some();
+        let flags = polling.then_some(WaitPidFlag::WNOHANG);
         match waitpid(child, flags) {
             Ok(WaitStatus::Exited(_, code)) => return Ok(ExitCode::from(code as u8)),
             Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(die_like(signal)),
             Ok(_) | Err(Errno::EINTR) => {}
             Err(err) => return Err(format!("waiting for the job: {err}")),
         }
-        if stop_deadline.is_none() && STOP.load(Ordering::SeqCst) != 0 {
+        let fenced =
+            fence_after.is_some_and(|after| age_of(contact).is_some_and(|age| age > after));
+        if stop_deadline.is_none() && fenced {
+            eprintln!(
+                "mgpu: this node has not reached the cluster for longer than {:?}; stopping \
+                 the job, which may already run elsewhere (fenced)",
+                fence_after.unwrap_or_default()
+            );
+        }
+        if stop_deadline.is_none() && (STOP.load(Ordering::SeqCst) != 0 || fenced) {
             // Stop the whole group (this guard ignores its own copy: the handler is set).
             let _ = killpg(getpgrp(), Signal::SIGTERM);
             stop_deadline = Some(Instant::now() + grace);
@@ -114,6 +176,8 @@ fn guard(args: &[String]) -> Result<ExitCode, String> {
                 let _ = killpg(getpgrp(), Signal::SIGKILL);
             }
             std::thread::sleep(Duration::from_millis(20));
+        } else if let Some(every) = check_every {
+            std::thread::sleep(every);
         }
     }
 }
@@ -133,8 +197,24 @@ mod tests {
 
     #[test]
     fn guard_arguments_round_trip() {
-        let args = guard_args(42, Duration::from_millis(1500), "/bin/bash");
-        assert_eq!(args, vec![GUARD_ARG, "42", "1500", "/bin/bash"]);
+        let args = guard_args(42, Duration::from_millis(1500), None, "/bin/bash");
+        assert_eq!(args, vec![GUARD_ARG, "42", "1500", "0", "-", "/bin/bash"]);
+        let fence = GuardFence {
+            after: Duration::from_millis(700),
+            contact_file: "/state/n1.contact".into(),
+        };
+        let args = guard_args(42, Duration::from_millis(1500), Some(&fence), "/bin/sh");
+        assert_eq!(
+            args,
+            vec![
+                GUARD_ARG,
+                "42",
+                "1500",
+                "700",
+                "/state/n1.contact",
+                "/bin/sh"
+            ]
+        );
         assert!(guard(&["x".into()]).is_err());
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
 use tracing::{info, warn};
 
+use crate::fence::Contact;
 use crate::gpu::GpuProbe;
 use crate::running::RunningTable;
 use crate::shutdown::Signal;
@@ -35,6 +36,9 @@ pub struct Identity {
     pub thresholds: Thresholds,
     /// `--label` values, sent in every heartbeat.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// `--fence-after`, announced so the scheduler knows when a silent node's jobs are dead.
+    pub fence_after: Option<Duration>,
+    pub kill_grace: Duration,
 }
 
 /// When a GPU busy with work mgpu did not start stops being offered (`--mem-threshold`,
@@ -54,6 +58,8 @@ pub struct Heartbeater {
     source: GpuSource,
     note: Option<String>,
     table: RunningTable,
+    /// Told of every stored heartbeat, for self-fencing.
+    contact: Contact,
     /// The last GPU sample, reused when a new one cannot be taken.
     last_gpus: Vec<GpuStatus>,
     publish_failures: Throttle,
@@ -66,6 +72,7 @@ impl Heartbeater {
         identity: Identity,
         probe: Box<dyn GpuProbe>,
         table: RunningTable,
+        contact: Contact,
     ) -> Self {
         let source = probe.source();
         let note = probe.note();
@@ -76,6 +83,7 @@ impl Heartbeater {
             source,
             note,
             table,
+            contact,
             last_gpus: Vec::new(),
             publish_failures: Throttle::new(REPEAT_WARNING_EVERY),
             sample_failures: Throttle::new(REPEAT_WARNING_EVERY),
@@ -101,6 +109,8 @@ impl Heartbeater {
     }
 
     async fn beat(&mut self) {
+        // The scheduler's offline timer counts from the heartbeat's `sent_at`: so does the fence.
+        let taken = tokio::time::Instant::now();
         let job_pgids = self.table.process_groups();
         match self.sample(job_pgids).await {
             Ok(gpus) => {
@@ -134,9 +144,15 @@ impl Heartbeater {
             mem_threshold: self.identity.thresholds.mem,
             load_threshold: self.identity.thresholds.load,
             labels: self.identity.labels.clone(),
+            fence_after_ms: self
+                .identity
+                .fence_after
+                .map(|f| u64::try_from(f.as_millis()).unwrap_or(u64::MAX)),
+            kill_grace_ms: u64::try_from(self.identity.kill_grace.as_millis()).unwrap_or(u64::MAX),
         };
         match self.publish(&heartbeat).await {
             Ok(()) => {
+                self.contact.stored(taken);
                 if self.publish_failures.success() {
                     info!("heartbeats are stored again");
                 }

@@ -45,6 +45,8 @@ pub struct JobContext {
     pub state: StateFile,
     /// Notified when the set of running jobs changed, so the heartbeat says so at once.
     pub heartbeat_now: Arc<Notify>,
+    /// Given to every job's guard, which stops the job if this agent loses contact or freezes.
+    pub guard_fence: Option<crate::guard::GuardFence>,
 }
 
 /// A spawned job attempt, recorded in the running table; [`StartedJob::supervise`] sees it
@@ -115,6 +117,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         .args(crate::guard::guard_args(
             std::process::id(),
             ctx.kill_grace,
+            ctx.guard_fence.as_ref(),
             shell,
         ))
         .arg("-c")
@@ -261,7 +264,7 @@ impl StartedJob {
                     cancelled: ending.cancelled,
                     timed_out: ending.timed_out,
                     preempted: ending.preempted,
-                    lost: false,
+                    lost: ending.lost,
                 },
             )
             .await;
@@ -283,6 +286,9 @@ struct Ending {
     timed_out: bool,
     /// Stopped so that it goes back to the queue (a Kill with `requeue`).
     preempted: bool,
+    /// Stopped by the agent itself (shutdown, fencing): the scheduler treats it like a job
+    /// whose node was lost.
+    lost: bool,
 }
 
 /// The rules for stopping one running job.
@@ -300,6 +306,7 @@ impl Watch<'_> {
         let mut cancelled = false;
         let mut timed_out = false;
         let mut preempted = false;
+        let mut lost = false;
         // When SIGKILL is due, once a stop has begun.
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
@@ -311,7 +318,7 @@ impl Watch<'_> {
                     let status = status
                         .inspect_err(|err| error!(key = %self.key, "cannot read the job's exit status: {err}"))
                         .ok();
-                    return Ending { status, cancelled, timed_out, preempted };
+                    return Ending { status, cancelled, timed_out, preempted, lost };
                 }
                 () = sleep_until(self.time_limit_at), if !stopping && self.time_limit_at.is_some() => {
                     info!(key = %self.key, "time limit reached; stopping the job");
@@ -329,9 +336,11 @@ impl Watch<'_> {
                         StopReason::Cancelled => info!(key = %self.key, "cancelling the job"),
                         StopReason::AgentShutdown => info!(key = %self.key, "stopping the job: the agent is shutting down"),
                         StopReason::Requeued => info!(key = %self.key, "stopping the job: the scheduler puts it back in the queue"),
+                        StopReason::Fenced => warn!(key = %self.key, "stopping the job: this node lost contact with NATS (fenced)"),
                     }
                     cancelled = reason == StopReason::Cancelled;
                     preempted = reason == StopReason::Requeued;
+                    lost = matches!(reason, StopReason::AgentShutdown | StopReason::Fenced);
                     kill_at = Some(self.terminate());
                 }
                 () = sleep_until(kill_at), if stopping && !killed => {

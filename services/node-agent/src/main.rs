@@ -10,6 +10,7 @@
 mod address;
 mod assignments;
 mod cli;
+mod fence;
 mod gpu;
 mod gpu_spec;
 mod guard;
@@ -155,8 +156,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
             load: args.load_threshold,
         },
         labels: args.labels.into_iter().collect(),
+        // Off with `--fence-after off`; by default when the scheduler's default offline
+        // detection (3 missed heartbeats) would give up on this node.
+        fence_after: match args.fence_after {
+            cli::Fence::Off => None,
+            cli::Fence::After(after) => Some(after),
+            cli::Fence::Default => {
+                Some(args.heartbeat_interval * mgpu_shared::node::MISSED_HEARTBEATS_OFFLINE)
+            }
+        },
+        kill_grace: args.kill_grace,
     };
-    let memory = Memory { state, left };
+    let contact_file = state_dir.join(format!("{}.contact", identity.node));
+    let contact = fence::Contact::with_file(&contact_file)
+        .with_context(|| format!("creating the contact file {}", contact_file.display()))?;
+    // The guards fence half an interval after this agent would, so the agent normally stops
+    // (and reports) its jobs itself; a guard acts when the agent is frozen.
+    let guard_fence = identity.fence_after.map(|after| guard::GuardFence {
+        after: after + identity.interval / 2,
+        contact_file,
+    });
+    let memory = Memory {
+        state,
+        left,
+        contact,
+        guard_fence,
+    };
     let agent = start_loops(client, identity, probe, timings, memory);
     wait_for_stop_signal().await?;
     agent.shut_down().await;
@@ -170,10 +195,13 @@ struct Timings {
     kill_grace: Duration,
 }
 
-/// The state file and what a previous agent left in it.
+/// The state file and what a previous agent left in it, and the contact file the job guards
+/// watch for self-fencing.
 struct Memory {
     state: StateFile,
     left: Vec<RecordedAttempt>,
+    contact: fence::Contact,
+    guard_fence: Option<guard::GuardFence>,
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -195,7 +223,16 @@ fn start_loops(
 
     // Before the first heartbeat, so that it lists the jobs a previous agent left running.
     let leftovers = reconcile::survey(memory.left, &table);
-    let heartbeater = Heartbeater::new(js.clone(), identity, probe, table.clone());
+    let contact = memory.contact;
+    if let Some(fence_after) = identity.fence_after {
+        tokio::spawn(fence::watch(
+            contact.clone(),
+            fence_after,
+            table.clone(),
+            heartbeat_stop.clone(),
+        ));
+    }
+    let heartbeater = Heartbeater::new(js.clone(), identity, probe, table.clone(), contact);
     let heartbeat = tokio::spawn(heartbeater.run(heartbeat_now.clone(), heartbeat_stop));
 
     let ctx = JobContext {
@@ -207,6 +244,7 @@ fn start_loops(
         reporter: Reporter::new(js, node, give_up),
         state: memory.state,
         heartbeat_now,
+        guard_fence: memory.guard_fence,
     };
     let dispatcher = tokio::spawn(async move {
         let reconciled = reconcile::settle(leftovers, &ctx);

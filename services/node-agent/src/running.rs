@@ -34,8 +34,11 @@ pub enum StopReason {
     /// The scheduler sent a Kill with `requeue` (its time slice is over and others wait): the
     /// job is stopped exactly as for a cancel, but reported as preempted, not cancelled.
     Requeued,
-    /// The agent is shutting down.
+    /// The agent is shutting down: reported `lost`, so the job goes back to the queue.
     AgentShutdown,
+    /// The agent could not store a heartbeat for `--fence-after`: the scheduler may already
+    /// run the job elsewhere. Reported `lost` once NATS is reachable again.
+    Fenced,
 }
 
 /// The job's side of a stop request; `None` until someone asks.

@@ -28,9 +28,11 @@ use crate::service::Scheduler;
 const KILL_REPEAT: Duration = Duration::from_secs(5);
 
 impl Scheduler {
-    /// Acts on nodes that went offline. Returns true when something changed.
+    /// Acts on nodes that went offline. Returns true when something changed (or a job held
+    /// for fencing may start now).
     pub(crate) async fn check_liveness(&mut self) -> bool {
         let now = now();
+        let released = self.next_release.is_some_and(|t| t <= now);
         let lost_nodes = self.nodes.newly_lost(now);
         let mut changed = false;
         for node in lost_nodes {
@@ -47,9 +49,12 @@ impl Scheduler {
                 jobs = victims.len(),
                 "node offline: its running jobs are lost"
             );
+            // The node's agent stops its jobs by itself (self-fencing): a requeued job waits
+            // until then, so it never runs twice.
+            let dead_by = self.nodes.get(&node).and_then(|beat| beat.jobs_dead_by());
             for job in victims {
                 if let Err(err) = self
-                    .lose_job(&job, &format!("node {node} went offline"), now)
+                    .lose_job_until(&job, &format!("node {node} went offline"), now, dead_by)
                     .await
                 {
                     tracing::error!("{err:#}");
@@ -57,7 +62,7 @@ impl Scheduler {
                 changed = true;
             }
         }
-        changed
+        changed || released
     }
 
     /// Compares what a node says it runs with what the records say.
@@ -151,6 +156,18 @@ impl Scheduler {
     /// A running job whose node lost it: back to the queue as the next attempt (keeping its
     /// place in line), or `node_failed` when it may not be requeued.
     pub(crate) async fn lose_job(&mut self, job: &JobId, why: &str, at: Timestamp) -> Result<()> {
+        self.lose_job_until(job, why, at, None).await
+    }
+
+    /// [`Scheduler::lose_job`], the requeued job not starting before `not_before` (when its
+    /// silent node's agent has surely stopped it).
+    pub(crate) async fn lose_job_until(
+        &mut self,
+        job: &JobId,
+        why: &str,
+        at: Timestamp,
+        not_before: Option<Timestamp>,
+    ) -> Result<()> {
         let Some(record) = self.store.get(job).cloned() else {
             return Ok(());
         };
@@ -186,7 +203,9 @@ impl Scheduler {
         self.store
             .update(job, |r| {
                 r.attempt += 1;
-                r.state = JobState::Queued(Waiting::new(WaitReason::Resources));
+                let mut waiting = Waiting::new(WaitReason::Resources);
+                waiting.not_before = not_before.filter(|t| *t > at);
+                r.state = JobState::Queued(waiting);
             })
             .await?;
         self.publish_event(

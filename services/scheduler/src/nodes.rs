@@ -64,6 +64,11 @@ impl NodeTable {
         changes_capacity
     }
 
+    /// The node's last heartbeat.
+    pub fn get(&self, node: &str) -> Option<&NodeHeartbeat> {
+        self.nodes.get(node)
+    }
+
     /// The address a node said other nodes can reach it at.
     pub fn address(&self, node: &str) -> Option<&str> {
         self.nodes
@@ -136,6 +141,8 @@ mod tests {
             mem_threshold: 0.8,
             load_threshold: 0.8,
             labels: BTreeMap::new(),
+            fence_after_ms: None,
+            kill_grace_ms: 0,
         }
     }
 

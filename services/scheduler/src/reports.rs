@@ -136,6 +136,7 @@ impl Scheduler {
                                 reason: WaitReason::Resources,
                                 held_by: None,
                                 enqueued_at: Some(at),
+                                not_before: None,
                             });
                         })
                         .await?;

@@ -48,6 +48,8 @@ pub struct Scheduler {
     passes: u64,
     /// When the next time slice of a running job ends (the loop wakes up then).
     next_slice_end: Option<Timestamp>,
+    /// The earliest moment a job held for fencing may start.
+    pub(crate) next_release: Option<Timestamp>,
     /// Stale attempts we told a node to kill, and when (so heartbeats do not repeat it).
     pub(crate) kills_sent: HashMap<(JobId, u32), std::time::Instant>,
 }
@@ -92,6 +94,7 @@ pub async fn run(
         status: status_tx,
         passes: 0,
         next_slice_end: None,
+        next_release: None,
         kills_sent: HashMap::new(),
     };
     tracing::info!(
@@ -341,6 +344,12 @@ impl Scheduler {
             .filter_map(|r| r.slice_end)
             .filter(|end| *end > now)
             .min();
+        // Jobs held until a lost node surely stopped them: the liveness timer wakes us then.
+        self.next_release = queue
+            .iter()
+            .filter_map(|q| q.not_before)
+            .filter(|t| *t > now)
+            .min();
         if !queue.is_empty() {
             let settings = CoreSettings {
                 placement: self.policy.placement,
@@ -408,6 +417,7 @@ impl Scheduler {
             required_nodes: record.spec.required_nodes(),
             exclude: record.spec.exclude.clone(),
             node_gpu_ids: record.spec.node_gpu_ids.clone(),
+            not_before: waiting.not_before,
         }
     }
 

@@ -215,6 +215,8 @@ mod tests {
             mem_threshold: DEFAULT_THRESHOLD,
             load_threshold: DEFAULT_THRESHOLD,
             labels: Default::default(),
+            fence_after_ms: None,
+            kill_grace_ms: 0,
         }
     }
 

@@ -115,6 +115,8 @@ pub struct QueuedJob {
     pub exclude: Vec<String>,
     /// GPUs pinned per node (`--node-gpu-ids`); when set, only those nodes may take it.
     pub node_gpu_ids: Vec<NodeGpuIds>,
+    /// Not to start before then (its previous attempt's node is fencing itself).
+    pub not_before: Option<Timestamp>,
 }
 
 impl QueuedJob {
@@ -137,6 +139,7 @@ impl QueuedJob {
             required_nodes: Vec::new(),
             exclude: Vec::new(),
             node_gpu_ids: Vec::new(),
+            not_before: None,
         }
     }
 
@@ -250,6 +253,10 @@ fn plan_with_reservations(
         };
         if job.held {
             decisions.push(wait(WaitReason::Held));
+            continue;
+        }
+        if job.not_before.is_some_and(|t| t > now) {
+            decisions.push(wait(WaitReason::Fencing));
             continue;
         }
         match &job.dependencies {
