@@ -4,7 +4,8 @@
 
 /// `stdout`, `stderr` or `eof`.
 pub const STREAM: &str = "Mgpu-Stream";
-/// Per-attempt sequence number of the chunk, starting at 1, across stdout and stderr.
+/// Sequence number of the chunk within its attempt and rank, starting at 1, across stdout and
+/// stderr.
 pub const SEQ: &str = "Mgpu-Seq";
 /// Rank of the process that wrote it (0 for single-node jobs).
 pub const RANK: &str = "Mgpu-Rank";
