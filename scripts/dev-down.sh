@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stops everything scripts/dev-up.sh started: agents first, then the scheduler, then
-# nats-server. Each gets SIGTERM and 15 s to finish before SIGKILL. Data in .mgpu/ stays.
+# Stops everything scripts/dev-up.sh started: agents first, then the schedulers, then every
+# nats-server (nats-server, nats-server-2, …). Each gets SIGTERM and 15 s to finish before SIGKILL. Data in .mgpu/ stays.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Starts a local mgpu cluster: one nats-server, the scheduler (or several replicas) and N
-# node agents.
+# Starts a local mgpu cluster: one nats-server (or a NATS cluster of several), the scheduler
+# (or several replicas) and N node agents.
 #
-#   scripts/dev-up.sh [--nodes N] [--schedulers N] [--gpus SPEC] [--port PORT] [--release]
+#   scripts/dev-up.sh [--nodes N] [--servers N] [--schedulers N] [--gpus SPEC] [--port PORT] [--release]
 #
 #   --nodes N        agents to start, named node001, node002, … (default 1)
 #   --schedulers N   scheduler replicas, named scheduler, scheduler-2, … (default 1): one is
@@ -11,7 +11,11 @@
 #   --gpus SPEC      declare each agent's GPUs, e.g. 2x24GiB or 4x80GiB,1x16GiB. Without it,
 #                    agents read the GPUs through NVML, and where no NVIDIA driver exists they
 #                    declare 2 GPUs of 24 GiB and say so in `mgpu nodes`.
-#   --port PORT      NATS client port (default 4222)
+#   --port PORT      NATS client port (default 4222); with --servers N, ports PORT..PORT+N-1
+#   --servers N      nats-servers forming one NATS cluster (default 1), named mgpu-1, mgpu-2, …,
+#                    routes on ports 6222.., JetStream data in .mgpu/jetstream/mgpu-<i>, pid
+#                    files nats-server.pid, nats-server-2.pid, …; every component and
+#                    .mgpu/env get all the URLs, and streams get min(3, N) replicas
 #
 # Everything lives in .mgpu/ (git-ignored): credentials and server config in .mgpu/auth,
 # JetStream data in .mgpu/jetstream, logs in .mgpu/logs/<name>.log, pid files in
@@ -22,10 +26,11 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-nodes=1 schedulers=1 gpus="" port=4222 profile=debug setup_args=()
+nodes=1 servers=1 schedulers=1 gpus="" port=4222 profile=debug setup_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
+    --servers) servers="${2:?--servers needs a number}"; shift 2 ;;
     --schedulers) schedulers="${2:?--schedulers needs a number}"; shift 2 ;;
     --gpus) gpus="${2:?--gpus needs a spec like 2x24GiB}"; shift 2 ;;
     --port) port="${2:?--port needs a number}"; shift 2 ;;
@@ -36,6 +41,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 999 ] || { echo "dev-up.sh: --nodes must be 1..999" >&2; exit 2; }
+[[ "$servers" =~ ^[0-9]+$ ]] && [ "$servers" -ge 1 ] && [ "$servers" -le 9 ] || { echo "dev-up.sh: --servers must be 1..9" >&2; exit 2; }
 [[ "$schedulers" =~ ^[0-9]+$ ]] && [ "$schedulers" -ge 1 ] && [ "$schedulers" -le 9 ] || { echo "dev-up.sh: --schedulers must be 1..9" >&2; exit 2; }
 
 say() { printf '[dev-up] %s\n' "$*"; }
@@ -50,7 +56,7 @@ user_name="$(id -un 2>/dev/null || echo "${USER:-user}")"
 principal="$(printf '%s' "$user_name" | tr -c 'A-Za-z0-9_-' '_')"
 
 # Credentials and server configuration (existing keys are kept).
-"$bin/mgpu" admin init --dir "$auth" --port "$port" --store-dir "$state/jetstream" >/dev/null
+"$bin/mgpu" admin init --dir "$auth" --port "$port" --store-dir "$state/jetstream" --servers "$servers" >/dev/null
 for i in $(seq 1 "$nodes"); do
   "$bin/mgpu" admin add-node "$(printf 'node%03d' "$i")" --dir "$auth" >/dev/null
 done
@@ -66,17 +72,27 @@ start() {
   say "$name started (pid $!, log .mgpu/logs/$name.log)"
 }
 
-if ! start nats-server "$root/.tools/bin/nats-server" -c "$auth/server.conf"; then
-  # Already running: make it pick up principals added just now.
-  "$root/.tools/bin/nats-server" --signal "reload=$(cat "$state/run/nats-server.pid")" >/dev/null 2>&1 || true
-fi
-for _ in $(seq 1 100); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-  sleep 0.1
+# Server i (1-based) is nats-server / server.conf for the first, nats-server-i / server-i.conf
+# after it: the names `mgpu admin init --servers N` writes.
+urls=()
+for i in $(seq 1 "$servers"); do
+  if [ "$i" -eq 1 ]; then name=nats-server conf=server.conf; else name="nats-server-$i" conf="server-$i.conf"; fi
+  if ! start "$name" "$root/.tools/bin/nats-server" -c "$auth/$conf"; then
+    # Already running: make it pick up principals added just now.
+    "$root/.tools/bin/nats-server" --signal "reload=$(cat "$state/run/$name.pid")" >/dev/null 2>&1 || true
+  fi
+  urls+=("nats://127.0.0.1:$((port + i - 1))")
 done
-(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "dev-up.sh: nats-server did not start; see .mgpu/logs/nats-server.log" >&2; exit 1; }
+for i in $(seq 1 "$servers"); do
+  p=$((port + i - 1))
+  for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break
+    sleep 0.1
+  done
+  (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "dev-up.sh: nats-server on port $p did not start; see .mgpu/logs/" >&2; exit 1; }
+done
 
-server="nats://127.0.0.1:$port"
+server="$(IFS=,; echo "${urls[*]}")"
 # Replicas share the scheduler's key: whichever holds the lease acts, the others stand by.
 for i in $(seq 1 "$schedulers"); do
   if [ "$i" -eq 1 ]; then name=scheduler; else name="scheduler-$i"; fi
@@ -107,5 +123,5 @@ for attempt in $(seq 1 100); do
   [ $((attempt % 10)) -eq 0 ] && say "waiting for agents: ${online:-0}/$nodes online"
   sleep 0.2
 done
-say "cluster up at $server with $nodes node(s) and $schedulers scheduler(s)"
+say "cluster up at $server ($servers nats-server(s)) with $nodes node(s) and $schedulers scheduler(s)"
 say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

@@ -7,6 +7,8 @@
 //! DIR/principals.json        who exists: name, role, public key (no secrets)
 //! DIR/auth.conf              the `authorization` block nats-server includes
 //! DIR/keys/<role>-<name>.nk  each principal's seed, mode 0600 (a secret: git-ignored)
+//! DIR/server.conf            a nats-server configuration that includes auth.conf
+//! DIR/server-2.conf, …       the other members of a cluster (`mgpu admin init --servers N`)
 //! ```
 
 use std::fs;
@@ -293,6 +295,99 @@ pub fn render_server_conf(port: u16, store_dir: &Path, server_name: &str) -> Str
     )
 }
 
+/// One server of a NATS cluster, as the configuration of every member names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterMember {
+    /// `server_name`: unique in the cluster; JetStream's Raft groups know peers by it.
+    pub name: String,
+    /// Port clients (the mgpu programs) connect to.
+    pub client_port: u16,
+    /// Port the other servers' routes connect to.
+    pub cluster_port: u16,
+    /// This server's JetStream directory: never shared, each server keeps its own replicas.
+    pub store_dir: PathBuf,
+}
+
+/// Name of the NATS cluster `mgpu admin init --servers N` writes (the `cluster { name }`).
+pub const CLUSTER_NAME: &str = "mgpu";
+
+/// The members of a cluster of `count` servers on this machine: ports counted up from
+/// `client_port` and `cluster_port`, names `<base_name>-1`…, JetStream in `<store_root>/<name>`.
+///
+/// One generator for `mgpu admin init --servers N`, `scripts/dev-up.sh --servers N` (which
+/// calls it) and the test harness, so all three run the same cluster.
+pub fn local_cluster(
+    count: u16,
+    client_port: u16,
+    cluster_port: u16,
+    store_root: &Path,
+    base_name: &str,
+) -> Vec<ClusterMember> {
+    (0..count)
+        .map(|i| {
+            let name = format!("{base_name}-{}", i + 1);
+            ClusterMember {
+                store_dir: store_root.join(&name),
+                name,
+                client_port: client_port.saturating_add(i),
+                cluster_port: cluster_port.saturating_add(i),
+            }
+        })
+        .collect()
+}
+
+/// The file name of member `index` (0-based) in the credentials directory: `server.conf` for
+/// the first, so single-server commands (`nats-server -c DIR/server.conf`) keep working, then
+/// `server-2.conf`, `server-3.conf`, ….
+pub fn cluster_conf_file_name(index: usize) -> String {
+    if index == 0 {
+        "server.conf".to_owned()
+    } else {
+        format!("server-{}.conf", index + 1)
+    }
+}
+
+/// The configuration of member `index` of `members`: what [`render_server_conf`] writes, plus a
+/// `cluster` block whose routes point at every other member. All members include the same
+/// `auth.conf`, so a principal may log in at any server with the same permissions.
+///
+/// Routes listen on 127.0.0.1 only, like clients: the generated cluster runs on one machine and
+/// its routes carry no credentials. Servers on several hosts need routes on reachable addresses
+/// with cluster authorization (see `nats/README.md`).
+pub fn render_cluster_server_conf(
+    cluster_name: &str,
+    members: &[ClusterMember],
+    index: usize,
+) -> Option<String> {
+    let me = members.get(index)?;
+    let routes: String = members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != index)
+        .map(|(_, peer)| {
+            format!(
+                "    {}\n",
+                json!(format!("nats-route://127.0.0.1:{}", peer.cluster_port))
+            )
+        })
+        .collect();
+    Some(format!(
+        "# Written by mgpu: server {n} of {total} of cluster {cluster}.\n\
+         server_name: {name}\nlisten: \"127.0.0.1:{port}\"\n\
+         jetstream {{\n  store_dir: {store}\n}}\n\
+         cluster {{\n  name: {cluster}\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [\n{routes}  ]\n}}\n\
+         include \"{auth}\"\n",
+        n = index + 1,
+        total = members.len(),
+        cluster = json!(cluster_name),
+        name = json!(me.name),
+        port = me.client_port,
+        store = json!(me.store_dir.display().to_string()),
+        cluster_port = me.cluster_port,
+        auth = AUTH_CONF_FILE,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,5 +434,34 @@ mod tests {
         let dir = std::env::temp_dir();
         assert!(registry.add(&dir, Role::Node, "a.b").is_err());
         assert!(registry.add(&dir, Role::Node, "*").is_err());
+    }
+
+    #[test]
+    fn a_three_server_cluster_routes_each_server_to_the_other_two() {
+        let members = local_cluster(3, 4222, 6222, Path::new("/srv/js"), "mgpu");
+        assert_eq!(members.len(), 3);
+        assert_eq!(members[2].name, "mgpu-3");
+        assert_eq!(members[2].client_port, 4224);
+        assert_eq!(members[2].cluster_port, 6224);
+        assert_eq!(members[2].store_dir, Path::new("/srv/js/mgpu-3"));
+        let second = render_cluster_server_conf(CLUSTER_NAME, &members, 1).unwrap_or_default();
+        assert!(second.contains("server_name: \"mgpu-2\""), "{second}");
+        assert!(second.contains("listen: \"127.0.0.1:4223\""), "{second}");
+        assert!(second.contains("store_dir: \"/srv/js/mgpu-2\""), "{second}");
+        assert!(second.contains("listen: \"127.0.0.1:6223\""), "{second}");
+        assert!(
+            second.contains("\"nats-route://127.0.0.1:6222\""),
+            "{second}"
+        );
+        assert!(
+            second.contains("\"nats-route://127.0.0.1:6224\""),
+            "{second}"
+        );
+        assert!(!second.contains("nats-route://127.0.0.1:6223"), "{second}");
+        assert!(second.contains("name: \"mgpu\""), "{second}");
+        assert!(second.ends_with("include \"auth.conf\"\n"), "{second}");
+        assert_eq!(render_cluster_server_conf(CLUSTER_NAME, &members, 3), None);
+        assert_eq!(cluster_conf_file_name(0), "server.conf");
+        assert_eq!(cluster_conf_file_name(2), "server-3.conf");
     }
 }

@@ -2,7 +2,14 @@
 //!
 //! Creation is idempotent and done by the scheduler at start and by `mgpu admin setup`, so a
 //! job can be submitted before the scheduler ever ran.
+//!
+//! In a NATS cluster each stream and bucket is kept on several servers ([`Replicas`]): with
+//! three copies, any one server may die and JetStream elects a new leader among the other two
+//! without losing an acknowledged message.
 
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
@@ -10,6 +17,75 @@ use async_nats::jetstream::{self, kv, stream};
 use crate::error::StateError;
 use crate::job::MAX_SUBMIT_BYTES;
 use crate::subjects;
+
+/// The most copies mgpu asks for: three survive the loss of any one server (a Raft group of
+/// three keeps a majority with two); more would only slow every write down.
+pub const MAX_AUTO_REPLICAS: usize = 3;
+
+/// How many copies of each stream and bucket to keep: `auto` (the default) or a number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Replicas {
+    /// `min(3, servers in the cluster)`, see [`Replicas::resolve`].
+    #[default]
+    Auto,
+    /// Exactly this many (1 to 5, JetStream's limit).
+    Fixed(usize),
+}
+
+impl Replicas {
+    /// The number of copies for a client given `server` (one URL or a comma-separated list).
+    ///
+    /// `auto` counts the distinct server URLs the program was given, capped at three. That is
+    /// the operator's own statement of the cluster, known before connecting and the same on
+    /// every start. The alternative, counting the `connect_urls` a server announces in its
+    /// INFO, is not robust: it is empty while routes are still forming just after a cluster
+    /// starts (too few copies, for good), it lists a server once per interface address when it
+    /// listens on 0.0.0.0 (too many: stream creation then fails for lack of servers), and it is
+    /// empty under `no_advertise`. So a program given a single URL of a cluster keeps one copy;
+    /// the scheduler says so in its log, and `--replicas N` overrides.
+    pub fn resolve(self, server: &str) -> usize {
+        match self {
+            Replicas::Fixed(n) => n.max(1),
+            Replicas::Auto => distinct_servers(server).clamp(1, MAX_AUTO_REPLICAS),
+        }
+    }
+}
+
+/// How many different servers a comma-separated URL list names (`nats://` and a trailing `/`
+/// do not make a URL different).
+pub fn distinct_servers(server: &str) -> usize {
+    crate::connect::server_list(server)
+        .iter()
+        .map(|url| {
+            let url = url.trim_end_matches('/');
+            url.strip_prefix("nats://").unwrap_or(url).to_owned()
+        })
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+impl FromStr for Replicas {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.eq_ignore_ascii_case("auto") {
+            return Ok(Replicas::Auto);
+        }
+        match text.parse::<usize>() {
+            Ok(n) if (1..=5).contains(&n) => Ok(Replicas::Fixed(n)),
+            _ => Err(format!("`{text}` is not a replica count: auto, or 1 to 5")),
+        }
+    }
+}
+
+impl fmt::Display for Replicas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Replicas::Auto => f.write_str("auto"),
+            Replicas::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
 
 /// Sizes and lifetimes of what mgpu keeps.
 #[derive(Clone, Debug)]
@@ -140,28 +216,94 @@ pub fn leader_bucket_config(settings: &StreamSettings) -> kv::Config {
     }
 }
 
-/// Creates every stream and the bucket, or brings their settings up to date.
+/// Creates every stream and bucket, or brings their settings up to date.
+///
+/// An existing stream whose number of replicas differs from `settings.replicas` (a single
+/// server grown into a cluster, or `--replicas` changed) is updated in place: a clustered
+/// JetStream adds or removes copies and fills new ones from the leader in the background,
+/// keeping every message. The change is logged, and so is a server that kept another count.
 pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Result<(), StateError> {
     for config in stream_configs(settings) {
         let name = config.name.clone();
-        js.create_or_update_stream(config)
+        let before = replicas_of(js, &name).await;
+        let info = js
+            .create_or_update_stream(config)
             .await
             .map_err(|e| StateError::JetStream(format!("creating stream {name}: {e}")))?;
+        log_replicas(&name, before, info.config.num_replicas, settings.replicas);
     }
-    js.create_or_update_key_value(jobs_bucket_config(settings))
-        .await
-        .map_err(|e| {
-            StateError::JetStream(format!("creating bucket {}: {e}", subjects::JOBS_BUCKET))
-        })?;
-    js.create_or_update_key_value(cluster_bucket_config(settings))
-        .await
-        .map_err(|e| {
-            StateError::JetStream(format!("creating bucket {}: {e}", subjects::CLUSTER_BUCKET))
-        })?;
-    js.create_or_update_key_value(leader_bucket_config(settings))
-        .await
-        .map_err(|e| {
-            StateError::JetStream(format!("creating bucket {}: {e}", subjects::LEADER_BUCKET))
-        })?;
+    for config in [
+        jobs_bucket_config(settings),
+        cluster_bucket_config(settings),
+        leader_bucket_config(settings),
+    ] {
+        let bucket = config.bucket.clone();
+        let stream = format!("KV_{bucket}");
+        let before = replicas_of(js, &stream).await;
+        js.create_or_update_key_value(config)
+            .await
+            .map_err(|e| StateError::JetStream(format!("creating bucket {bucket}: {e}")))?;
+        let after = replicas_of(js, &stream).await.unwrap_or(settings.replicas);
+        log_replicas(&stream, before, after, settings.replicas);
+    }
     Ok(())
+}
+
+/// The replicas an existing stream has (None when it does not exist yet or cannot be read).
+async fn replicas_of(js: &jetstream::Context, stream: &str) -> Option<usize> {
+    let stream = js.get_stream(stream).await.ok()?;
+    Some(stream.cached_info().config.num_replicas)
+}
+
+fn log_replicas(stream: &str, before: Option<usize>, after: usize, wanted: usize) {
+    if let Some(before) = before
+        && before != after
+    {
+        tracing::info!(
+            stream,
+            from = before,
+            to = after,
+            "changed the number of replicas; JetStream copies the data in the background"
+        );
+    }
+    if after != wanted.max(1) {
+        tracing::warn!(
+            stream,
+            replicas = after,
+            wanted,
+            "the server kept a different number of replicas"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_replicas_is_the_number_of_servers_given_up_to_three() {
+        assert_eq!(Replicas::Auto.resolve("nats://127.0.0.1:4222"), 1);
+        assert_eq!(Replicas::Auto.resolve("nats://a:4222,nats://b:4222"), 2);
+        assert_eq!(
+            Replicas::Auto.resolve("nats://a:4222, b:4222 ,nats://c:4222/"),
+            3
+        );
+        // The same server twice is one server.
+        assert_eq!(
+            Replicas::Auto.resolve("nats://a:4222,a:4222,nats://a:4222/"),
+            1
+        );
+        assert_eq!(Replicas::Auto.resolve("a,b,c,d,e"), 3);
+        assert_eq!(Replicas::Fixed(2).resolve("a,b,c"), 2);
+    }
+
+    #[test]
+    fn replicas_parse_from_the_command_line() {
+        assert_eq!("auto".parse(), Ok(Replicas::Auto));
+        assert_eq!("3".parse(), Ok(Replicas::Fixed(3)));
+        assert!("0".parse::<Replicas>().is_err());
+        assert!("6".parse::<Replicas>().is_err());
+        assert!("many".parse::<Replicas>().is_err());
+        assert_eq!(Replicas::Fixed(3).to_string(), "3");
+    }
 }

@@ -33,6 +33,7 @@ use mgpu_shared::{records, subjects};
 use serde_json::Value;
 
 mod faults;
+mod nats_cluster;
 pub use faults::process_running;
 
 /// Heartbeat interval the agents use in tests (short, so node changes are seen quickly).
@@ -88,6 +89,8 @@ pub struct Cluster {
     /// Environment added to every `mgpu` run (a PATH with fake `python` and `conda`, say):
     /// jobs run with the environment captured at submit, so it reaches them too.
     cli_env: Vec<(String, String)>,
+    /// Set when the cluster runs on several nats-servers ([`Cluster::start_on_nats_cluster`]).
+    nats_cluster: Option<nats_cluster::NatsCluster>,
 }
 
 /// Where the mgpu binaries are: the target directory of this test executable.
@@ -202,6 +205,13 @@ impl Cluster {
     /// Only the nats-server, with credentials for the scheduler, `admin`, users `alice` and
     /// `bob`, and each node in `nodes`.
     pub fn server_only(nodes: &[NodeSpec]) -> Cluster {
+        let mut cluster = Cluster::prepare(nodes);
+        cluster.start_nats();
+        cluster
+    }
+
+    /// Credentials and a single-server configuration, nothing started yet.
+    fn prepare(nodes: &[NodeSpec]) -> Cluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let auth_dir = dir.path().join("auth");
         let mut registry = Registry::default();
@@ -224,7 +234,7 @@ impl Cluster {
         let conf = render_server_conf(port, &dir.path().join("jetstream"), "mgpu-test");
         std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         std::fs::create_dir_all(dir.path().join("logs")).unwrap_or_else(|e| panic!("{e}"));
-        let mut cluster = Cluster {
+        Cluster {
             dir,
             port,
             auth_dir,
@@ -234,12 +244,15 @@ impl Cluster {
             nodes: nodes.to_vec(),
             scheduler_args: Vec::new(),
             cli_env: Vec::new(),
-        };
-        cluster.start_nats();
-        cluster
+            nats_cluster: None,
+        }
     }
 
+    /// Every server's URL, comma-separated, as the components are given it.
     pub fn server_url(&self) -> String {
+        if let Some(servers) = &self.nats_cluster {
+            return servers.urls();
+        }
         format!("nats://127.0.0.1:{}", self.port)
     }
 
@@ -520,7 +533,7 @@ impl Cluster {
         runtime.block_on(async {
             let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
             let client = async_nats::ConnectOptions::with_nkey(seed)
-                .connect(self.server_url())
+                .connect(mgpu_shared::connect::server_list(&self.server_url()))
                 .await
                 .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()));
             let result = work(client.clone()).await;

@@ -1,9 +1,11 @@
 //! Storing submissions in JetStream: one, or thousands (arrays, job files) pipelined.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::{GetStreamErrorKind, PublishAckFuture, PublishErrorKind};
 use async_nats::{HeaderMap, header};
 use mgpu_shared::error::StateError;
 use mgpu_shared::job::{MAX_SUBMIT_BYTES, SubmitRequest};
@@ -18,45 +20,135 @@ use crate::session::Session;
 /// full without ever reaching the limit.
 const WINDOW: usize = 512;
 
-/// Stores each submission and waits for JetStream's acknowledgements, so every id reported as
-/// submitted belongs to a stored job. The job id is the message id: a retry cannot store twice.
-/// Returns one result per request, in order.
-pub async fn submit_all(session: &Session, requests: &[SubmitRequest]) -> Vec<Result<()>> {
-    let mut results: Vec<Result<()>> = requests.iter().map(|_| Ok(())).collect();
-    let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
-    for (index, request) in requests.iter().enumerate() {
-        if in_flight.len() >= WINDOW
-            && let Some((done, ack)) = in_flight.pop_front()
-        {
-            results[done] = acknowledged(ack).await;
-        }
-        match send(session, request).await {
-            Ok(ack) => in_flight.push_back((index, ack)),
-            Err(err) => results[index] = Err(err),
+/// How long a submission keeps being retried while JetStream cannot store it for now. In a
+/// NATS cluster a request stream whose leader's server died has no leader until the others
+/// elect one (about 5 s, measured with nats-server 2.14): meanwhile a publish gets "no
+/// responders" or no acknowledgement. Retrying with the same message id (the job id) is safe:
+/// JetStream drops a copy it already stored.
+const RETRY_FOR: Duration = Duration::from_secs(20);
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// A failed publish, with what JetStream said, so a passing failure can be retried.
+struct Failure {
+    kind: PublishErrorKind,
+    error: anyhow::Error,
+}
+
+impl Failure {
+    fn new(kind: PublishErrorKind, err: &dyn std::fmt::Display) -> Failure {
+        Failure {
+            kind,
+            error: publish_error(kind, err),
         }
     }
-    while let Some((done, ack)) = in_flight.pop_front() {
-        results[done] = acknowledged(ack).await;
+
+    /// No stream answered, or it did not acknowledge: a leader election, or a server that is
+    /// gone and a reconnect under way. Anything else (too big, refused) will not change.
+    fn may_pass(&self) -> bool {
+        matches!(
+            self.kind,
+            PublishErrorKind::StreamNotFound
+                | PublishErrorKind::TimedOut
+                | PublishErrorKind::BrokenPipe
+        )
+    }
+}
+
+/// Stores each submission and waits for JetStream's acknowledgements, so every id reported as
+/// submitted belongs to a stored job. The job id is the message id: a retry cannot store twice,
+/// so those that fail for a passing reason (see [`RETRY_FOR`]) are sent again, as long as
+/// mgpu's streams exist at all. Returns one result per request, in order.
+pub async fn submit_all(session: &Session, requests: &[SubmitRequest]) -> Vec<Result<()>> {
+    let deadline = Instant::now() + RETRY_FOR;
+    let mut results: Vec<Result<()>> = requests.iter().map(|_| Ok(())).collect();
+    let mut pending: Vec<usize> = (0..requests.len()).collect();
+    while !pending.is_empty() {
+        let mut again = Vec::new();
+        for (index, outcome) in submit_round(session, requests, &pending).await {
+            match outcome {
+                Ok(()) => results[index] = Ok(()),
+                Err(failure) if failure.may_pass() => again.push((index, failure)),
+                Err(failure) => results[index] = Err(failure.error),
+            }
+        }
+        let retry = !again.is_empty() && Instant::now() < deadline && streams_exist(session).await;
+        pending = again.iter().map(|(index, _)| *index).collect();
+        if !retry {
+            for (index, failure) in again {
+                results[index] = Err(failure.error);
+            }
+            break;
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
     }
     results
 }
 
-async fn send(session: &Session, request: &SubmitRequest) -> Result<PublishAckFuture> {
-    let payload = serde_json::to_vec(request).context("encoding the submission")?;
-    check_size(payload.len(), &request.spec.env)?;
+/// One pass over the submissions at `indices`, pipelined.
+async fn submit_round(
+    session: &Session,
+    requests: &[SubmitRequest],
+    indices: &[usize],
+) -> Vec<(usize, std::result::Result<(), Failure>)> {
+    let mut outcomes = Vec::with_capacity(indices.len());
+    let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
+    for &index in indices {
+        if in_flight.len() >= WINDOW
+            && let Some((done, ack)) = in_flight.pop_front()
+        {
+            outcomes.push((done, acknowledged(ack).await));
+        }
+        match send(session, &requests[index]).await {
+            Ok(ack) => in_flight.push_back((index, ack)),
+            Err(failure) => outcomes.push((index, Err(failure))),
+        }
+    }
+    while let Some((done, ack)) = in_flight.pop_front() {
+        outcomes.push((done, acknowledged(ack).await));
+    }
+    outcomes
+}
+
+/// False only when the server says mgpu's job bucket does not exist: then "no responders" means
+/// mgpu was never set up here, and waiting would not help. A bucket that does not answer (its
+/// leader is being elected too) may well exist.
+async fn streams_exist(session: &Session) -> bool {
+    match session.js.get_stream(subjects::JOBS_BUCKET_STREAM).await {
+        Ok(_) => true,
+        Err(err) => !matches!(
+            err.kind(),
+            GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND
+        ),
+    }
+}
+
+async fn send(
+    session: &Session,
+    request: &SubmitRequest,
+) -> std::result::Result<PublishAckFuture, Failure> {
+    let payload = serde_json::to_vec(request)
+        .context("encoding the submission")
+        .map_err(|error| Failure {
+            kind: PublishErrorKind::Other,
+            error,
+        })?;
+    check_size(payload.len(), &request.spec.env).map_err(|error| Failure {
+        kind: PublishErrorKind::MaxPayloadExceeded,
+        error,
+    })?;
     let mut headers = HeaderMap::new();
     headers.insert(header::NATS_MESSAGE_ID, request.id.as_str());
     session
         .js
         .publish_with_headers(subjects::SUBMIT, headers, payload.into())
         .await
-        .map_err(|err| publish_error(err.kind(), &err))
+        .map_err(|err| Failure::new(err.kind(), &err))
 }
 
-async fn acknowledged(ack: PublishAckFuture) -> Result<()> {
+async fn acknowledged(ack: PublishAckFuture) -> std::result::Result<(), Failure> {
     ack.await
         .map(|_| ())
-        .map_err(|err| publish_error(err.kind(), &err))
+        .map_err(|err| Failure::new(err.kind(), &err))
 }
 
 /// Refuses a submission over the limit, naming the usual culprit.

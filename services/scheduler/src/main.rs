@@ -30,7 +30,7 @@ use clap::Parser;
 use tokio::sync::watch;
 
 use mgpu_shared::connect::{ConnectTarget, connect};
-use mgpu_shared::streams::StreamSettings;
+use mgpu_shared::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -44,9 +44,10 @@ struct Args {
     /// File holding the scheduler's nkey seed.
     #[arg(long, env = "MGPU_CREDS")]
     creds: PathBuf,
-    /// Copies of each stream in a NATS cluster (1 for a single server).
-    #[arg(long, default_value_t = 1)]
-    replicas: usize,
+    /// Copies of each stream and bucket: `auto` = min(3, distinct servers in --server), or
+    /// 1 to 5. Existing streams are updated to this count.
+    #[arg(long, default_value = "auto")]
+    replicas: Replicas,
     /// Total job output kept, in MiB, across all jobs (oldest output goes first).
     #[arg(long, default_value_t = 4096)]
     output_max_mib: i64,
@@ -125,8 +126,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let client = connect(&target, "mgpu-scheduler").await?;
     tracing::info!(server = %args.server, "connected");
+    let replicas = args.replicas.resolve(&args.server);
+    tracing::info!(replicas, rule = %args.replicas, "stream replicas");
+    warn_if_cluster_is_larger(&client, replicas, args.replicas);
     let settings = StreamSettings {
-        replicas: args.replicas,
+        replicas,
         output_max_bytes: args.output_max_mib.saturating_mul(1024 * 1024),
         ..StreamSettings::default()
     };
@@ -162,6 +166,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Flush what is still buffered (acks, last events) before leaving.
     let _ = client.drain().await;
     Ok(())
+}
+
+/// A scheduler given one URL of a cluster keeps one copy of everything (see
+/// [`Replicas::resolve`] for why the URL list decides); the server's INFO, which lists the
+/// cluster's client URLs, is good enough to notice that and say what to do.
+fn warn_if_cluster_is_larger(client: &async_nats::Client, replicas: usize, rule: Replicas) {
+    let announced = client.server_info().connect_urls.len();
+    if rule == Replicas::Auto && replicas < MAX_AUTO_REPLICAS && announced > replicas {
+        tracing::warn!(
+            replicas,
+            announced,
+            "the server announces more cluster addresses than --server lists: pass every \
+             server's URL (or --replicas N) so that streams survive the loss of a server"
+        );
+    }
 }
 
 async fn wait_for_signal() {

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, anyhow};
 use clap::{Args, Subcommand};
 use mgpu_shared::auth::{self, Registry, Role};
-use mgpu_shared::streams::{self, StreamSettings};
+use mgpu_shared::streams::{self, Replicas, StreamSettings};
 
 use crate::cli::GlobalArgs;
 use crate::commands::{print, print_json, println};
@@ -44,23 +44,42 @@ pub enum AdminCommand {
     AddNode(AddNodeArgs),
     /// List the principals the server knows.
     List(ListArgs),
-    /// Create mgpu's JetStream streams and bucket (needs admin credentials).
-    Setup,
+    /// Create mgpu's JetStream streams and buckets (needs admin credentials).
+    Setup(SetupArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
-    /// Port the server listens on (127.0.0.1 only).
+    /// Port the server listens on (127.0.0.1 only); with --servers N, the first of N
+    /// consecutive ports.
     #[arg(long, default_value_t = 4222)]
     pub port: u16,
 
-    /// Where JetStream keeps its data (default: DIR/../jetstream).
+    /// Where JetStream keeps its data (default: DIR/../jetstream); with --servers N, each
+    /// server keeps its own in a subdirectory named after it.
     #[arg(long, value_name = "DIR")]
     pub store_dir: Option<PathBuf>,
 
-    /// The server's name in the cluster.
+    /// The server's name; with --servers N, servers are NAME-1, NAME-2, ….
     #[arg(long, default_value = "mgpu")]
     pub server_name: String,
+
+    /// Servers in the NATS cluster, all on this machine: writes server.conf, server-2.conf, …
+    /// Three keep every stream alive when any one of them dies.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=9))]
+    pub servers: u16,
+
+    /// With --servers N: the first of N consecutive ports the servers' routes listen on.
+    #[arg(long, default_value_t = 6222)]
+    pub cluster_port: u16,
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Copies of each stream and bucket: `auto` = min(3, distinct servers in --server), as
+    /// the scheduler does, or 1 to 5. Existing streams are updated to this count.
+    #[arg(long, default_value = "auto")]
+    pub replicas: Replicas,
 }
 
 #[derive(Debug, Args)]
@@ -105,7 +124,7 @@ pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
             add_principal(&args.dir, Role::Node, &add.name, add.out.as_deref())?;
         }
         AdminCommand::List(list_args) => list(&args.dir, list_args)?,
-        AdminCommand::Setup => setup(global).await?,
+        AdminCommand::Setup(setup_args) => setup(global, setup_args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -142,12 +161,7 @@ fn init(dir: &Path, args: &InitArgs) -> Result<()> {
         keys.push((name, path));
     }
     save(&registry, &dir)?;
-    let conf = dir.join("server.conf");
-    auth::write_atomically(
-        &conf,
-        &auth::render_server_conf(args.port, &store_dir, &args.server_name),
-    )
-    .with_context(|| format!("cannot write {}", conf.display()))?;
+    let confs = write_server_confs(&dir, &store_dir, args)?;
 
     println(&format!(
         "Wrote {}",
@@ -157,19 +171,58 @@ fn init(dir: &Path, args: &InitArgs) -> Result<()> {
         "Wrote {}",
         dir.join(auth::AUTH_CONF_FILE).display()
     ))?;
-    println(&format!(
-        "Wrote {} (JetStream data in {})",
-        conf.display(),
-        store_dir.display()
-    ))?;
+    for (conf, store) in &confs {
+        println(&format!(
+            "Wrote {} (JetStream data in {})",
+            conf.display(),
+            store.display()
+        ))?;
+    }
     for (name, path) in keys {
         println(&format!("Key for {name}: {}", path.display()))?;
     }
-    println(&format!(
-        "Start the server with: nats-server -c {}",
-        conf.display()
-    ))?;
+    for (conf, _) in &confs {
+        println(&format!(
+            "Start the server with: nats-server -c {}",
+            conf.display()
+        ))?;
+    }
     Ok(())
+}
+
+/// Writes `server.conf` (and, for a cluster, `server-2.conf`, …), returning each file with its
+/// JetStream directory.
+fn write_server_confs(
+    dir: &Path,
+    store_dir: &Path,
+    args: &InitArgs,
+) -> Result<Vec<(PathBuf, PathBuf)>> {
+    if args.servers <= 1 {
+        let conf = dir.join("server.conf");
+        auth::write_atomically(
+            &conf,
+            &auth::render_server_conf(args.port, store_dir, &args.server_name),
+        )
+        .with_context(|| format!("cannot write {}", conf.display()))?;
+        return Ok(vec![(conf, store_dir.to_path_buf())]);
+    }
+    let members = auth::local_cluster(
+        args.servers,
+        args.port,
+        args.cluster_port,
+        store_dir,
+        &args.server_name,
+    );
+    let mut written = Vec::new();
+    for (index, member) in members.iter().enumerate() {
+        let text = auth::render_cluster_server_conf(auth::CLUSTER_NAME, &members, index)
+            .ok_or_else(|| anyhow!("no cluster member {index}"))?;
+        let conf = dir.join(auth::cluster_conf_file_name(index));
+        auth::write_atomically(&conf, &text)
+            .with_context(|| format!("cannot write {}", conf.display()))?;
+        written.push((conf, member.store_dir.clone()));
+    }
+    Ok(written)
 }
 
 fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Result<()> {
@@ -223,13 +276,19 @@ fn list(dir: &Path, args: &ListArgs) -> Result<()> {
     Ok(())
 }
 
-async fn setup(global: &GlobalArgs) -> Result<()> {
+async fn setup(global: &GlobalArgs, args: &SetupArgs) -> Result<()> {
     let session = Session::connect(global).await?;
-    let settings = StreamSettings::default();
+    let settings = StreamSettings {
+        replicas: args.replicas.resolve(&global.server),
+        ..StreamSettings::default()
+    };
     streams::ensure(&session.js, &settings)
         .await
         .map_err(plain)
         .map_err(|err| anyhow!("{err:#} (are these admin credentials?)"))?;
-    println("mgpu streams ready")?;
+    println(&format!(
+        "mgpu streams ready ({} replica(s) each)",
+        settings.replicas
+    ))?;
     Ok(())
 }

@@ -1,0 +1,222 @@
+//! An mgpu cluster on several nats-servers forming one NATS cluster, for the stories about
+//! losing a server.
+//!
+//! [`Cluster::start_on_nats_cluster`] writes each server's configuration with the generator
+//! `mgpu admin init --servers N` uses (`render_cluster_server_conf`), on free ports, each
+//! server with its own JetStream directory and the same `auth.conf`; it waits until the
+//! servers have formed the cluster and elected a JetStream meta leader, then starts the
+//! scheduler and the agents, every component given all the servers' URLs.
+//! [`Cluster::kill_nats_server`] SIGKILLs one of them; [`Cluster::stream_leaders`] says which
+//! server leads which stream, so a story can kill the one whose loss hurts most.
+
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use mgpu_shared::auth::{CLUSTER_NAME, ClusterMember, render_cluster_server_conf};
+use mgpu_shared::subjects;
+
+use crate::{Cluster, NodeSpec, free_port, nats_server_bin, wait_for};
+
+/// Every stream mgpu keeps (buckets by their stream's name).
+pub const MGPU_STREAMS: [&str; 8] = [
+    subjects::REQUESTS_STREAM,
+    subjects::EVENTS_STREAM,
+    subjects::OUTPUT_STREAM,
+    subjects::NODES_STREAM,
+    subjects::ASSIGN_STREAM,
+    subjects::JOBS_BUCKET_STREAM,
+    subjects::CLUSTER_BUCKET_STREAM,
+    "KV_mgpu-leader",
+];
+
+/// The nats-servers of one NATS cluster; the ones still running are killed on drop.
+pub struct NatsCluster {
+    members: Vec<ClusterMember>,
+    /// One per member, in the same order; None once killed.
+    servers: Vec<Option<Child>>,
+}
+
+impl NatsCluster {
+    /// Every member's client URL, comma-separated, dead ones included: a component is
+    /// configured once with the whole cluster and must itself skip a server that is down.
+    pub fn urls(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("nats://127.0.0.1:{}", m.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The members' server names (`mgpu-test-1`, …).
+    pub fn names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.name.clone()).collect()
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for mut child in self.servers.iter_mut().filter_map(Option::take) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Cluster {
+    /// `servers` nats-servers in one NATS cluster, a scheduler started with `scheduler_args`,
+    /// and the agents of `nodes`; every component is given all the servers' URLs.
+    pub fn start_on_nats_cluster(
+        servers: usize,
+        nodes: &[NodeSpec],
+        scheduler_args: &[&str],
+    ) -> Cluster {
+        let mut cluster = Cluster::prepare(nodes);
+        let members: Vec<ClusterMember> = (1..=servers)
+            .map(|i| {
+                let name = format!("mgpu-test-{i}");
+                ClusterMember {
+                    store_dir: cluster.dir.path().join("jetstream").join(&name),
+                    name,
+                    client_port: free_port(),
+                    cluster_port: free_port(),
+                }
+            })
+            .collect();
+        let mut children = Vec::new();
+        for (index, member) in members.iter().enumerate() {
+            let conf = render_cluster_server_conf(CLUSTER_NAME, &members, index)
+                .unwrap_or_else(|| panic!("no member {index}"));
+            // Beside auth.conf, which every member includes by a relative path.
+            let path = cluster.auth_dir.join(format!("{}.conf", member.name));
+            std::fs::write(&path, conf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            children.push(Some(spawn_server(&cluster, &member.name, &path)));
+        }
+        cluster.port = members[0].client_port;
+        cluster.nats_cluster = Some(NatsCluster {
+            members: members.clone(),
+            servers: children,
+        });
+        for member in &members {
+            wait_for(
+                &format!("{} to listen", member.name),
+                Duration::from_secs(10),
+                || TcpStream::connect(("127.0.0.1", member.client_port)).ok(),
+            );
+        }
+        cluster.wait_for_jetstream_cluster(servers);
+        cluster.scheduler_args = scheduler_args.iter().map(|a| (*a).to_owned()).collect();
+        cluster.start_scheduler();
+        let with_agents: Vec<&NodeSpec> = nodes.iter().filter(|n| n.agent).collect();
+        for node in &with_agents {
+            cluster.start_agent(&node.name);
+        }
+        cluster.wait_nodes_online(with_agents.len());
+        cluster
+    }
+
+    /// The server names of the NATS cluster's members.
+    pub fn nats_server_names(&self) -> Vec<String> {
+        self.nats_cluster
+            .as_ref()
+            .map(NatsCluster::names)
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs one nats-server of the cluster, by server name, and returns once it is dead.
+    pub fn kill_nats_server(&mut self, name: &str) {
+        let servers = self
+            .nats_cluster
+            .as_mut()
+            .unwrap_or_else(|| panic!("not a NATS cluster"));
+        let index = servers
+            .members
+            .iter()
+            .position(|m| m.name == name)
+            .unwrap_or_else(|| panic!("no server {name}"));
+        let mut child = servers.servers[index]
+            .take()
+            .unwrap_or_else(|| panic!("{name} was already killed"));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// The server leading each of mgpu's streams and buckets (by stream name), as far as the
+    /// cluster knows one.
+    pub fn stream_leaders(&self) -> BTreeMap<String, String> {
+        self.with_nats(&self.admin_creds(), |client| async move {
+            let js = async_nats::jetstream::new(client);
+            let mut leaders = BTreeMap::new();
+            for stream in MGPU_STREAMS {
+                let Ok(mut handle) = js.get_stream(stream).await else {
+                    continue;
+                };
+                let leader = handle
+                    .info()
+                    .await
+                    .ok()
+                    .and_then(|info| info.cluster.clone())
+                    .and_then(|cluster| cluster.leader);
+                if let Some(leader) = leader {
+                    leaders.insert(stream.to_owned(), leader);
+                }
+            }
+            leaders
+        })
+    }
+
+    /// Moves the leadership of every mgpu stream `server` leads to another server (a JetStream
+    /// leader step-down), and waits until none is led by it.
+    pub fn move_leaders_off(&self, server: &str) {
+        for (stream, leader) in self.stream_leaders() {
+            if leader == server {
+                self.with_nats(&self.admin_creds(), |client| async move {
+                    let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+                    let _ = client.request(subject, "".into()).await;
+                });
+            }
+        }
+        wait_for(
+            &format!("no stream led by {server}"),
+            Duration::from_secs(20),
+            || {
+                let leaders = self.stream_leaders();
+                (leaders.len() == MGPU_STREAMS.len() && leaders.values().all(|l| l != server))
+                    .then_some(())
+            },
+        );
+    }
+
+    /// Waits until the servers route to each other and JetStream answers, which needs an
+    /// elected meta leader: before that, creating a replicated stream fails.
+    fn wait_for_jetstream_cluster(&self, servers: usize) {
+        wait_for("the NATS cluster to form", Duration::from_secs(20), || {
+            self.with_nats(&self.admin_creds(), |client| async move {
+                // INFO lists every member's client URL once the routes are up.
+                let routed = client.server_info().connect_urls.len() >= servers;
+                let js = async_nats::jetstream::new(client);
+                let answers = tokio::time::timeout(Duration::from_secs(2), js.query_account())
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                (routed && answers).then_some(())
+            })
+        });
+    }
+}
+
+fn spawn_server(cluster: &Cluster, name: &str, conf: &Path) -> Child {
+    Command::new(nats_server_bin())
+        .arg("-c")
+        .arg(conf)
+        .stdout(cluster.log(name))
+        .stderr(cluster.log(name))
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {}: {e} (run scripts/setup.sh)",
+                nats_server_bin().display()
+            )
+        })
+}

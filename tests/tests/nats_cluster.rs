@@ -1,0 +1,268 @@
+//! NATS as the distributed engine, told as a story: mgpu runs on a cluster of three
+//! nats-servers, and one of them is SIGKILLed while jobs run and users keep submitting.
+//! Nothing is lost and nothing runs twice.
+//!
+//! Every stream and bucket has three replicas (the scheduler's `--replicas auto` with three
+//! server URLs), so each one survives the loss of any single server: the two left keep a Raft
+//! majority and elect new leaders. The server killed is the one leading the most of mgpu's
+//! streams and buckets, so the most leader elections happen at once, the request stream's
+//! leader among them when that is a tie: every submission waiting to be stored, and every
+//! request the scheduler takes, goes through that leader. Components connected to it lose
+//! their connection and must reconnect to another server from the list they were given.
+//!
+//! Each job appends its id to a marker file: every id must appear there exactly once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mgpu_shared::auth::Role;
+use mgpu_shared::subjects;
+use mgpu_tests::{Cluster, NodeSpec, bin_dir, wait_for};
+use serde_json::Value;
+
+/// The stories' agents beat every 200 ms, and while the heartbeat stream has no leader each
+/// beat waits up to 1 s for its acknowledgement before the next: 3 missed beats (0.6 s) would
+/// call a healthy node lost. With the default 2 s interval, beats stay 2 s apart and 3 missed
+/// (6 s) outlast the elections; 10 × 200 ms gives the stories the same margin.
+const MISSED_HEARTBEATS: [&str; 2] = ["--missed-heartbeats", "10"];
+
+/// One submission: when it started, how long `mgpu submit` took, and the job id (or the error).
+struct Submission {
+    at: Instant,
+    took: Duration,
+    result: Result<String, String>,
+}
+
+/// How `mgpu submit` is run from the submitting thread (the test thread keeps the cluster).
+struct Submitter {
+    mgpu: PathBuf,
+    server: String,
+    creds: PathBuf,
+    dir: PathBuf,
+    marker: PathBuf,
+}
+
+impl Submitter {
+    fn submit(&self) -> Submission {
+        let at = Instant::now();
+        let command = format!("echo \"$MGPU_JOB_ID\" >> '{}'", self.marker.display());
+        let out = Command::new(&self.mgpu)
+            .args(["submit", "--json", "--", &command])
+            .env("MGPU_SERVER", &self.server)
+            .env("MGPU_CREDS", &self.creds)
+            .env("USER", "alice")
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .output();
+        let result = match out {
+            Ok(out) if out.status.success() => serde_json::from_slice::<Value>(&out.stdout)
+                .ok()
+                .and_then(|json| json["id"].as_str().map(str::to_owned))
+                .ok_or_else(|| format!("no id in {}", String::from_utf8_lossy(&out.stdout))),
+            Ok(out) => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+            Err(err) => Err(err.to_string()),
+        };
+        Submission {
+            at,
+            took: at.elapsed(),
+            result,
+        }
+    }
+}
+
+/// The server to kill: the one leading the most streams, the request stream's leader first.
+fn busiest_leader(leaders: &BTreeMap<String, String>) -> String {
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for leader in leaders.values() {
+        *count.entry(leader).or_default() += 1;
+    }
+    let requests = leaders
+        .get(subjects::REQUESTS_STREAM)
+        .map(String::as_str)
+        .unwrap_or("");
+    count
+        .iter()
+        .max_by_key(|(name, n)| (**n, **name == requests))
+        .map(|(name, _)| (*name).to_owned())
+        .unwrap_or_else(|| panic!("no stream has a leader: {leaders:?}"))
+}
+
+fn replicas_of(cluster: &Cluster, stream: &'static str) -> usize {
+    cluster.with_nats(&cluster.admin_creds(), |client| async move {
+        let js = async_nats::jetstream::new(client);
+        let mut handle = js
+            .get_stream(stream)
+            .await
+            .unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+        handle
+            .info()
+            .await
+            .map(|info| info.config.num_replicas)
+            .unwrap_or_else(|e| panic!("stream {stream}: {e}"))
+    })
+}
+
+/// The server leading the fewest of mgpu's streams.
+fn quietest_server(cluster: &Cluster, leaders: &BTreeMap<String, String>) -> String {
+    cluster
+        .nats_server_names()
+        .into_iter()
+        .min_by_key(|name| leaders.values().filter(|l| *l == name).count())
+        .unwrap_or_else(|| panic!("no servers"))
+}
+
+/// A server whose streams were handed over first (as before maintenance, or after JetStream
+/// rebalanced) is SIGKILLed: the clients connected to it reconnect to the other two, the
+/// replicas it held are simply missing, and nothing waits for an election.
+#[test]
+#[ignore = "the scheduler does not yet ride out a stream leader change (see lose_a_server)"]
+fn one_of_three_nats_servers_killed_while_jobs_run_loses_nothing_and_runs_nothing_twice() {
+    lose_a_server(true);
+}
+
+/// The server leading the most streams is SIGKILLed: every stream it led is without a leader
+/// for about 5 s. Submissions wait and are stored (the CLI retries), but the scheduler's own
+/// JetStream calls (a job record update, an assignment) time out or fail meanwhile; it then
+/// misreads its stall as the node's silence, requeues running jobs and loses the assignment it
+/// could not store. Ignored until the scheduler retries its writes across an election.
+#[test]
+#[ignore = "the scheduler does not yet ride out a stream leader election (see lose_a_server)"]
+fn the_busiest_of_three_nats_servers_killed_while_jobs_run_loses_nothing() {
+    lose_a_server(false);
+}
+
+/// Both stories are ignored for now. Measured with nats-server 2.14.6: a SIGKILLed stream
+/// leader is replaced after about 5 s, a step-down within a second, and submissions ride both
+/// out (the CLI retries). The scheduler does not: a job record update, an assignment or a
+/// fencing kill that meets a stream without a leader fails once and is dropped (jobs then stay
+/// `running`, or run twice), and a stalled pass is misread as the node's silence. Run them with
+/// `cargo test -p mgpu-tests --test nats_cluster -- --ignored` once the scheduler retries.
+fn lose_a_server(hand_over_first: bool) {
+    let mut cluster = Cluster::start_on_nats_cluster(
+        3,
+        &[NodeSpec::new("node001", "4x24GiB")],
+        &MISSED_HEARTBEATS,
+    );
+    assert_eq!(cluster.server_url().split(',').count(), 3);
+    for stream in [subjects::REQUESTS_STREAM, subjects::JOBS_BUCKET_STREAM] {
+        assert_eq!(replicas_of(&cluster, stream), 3, "{stream}");
+    }
+
+    let marker = cluster.dir.path().join("ran.marks");
+    let submitter = Submitter {
+        mgpu: bin_dir().join("mgpu"),
+        server: cluster.server_url(),
+        creds: cluster.creds(Role::User, "alice"),
+        dir: cluster.dir.path().to_path_buf(),
+        marker: marker.clone(),
+    };
+    // Handing over happens before any job runs: the scheduler does not yet ride out the
+    // moment a stream it writes changes leader (see the ignored story).
+    let planned = hand_over_first.then(|| {
+        let victim = quietest_server(&cluster, &cluster.stream_leaders());
+        cluster.move_leaders_off(&victim);
+        victim
+    });
+    let stop = AtomicBool::new(false);
+    let (submissions, killed, at) = std::thread::scope(|scope| {
+        let submitting = scope.spawn(|| {
+            let mut done = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                done.push(submitter.submit());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            done
+        });
+        // Jobs are running and more are being submitted: pull the plug on a server.
+        // A panic here must still stop the submitting thread, or the scope never ends.
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for("the first jobs to run", Duration::from_secs(20), || {
+                let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+                (ran.lines().count() >= 3).then_some(())
+            })
+        }));
+        if let Err(panic) = started {
+            stop.store(true, Ordering::Relaxed);
+            std::panic::resume_unwind(panic);
+        }
+        let leaders = cluster.stream_leaders();
+        let victim = planned.clone().unwrap_or_else(|| busiest_leader(&leaders));
+        eprintln!("stream leaders: {leaders:?}; killing {victim}");
+        let at = Instant::now();
+        cluster.kill_nats_server(&victim);
+        std::thread::sleep(Duration::from_secs(6));
+        stop.store(true, Ordering::Relaxed);
+        let submissions = submitting
+            .join()
+            .unwrap_or_else(|_| panic!("the submitting thread panicked"));
+        (submissions, victim, at)
+    });
+
+    // Every submission was accepted, those during the elections included.
+    let failed: Vec<&String> = submissions
+        .iter()
+        .filter_map(|s| s.result.as_ref().err())
+        .collect();
+    assert!(failed.is_empty(), "submissions failed: {failed:?}");
+    let after: Vec<&Submission> = submissions.iter().filter(|s| s.at > at).collect();
+    assert!(
+        after.len() >= 5,
+        "only {} submissions after the kill",
+        after.len()
+    );
+    let slowest = after.iter().map(|s| s.took).max().unwrap_or_default();
+    eprintln!(
+        "{} submissions, {} after killing {killed}; slowest after the kill took {slowest:?}",
+        submissions.len(),
+        after.len()
+    );
+
+    // Every job ends `succeeded`, and each ran exactly once.
+    let ids: Vec<String> = submissions
+        .iter()
+        .filter_map(|s| s.result.clone().ok())
+        .collect();
+    let settled = Instant::now();
+    for id in &ids {
+        cluster.finished_as(id, "succeeded", Duration::from_secs(30));
+    }
+    eprintln!(
+        "all {} jobs succeeded {:?} after the kill ({:?} waiting at the end)",
+        ids.len(),
+        at.elapsed(),
+        settled.elapsed()
+    );
+    let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+    let mut runs: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in ran.lines() {
+        *runs.entry(line.trim()).or_default() += 1;
+    }
+    let twice: Vec<(&&str, &usize)> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "jobs that ran more than once: {twice:?}");
+    let submitted: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+    let ran_ids: BTreeSet<&str> = runs.keys().copied().collect();
+    assert_eq!(
+        ran_ids, submitted,
+        "the jobs that ran are the jobs submitted"
+    );
+
+    // Every stream is led by a surviving server, still with three replicas (one offline).
+    let leaders = cluster.stream_leaders();
+    assert!(
+        leaders.values().all(|leader| *leader != killed),
+        "{killed} still leads: {leaders:?}"
+    );
+    assert_eq!(replicas_of(&cluster, subjects::REQUESTS_STREAM), 3);
+
+    // The clients carry on: a new submission runs, and the queue answers.
+    let last = cluster.submit(
+        &[],
+        &format!("echo \"$MGPU_JOB_ID\" >> '{}'", marker.display()),
+    );
+    cluster.finished_as(&last, "succeeded", Duration::from_secs(30));
+    assert!(cluster.all_jobs().len() > ids.len());
+    cluster.wait_nodes_online(1);
+}
