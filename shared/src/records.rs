@@ -24,11 +24,62 @@ pub fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
     }
 }
 
+/// How long one try to create a reader (an ordered consumer, a KV watch) may take.
+const READER_TRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// Tries to create a reader before giving up.
+const READER_TRIES: u32 = 10;
+
+/// Runs `create` (which makes an ephemeral reader: an ordered consumer, a KV watch) until it
+/// answers within [`READER_TRY`], at most [`READER_TRIES`] times. In a NATS cluster with a
+/// server down, the server may place such a consumer on the missing one, and the request
+/// then times out (nats-io/natscli#1067); the next try lands elsewhere.
+pub async fn create_reader<T, E, F, Fut>(what: &str, mut create: F) -> Result<T, StateError>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut last = String::new();
+    for _ in 0..READER_TRIES {
+        match tokio::time::timeout(READER_TRY, create()).await {
+            Ok(Ok(reader)) => return Ok(reader),
+            Ok(Err(err)) => {
+                let text = err.to_string();
+                // A refusal (stream missing, bad request) will not change on a retry.
+                if !(text.contains("timed out") || text.contains("no responders")) {
+                    return Err(StateError::JetStream(format!("{what}: {text}")));
+                }
+                last = text;
+            }
+            Err(_) => last = format!("no answer within {READER_TRY:?}"),
+        }
+    }
+    Err(StateError::JetStream(format!(
+        "{what}: {last} ({READER_TRIES} tries)"
+    )))
+}
+
 /// The job records bucket.
 pub async fn jobs_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
-    js.get_key_value(subjects::JOBS_BUCKET)
-        .await
-        .map_err(stream_lookup_error)
+    bucket(js, subjects::JOBS_BUCKET).await
+}
+
+/// A KV bucket, asked again while its stream elects a leader and cannot answer.
+async fn bucket(js: &jetstream::Context, name: &str) -> Result<kv::Store, StateError> {
+    let mut tries = 0;
+    loop {
+        match js.get_key_value(name).await {
+            Ok(store) => return Ok(store),
+            Err(err) => {
+                let text = err.to_string();
+                tries += 1;
+                if tries >= READER_TRIES || !text.contains("timed out") {
+                    return Err(stream_lookup_error(text));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    }
 }
 
 /// The last message of every subject matching `filter` in `stream_name`, oldest subject first.
@@ -43,15 +94,15 @@ pub async fn last_per_subject(
         .get_stream(stream_name)
         .await
         .map_err(stream_lookup_error)?;
-    let mut consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
+    let mut consumer = create_reader("reading the latest records", || {
+        stream.create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             filter_subject: filter.to_owned(),
             headers_only,
             ..Default::default()
         })
-        .await
-        .map_err(StateError::jetstream)?;
+    })
+    .await?;
     let pending = consumer
         .info()
         .await
@@ -270,9 +321,7 @@ pub async fn list_nodes(js: &jetstream::Context) -> Result<Vec<NodeHeartbeat>, S
 
 /// The cluster bucket (node administration, policy, usage).
 pub async fn cluster_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
-    js.get_key_value(subjects::CLUSTER_BUCKET)
-        .await
-        .map_err(stream_lookup_error)
+    bucket(js, subjects::CLUSTER_BUCKET).await
 }
 
 /// Reads one JSON value from the cluster bucket; None when the key was never written.

@@ -347,6 +347,9 @@ impl Cluster {
             .args(&spec.agent_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Node, name))
+            // Stories lose nodes on purpose: fence (and requeue) within seconds, not the
+            // production default of 10 s. A story may pass its own `--fence-after`.
+            .env("MGPU_FENCE_AFTER", "2s")
             .env("RUST_LOG", "info")
             .stdout(self.log(name))
             .stderr(self.log(name))
@@ -504,20 +507,22 @@ impl Cluster {
     }
 
     pub fn wait_nodes_online(&self, count: usize) {
-        wait_for(
-            &format!("{count} node(s) online"),
-            Duration::from_secs(20),
-            || {
-                let out = self.mgpu_with(&self.admin_creds(), &["nodes", "--json"], None);
-                let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
-                let online = nodes
-                    .as_array()?
-                    .iter()
-                    .filter(|n| n["state"] == "online")
-                    .count();
-                (online >= count).then_some(())
-            },
-        );
+        self.wait_nodes_online_within(count, Duration::from_secs(20));
+    }
+
+    /// [`Cluster::wait_nodes_online`] with its own patience (a degraded NATS cluster answers
+    /// reads slowly).
+    pub fn wait_nodes_online_within(&self, count: usize, timeout: Duration) {
+        wait_for(&format!("{count} node(s) online"), timeout, || {
+            let out = self.mgpu_with(&self.admin_creds(), &["nodes", "--json"], None);
+            let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let online = nodes
+                .as_array()?
+                .iter()
+                .filter(|n| n["state"] == "online")
+                .count();
+            (online >= count).then_some(())
+        });
     }
 
     /// Runs `work` with a NATS client connected with `creds`, on a runtime of its own: the

@@ -26,15 +26,15 @@ pub async fn open_output(js: &jetstream::Context, id: &JobId) -> Result<OutputFe
         .get_stream(subjects::OUTPUT_STREAM)
         .await
         .map_err(lookup)?;
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
+    let consumer = records::create_reader("reading the job's output", || {
+        stream.create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subjects::output(id),
             deliver_policy: consumer::DeliverPolicy::All,
             ..Default::default()
         })
-        .await
-        .map_err(plain)
-        .context("reading the job's output")?;
+    })
+    .await
+    .map_err(plain)?;
     let initially_pending = consumer.cached_info().num_pending;
     let messages = consumer
         .messages()
@@ -155,11 +155,11 @@ pub async fn watch_record(
     let bucket = records::jobs_bucket(js).await.map_err(plain)?;
     // `watch_with_history` delivers the last value before the changes, so there is no gap
     // between reading the record and watching it.
-    let watch = bucket
-        .watch_with_history(id.as_str())
-        .await
-        .map_err(plain)
-        .context("watching the job's record")?;
+    let watch = records::create_reader("watching the job's record", || {
+        bucket.watch_with_history(id.as_str())
+    })
+    .await
+    .map_err(plain)?;
     let key = id.to_string();
     Ok(watch.map(move |entry| {
         let entry = entry.map_err(plain).context("watching the job's record")?;

@@ -189,9 +189,15 @@ impl Dispatcher {
                     }
                     Some(Err(err)) => {
                         use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
+                        // No responders: the consumer has no leader yet (just created in a
+                        // NATS cluster, or its server died): set it up again rather than wait
+                        // on a pull nobody will answer.
                         let fatal = matches!(
                             err.kind(),
-                            Kind::ConsumerDeleted | Kind::PushBasedConsumer | Kind::RequestLimitExceeded
+                            Kind::ConsumerDeleted
+                                | Kind::PushBasedConsumer
+                                | Kind::RequestLimitExceeded
+                                | Kind::NoResponders
                         );
                         let text = format!("assignment consumer: {err}");
                         if let Verdict::Log { suppressed } = self.stream_failures.failure(&text) {

@@ -87,12 +87,13 @@ pub struct Args {
     )]
     pub load_threshold: f64,
 
-    /// Stop every job when no heartbeat could be stored for this long (`6s`), since the
-    /// scheduler then counts the node as offline and may run the jobs elsewhere; `off` never
-    /// does. Default: 3 heartbeat intervals, the scheduler's default offline detection (raise
-    /// both together). The scheduler holds such jobs until the fence and --kill-grace passed.
-    #[arg(long, value_name = "DURATION|off", default_value = "default", value_parser = parse_fence,
-          hide_default_value = true)]
+    /// Stop every job when no heartbeat could be stored for this long (`10s`), since the
+    /// scheduler may then count the node as offline and run the jobs elsewhere; `off` never
+    /// does. Default: 3 heartbeat intervals (the scheduler's default offline detection), at
+    /// least 10s so that a NATS cluster electing a new leader (about 5s) stops nothing. The
+    /// scheduler holds a lost node's jobs until the fence and --kill-grace have passed.
+    #[arg(long, env = "MGPU_FENCE_AFTER", value_name = "DURATION|off", default_value = "default",
+          value_parser = parse_fence, hide_default_value = true)]
     pub fence_after: Fence,
 
     /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
@@ -108,11 +109,14 @@ pub struct Args {
 /// `--fence-after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fence {
-    /// 3 heartbeat intervals.
+    /// 3 heartbeat intervals, at least [`MIN_DEFAULT_FENCE`].
     Default,
     Off,
     After(Duration),
 }
+
+/// The shortest default fence: longer than a NATS cluster's leader election.
+pub const MIN_DEFAULT_FENCE: Duration = Duration::from_secs(10);
 
 fn parse_fence(text: &str) -> Result<Fence, String> {
     match text.trim() {

@@ -157,13 +157,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
         labels: args.labels.into_iter().collect(),
         // Off with `--fence-after off`; by default when the scheduler's default offline
-        // detection (3 missed heartbeats) would give up on this node.
+        // detection (3 missed heartbeats) would give up on this node, but not before a NATS
+        // leader election is over.
         fence_after: match args.fence_after {
             cli::Fence::Off => None,
             cli::Fence::After(after) => Some(after),
-            cli::Fence::Default => {
-                Some(args.heartbeat_interval * mgpu_shared::node::MISSED_HEARTBEATS_OFFLINE)
-            }
+            cli::Fence::Default => Some(
+                (args.heartbeat_interval * mgpu_shared::node::MISSED_HEARTBEATS_OFFLINE)
+                    .max(cli::MIN_DEFAULT_FENCE),
+            ),
         },
         kill_grace: args.kill_grace,
     };

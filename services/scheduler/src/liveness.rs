@@ -18,7 +18,7 @@ use bytes::Bytes;
 use mgpu_shared::assign::NodeControl;
 use mgpu_shared::event::JobEventKind;
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{Ending, JobState, WaitReason, Waiting};
+use mgpu_shared::job::{Ending, JobState, Placement, WaitReason, Waiting};
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::{Timestamp, now, subjects};
 
@@ -26,6 +26,10 @@ use crate::service::Scheduler;
 
 /// A kill for a stale attempt is repeated at most this often while heartbeats still list it.
 const KILL_REPEAT: Duration = Duration::from_secs(5);
+/// The liveness check runs every second; a longer gap means this loop was stalled.
+const LIVENESS_STALL: Duration = Duration::from_secs(3);
+/// How often assignments and kills that may have been lost are sent again.
+const REPAIR_EVERY: Duration = Duration::from_secs(5);
 
 impl Scheduler {
     /// Acts on nodes that went offline. Returns true when something changed (or a job held
@@ -33,6 +37,28 @@ impl Scheduler {
     pub(crate) async fn check_liveness(&mut self) -> bool {
         let now = now();
         let released = self.next_release.is_some_and(|t| t <= now);
+        // Our own blindness is not the nodes' silence: a stall of this loop (a write retried
+        // through a NATS leader election), or a heartbeat stream that cannot answer, restarts
+        // every node's allowance.
+        let stalled = self
+            .last_liveness_check
+            .replace(Instant::now())
+            .is_some_and(|last| last.elapsed() > LIVENESS_STALL);
+        if stalled || !self.heartbeat_stream_answers().await {
+            tracing::warn!(
+                stalled,
+                "could not watch heartbeats for a while; no node counts as silent for that time"
+            );
+            self.nodes.blind_until(now);
+            return released;
+        }
+        if self
+            .last_repair
+            .is_none_or(|last| last.elapsed() >= REPAIR_EVERY)
+        {
+            self.last_repair = Some(Instant::now());
+            self.repair_lost_messages().await;
+        }
         let lost_nodes = self.nodes.newly_lost(now);
         let mut changed = false;
         for node in lost_nodes {
@@ -63,6 +89,82 @@ impl Scheduler {
             }
         }
         changed || released
+    }
+
+    /// Whether every agent report stored so far was handled (none waits in the consumer and
+    /// none is delivered but unacknowledged). False when that cannot be told.
+    async fn reports_caught_up(&mut self) -> bool {
+        let Some(consumer) = self.events_consumer.as_mut() else {
+            return false;
+        };
+        match tokio::time::timeout(Duration::from_secs(1), consumer.info()).await {
+            Ok(Ok(info)) => info.num_pending == 0 && info.num_ack_pending == 0,
+            _ => false,
+        }
+    }
+
+    /// Whether the heartbeat stream answers now (it does not while a NATS cluster elects its
+    /// leader, and then heartbeats cannot be stored or seen).
+    async fn heartbeat_stream_answers(&self) -> bool {
+        matches!(
+            tokio::time::timeout(
+                Duration::from_secs(1),
+                self.js.get_stream(subjects::NODES_STREAM)
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Sends again what may have been lost on the way: assignments not confirmed within
+    /// [`REPAIR_EVERY`], and kills for jobs still running although a cancel or preemption was
+    /// recorded. Agents ignore what they already acted on.
+    async fn repair_lost_messages(&mut self) {
+        let age =
+            chrono::Duration::from_std(REPAIR_EVERY).unwrap_or_else(|_| chrono::Duration::zero());
+        self.resend_assignments_older_than(age).await;
+        let pending: Vec<(JobId, u32, Placement, NodeControl)> =
+            self.store
+                .records()
+                .filter_map(|r| match &r.state {
+                    JobState::Running(run)
+                        if run.cancel_requested_by.is_some() || run.preempt_requested =>
+                    {
+                        let control = NodeControl::Kill {
+                            job_id: r.id.clone(),
+                            attempt: r.attempt,
+                            reason: match &run.cancel_requested_by {
+                                Some(by) => format!("cancelled by {by}"),
+                                None => "time slice over while other jobs wait: back to the queue"
+                                    .into(),
+                            },
+                            requeue: run.cancel_requested_by.is_none(),
+                        };
+                        Some((r.id.clone(), r.attempt, run.placement.clone(), control))
+                    }
+                    _ => None,
+                })
+                .collect();
+        for (job, attempt, placement, control) in pending {
+            let key = (job.clone(), attempt);
+            if self
+                .stops_sent
+                .get(&key)
+                .is_some_and(|sent| sent.elapsed() < REPAIR_EVERY)
+            {
+                continue;
+            }
+            self.stops_sent.insert(key, Instant::now());
+            if let Err(err) = self.send_control_to_job(&placement, &control, None).await {
+                tracing::error!(job = %job, "repeating a stop: {err:#}");
+            }
+        }
+        self.stops_sent.retain(|(job, _), _| {
+            matches!(
+                self.store.get(job).map(|r| &r.state),
+                Some(JobState::Running(_))
+            )
+        });
     }
 
     /// Compares what a node says it runs with what the records say.
@@ -126,6 +228,12 @@ impl Scheduler {
             })
             .map(|r| r.id.clone())
             .collect();
+        // An agent drops a job from its heartbeat only once its exit report is stored, but
+        // reports come through a stream that may lag behind heartbeats (a NATS leader
+        // election): the job is lost only if every stored report has been handled.
+        if !missing.is_empty() && !self.reports_caught_up().await {
+            return;
+        }
         for job in missing {
             let why = format!("node {} no longer runs it (its agent restarted)", beat.node);
             if let Err(err) = self.lose_job(&job, &why, beat.sent_at).await {
@@ -141,16 +249,13 @@ impl Scheduler {
             reason: "stale attempt: this job was requeued or ended elsewhere".into(),
             requeue: false,
         };
-        self.js
-            .publish(
-                subjects::control(node),
-                Bytes::from(serde_json::to_vec(&control)?),
-            )
-            .await
-            .map_err(|e| anyhow!("sending a fencing kill to {node}: {e}"))?
-            .await
-            .map_err(|e| anyhow!("sending a fencing kill to {node}: {e}"))?;
-        Ok(())
+        self.publish_stored(
+            subjects::control(node),
+            async_nats::HeaderMap::new(),
+            Bytes::from(serde_json::to_vec(&control)?),
+        )
+        .await
+        .map_err(|e| anyhow!("sending a fencing kill to {node}: {e:#}"))
     }
 
     /// A running job whose node lost it: back to the queue as the next attempt (keeping its

@@ -15,6 +15,9 @@ pub struct NodeTable {
     missed: u32,
     /// Nodes already handled as lost, so their loss is acted on once.
     lost: HashSet<String>,
+    /// Since when the scheduler could see heartbeats without a break: silence before then may
+    /// be its own (stalled, or the heartbeat stream had no leader), not the nodes'.
+    watching_since: Option<Timestamp>,
 }
 
 impl NodeTable {
@@ -24,14 +27,28 @@ impl NodeTable {
             admin,
             missed,
             lost: HashSet::new(),
+            watching_since: None,
         }
+    }
+
+    /// The scheduler could not see heartbeats until `now`: a node counts as silent only once
+    /// it missed its heartbeats after that.
+    pub fn blind_until(&mut self, now: Timestamp) {
+        self.watching_since = Some(now);
     }
 
     /// Nodes that went offline since the last call (each reported once per outage).
     pub fn newly_lost(&mut self, now: Timestamp) -> Vec<String> {
         let mut lost = Vec::new();
         for beat in self.nodes.values() {
-            let offline = beat.liveness_after(now, self.missed) == NodeLiveness::Offline;
+            // Silence counts from the last heartbeat, or from when the scheduler could see
+            // heartbeats again if that is later.
+            let blind_for = self
+                .watching_since
+                .map_or(chrono::Duration::zero(), |since| since - beat.sent_at)
+                .max(chrono::Duration::zero());
+            let offline =
+                beat.liveness_after(now - blind_for, self.missed) == NodeLiveness::Offline;
             if offline && !self.lost.contains(&beat.node) {
                 lost.push(beat.node.clone());
             } else if !offline {

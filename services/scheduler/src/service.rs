@@ -52,6 +52,14 @@ pub struct Scheduler {
     pub(crate) next_release: Option<Timestamp>,
     /// Stale attempts we told a node to kill, and when (so heartbeats do not repeat it).
     pub(crate) kills_sent: HashMap<(JobId, u32), std::time::Instant>,
+    /// When a cancel's or preemption's kill was last repeated, by attempt.
+    pub(crate) stops_sent: HashMap<(JobId, u32), std::time::Instant>,
+    /// When liveness was last checked (a long gap means this loop stalled).
+    pub(crate) last_liveness_check: Option<std::time::Instant>,
+    /// When possibly lost assignments and kills were last sent again.
+    pub(crate) last_repair: Option<std::time::Instant>,
+    /// The durable consumer of agents' reports, asked whether every stored report was handled.
+    pub(crate) events_consumer: Option<consumer::PullConsumer>,
 }
 
 /// Runs the scheduler until `shutdown` turns true.
@@ -75,6 +83,10 @@ pub async fn run(
             .context("loading node administration")?,
         policy.missed_heartbeats,
     );
+    // Heartbeats stored while no scheduler was active (or this one was still loading) were
+    // not seen: every node gets a full allowance from now before it counts as silent.
+    let mut nodes = nodes;
+    nodes.blind_until(now());
     let usage = records::usage(&js).await.context("loading usage")?;
     let cluster = records::cluster_bucket(&js).await?;
     // Publish the policy in force, so `mgpu queue` computes the same priorities.
@@ -96,6 +108,10 @@ pub async fn run(
         next_slice_end: None,
         next_release: None,
         kills_sent: HashMap::new(),
+        stops_sent: HashMap::new(),
+        last_liveness_check: None,
+        last_repair: None,
+        events_consumer: None,
     };
     tracing::info!(
         jobs = scheduler.store.records().count(),
@@ -120,6 +136,7 @@ pub async fn run(
         subjects::SCHEDULER_EVENTS_CONSUMER,
     )
     .await?;
+    scheduler.events_consumer = Some(events_consumer.clone());
     let backlog = events_consumer
         .clone()
         .info()
@@ -586,14 +603,39 @@ impl Scheduler {
             if except == Some(node) {
                 continue;
             }
-            self.js
-                .publish(subjects::control(node), payload.clone())
+            self.publish_stored(subjects::control(node), HeaderMap::new(), payload.clone())
                 .await
-                .map_err(|e| anyhow!("sending a control message to {node}: {e}"))?
-                .await
-                .map_err(|e| anyhow!("sending a control message to {node}: {e}"))?;
+                .map_err(|e| anyhow!("sending a control message to {node}: {e:#}"))?;
         }
         Ok(())
+    }
+
+    /// Publishes to a stream until JetStream stored it, retrying while NATS cannot answer (a
+    /// server lost, a stream electing its leader) for up to [`crate::state::WRITE_RETRY_FOR`].
+    /// Callers whose message may be stored twice give it a `Nats-Msg-Id`.
+    pub(crate) async fn publish_stored(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<()> {
+        let mut retry = crate::state::Retry::new();
+        loop {
+            let stored = async {
+                self.js
+                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                    .await?
+                    .await
+            };
+            match stored.await {
+                Ok(_) => return Ok(()),
+                Err(err) => {
+                    retry
+                        .wait(&format!("publishing on {subject}: {err}"))
+                        .await?
+                }
+            }
+        }
     }
 
     /// Adds a finished run's GPU time to its user's fair-share usage.
@@ -645,26 +687,35 @@ impl Scheduler {
                 format!("{}-{}-{rank}", record.id, record.attempt)
             };
             headers.insert("Nats-Msg-Id", msg_id.as_str());
-            self.js
-                .publish_with_headers(
-                    subjects::assign(node),
-                    headers,
-                    Bytes::from(serde_json::to_vec(&assignment)?),
-                )
-                .await
-                .map_err(|e| anyhow!("sending job {} to {node}: {e}", record.id))?
-                .await
-                .map_err(|e| anyhow!("sending job {} to {node}: {e}", record.id))?;
+            self.publish_stored(
+                subjects::assign(node),
+                headers,
+                Bytes::from(serde_json::to_vec(&assignment)?),
+            )
+            .await
+            .map_err(|e| anyhow!("sending job {} to {node}: {e:#}", record.id))?;
         }
         Ok(())
     }
 
     /// After a restart: assignments recorded but never confirmed by their agent go out again.
     async fn resend_unconfirmed_assignments(&self) {
+        self.resend_assignments_older_than(chrono::Duration::zero())
+            .await;
+    }
+
+    /// Assignments recorded at least `age` ago and not confirmed go out again (the message id
+    /// lets JetStream drop a copy, and an agent never runs an attempt twice). A send that
+    /// failed for good, or an agent's report lost, is repaired this way.
+    pub(crate) async fn resend_assignments_older_than(&self, age: chrono::Duration) {
+        let now = now();
         let unconfirmed: Vec<JobRecord> = self
             .store
             .records()
-            .filter(|r| matches!(&r.state, JobState::Running(run) if run.started_at.is_none()))
+            .filter(|r| {
+                matches!(&r.state, JobState::Running(run)
+                    if run.started_at.is_none() && now - run.assigned_at >= age)
+            })
             .cloned()
             .collect();
         for record in unconfirmed {

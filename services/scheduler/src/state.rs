@@ -3,6 +3,7 @@
 //! stale scheduler can never overwrite a newer record.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use async_nats::jetstream::{self, kv};
@@ -76,28 +77,71 @@ impl JobStore {
             return Ok(false);
         }
         let payload = Bytes::from(serde_json::to_vec(&record)?);
-        match self.bucket.create(record.id.as_str(), payload).await {
-            Ok(revision) => {
-                self.jobs
-                    .insert(record.id.clone(), Tracked { record, revision });
-                Ok(true)
+        let mut retry = Retry::new();
+        loop {
+            match self
+                .bucket
+                .create(record.id.as_str(), payload.clone())
+                .await
+            {
+                Ok(revision) => {
+                    self.jobs
+                        .insert(record.id.clone(), Tracked { record, revision });
+                    return Ok(true);
+                }
+                Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    // Ours, when an earlier try landed but its answer was lost.
+                    let ours = self.landed(&record.id, &payload).await?;
+                    return Ok(ours.is_some());
+                }
+                Err(err) if err.kind() == kv::CreateErrorKind::InvalidKey => {
+                    return Err(anyhow!("storing job {}: {err}", record.id));
+                }
+                Err(err) => {
+                    retry
+                        .wait(&format!("storing job {}: {err}", record.id))
+                        .await?
+                }
             }
-            Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {
-                self.reload(&record.id).await?;
-                Ok(false)
-            }
-            Err(err) => Err(anyhow!("storing job {}: {err}", record.id)),
         }
     }
 
     /// Changes a record with `change` and writes it back with compare-and-set. On a revision
     /// conflict the record is reloaded and the change applied once more to the fresh copy.
+    ///
+    /// A write whose answer is lost (a NATS server died, a stream is electing its leader) is
+    /// retried for [`WRITE_RETRY_FOR`]; first the record is read back, since the write may
+    /// have landed, and a change such as `attempt += 1` must not be applied twice.
     pub async fn update(
         &mut self,
         id: &JobId,
         change: impl Fn(&mut JobRecord),
     ) -> Result<JobRecord> {
-        for _ in 0..2 {
+        let mut conflicts = 0;
+        let mut retry = Retry::new();
+        // What the last unanswered try wrote, to recognise it when reading back.
+        let mut unanswered: Option<(Bytes, JobRecord)> = None;
+        loop {
+            if let Some((payload, record)) = unanswered.take() {
+                match self.landed(id, &payload).await {
+                    Ok(Some(revision)) => {
+                        self.jobs.insert(
+                            id.clone(),
+                            Tracked {
+                                record: record.clone(),
+                                revision,
+                            },
+                        );
+                        return Ok(record);
+                    }
+                    Ok(None) => {}
+                    Err(err) => {
+                        retry.wait(&format!("{err:#}")).await?;
+                        unanswered = Some((payload, record));
+                        continue;
+                    }
+                }
+            }
             let tracked = self
                 .jobs
                 .get(id)
@@ -107,7 +151,7 @@ impl JobStore {
             let payload = Bytes::from(serde_json::to_vec(&record)?);
             match self
                 .bucket
-                .update(id.as_str(), payload, tracked.revision)
+                .update(id.as_str(), payload.clone(), tracked.revision)
                 .await
             {
                 Ok(revision) => {
@@ -121,15 +165,43 @@ impl JobStore {
                     return Ok(record);
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    conflicts += 1;
+                    if conflicts > 2 {
+                        return Err(anyhow!(
+                            "job {id}: record keeps changing under the scheduler"
+                        ));
+                    }
                     tracing::warn!(job = %id, "job record changed under us; reloading it");
                     self.reload(id).await?;
                 }
-                Err(err) => return Err(anyhow!("updating job {id}: {err}")),
+                Err(err) if err.kind() == kv::UpdateErrorKind::InvalidKey => {
+                    return Err(anyhow!("updating job {id}: {err}"));
+                }
+                Err(err) => {
+                    retry.wait(&format!("updating job {id}: {err}")).await?;
+                    unanswered = Some((payload, record));
+                }
             }
         }
-        Err(anyhow!(
-            "job {id}: record keeps changing under the scheduler"
-        ))
+    }
+
+    /// Reads the stored record back after a write whose outcome is unknown: its revision when
+    /// the stored value is exactly `payload` (the write landed); otherwise the table takes the
+    /// stored record and None is returned.
+    async fn landed(&mut self, id: &JobId, payload: &Bytes) -> Result<Option<u64>> {
+        let entry = self
+            .bucket
+            .entry(id.as_str())
+            .await
+            .map_err(|e| anyhow!("reading job {id} back: {e}"))?;
+        if let Some(entry) = &entry
+            && entry.operation == kv::Operation::Put
+            && entry.value == payload
+        {
+            return Ok(Some(entry.revision));
+        }
+        self.reload(id).await?;
+        Ok(None)
     }
 
     async fn reload(&mut self, id: &JobId) -> Result<()> {
@@ -154,6 +226,36 @@ impl JobStore {
                 self.jobs.remove(id);
             }
         }
+        Ok(())
+    }
+}
+
+/// How long a record write is retried while NATS cannot answer (a server lost, a stream
+/// electing a new leader, which takes about 5 s in a three-server cluster).
+pub const WRITE_RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// Backoff between tries of one write, until [`WRITE_RETRY_FOR`] has passed.
+pub(crate) struct Retry {
+    deadline: Instant,
+    delay: Duration,
+}
+
+impl Retry {
+    pub(crate) fn new() -> Self {
+        Retry {
+            deadline: Instant::now() + WRITE_RETRY_FOR,
+            delay: Duration::from_millis(100),
+        }
+    }
+
+    /// Waits before the next try, or gives up with `what` when the time is over.
+    pub(crate) async fn wait(&mut self, what: &str) -> Result<()> {
+        if Instant::now() + self.delay > self.deadline {
+            return Err(anyhow!("{what} (gave up after {WRITE_RETRY_FOR:?})"));
+        }
+        tracing::warn!("{what}; retrying in {:?}", self.delay);
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(2));
         Ok(())
     }
 }

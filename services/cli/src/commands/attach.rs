@@ -157,15 +157,15 @@ async fn open_events(
         .get_stream(subjects::EVENTS_STREAM)
         .await
         .map_err(lookup)?;
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
+    let consumer = mgpu_shared::records::create_reader("reading the job's events", || {
+        stream.create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subjects::events(id),
             deliver_policy: consumer::DeliverPolicy::All,
             ..Default::default()
         })
-        .await
-        .map_err(plain)
-        .context("reading the job's events")?;
+    })
+    .await
+    .map_err(plain)?;
     consumer
         .messages()
         .await

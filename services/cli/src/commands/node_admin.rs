@@ -263,10 +263,12 @@ async fn apply(global: &GlobalArgs, change: &Change) -> Result<ExitCode> {
 async fn wait_until_shown(session: &Session, change: &Change) -> Result<()> {
     let bucket = records::cluster_bucket(&session.js).await.map_err(plain)?;
     // The current value comes first, so a change made before the watch started is seen.
-    let mut watch = bucket
-        .watch_with_history(subjects::node_admin_key(change.node()))
-        .await
-        .map_err(plain)?;
+    let key = subjects::node_admin_key(change.node());
+    let mut watch = records::create_reader("watching the node's state", || {
+        bucket.watch_with_history(key.as_str())
+    })
+    .await
+    .map_err(plain)?;
     let wait = async {
         while let Some(entry) = watch.next().await {
             let entry = entry.map_err(plain)?;
