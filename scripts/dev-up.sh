@@ -93,6 +93,18 @@ for i in $(seq 1 "$servers"); do
 done
 
 server="$(IFS=,; echo "${urls[*]}")"
+# A NATS cluster first connects its routes and elects a JetStream leader; streams are created
+# (with their replicas) once it answers, so the scheduler starts on a ready cluster.
+if [ "$servers" -gt 1 ]; then
+  for attempt in $(seq 1 60); do
+    timeout 10 env MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/admin-admin.nk" \
+      "$bin/mgpu" admin setup --dir "$auth" >/dev/null 2>&1 && break
+    [ $((attempt % 5)) -eq 0 ] && say "waiting for the NATS cluster to elect its JetStream leader"
+    [ "$attempt" -eq 60 ] && { echo "dev-up.sh: the NATS cluster did not form; see .mgpu/logs/nats-server*.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  say "NATS cluster formed; streams created with $(( servers < 3 ? servers : 3 )) replicas"
+fi
 # Replicas share the scheduler's key: whichever holds the lease acts, the others stand by.
 for i in $(seq 1 "$schedulers"); do
   if [ "$i" -eq 1 ]; then name=scheduler; else name="scheduler-$i"; fi
@@ -115,13 +127,22 @@ export MGPU_AUTH_DIR="$auth"
 export PATH="$bin:\$PATH"
 ENV
 
-# Wait until every agent has reported in, showing progress.
-for attempt in $(seq 1 100); do
+# Wait until every agent has reported in, showing progress (a new NATS cluster first elects
+# its JetStream leader, which takes a few seconds).
+online=0
+for attempt in $(seq 1 150); do
   online=$(MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/admin-admin.nk" "$bin/mgpu" nodes --json 2>/dev/null \
     | grep -o '"state": *"online"' | wc -l || true)
   [ "${online:-0}" -ge "$nodes" ] && break
   [ $((attempt % 10)) -eq 0 ] && say "waiting for agents: ${online:-0}/$nodes online"
   sleep 0.2
 done
+for name in scheduler $(seq -f 'scheduler-%g' 2 "$schedulers"); do
+  running "$name" || { echo "dev-up.sh: $name is not running; see .mgpu/logs/$name.log" >&2; exit 1; }
+done
+if [ "${online:-0}" -lt "$nodes" ]; then
+  echo "dev-up.sh: only ${online:-0} of $nodes agent(s) online; see .mgpu/logs/" >&2
+  exit 1
+fi
 say "cluster up at $server ($servers nats-server(s)) with $nodes node(s) and $schedulers scheduler(s)"
 say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

@@ -94,7 +94,9 @@ pub async fn watch(contact: Contact, fence_after: Duration, table: RunningTable,
             continue;
         }
         let stopped = table.request_stop_all(StopReason::Fenced);
-        if stopped > 0 || !fenced {
+        if stopped == 0 && !fenced {
+            info!(silent = ?silent, "no heartbeat stored for longer than --fence-after; no job to stop");
+        } else if stopped > 0 {
             warn!(
                 silent = ?silent,
                 jobs = stopped,

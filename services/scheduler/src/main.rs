@@ -140,7 +140,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
     let js = async_nats::jetstream::new(client.clone());
-    mgpu_shared::streams::ensure(&js, &settings).await?;
+    // A NATS cluster that just started elects its JetStream leader first (a few seconds):
+    // until then creating streams times out, which is worth waiting for, not dying of.
+    let mut tries = 0u32;
+    loop {
+        match mgpu_shared::streams::ensure(&js, &settings).await {
+            Ok(()) => break,
+            Err(err) if err.to_string().contains("timed out") && tries < 60 => {
+                tries += 1;
+                if tries == 1 || tries % 10 == 0 {
+                    tracing::warn!(
+                        "creating streams: {err}; JetStream may still be electing its leader, retrying"
+                    );
+                }
+                tokio::select! {
+                    _ = shutdown_rx.changed() => return Ok(()),
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                }
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
     let holder = format!(
         "{}-{}-{}",
         std::fs::read_to_string("/proc/sys/kernel/hostname")
