@@ -148,7 +148,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Ok(()) => break,
             Err(err) if err.to_string().contains("timed out") && tries < 60 => {
                 tries += 1;
-                if tries == 1 || tries % 10 == 0 {
+                if tries == 1 || tries.is_multiple_of(10) {
                     tracing::warn!(
                         "creating streams: {err}; JetStream may still be electing its leader, retrying"
                     );
