@@ -93,9 +93,6 @@ impl Scheduler {
                     let why = format!("its agent on {node} restarted and stopped it");
                     return self.lose_job(&job, &why, at).await;
                 }
-                if let Some(record) = self.store.get(&job).cloned() {
-                    self.account_usage(&record, at);
-                }
                 let clean_exit = exit_code == 0 && !cancelled && !timed_out && !preempted;
                 if clean_exit && ranks > 1 && cancel_requested_by.is_none() {
                     // One rank of a distributed job is done; the job is done when all are.
@@ -114,6 +111,10 @@ impl Scheduler {
                         tracing::info!(job = %job, rank, node, "rank finished; others still run");
                         return Ok(());
                     }
+                }
+                // The job ends here (or goes back to the queue): its GPU time counts once.
+                if let Some(record) = self.store.get(&job).cloned() {
+                    self.account_usage(&record, at);
                 }
                 if let Some(record) = self.store.get(&job).cloned()
                     && !clean_exit
