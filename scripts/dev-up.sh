@@ -108,7 +108,7 @@ fi
 # Replicas share the scheduler's key: whichever holds the lease acts, the others stand by.
 for i in $(seq 1 "$schedulers"); do
   if [ "$i" -eq 1 ]; then name=scheduler; else name="scheduler-$i"; fi
-  MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/scheduler-scheduler.nk" \
+  MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/scheduler-scheduler.nk" MGPU_PRINCIPALS="$auth/principals.json" \
     start "$name" "$bin/mgpu-scheduler" || true
 done
 for i in $(seq 1 "$nodes"); do

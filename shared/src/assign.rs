@@ -17,6 +17,12 @@ pub struct Assignment {
     /// Which of the job's nodes this assignment is for (0 for a one-node job).
     #[serde(default)]
     pub rank: u32,
+    /// Public keys whose signed input the job accepts (its owner, and admins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input_keys: Vec<String>,
+    /// The Unix account the job runs as, where the agent runs as root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_user: Option<String>,
 }
 
 /// Control messages for a node's agent.

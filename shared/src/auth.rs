@@ -50,6 +50,22 @@ pub struct Principal {
     pub role: Role,
     /// The nkey's public key (`U…`); the seed never leaves the key file.
     pub public_key: String,
+    /// The Unix account this user's jobs run as on agents running as root (`--unix-user`);
+    /// None: the account named like the user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_user: Option<String>,
+}
+
+impl Principal {
+    /// Whether this principal may act on any user's jobs.
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    /// The Unix account its jobs run as (see [`Principal::unix_user`]).
+    pub fn unix_account(&self) -> &str {
+        self.unix_user.as_deref().unwrap_or(&self.name)
+    }
 }
 
 impl Principal {
@@ -84,6 +100,11 @@ impl Registry {
         })
     }
 
+    /// The principal whose nkey is `public_key`.
+    pub fn by_key(&self, public_key: &str) -> Option<&Principal> {
+        self.principals.iter().find(|p| p.public_key == public_key)
+    }
+
     pub fn find(&self, role: Role, name: &str) -> Option<&Principal> {
         self.principals
             .iter()
@@ -104,6 +125,7 @@ impl Registry {
             name: name.to_owned(),
             role,
             public_key: pair.public_key(),
+            unix_user: None,
         };
         fs::create_dir_all(&keys)?;
         let path = keys.join(principal.key_file_name());
@@ -189,6 +211,7 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 subjects::ALL_ASSIGNMENTS,
                 subjects::ALL_CONTROLS,
                 subjects::ALL_EVENTS,
+                subjects::ALL_AUDIT,
                 "$SRV.>",
                 "_INBOX.>",
             ]),

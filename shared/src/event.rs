@@ -55,6 +55,9 @@ pub enum JobEventKind {
     },
     /// The scheduler refused the submission.
     Rejected { reason: String },
+    /// The scheduler refused a request about the job (`cancel`, `hold`, `release`): not
+    /// signed, forged, replayed, or not the owner's.
+    Refused { action: String, reason: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -844,7 +844,11 @@ impl JobState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {
     pub id: JobId,
+    /// The principal that signed the submission.
     pub user: String,
+    /// That principal's public nkey: only it (or an admin) may cancel, hold or attach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_key: Option<String>,
     pub spec: JobSpec,
     pub submitted_at: Timestamp,
     /// 1 for the first run; grows each time the job is started again.
@@ -928,6 +932,7 @@ mod tests {
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec: spec(),
             submitted_at: crate::now(),
             attempt: 1,

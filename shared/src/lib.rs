@@ -21,6 +21,7 @@
 //! - [`error`]: the typed errors of this crate.
 
 pub mod assign;
+pub mod audit;
 pub mod auth;
 pub mod connect;
 pub mod duration;
@@ -33,6 +34,7 @@ pub mod node;
 pub mod output;
 pub mod priority;
 pub mod records;
+pub mod signing;
 pub mod streams;
 pub mod subjects;
 

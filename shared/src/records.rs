@@ -224,6 +224,10 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
             pending.push(JobRecord {
                 id: request.id,
                 user: request.user,
+                user_key: message
+                    .headers
+                    .get(crate::signing::SIGNER)
+                    .map(|k| k.as_str().to_owned()),
                 spec: request.spec,
                 submitted_at: chrono::DateTime::from_timestamp_nanos(nanos),
                 attempt: 1,

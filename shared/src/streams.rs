@@ -147,6 +147,15 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             ..Default::default()
         },
         stream::Config {
+            name: subjects::AUDIT_STREAM.into(),
+            description: Some("mgpu audit: every request with the identity that signed it".into()),
+            subjects: vec![subjects::ALL_AUDIT.into()],
+            retention: stream::RetentionPolicy::Limits,
+            max_age: Duration::from_secs(365 * 24 * 3600),
+            num_replicas: replicas,
+            ..Default::default()
+        },
+        stream::Config {
             name: subjects::OUTPUT_STREAM.into(),
             description: Some("mgpu job output (raw bytes)".into()),
             subjects: vec![subjects::ALL_OUTPUT.into()],

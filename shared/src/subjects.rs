@@ -22,6 +22,9 @@ pub const ALL_RELEASES: &str = "jobs.*.release";
 /// Node drain/resume and GPU pause/resume; only admins may publish it.
 pub const ADMIN_REQUESTS: &str = "admin.requests";
 pub const ALL_EVENTS: &str = "jobs.*.events";
+/// Audit records: `audit.<action>` (submit, cancel, hold, release, admin), written by the
+/// scheduler with the identity that signed each request.
+pub const ALL_AUDIT: &str = "audit.>";
 pub const ALL_OUTPUT: &str = "jobs.*.output";
 pub const ALL_HEARTBEATS: &str = "nodes.heartbeat.*";
 pub const ALL_ASSIGNMENTS: &str = "nodes.assign.*";
@@ -31,6 +34,13 @@ pub const ALL_CONTROLS: &str = "nodes.control.*";
 pub const REQUESTS_STREAM: &str = "MGPU_REQUESTS";
 /// Stream holding every job's state transitions.
 pub const EVENTS_STREAM: &str = "MGPU_EVENTS";
+/// Stream holding the audit records (who asked for what, accepted or refused).
+pub const AUDIT_STREAM: &str = "MGPU_AUDIT";
+
+/// The audit subject of one action.
+pub fn audit(action: &str) -> String {
+    format!("audit.{action}")
+}
 /// Stream holding every job's output, bounded by age and size.
 pub const OUTPUT_STREAM: &str = "MGPU_OUTPUT";
 /// Stream holding the last heartbeat of every node.

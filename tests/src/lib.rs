@@ -310,6 +310,10 @@ impl Cluster {
             .args(&self.scheduler_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
+            .env(
+                "MGPU_PRINCIPALS",
+                self.auth_dir.join(mgpu_shared::auth::REGISTRY_FILE),
+            )
             .env("RUST_LOG", "info")
             .stdout(self.log(name))
             .stderr(self.log(name))

@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use async_nats::header;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishAckFuture, PublishErrorKind};
-use async_nats::{HeaderMap, header};
 use mgpu_shared::error::StateError;
 use mgpu_shared::job::{MAX_SUBMIT_BYTES, SubmitRequest};
 use mgpu_shared::subjects;
@@ -136,7 +136,12 @@ async fn send(
         kind: PublishErrorKind::MaxPayloadExceeded,
         error,
     })?;
-    let mut headers = HeaderMap::new();
+    let mut headers = session
+        .sign(subjects::SUBMIT, &payload)
+        .map_err(|error| Failure {
+            kind: PublishErrorKind::Other,
+            error,
+        })?;
     headers.insert(header::NATS_MESSAGE_ID, request.id.as_str());
     session
         .js

@@ -15,6 +15,24 @@ pub struct Session {
     pub js: jetstream::Context,
     /// The name jobs are submitted and cancelled under.
     pub user: String,
+    /// The user's nkey, which signs every request (the scheduler records the signer).
+    pub key: std::sync::Arc<nkeys::KeyPair>,
+}
+
+impl Session {
+    /// Signature headers for a request of `payload` on `subject` (see `mgpu_shared::signing`).
+    pub fn sign(&self, subject: &str, payload: &[u8]) -> Result<async_nats::HeaderMap> {
+        let mut headers = async_nats::HeaderMap::new();
+        mgpu_shared::signing::sign(
+            &self.key,
+            subject,
+            payload,
+            mgpu_shared::now(),
+            &mut headers,
+        )
+        .map_err(|e| anyhow!(e))?;
+        Ok(headers)
+    }
 }
 
 impl Session {
@@ -56,6 +74,9 @@ impl Session {
             )
         })?;
         let user = current_user();
+        let seed = mgpu_shared::connect::read_seed(&creds).map_err(plain)?;
+        let key = nkeys::KeyPair::from_seed(&seed)
+            .map_err(|e| anyhow!("{}: not a valid nkey seed: {e}", creds.display()))?;
         let target = ConnectTarget {
             server: global.server.clone(),
             creds,
@@ -66,7 +87,12 @@ impl Session {
             .await
             .map_err(plain)?;
         let js = jetstream::new(client.clone());
-        Ok(Session { client, js, user })
+        Ok(Session {
+            client,
+            js,
+            user,
+            key: std::sync::Arc::new(key),
+        })
     }
 }
 

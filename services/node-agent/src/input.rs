@@ -1,14 +1,18 @@
 //! Standard input of interactive jobs: each message on `jobs.<id>.input` (core NATS) is written
 //! to the job's stdin as it comes; an empty message closes stdin (end of file). Forwarding stops
 //! when the job ends.
+//!
+//! Only signed input from the job's owner (or an admin) is taken: the assignment names the
+//! keys; anything else (unsigned, forged, replayed, another user's) is dropped and logged.
 
 use async_nats::Subscriber;
 use futures::StreamExt;
+use mgpu_shared::signing::{self, Nonces};
 use tokio::io::AsyncWriteExt;
 use tokio::process::ChildStdin;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::running::AttemptKey;
 
@@ -21,9 +25,14 @@ pub struct InputForwarder {
 impl InputForwarder {
     /// Starts forwarding. The subscription is made before the process starts, so input sent
     /// right after the job starts is not lost.
-    pub fn start(input: Subscriber, stdin: ChildStdin, key: AttemptKey) -> Self {
+    pub fn start(
+        input: Subscriber,
+        stdin: ChildStdin,
+        key: AttemptKey,
+        allowed: Vec<String>,
+    ) -> Self {
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(forward(input, stdin, stopped, key));
+        let task = tokio::spawn(forward(input, stdin, stopped, key, allowed));
         InputForwarder { stop, task }
     }
 
@@ -39,13 +48,19 @@ async fn forward(
     mut stdin: ChildStdin,
     mut stopped: oneshot::Receiver<()>,
     key: AttemptKey,
+    allowed: Vec<String>,
 ) {
+    let mut nonces = Nonces::default();
     loop {
         let message = tokio::select! {
             _ = &mut stopped => break,
             message = input.next() => message,
         };
         let Some(message) = message else { break };
+        if let Err(why) = accepted(&message, &allowed, &mut nonces) {
+            warn!(%key, "input refused: {why}");
+            continue;
+        }
         if message.payload.is_empty() {
             info!(%key, "closing the job's standard input (end of input received)");
             break;
@@ -67,4 +82,28 @@ async fn forward(
     // Dropping `stdin` closes the pipe; unsubscribing stops the server sending us more.
     drop(stdin);
     let _ = input.unsubscribe().await;
+}
+
+/// Whether an input message is signed (recently, once) by a key the job accepts.
+fn accepted(
+    message: &async_nats::Message,
+    allowed: &[String],
+    nonces: &mut Nonces,
+) -> Result<(), String> {
+    let now = mgpu_shared::now();
+    let signed = signing::verify(
+        message.headers.as_ref(),
+        message.subject.as_str(),
+        &message.payload,
+        now,
+    )
+    .map_err(|e| e.to_string())?;
+    nonces.check(&signed, now).map_err(|e| e.to_string())?;
+    if !allowed.contains(&signed.signer) {
+        return Err(format!(
+            "signed by {}, which is neither the job's owner nor an admin",
+            signed.signer
+        ));
+    }
+    Ok(())
 }

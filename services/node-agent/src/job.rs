@@ -151,9 +151,12 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     };
     let output = OutputPipeline::start(ctx.js.clone(), key.clone(), rank, stdout, stderr);
     let input = match (input, child.stdin.take()) {
-        (Some(subscription), Some(stdin)) => {
-            Some(InputForwarder::start(subscription, stdin, key.clone()))
-        }
+        (Some(subscription), Some(stdin)) => Some(InputForwarder::start(
+            subscription,
+            stdin,
+            key.clone(),
+            assignment.input_keys.clone(),
+        )),
         _ => None,
     };
     let stop_requests = ctx.table.insert(key.clone(), pid);

@@ -123,5 +123,6 @@ fn event_name(kind: &JobEventKind) -> &'static str {
         JobEventKind::Exited { .. } => "exited",
         JobEventKind::Finished { .. } => "finished",
         JobEventKind::Rejected { .. } => "rejected",
+        JobEventKind::Refused { .. } => "refused",
     }
 }

@@ -14,6 +14,7 @@
 
 mod config;
 mod core;
+mod identity;
 mod leader;
 mod liveness;
 mod nodes;
@@ -44,6 +45,11 @@ struct Args {
     /// File holding the scheduler's nkey seed.
     #[arg(long, env = "MGPU_CREDS")]
     creds: PathBuf,
+    /// The principals file `mgpu admin` keeps (`principals.json`: names, roles, public keys;
+    /// no secrets): request signatures are checked against it, and it is re-read when it
+    /// changes.
+    #[arg(long, env = "MGPU_PRINCIPALS", value_name = "FILE")]
+    principals: PathBuf,
     /// Copies of each stream and bucket: `auto` = min(3, distinct servers in --server), or
     /// 1 to 5. Existing streams are updated to this count.
     #[arg(long, default_value = "auto")]
@@ -175,6 +181,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         service::run(
             client.clone(),
             policy.clone(),
+            identity::Principals::load(&args.principals)?,
             shutdown_rx.clone(),
             lease.lost.clone(),
         )

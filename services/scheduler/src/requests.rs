@@ -1,6 +1,8 @@
-//! What users ask of the scheduler: submissions (`jobs.submit`) and cancellations
-//! (`jobs.<id>.cancel`). A bad request is recorded or logged and acknowledged; it never
-//! stops the scheduler.
+//! What users ask of the scheduler: submissions (`jobs.submit`), cancellations
+//! (`jobs.<id>.cancel`), holds and releases, and node administration. Each comes here with
+//! the identity that signed it (see `identity.rs`): a job belongs to its signer, and only
+//! its owner or an admin may cancel, hold or release it. A bad request is recorded or logged,
+//! audited and acknowledged; it never stops the scheduler.
 
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
@@ -15,10 +17,11 @@ use mgpu_shared::job::{
 use mgpu_shared::node::{AdminMark, AdminRequest};
 use mgpu_shared::{now, subjects};
 
+use crate::identity::Identity;
 use crate::service::Scheduler;
 
 impl Scheduler {
-    pub(crate) async fn on_submit(&mut self, payload: &Bytes) -> Result<()> {
+    pub(crate) async fn on_submit(&mut self, payload: &Bytes, identity: &Identity) -> Result<()> {
         if payload.len() > MAX_SUBMIT_BYTES {
             tracing::warn!(bytes = payload.len(), "refusing an oversized submission");
             return Ok(());
@@ -68,9 +71,14 @@ impl Scheduler {
             (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),
         };
         let rejected = state.is_finished();
+        if request.user != identity.name {
+            // The payload's name is only what the CLI believed; the signature decides.
+            tracing::debug!(job = %request.id, claimed = request.user, signer = identity.name, "submission recorded under its signer");
+        }
         let record = JobRecord {
             id: request.id.clone(),
-            user: request.user,
+            user: identity.name.clone(),
+            user_key: Some(identity.key.clone()),
             spec: request.spec,
             submitted_at: at,
             attempt: 1,
@@ -80,7 +88,19 @@ impl Scheduler {
             tracing::debug!(job = %request.id, "submission already recorded");
             return Ok(());
         }
-        tracing::info!(job = %request.id, "job submitted");
+        tracing::info!(job = %request.id, user = identity.name, "job submitted");
+        self.audit(
+            "submit",
+            Some(identity),
+            None,
+            Some(request.id.to_string()),
+            !rejected,
+            if rejected {
+                "rejected".into()
+            } else {
+                "queued".into()
+            },
+        );
         if rejected {
             let reason = self
                 .store
@@ -100,7 +120,12 @@ impl Scheduler {
         Ok(())
     }
 
-    pub(crate) async fn on_cancel(&mut self, id: &str, payload: &Bytes) -> Result<()> {
+    pub(crate) async fn on_cancel(
+        &mut self,
+        id: &str,
+        payload: &Bytes,
+        identity: &Identity,
+    ) -> Result<()> {
         let request: CancelRequest = match serde_json::from_slice(payload) {
             Ok(request) => request,
             Err(err) => {
@@ -116,7 +141,25 @@ impl Scheduler {
             tracing::warn!(job = %job, "cancel for an unknown job");
             return Ok(());
         };
-        let by = request.user;
+        if !identity.may_act_on(&record.user) {
+            self.refuse(
+                "cancel",
+                Some(&job),
+                Some(identity),
+                None,
+                format!("job {} belongs to {}", job.short(), record.user),
+            );
+            return Ok(());
+        }
+        self.audit(
+            "cancel",
+            Some(identity),
+            None,
+            Some(job.to_string()),
+            true,
+            format!("was {}", record.state.name()),
+        );
+        let by = identity.name.clone();
         let reason = match &request.reason {
             Some(why) => format!("cancelled by {by}: {why}"),
             None => format!("cancelled by {by}"),
@@ -161,23 +204,53 @@ impl Scheduler {
     }
 
     /// `jobs.<id>.hold` (hold = true) and `jobs.<id>.release`: only queued jobs.
-    pub(crate) async fn on_hold(&mut self, id: &str, payload: &Bytes, hold: bool) -> Result<()> {
-        let request: HoldRequest = match serde_json::from_slice(payload) {
-            Ok(request) => request,
-            Err(err) => {
-                tracing::warn!(job = id, %err, "refusing a malformed hold/release request");
-                return Ok(());
-            }
-        };
+    pub(crate) async fn on_hold(
+        &mut self,
+        id: &str,
+        payload: &Bytes,
+        hold: bool,
+        identity: &Identity,
+    ) -> Result<()> {
+        // Decoded strictly, though the signer (not the payload's `user`) is who asks.
+        if let Err(err) = serde_json::from_slice::<HoldRequest>(payload) {
+            tracing::warn!(job = id, %err, "refusing a malformed hold/release request");
+            return Ok(());
+        }
         let Ok(job) = id.parse::<JobId>() else {
             tracing::warn!(job = id, "hold/release for something that is not a job id");
             return Ok(());
         };
-        let Some(JobState::Queued(_)) = self.store.get(&job).map(|r| &r.state) else {
-            tracing::info!(job = %job, "hold/release of a job that is not queued: nothing to do");
+        let action = if hold { "hold" } else { "release" };
+        let Some(owner) = self.store.get(&job).map(|r| r.user.clone()) else {
+            tracing::warn!(job = %job, "hold/release of an unknown job");
             return Ok(());
         };
-        let by = request.user;
+        if !identity.may_act_on(&owner) {
+            let reason = format!("job {} belongs to {owner}", job.short());
+            self.refuse(action, Some(&job), Some(identity), None, reason);
+            return Ok(());
+        }
+        let Some(JobState::Queued(_)) = self.store.get(&job).map(|r| &r.state) else {
+            tracing::info!(job = %job, "hold/release of a job that is not queued: nothing to do");
+            self.audit(
+                action,
+                Some(identity),
+                None,
+                Some(job.to_string()),
+                true,
+                "not queued: nothing to do".into(),
+            );
+            return Ok(());
+        };
+        self.audit(
+            action,
+            Some(identity),
+            None,
+            Some(job.to_string()),
+            true,
+            "done".into(),
+        );
+        let by = identity.name.clone();
         self.store
             .update(&job, |r| {
                 if let JobState::Queued(waiting) = &mut r.state {
@@ -194,7 +267,7 @@ impl Scheduler {
 
     /// `admin.requests`: drain/resume nodes, pause/resume GPUs. The server lets only admins
     /// publish it; the state is kept in the cluster bucket so it survives restarts.
-    pub(crate) async fn on_admin(&mut self, payload: &Bytes) -> Result<()> {
+    pub(crate) async fn on_admin(&mut self, payload: &Bytes, identity: &Identity) -> Result<()> {
         let request: AdminRequest = match serde_json::from_slice(payload) {
             Ok(request) => request,
             Err(err) => {
@@ -202,8 +275,15 @@ impl Scheduler {
                 return Ok(());
             }
         };
-        let mark = |by: &str, reason: &Option<String>| AdminMark {
-            by: by.to_owned(),
+        if !identity.admin {
+            let reason = format!("{} is not an admin", identity.name);
+            self.refuse("admin", None, Some(identity), None, reason);
+            return Ok(());
+        }
+        // Marks carry the signer, whatever name the payload gives.
+        let signer = identity.name.clone();
+        let mark = |_: &str, reason: &Option<String>| AdminMark {
+            by: signer.clone(),
             at: now(),
             reason: reason.clone(),
         };
@@ -237,7 +317,15 @@ impl Scheduler {
             )
             .await
             .map_err(|e| anyhow!("storing node {node} administration: {e}"))?;
-        tracing::info!(node, request = ?request, "node administration changed");
+        tracing::info!(node, by = identity.name, request = ?request, "node administration changed");
+        self.audit(
+            "admin",
+            Some(identity),
+            None,
+            Some(node.clone()),
+            true,
+            format!("{request:?}"),
+        );
         self.nodes.admin.insert(node, admin);
         Ok(())
     }

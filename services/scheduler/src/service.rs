@@ -21,7 +21,7 @@ use mgpu_shared::assign::NodeControl;
 use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
 use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{
-    Ending, JobRecord, JobSpec, JobState, Launch, OnTimeout, Placement, Run, Waiting,
+    Ending, JobRecord, JobSpec, JobState, Launch, OnTimeout, Placement, Run, SubmitRequest, Waiting,
 };
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
@@ -60,6 +60,10 @@ pub struct Scheduler {
     pub(crate) last_repair: Option<std::time::Instant>,
     /// The durable consumer of agents' reports, asked whether every stored report was handled.
     pub(crate) events_consumer: Option<consumer::PullConsumer>,
+    /// Who may sign requests.
+    pub(crate) principals: crate::identity::Principals,
+    /// Request nonces seen lately, to refuse replays.
+    pub(crate) nonces: mgpu_shared::signing::Nonces,
 }
 
 /// Runs the scheduler until `shutdown` turns true.
@@ -68,6 +72,7 @@ pub struct Scheduler {
 pub async fn run(
     client: async_nats::Client,
     policy: Policy,
+    principals: crate::identity::Principals,
     mut shutdown: watch::Receiver<bool>,
     mut lease_lost: watch::Receiver<bool>,
 ) -> Result<()> {
@@ -112,6 +117,8 @@ pub async fn run(
         last_liveness_check: None,
         last_repair: None,
         events_consumer: None,
+        principals,
+        nonces: mgpu_shared::signing::Nonces::default(),
     };
     tracing::info!(
         jobs = scheduler.store.records().count(),
@@ -276,12 +283,49 @@ impl Scheduler {
         let subject = message.subject.to_string();
         let job = subjects::job_id_of(&subject).map(str::to_owned);
         let kind = subject.rsplit('.').next().unwrap_or("");
-        let handled = match (subject.as_str(), job, kind) {
-            (subjects::SUBMIT, _, _) => self.on_submit(&message.payload).await,
-            (subjects::ADMIN_REQUESTS, _, _) => self.on_admin(&message.payload).await,
-            (_, Some(id), "cancel") => self.on_cancel(&id, &message.payload).await,
-            (_, Some(id), "hold") => self.on_hold(&id, &message.payload, true).await,
-            (_, Some(id), "release") => self.on_hold(&id, &message.payload, false).await,
+        let action = match (subject.as_str(), kind) {
+            (subjects::SUBMIT, _) => "submit",
+            (subjects::ADMIN_REQUESTS, _) => "admin",
+            (_, "cancel") => "cancel",
+            (_, "hold") => "hold",
+            (_, "release") => "release",
+            _ => "unknown",
+        };
+        // When JetStream stored it: the signature must be that recent (a replay is not).
+        let stored_at = message
+            .info()
+            .ok()
+            .and_then(|info| {
+                let nanos = i64::try_from(info.published.unix_timestamp_nanos()).ok()?;
+                Some(chrono::DateTime::from_timestamp_nanos(nanos))
+            })
+            .unwrap_or_else(now);
+        let identity = match self.authenticate(&message, stored_at) {
+            Ok(identity) => identity,
+            Err(refusal) => {
+                // The job a refused submission names, so its submitter hears why.
+                let about = job
+                    .as_deref()
+                    .and_then(|id| id.parse::<JobId>().ok())
+                    .or_else(|| {
+                        (action == "submit")
+                            .then(|| serde_json::from_slice::<SubmitRequest>(&message.payload).ok())
+                            .flatten()
+                            .map(|r| r.id)
+                    });
+                self.refuse(action, about.as_ref(), None, refusal.key, refusal.reason);
+                if let Err(err) = message.ack().await {
+                    tracing::warn!(%err, "acknowledging a request");
+                }
+                return;
+            }
+        };
+        let handled = match (action, job) {
+            ("submit", _) => self.on_submit(&message.payload, &identity).await,
+            ("admin", _) => self.on_admin(&message.payload, &identity).await,
+            ("cancel", Some(id)) => self.on_cancel(&id, &message.payload, &identity).await,
+            ("hold", Some(id)) => self.on_hold(&id, &message.payload, true, &identity).await,
+            ("release", Some(id)) => self.on_hold(&id, &message.payload, false, &identity).await,
             _ => {
                 tracing::warn!(%subject, "ignoring a request on an unexpected subject");
                 Ok(())
@@ -669,6 +713,14 @@ impl Scheduler {
             OnTimeout::Fail => self.effective_time_limit(&spec).map(|l| l.as_secs().max(1)),
             OnTimeout::Requeue => None,
         };
+        // Input is accepted from the owner's key and admins'; jobs run as the owner's account.
+        let mut input_keys: Vec<String> = record.user_key.iter().cloned().collect();
+        input_keys.extend(self.principals.admin_keys());
+        input_keys.dedup();
+        let unix_user = self
+            .principals
+            .user_by_name(&record.user)
+            .map(|p| p.unix_account().to_owned());
         // Every rank that runs a process gets its own assignment; all are recorded before
         // any is sent (the record above), so a job is never half-placed.
         for (rank, node) in run.placement.launched_ranks() {
@@ -679,6 +731,8 @@ impl Scheduler {
                 spec: spec.clone(),
                 placement: run.placement.clone(),
                 rank,
+                input_keys: input_keys.clone(),
+                unix_user: unix_user.clone(),
             };
             let mut headers = HeaderMap::new();
             let msg_id = if rank == 0 {

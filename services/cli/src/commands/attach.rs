@@ -320,7 +320,7 @@ impl Watcher {
         self.stdin_started = true;
         let client = session.client.clone();
         let subject = subjects::input(&self.id);
-        tokio::spawn(forward_stdin(client, subject));
+        tokio::spawn(forward_stdin(client, subject, session.key.clone()));
     }
 }
 
@@ -337,7 +337,11 @@ fn gpu_list(indices: &[u32]) -> String {
 ///
 /// Reading happens on a plain thread: a blocking read of a terminal cannot be cancelled, and a
 /// detached thread does not hold the process open once the job has ended.
-async fn forward_stdin(client: async_nats::Client, subject: String) {
+async fn forward_stdin(
+    client: async_nats::Client,
+    subject: String,
+    key: std::sync::Arc<nkeys::KeyPair>,
+) {
     let (sender, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(4);
     let reader = std::thread::Builder::new()
         .name("stdin".into())
@@ -350,7 +354,18 @@ async fn forward_stdin(client: async_nats::Client, subject: String) {
     // The reader sends an empty chunk at end of input, then hangs up.
     while let Some(chunk) = chunks.recv().await {
         let last = chunk.is_empty();
-        if let Err(err) = client.publish(subject.clone(), chunk).await {
+        // Signed, so the agent takes input only from the job's owner (or an admin).
+        let mut headers = async_nats::HeaderMap::new();
+        if let Err(err) =
+            mgpu_shared::signing::sign(&key, &subject, &chunk, mgpu_shared::now(), &mut headers)
+        {
+            human::stderr_line(&format!("mgpu: cannot sign input for the job: {err}"));
+            return;
+        }
+        if let Err(err) = client
+            .publish_with_headers(subject.clone(), headers, chunk)
+            .await
+        {
             human::stderr_line(&format!("mgpu: cannot send input to the job: {err}"));
             return;
         }

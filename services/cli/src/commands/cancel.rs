@@ -7,6 +7,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
+use mgpu_shared::event::{JobEvent, JobEventKind};
 use mgpu_shared::ids::JobId;
 use mgpu_shared::job::CancelRequest;
 use mgpu_shared::{records, subjects};
@@ -76,30 +77,46 @@ async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
         );
     }
 
+    // The scheduler's refusal (not the owner, not an admin) comes as an event.
+    let mut events = session
+        .client
+        .subscribe(subjects::events(&id))
+        .await
+        .map_err(plain)?;
     let request = CancelRequest {
         user: session.user.clone(),
         reason: None,
     };
     let payload = serde_json::to_vec(&request)?;
+    let subject = subjects::cancel(&id);
+    let headers = session.sign(&subject, &payload)?;
     let ack = session
         .js
-        .publish(subjects::cancel(&id), payload.into())
+        .publish_with_headers(subject, headers, payload.into())
         .await
         .map_err(|err| publish_error(err.kind(), &err))?;
     ack.await.map_err(|err| publish_error(err.kind(), &err))?;
 
     let stopped = tokio::time::timeout(WAIT_FOR_STOP, async {
-        while let Some(change) = changes.next().await {
-            if let Ok(Some(record)) = change
-                && record.state.is_finished()
-            {
-                return true;
+        loop {
+            tokio::select! {
+                change = changes.next() => match change {
+                    Some(Ok(Some(record))) if record.state.is_finished() => return Ok(true),
+                    Some(_) => {}
+                    None => return Ok(false),
+                },
+                Some(event) = events.next() => {
+                    if let Ok(JobEvent { kind: JobEventKind::Refused { reason, .. }, .. }) =
+                        serde_json::from_slice::<JobEvent>(&event.payload)
+                    {
+                        bail!("{reason}");
+                    }
+                }
             }
         }
-        false
     })
     .await
-    .unwrap_or(false);
+    .unwrap_or(Ok(false))?;
     Ok(if stopped {
         Outcome::Stopped(id)
     } else {

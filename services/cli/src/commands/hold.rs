@@ -131,9 +131,11 @@ async fn one(session: &Session, typed: &str, action: Action) -> Result<Outcome> 
         user: session.user.clone(),
     };
     let payload = serde_json::to_vec(&request)?;
+    let subject = action.subject(&id);
+    let headers = session.sign(&subject, &payload)?;
     let ack = session
         .js
-        .publish(action.subject(&id), payload.into())
+        .publish_with_headers(subject, headers, payload.into())
         .await
         .map_err(|err| publish_error(err.kind(), &err))?;
     ack.await.map_err(|err| publish_error(err.kind(), &err))?;
@@ -153,10 +155,14 @@ async fn one(session: &Session, typed: &str, action: Action) -> Result<Outcome> 
                     }
                 }
                 Some(event) = events.next() => {
-                    if let Ok(JobEvent { kind: JobEventKind::Rejected { reason }, .. }) =
-                        serde_json::from_slice::<JobEvent>(&event.payload)
-                    {
-                        bail!("the scheduler refused to {} job {}: {reason}", action.verb(), id.short());
+                    match serde_json::from_slice::<JobEvent>(&event.payload) {
+                        Ok(JobEvent { kind: JobEventKind::Rejected { reason }, .. }) => {
+                            bail!("the scheduler refused to {} job {}: {reason}", action.verb(), id.short());
+                        }
+                        Ok(JobEvent { kind: JobEventKind::Refused { reason, .. }, .. }) => {
+                            bail!("{reason}");
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -232,6 +238,7 @@ mod tests {
         JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec: JobSpec::new(vec!["true".into()], "/"),
             submitted_at: mgpu_shared::now(),
             attempt: 1,

@@ -230,10 +230,11 @@ async fn apply(global: &GlobalArgs, change: &Change) -> Result<ExitCode> {
     // Refusals from before this publish are about something else.
     while refusals.try_recv().is_ok() {}
     let payload = serde_json::to_vec(&change.request(&session.user))?;
+    let headers = session.sign(subjects::ADMIN_REQUESTS, &payload)?;
     let publish = async {
         let ack = session
             .js
-            .publish(subjects::ADMIN_REQUESTS, payload.into())
+            .publish_with_headers(subjects::ADMIN_REQUESTS, headers, payload.into())
             .await
             .map_err(|err| publish_error(err.kind(), &err))?;
         ack.await.map_err(|err| publish_error(err.kind(), &err))

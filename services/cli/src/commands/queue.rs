@@ -428,6 +428,7 @@ mod tests {
         JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec,
             submitted_at: mgpu_shared::now() - Duration::seconds(submitted_secs_ago),
             attempt: 1,

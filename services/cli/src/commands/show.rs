@@ -254,6 +254,7 @@ mod tests {
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec: JobSpec::new(vec!["python".into(), "train.py".into()], "/tmp"),
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 1,
@@ -292,6 +293,7 @@ mod tests {
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec,
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 2,
@@ -325,6 +327,7 @@ mod tests {
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec: JobSpec::new(vec!["sleep 99".into()], "/tmp"),
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 1,
@@ -353,6 +356,7 @@ mod tests {
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
+            user_key: None,
             spec,
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 1,

@@ -63,6 +63,7 @@ mod tests {
         JobRecord {
             id: JobId::random(),
             user: user.into(),
+            user_key: None,
             spec: JobSpec::new(vec![command.into()], "/w"),
             submitted_at: mgpu_shared::now(),
             attempt: 1,

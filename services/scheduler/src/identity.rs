@@ -1,0 +1,233 @@
+//! Who sent a request: the signature on every user request (see `mgpu_shared::signing`) is
+//! checked against the principals file (`--principals`, the `principals.json` that `mgpu admin`
+//! keeps), re-read when it changes, so users added or removed take effect without a restart.
+//! A request that is unsigned, forged, replayed or signed by no known user is refused, and
+//! every request, carried out or refused, goes to the audit stream.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use async_nats::jetstream;
+
+use mgpu_shared::audit::AuditRecord;
+use mgpu_shared::auth::{Principal, Registry, Role};
+use mgpu_shared::event::JobEventKind;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::signing::{self, SignatureError};
+use mgpu_shared::{Timestamp, now, subjects};
+
+use crate::service::Scheduler;
+
+/// The principals file, re-read when it changes (looked at most once a second).
+pub struct Principals {
+    path: PathBuf,
+    registry: Registry,
+    modified: Option<SystemTime>,
+    looked: Instant,
+}
+
+impl Principals {
+    pub fn load(path: &Path) -> Result<Self> {
+        let registry = read(path)?;
+        Ok(Principals {
+            path: path.to_owned(),
+            registry,
+            modified: modified(path),
+            looked: Instant::now(),
+        })
+    }
+
+    /// Re-reads the file if it changed since it was read.
+    fn refresh(&mut self) {
+        if self.looked.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.looked = Instant::now();
+        let now_modified = modified(&self.path);
+        if now_modified == self.modified {
+            return;
+        }
+        match read(&self.path) {
+            Ok(registry) => {
+                tracing::info!(
+                    principals = registry.principals.len(),
+                    "principals file changed; reloaded"
+                );
+                self.registry = registry;
+                self.modified = now_modified;
+            }
+            Err(err) => tracing::warn!("reloading the principals file: {err:#}"),
+        }
+    }
+
+    /// The user or admin whose key is `key` (re-reading the file first when it changed).
+    pub fn user_by_key(&mut self, key: &str) -> Option<Principal> {
+        self.refresh();
+        self.registry
+            .by_key(key)
+            .filter(|p| matches!(p.role, Role::User | Role::Admin))
+            .cloned()
+    }
+
+    /// The user or admin named `name`.
+    pub fn user_by_name(&self, name: &str) -> Option<&Principal> {
+        self.registry
+            .principals
+            .iter()
+            .find(|p| p.name == name && matches!(p.role, Role::User | Role::Admin))
+    }
+
+    pub fn admin_keys(&self) -> Vec<String> {
+        self.registry
+            .principals
+            .iter()
+            .filter(|p| p.is_admin())
+            .map(|p| p.public_key.clone())
+            .collect()
+    }
+}
+
+fn read(path: &Path) -> Result<Registry> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading the principals file {} (written by `mgpu admin init`; pass --principals)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid", path.display()))
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The authenticated sender of a request.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub name: String,
+    pub key: String,
+    pub admin: bool,
+}
+
+impl Identity {
+    /// Whether this sender may act on a job owned by `owner`.
+    pub fn may_act_on(&self, owner: &str) -> bool {
+        self.admin || self.name == owner
+    }
+}
+
+/// Why a request was refused before it was looked at.
+pub struct Refusal {
+    /// The key the request was signed with, when it had one.
+    pub key: Option<String>,
+    pub reason: String,
+}
+
+impl Scheduler {
+    /// Checks a request's signature and who signed it. `stored_at` is when JetStream stored
+    /// it, which a replayer cannot choose.
+    pub(crate) fn authenticate(
+        &mut self,
+        message: &jetstream::Message,
+        stored_at: Timestamp,
+    ) -> Result<Identity, Refusal> {
+        let presented = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(signing::SIGNER))
+            .map(|k| k.as_str().to_owned());
+        let refuse = |err: SignatureError| Refusal {
+            key: presented.clone(),
+            reason: err.to_string(),
+        };
+        let signed = signing::verify(
+            message.headers.as_ref(),
+            message.subject.as_str(),
+            &message.payload,
+            stored_at,
+        )
+        .map_err(refuse)?;
+        self.nonces.check(&signed, stored_at).map_err(refuse)?;
+        let Some(principal) = self.principals.user_by_key(&signed.signer) else {
+            return Err(Refusal {
+                key: Some(signed.signer),
+                reason: "signed by a key that belongs to no user (removed, or never added)".into(),
+            });
+        };
+        Ok(Identity {
+            admin: principal.is_admin(),
+            name: principal.name,
+            key: signed.signer,
+        })
+    }
+
+    /// Records a request in the audit stream (the acknowledgement is awaited off the hot
+    /// path, as for events).
+    pub(crate) fn audit(
+        &self,
+        action: &str,
+        by: Option<&Identity>,
+        key: Option<String>,
+        target: Option<String>,
+        accepted: bool,
+        detail: String,
+    ) {
+        let record = AuditRecord {
+            at: now(),
+            action: action.to_owned(),
+            by: by.map(|i| i.name.clone()),
+            key: by.map(|i| i.key.clone()).or(key),
+            target,
+            accepted,
+            detail,
+        };
+        let Ok(payload) = serde_json::to_vec(&record) else {
+            return;
+        };
+        let js = self.js.clone();
+        let subject = subjects::audit(action);
+        tokio::spawn(async move {
+            match js.publish(subject, payload.into()).await {
+                Ok(ack) => {
+                    if let Err(err) = ack.await {
+                        tracing::warn!(%err, "audit record not stored");
+                    }
+                }
+                Err(err) => tracing::warn!(%err, "publishing an audit record"),
+            }
+        });
+    }
+
+    /// Refuses a request about `job`: a log line, an event the requester's CLI shows, and an
+    /// audit record.
+    pub(crate) fn refuse(
+        &self,
+        action: &str,
+        job: Option<&JobId>,
+        by: Option<&Identity>,
+        key: Option<String>,
+        reason: String,
+    ) {
+        tracing::warn!(
+            action,
+            job = job.map(JobId::as_str),
+            by = by.map(|i| i.name.as_str()),
+            "request refused: {reason}"
+        );
+        if let Some(job) = job {
+            let kind = if action == "submit" {
+                JobEventKind::Rejected {
+                    reason: format!("permission denied: {reason}"),
+                }
+            } else {
+                JobEventKind::Refused {
+                    action: action.to_owned(),
+                    reason: format!("permission denied: {reason}"),
+                }
+            };
+            self.publish_event(job, kind);
+        }
+        self.audit(action, by, key, job.map(JobId::to_string), false, reason);
+    }
+}

@@ -1,0 +1,237 @@
+//! Signed requests: a user's submit, cancel, hold/release, admin and input messages carry an
+//! ed25519 signature made with the user's nkey, so the scheduler (and, for input, the agent)
+//! acts on who really sent a message, not on the `user` a payload claims.
+//!
+//! The signature covers the subject, the signing time, a random nonce and the payload, and
+//! travels in headers ([`SIGNER`], [`SIGNED_AT`], [`NONCE`], [`SIGNATURE`]), so the payload stays
+//! the plain JSON any NATS tool shows. A verifier rejects a message signed too long before it
+//! was stored or received ([`MAX_SKEW`]) and remembers nonces for that long, so a copied
+//! message cannot be replayed.
+
+use std::collections::HashMap;
+
+use async_nats::HeaderMap;
+
+use crate::Timestamp;
+
+/// The signer's public nkey (`U…`).
+pub const SIGNER: &str = "Mgpu-Signer";
+/// When it was signed, in milliseconds since the Unix epoch.
+pub const SIGNED_AT: &str = "Mgpu-Signed-At";
+/// A random value that makes every signed message unique.
+pub const NONCE: &str = "Mgpu-Nonce";
+/// The ed25519 signature, in hexadecimal.
+pub const SIGNATURE: &str = "Mgpu-Signature";
+
+/// How far apart signing and storing (or receiving) may be: a clock difference between hosts
+/// and a slow network, not a replay.
+pub const MAX_SKEW: chrono::Duration = chrono::Duration::minutes(2);
+
+/// Why a message's signature was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("the message is not signed (no {SIGNATURE} header)")]
+    Unsigned,
+    #[error("the signature headers are malformed: {0}")]
+    Malformed(String),
+    #[error("the signature does not match the message and the signer's key (forged or altered)")]
+    Forged,
+    #[error("the message was signed {0} before it arrived (replayed, or a clock far off)")]
+    Stale(String),
+    #[error("the message was already received once (replayed)")]
+    Replayed,
+}
+
+/// What a valid signature proves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    pub signer: String,
+    pub nonce: String,
+    pub signed_at: Timestamp,
+}
+
+fn signed_bytes(subject: &str, signed_at_ms: i64, nonce: &str, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("mgpu-request\n{subject}\n{signed_at_ms}\n{nonce}\n").into_bytes();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// Signs `payload` for `subject` with `key`, adding the signature headers to `headers`.
+pub fn sign(
+    key: &nkeys::KeyPair,
+    subject: &str,
+    payload: &[u8],
+    now: Timestamp,
+    headers: &mut HeaderMap,
+) -> Result<(), String> {
+    let at = now.timestamp_millis();
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let signature = key
+        .sign(&signed_bytes(subject, at, &nonce, payload))
+        .map_err(|e| format!("signing the request: {e}"))?;
+    headers.insert(SIGNER, key.public_key().as_str());
+    headers.insert(SIGNED_AT, at.to_string().as_str());
+    headers.insert(NONCE, nonce.as_str());
+    headers.insert(SIGNATURE, hex(&signature).as_str());
+    Ok(())
+}
+
+/// Checks the signature of a message on `subject` that arrived (or was stored) at `arrived`.
+/// Replays are caught by [`Nonces`], which the caller keeps.
+pub fn verify(
+    headers: Option<&HeaderMap>,
+    subject: &str,
+    payload: &[u8],
+    arrived: Timestamp,
+) -> Result<Signed, SignatureError> {
+    let header = |name: &str| {
+        headers
+            .and_then(|h| h.get(name))
+            .map(|v| v.as_str().trim().to_owned())
+    };
+    let Some(signature) = header(SIGNATURE) else {
+        return Err(SignatureError::Unsigned);
+    };
+    let malformed = |what: &str| SignatureError::Malformed(what.to_owned());
+    let signer = header(SIGNER).ok_or_else(|| malformed("no signer"))?;
+    let nonce = header(NONCE).ok_or_else(|| malformed("no nonce"))?;
+    if nonce.is_empty() || nonce.len() > 64 {
+        return Err(malformed("bad nonce"));
+    }
+    let at_ms: i64 = header(SIGNED_AT)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| malformed("bad signing time"))?;
+    let signed_at = chrono::DateTime::from_timestamp_millis(at_ms)
+        .ok_or_else(|| malformed("signing time out of range"))?;
+    let signature = unhex(&signature).ok_or_else(|| malformed("signature is not hexadecimal"))?;
+    let key = nkeys::KeyPair::from_public_key(&signer).map_err(|_| malformed("bad signer key"))?;
+    key.verify(&signed_bytes(subject, at_ms, &nonce, payload), &signature)
+        .map_err(|_| SignatureError::Forged)?;
+    let skew = arrived - signed_at;
+    if skew > MAX_SKEW || -skew > MAX_SKEW {
+        return Err(SignatureError::Stale(format!("{}s", skew.num_seconds())));
+    }
+    Ok(Signed {
+        signer,
+        nonce,
+        signed_at,
+    })
+}
+
+/// Nonces seen within [`MAX_SKEW`]: a second message with one of them is a replay.
+#[derive(Debug, Default)]
+pub struct Nonces {
+    seen: HashMap<String, Timestamp>,
+}
+
+impl Nonces {
+    /// Records `signed`'s nonce; an error when it was seen already.
+    pub fn check(&mut self, signed: &Signed, now: Timestamp) -> Result<(), SignatureError> {
+        // Forget what can no longer pass the skew check anyway.
+        if self.seen.len() > 1024 {
+            self.seen
+                .retain(|_, at| now - *at <= MAX_SKEW * 2 && *at - now <= MAX_SKEW * 2);
+        }
+        if self
+            .seen
+            .insert(signed.nonce.clone(), signed.signed_at)
+            .is_some()
+        {
+            return Err(SignatureError::Replayed);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signed(subject: &str, payload: &[u8], at: Timestamp) -> (HeaderMap, String) {
+        let key = nkeys::KeyPair::new_user();
+        let mut headers = HeaderMap::new();
+        assert!(sign(&key, subject, payload, at, &mut headers).is_ok());
+        (headers, key.public_key())
+    }
+
+    #[test]
+    fn a_signed_message_verifies_and_names_its_signer() {
+        let now = crate::now();
+        let (headers, public) = signed("jobs.submit", b"{}", now);
+        let ok = verify(Some(&headers), "jobs.submit", b"{}", now);
+        assert_eq!(ok.map(|s| s.signer), Ok(public));
+    }
+
+    #[test]
+    fn altered_unsigned_stale_and_replayed_messages_are_refused() {
+        let now = crate::now();
+        let (headers, _) = signed("jobs.x.cancel", b"{\"user\":\"alice\"}", now);
+        assert_eq!(
+            verify(Some(&headers), "jobs.x.cancel", b"{\"user\":\"bob\"}", now),
+            Err(SignatureError::Forged)
+        );
+        assert_eq!(
+            verify(
+                Some(&headers),
+                "jobs.y.cancel",
+                b"{\"user\":\"alice\"}",
+                now
+            ),
+            Err(SignatureError::Forged),
+            "a signature is bound to its subject"
+        );
+        assert_eq!(
+            verify(None, "jobs.x.cancel", b"{}", now),
+            Err(SignatureError::Unsigned)
+        );
+        let later = now + chrono::Duration::minutes(10);
+        assert!(matches!(
+            verify(
+                Some(&headers),
+                "jobs.x.cancel",
+                b"{\"user\":\"alice\"}",
+                later
+            ),
+            Err(SignatureError::Stale(_))
+        ));
+        let mut nonces = Nonces::default();
+        let first = verify(
+            Some(&headers),
+            "jobs.x.cancel",
+            b"{\"user\":\"alice\"}",
+            now,
+        );
+        assert!(first.is_ok());
+        let first = first.unwrap_or_else(|_| unreachable!());
+        assert_eq!(nonces.check(&first, now), Ok(()));
+        assert_eq!(nonces.check(&first, now), Err(SignatureError::Replayed));
+    }
+
+    #[test]
+    fn garbage_headers_are_malformed_not_a_panic() {
+        let now = crate::now();
+        let mut headers = HeaderMap::new();
+        headers.insert(SIGNATURE, "zz");
+        headers.insert(SIGNER, "nope");
+        headers.insert(NONCE, "n");
+        headers.insert(SIGNED_AT, "99999999999999999999");
+        assert!(matches!(
+            verify(Some(&headers), "s", b"", now),
+            Err(SignatureError::Malformed(_))
+        ));
+    }
+}
