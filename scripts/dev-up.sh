@@ -93,6 +93,10 @@ for i in $(seq 1 "$servers"); do
 done
 
 server="$(IFS=,; echo "${urls[*]}")"
+# One person's cluster: jobs run as you. Started as root, the agents would refuse to run
+# your jobs as root unless told they may.
+run_as_args=()
+[ "$(id -u)" -eq 0 ] && run_as_args=(--allow-root-jobs)
 # A NATS cluster first connects its routes and elects a JetStream leader; streams are created
 # (with their replicas) once it answers, so the scheduler starts on a ready cluster.
 if [ "$servers" -gt 1 ]; then
@@ -116,7 +120,7 @@ for i in $(seq 1 "$nodes"); do
   if [ -n "$gpus" ]; then gpu_args=(--gpus "$gpus"); else gpu_args=(--fallback-gpus 2x24GiB); fi
   # The state file lets a restarted agent stop the jobs its crashed predecessor left running.
   MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/node-$node.nk" \
-    start "$node" "$bin/mgpu-node" --node "$node" "${gpu_args[@]}" --state-dir "$state/state" || true
+    start "$node" "$bin/mgpu-node" --node "$node" "${gpu_args[@]}" --state-dir "$state/state" "${run_as_args[@]}" || true
 done
 
 cat >"$state/env" <<ENV

@@ -49,6 +49,10 @@ pub struct NodeSpec {
     pub agent_args: Vec<String>,
     /// False: the node gets credentials but no agent is started for it.
     pub agent: bool,
+    /// Run jobs as their owners' Unix accounts (the agent's default as root). Off for most
+    /// stories: they run as root with users that have no account here, so their agents run
+    /// jobs as themselves (`MGPU_JOBS_AS_AGENT_USER`, `MGPU_ALLOW_ROOT_JOBS`).
+    pub jobs_as_owners: bool,
 }
 
 impl NodeSpec {
@@ -58,7 +62,14 @@ impl NodeSpec {
             gpus: gpus.into(),
             agent_args: Vec::new(),
             agent: true,
+            jobs_as_owners: false,
         }
+    }
+
+    /// An agent that runs each job as its owner's Unix account.
+    pub fn jobs_as_owners(mut self) -> Self {
+        self.jobs_as_owners = true;
+        self
     }
 
     /// A node the test speaks for itself (with [`Cluster::creds`] of `Role::Node`).
@@ -357,6 +368,14 @@ impl Cluster {
             .env("RUST_LOG", "info")
             .stdout(self.log(name))
             .stderr(self.log(name))
+            .envs(if spec.jobs_as_owners {
+                Vec::new()
+            } else {
+                vec![
+                    ("MGPU_JOBS_AS_AGENT_USER", "true"),
+                    ("MGPU_ALLOW_ROOT_JOBS", "true"),
+                ]
+            })
             .spawn()
             .unwrap_or_else(|e| panic!("starting agent {name}: {e}"));
         self.agents.push((name.to_owned(), child));
@@ -413,7 +432,12 @@ impl Cluster {
 
     /// Runs `mgpu ARGS`, asserts success and returns stdout.
     pub fn mgpu_ok(&self, args: &[&str]) -> String {
-        let out = self.mgpu(args);
+        self.mgpu_ok_with(&self.user_creds("alice"), args)
+    }
+
+    /// [`Cluster::mgpu_ok`] with other credentials.
+    pub fn mgpu_ok_with(&self, creds: &Path, args: &[&str]) -> String {
+        let out = self.mgpu_with(creds, args, None);
         assert!(
             out.status.success(),
             "mgpu {args:?} failed ({:?}): {}{}",

@@ -96,6 +96,16 @@ pub struct Args {
           value_parser = parse_fence, hide_default_value = true)]
     pub fence_after: Fence,
 
+    /// Run every job as the agent's own account, whoever submitted it (single-user machines).
+    /// By default an agent running as root runs each job as its owner's Unix account.
+    #[arg(long, env = "MGPU_JOBS_AS_AGENT_USER")]
+    pub jobs_as_agent_user: bool,
+
+    /// Allow jobs to run as root (a user mapped to root, or --jobs-as-agent-user on an agent
+    /// running as root). Refused by default.
+    #[arg(long, env = "MGPU_ALLOW_ROOT_JOBS")]
+    pub allow_root_jobs: bool,
+
     /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
     /// prefer nodes that share the value of the scheduler's topology label (`rack`).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]

@@ -47,6 +47,8 @@ pub struct JobContext {
     pub heartbeat_now: Arc<Notify>,
     /// Given to every job's guard, which stops the job if this agent loses contact or freezes.
     pub guard_fence: Option<crate::guard::GuardFence>,
+    /// Whose account jobs run under.
+    pub run_as: crate::run_as::RunAsPolicy,
 }
 
 /// A spawned job attempt, recorded in the running table; [`StartedJob::supervise`] sees it
@@ -77,6 +79,12 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     let node = &ctx.node;
     spec.validate()
         .map_err(|err| format!("the job cannot run: {err}"))?;
+    let account = crate::run_as::resolve(
+        &ctx.run_as,
+        &assignment.user,
+        assignment.unix_user.as_deref(),
+        node,
+    )?;
     check_workdir(&spec.workdir, node).await?;
     // Subscribed before the process starts, so input sent right after the start is not lost.
     let input = if spec.interactive {
@@ -124,6 +132,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         .arg(build_script(spec, &gpus))
         .env_clear()
         .envs(job_environment(spec, &key, node, &gpus, ranks.as_ref()))
+        .envs(account.iter().flat_map(|a| a.environment()))
         .current_dir(&spec.workdir)
         // Its own process group, so a kill reaches everything the job started.
         .process_group(0)
@@ -134,6 +143,13 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if let Some(account) = account.clone() {
+        // SAFETY: between fork and exec the closure makes only system calls (setgroups,
+        // setgid, setuid) on data prepared before the fork; it allocates nothing.
+        unsafe {
+            command.pre_exec(move || account.switch());
+        }
+    }
     let mut child = command
         .spawn()
         .map_err(|err| format!("cannot start {shell} in {} on {node}: {err}", spec.workdir))?;

@@ -21,6 +21,7 @@ mod nvml;
 mod output;
 mod reconcile;
 mod reports;
+mod run_as;
 mod running;
 mod script;
 mod shutdown;
@@ -146,10 +147,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         heartbeat_interval: args.heartbeat_interval,
         kill_grace: args.kill_grace,
     };
+    let run_as_policy = run_as::RunAsPolicy::new(args.jobs_as_agent_user, args.allow_root_jobs);
     let identity = Identity {
         node,
         address,
-        runs_jobs_as: cli::current_user(),
+        runs_jobs_as: run_as_policy.describe(),
         interval: timings.heartbeat_interval,
         thresholds: Thresholds {
             mem: args.mem_threshold,
@@ -183,6 +185,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         left,
         contact,
         guard_fence,
+        run_as: run_as_policy,
     };
     let agent = start_loops(client, identity, probe, timings, memory);
     wait_for_stop_signal().await?;
@@ -204,6 +207,7 @@ struct Memory {
     left: Vec<RecordedAttempt>,
     contact: fence::Contact,
     guard_fence: Option<guard::GuardFence>,
+    run_as: run_as::RunAsPolicy,
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -247,6 +251,7 @@ fn start_loops(
         state: memory.state,
         heartbeat_now,
         guard_fence: memory.guard_fence,
+        run_as: memory.run_as,
     };
     let dispatcher = tokio::spawn(async move {
         let reconciled = reconcile::settle(leftovers, &ctx);

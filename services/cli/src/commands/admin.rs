@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, anyhow};
 use clap::{Args, Subcommand};
+use mgpu_shared::audit::AuditRecord;
 use mgpu_shared::auth::{self, Registry, Role};
 use mgpu_shared::streams::{self, Replicas, StreamSettings};
 
@@ -44,6 +45,12 @@ pub enum AdminCommand {
     AddNode(AddNodeArgs),
     /// List the principals the server knows.
     List(ListArgs),
+    /// Remove a user or node: its key stops working once the server reloads its
+    /// configuration (done here for the servers of `scripts/dev-up.sh`).
+    Remove(RemoveArgs),
+    /// Show the audit trail: every request the scheduler handled, who signed it, and whether
+    /// it was carried out.
+    Audit(AuditArgs),
     /// Create mgpu's JetStream streams and buckets (needs admin credentials).
     Setup(SetupArgs),
 }
@@ -94,6 +101,32 @@ pub struct AddUserArgs {
     /// Also copy the key to this file (mode 0600), to hand to the user.
     #[arg(long, value_name = "PATH")]
     pub out: Option<PathBuf>,
+
+    /// The Unix account this user's jobs run as on agents running as root (default: the
+    /// account named like the user).
+    #[arg(long, value_name = "ACCOUNT")]
+    pub unix_user: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    /// The user's or node's name.
+    pub name: String,
+
+    /// Remove the node of that name (when a user has the same name).
+    #[arg(long)]
+    pub node: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only records from this long ago on: `1h`, `2d`, `90` (seconds). Default: a day.
+    #[arg(long, value_name = "DUR", default_value = "1d")]
+    pub since: String,
+
+    /// Print one JSON object per line.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -119,11 +152,21 @@ pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
         AdminCommand::AddUser(add) => {
             let role = if add.admin { Role::Admin } else { Role::User };
             add_principal(&args.dir, role, &add.name, add.out.as_deref())?;
+            if let Some(account) = &add.unix_user {
+                set_unix_user(&args.dir, role, &add.name, account)?;
+            }
+            reload_servers(&args.dir)?;
         }
         AdminCommand::AddNode(add) => {
             add_principal(&args.dir, Role::Node, &add.name, add.out.as_deref())?;
+            reload_servers(&args.dir)?;
         }
         AdminCommand::List(list_args) => list(&args.dir, list_args)?,
+        AdminCommand::Remove(remove_args) => {
+            remove(&args.dir, remove_args)?;
+            reload_servers(&args.dir)?;
+        }
+        AdminCommand::Audit(audit_args) => audit(global, audit_args).await?,
         AdminCommand::Setup(setup_args) => setup(global, setup_args).await?,
     }
     Ok(ExitCode::SUCCESS)
@@ -246,8 +289,193 @@ fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Resu
             .with_context(|| format!("cannot write {}", out.display()))?;
         println(&format!("Copied the key to {} (mode 0600)", out.display()))?;
     }
-    if !existed {
-        println("A running nats-server picks up the change on `nats-server --signal reload`.")?;
+    Ok(())
+}
+
+/// Records the Unix account a user's jobs run as.
+fn set_unix_user(dir: &Path, role: Role, name: &str, account: &str) -> Result<()> {
+    let valid = !account.is_empty()
+        && account.len() <= 32
+        && account
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if !valid {
+        return Err(anyhow!(
+            "`{account}` is not a Unix account name (letters, digits, `-`, `_`, `.`)"
+        ));
+    }
+    let mut registry = load(dir)?;
+    if let Some(principal) = registry
+        .principals
+        .iter_mut()
+        .find(|p| p.role == role && p.name == name)
+    {
+        principal.unix_user = Some(account.to_owned());
+    }
+    save(&registry, dir)?;
+    println(&format!(
+        "{name}'s jobs run as Unix account {account} (on agents running as root)"
+    ))?;
+    Ok(())
+}
+
+/// Removes a user or node and its key file.
+fn remove(dir: &Path, args: &RemoveArgs) -> Result<()> {
+    let mut registry = load(dir)?;
+    let matches = |p: &auth::Principal| {
+        p.name == args.name
+            && if args.node {
+                p.role == Role::Node
+            } else {
+                matches!(p.role, Role::User | Role::Admin)
+            }
+    };
+    let Some(index) = registry.principals.iter().position(matches) else {
+        let what = if args.node { "node" } else { "user" };
+        return Err(anyhow!(
+            "no {what} named {} in {} (see `mgpu admin list`)",
+            args.name,
+            dir.display()
+        ));
+    };
+    let principal = registry.principals.remove(index);
+    if principal.role == Role::Admin && !registry.principals.iter().any(|p| p.is_admin()) {
+        return Err(anyhow!(
+            "{} is the last admin; add another admin first",
+            principal.name
+        ));
+    }
+    save(&registry, dir)?;
+    let key = dir.join(auth::KEYS_DIR).join(principal.key_file_name());
+    match std::fs::remove_file(&key) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(anyhow!("cannot delete {}: {err}", key.display())),
+    }
+    println(&format!(
+        "Removed {} {}; deleted {}",
+        principal.role.as_str(),
+        principal.name,
+        key.display()
+    ))?;
+    Ok(())
+}
+
+/// Makes running nats-servers re-read `auth.conf` (SIGHUP: a configuration reload keeps every
+/// connection open). The servers found are those whose pid files `scripts/dev-up.sh` keeps
+/// next to the credentials directory; others are named in a hint.
+fn reload_servers(dir: &Path) -> Result<()> {
+    let run_dir = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.parent().map(|p| p.join("run")));
+    let mut reloaded = 0;
+    if let Some(run_dir) = run_dir
+        && let Ok(entries) = std::fs::read_dir(&run_dir)
+    {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("nats-server") && name.ends_with(".pid")) {
+                continue;
+            }
+            let pid = std::fs::read_to_string(entry.path())
+                .ok()
+                .and_then(|text| text.trim().parse::<i32>().ok());
+            // A stale pid file may name some other process by now: signal only nats-server.
+            let is_nats_server = |pid: i32| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim() == "nats-server")
+            };
+            if let Some(pid) = pid
+                && is_nats_server(pid)
+                && nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGHUP,
+                )
+                .is_ok()
+            {
+                reloaded += 1;
+            }
+        }
+    }
+    if reloaded > 0 {
+        println(&format!(
+            "Reloaded the configuration of {reloaded} running nats-server(s); connections stay open"
+        ))?;
+    } else {
+        println(
+            "Make running nats-servers pick this up: `nats-server --signal reload` (or SIGHUP).",
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints the audit records of the last `--since`.
+async fn audit(global: &GlobalArgs, args: &AuditArgs) -> Result<()> {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt;
+    let since = mgpu_shared::duration::parse_duration(&args.since).map_err(plain)?;
+    let start = mgpu_shared::now()
+        - chrono::Duration::from_std(since).unwrap_or_else(|_| chrono::Duration::days(1));
+    let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(
+        start.timestamp_nanos_opt().unwrap_or(0),
+    ))
+    .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let session = Session::connect(global).await?;
+    let stream = session
+        .js
+        .get_stream(mgpu_shared::subjects::AUDIT_STREAM)
+        .await
+        .map_err(crate::errors::lookup)?;
+    let consumer = mgpu_shared::records::create_reader("reading the audit trail", || {
+        stream.create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time },
+            ..Default::default()
+        })
+    })
+    .await
+    .map_err(plain)?;
+    let pending = consumer.cached_info().num_pending;
+    let mut table = Table::new(["TIME", "ACTION", "BY", "TARGET", "OUTCOME", "DETAIL"]);
+    if pending > 0 {
+        let mut messages = consumer.messages().await.map_err(plain)?;
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(plain)?;
+            let left = message.info().map_err(plain)?.pending;
+            if let Ok(record) = serde_json::from_slice::<AuditRecord>(&message.payload) {
+                if args.json {
+                    println(&serde_json::to_string(&record)?)?;
+                } else {
+                    table.row(vec![
+                        record.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                        record.action.clone(),
+                        record
+                            .by
+                            .clone()
+                            .or_else(|| {
+                                record
+                                    .key
+                                    .as_ref()
+                                    .map(|k| format!("key {}…", &k[..k.len().min(12)]))
+                            })
+                            .unwrap_or_else(|| "unsigned".into()),
+                        record.target.clone().unwrap_or_default(),
+                        if record.accepted { "done" } else { "refused" }.to_owned(),
+                        record.detail.clone(),
+                    ]);
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    if !args.json {
+        if pending == 0 {
+            println(&format!("No audit records in the last {}.", args.since))?;
+        } else {
+            print(&table.render())?;
+        }
     }
     Ok(())
 }

@@ -1,0 +1,346 @@
+//! Attacks by users with valid accounts, each against the real server and scheduler: a
+//! submission signed by no user or not signed at all, a forged cancel, a replayed hold, and
+//! cancelling or holding someone else's job. After each, the jobs before it are intact, the
+//! refusal is in the audit trail, and the CLI says "permission denied" with a failing status.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use mgpu_shared::auth::Role;
+use mgpu_shared::ids::JobId;
+use mgpu_shared::job::{CancelRequest, HoldRequest, JobSpec, SubmitRequest};
+use mgpu_shared::{signing, subjects};
+use mgpu_tests::{Cluster, NodeSpec, wait_for};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+fn cluster() -> Cluster {
+    Cluster::start(&[NodeSpec::new("node001", "1x24GiB")])
+}
+
+/// The nkey of `role`/`name`, read from its seed file.
+fn key_of(cluster: &Cluster, role: Role, name: &str) -> nkeys::KeyPair {
+    let seed = mgpu_shared::connect::read_seed(&cluster.creds(role, name))
+        .unwrap_or_else(|e| panic!("{e}"));
+    nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Publishes `payload` on `subject` through JetStream as `creds`, with `headers`.
+fn publish(
+    cluster: &Cluster,
+    creds: Role,
+    name: &str,
+    subject: String,
+    headers: HeaderMap,
+    payload: Vec<u8>,
+) {
+    cluster.with_nats(&cluster.creds(creds, name), |client| async move {
+        let js = async_nats::jetstream::new(client);
+        js.publish_with_headers(subject, headers, payload.into())
+            .await
+            .unwrap_or_else(|e| panic!("publish: {e}"))
+            .await
+            .unwrap_or_else(|e| panic!("not stored: {e}"));
+    });
+}
+
+fn signed_by(
+    key: &nkeys::KeyPair,
+    subject: &str,
+    payload: &[u8],
+    at: mgpu_shared::Timestamp,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    signing::sign(key, subject, payload, at, &mut headers).unwrap_or_else(|e| panic!("{e}"));
+    headers
+}
+
+/// The audit records, as `mgpu admin audit --json` prints them.
+fn audit(cluster: &Cluster) -> Vec<Value> {
+    cluster
+        .mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"])
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+fn refused_in_audit(cluster: &Cluster, action: &str, target: &str, detail: &str) -> Value {
+    wait_for(
+        &format!("a refused {action} of {target} in the audit"),
+        T,
+        || {
+            audit(cluster).into_iter().find(|r| {
+                r["action"] == action
+                    && r["target"] == target
+                    && r["accepted"] == false
+                    && r["detail"].as_str().is_some_and(|d| d.contains(detail))
+            })
+        },
+    )
+}
+
+#[test]
+fn submissions_signed_by_no_user_or_unsigned_are_refused_and_nothing_runs() {
+    let cluster = cluster();
+    let before = cluster.submit(&[], "true");
+    cluster.finished_as(&before, "succeeded", T);
+    let snapshot = cluster.show(&before);
+
+    for (name, sign) in [("stranger", true), ("unsigned", false)] {
+        let id = JobId::random();
+        let request = SubmitRequest {
+            id: id.clone(),
+            user: "alice".into(),
+            spec: JobSpec::new(vec![format!("echo {name}")], "/tmp"),
+        };
+        let payload = serde_json::to_vec(&request).unwrap_or_default();
+        let headers = if sign {
+            // A key the server never heard of, on alice's connection.
+            signed_by(
+                &nkeys::KeyPair::new_user(),
+                subjects::SUBMIT,
+                &payload,
+                mgpu_shared::now(),
+            )
+        } else {
+            HeaderMap::new()
+        };
+        publish(
+            &cluster,
+            Role::User,
+            "alice",
+            subjects::SUBMIT.into(),
+            headers,
+            payload,
+        );
+        let why = if sign {
+            "belongs to no user"
+        } else {
+            "not signed"
+        };
+        refused_in_audit(&cluster, "submit", id.as_str(), why);
+        let shown = cluster.mgpu(&["show", "--json", id.as_str()]);
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(
+            !text.contains("succeeded") && !text.contains("running"),
+            "{name}: {text}"
+        );
+    }
+    assert_eq!(cluster.show(&before), snapshot, "earlier jobs are intact");
+}
+
+#[test]
+fn the_signer_owns_the_job_whatever_name_the_payload_gives() {
+    let cluster = cluster();
+    // The CLI runs with USER=alice, but these are bob's credentials.
+    let out = cluster.mgpu_ok_with(&cluster.user_creds("bob"), &["submit", "-q", "--", "true"]);
+    let id = out.trim().to_owned();
+    let job = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(job["user"], "bob", "{job}");
+}
+
+#[test]
+fn users_cancel_and_hold_only_their_own_jobs_and_admins_any() {
+    let cluster = cluster();
+    let alices = cluster.submit(&[], "sleep 60");
+    cluster.wait_state(&alices, "running", T);
+    let queued = cluster.submit(&[], "true");
+
+    let bob = cluster.user_creds("bob");
+    let cancel = cluster.mgpu_with(&bob, &["cancel", &alices], None);
+    assert!(!cancel.status.success());
+    let stderr = String::from_utf8_lossy(&cancel.stderr);
+    assert!(
+        stderr.contains("permission denied") && stderr.contains("belongs to alice"),
+        "{stderr}"
+    );
+    let hold = cluster.mgpu_with(&bob, &["hold", &queued], None);
+    assert!(!hold.status.success());
+    let stderr = String::from_utf8_lossy(&hold.stderr);
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert_eq!(
+        cluster.state(&alices),
+        "running",
+        "bob's cancel changed nothing"
+    );
+    refused_in_audit(&cluster, "cancel", &alices, "belongs to alice");
+
+    // A cancel forged in alice's name, signed with bob's key, is bob's cancel: refused.
+    let payload = serde_json::to_vec(&CancelRequest {
+        user: "alice".into(),
+        reason: None,
+    })
+    .unwrap_or_default();
+    let id: JobId = alices.parse().unwrap_or_else(|e| panic!("{e}"));
+    let subject = subjects::cancel(&id);
+    let headers = signed_by(
+        &key_of(&cluster, Role::User, "bob"),
+        &subject,
+        &payload,
+        mgpu_shared::now(),
+    );
+    publish(
+        &cluster,
+        Role::User,
+        "bob",
+        subject.clone(),
+        headers,
+        payload.clone(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(cluster.state(&alices), "running");
+
+    // Signed by alice but ten minutes ago (a captured message): stale.
+    let old = mgpu_shared::now() - chrono::Duration::minutes(10);
+    let headers = signed_by(
+        &key_of(&cluster, Role::User, "alice"),
+        &subject,
+        &payload,
+        old,
+    );
+    publish(&cluster, Role::User, "alice", subject, headers, payload);
+    refused_in_audit(&cluster, "cancel", &alices, "signed");
+    assert_eq!(cluster.state(&alices), "running");
+
+    // An admin may cancel anyone's job.
+    let admin = cluster.mgpu_with(&cluster.admin_creds(), &["cancel", &alices], None);
+    assert!(
+        admin.status.success(),
+        "{}",
+        String::from_utf8_lossy(&admin.stderr)
+    );
+    let done = cluster.finished_as(&alices, "cancelled", T);
+    assert!(
+        done["reason"].as_str().unwrap_or("").contains("admin"),
+        "{done}"
+    );
+}
+
+#[test]
+fn a_replayed_hold_changes_nothing() {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    let blocker = cluster.submit(&[], "sleep 60");
+    cluster.wait_state(&blocker, "running", T);
+    let waiting = cluster.submit(&[], "true");
+    let id: JobId = waiting.parse().unwrap_or_else(|e| panic!("{e}"));
+
+    // Alice holds her job with a message someone copies.
+    let payload = serde_json::to_vec(&HoldRequest {
+        user: "alice".into(),
+    })
+    .unwrap_or_default();
+    let subject = subjects::hold(&id);
+    let headers = signed_by(
+        &key_of(&cluster, Role::User, "alice"),
+        &subject,
+        &payload,
+        mgpu_shared::now(),
+    );
+    publish(
+        &cluster,
+        Role::User,
+        "alice",
+        subject.clone(),
+        headers.clone(),
+        payload.clone(),
+    );
+    cluster.wait_reason(&waiting, "held: `mgpu release` lets it run", T);
+    cluster.mgpu_ok(&["release", &waiting]);
+    // The copy, sent again: refused, the job stays released.
+    publish(&cluster, Role::User, "bob", subject, headers, payload);
+    refused_in_audit(&cluster, "hold", &waiting, "already received");
+    let job = cluster.show(&waiting);
+    assert_ne!(job["reason"], "held: `mgpu release` lets it run", "{job}");
+    cluster.mgpu_ok(&["cancel", &blocker]);
+    cluster.finished_as(&waiting, "succeeded", T);
+}
+
+/// Creates a throwaway Unix account (root only), removed when dropped.
+struct Account(String);
+
+impl Account {
+    fn create() -> Option<Account> {
+        if !nix::unistd::Uid::effective().is_root() {
+            return None;
+        }
+        let name = format!("mgpu-t{}", &JobId::random().as_str()[..8]);
+        let made = std::process::Command::new("useradd")
+            .args([
+                "--no-create-home",
+                "--home-dir",
+                "/tmp",
+                "--shell",
+                "/bin/sh",
+                &name,
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        made.then_some(Account(name))
+    }
+}
+
+impl Drop for Account {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("userdel").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_root() {
+    let Some(account) = Account::create() else {
+        eprintln!("skipped: needs root and useradd to create a Unix account");
+        return;
+    };
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB").jobs_as_owners()]);
+    let auth_dir = cluster
+        .admin_creds()
+        .parent()
+        .and_then(|keys| keys.parent())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let dir = auth_dir.display().to_string();
+    // Mapped while the scheduler runs: it re-reads the principals file.
+    cluster.mgpu_ok_with(
+        &cluster.admin_creds(),
+        &[
+            "admin",
+            "add-user",
+            "alice",
+            "--unix-user",
+            &account.0,
+            "--dir",
+            &dir,
+        ],
+    );
+    cluster.mgpu_ok_with(
+        &cluster.admin_creds(),
+        &[
+            "admin",
+            "add-user",
+            "bob",
+            "--unix-user",
+            "root",
+            "--dir",
+            &dir,
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let id = cluster.submit(&[], "echo \"$(id -un) $USER $HOME\"");
+    cluster.finished_as(&id, "succeeded", T);
+    let logs = cluster.mgpu_ok(&["logs", &id]);
+    assert_eq!(logs.trim(), format!("{} {} /tmp", account.0, account.0));
+
+    let as_root =
+        cluster.mgpu_ok_with(&cluster.user_creds("bob"), &["submit", "-q", "--", "id -u"]);
+    let job = cluster.finished_as(as_root.trim(), "failed", T);
+    let reason = job["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("refusing to run bob's job as root"),
+        "{reason}"
+    );
+
+    let nodes = cluster.mgpu_ok(&["nodes", "--json"]);
+    assert!(nodes.contains("each job's owner"), "{nodes}");
+}
