@@ -148,11 +148,11 @@ impl Registry {
             .principals
             .iter()
             .map(|p| {
-                let perms = permissions(p.role, &p.name);
+                let perms = permissions(p.role, &p.name, &p.public_key);
                 json!({
                     "nkey": p.public_key,
                     "permissions": {
-                        "publish": { "allow": perms.publish },
+                        "publish": { "allow": perms.publish, "deny": perms.deny_publish },
                         "subscribe": { "allow": perms.subscribe },
                     }
                 })
@@ -186,19 +186,28 @@ pub fn validate_principal_name(name: &str) -> Result<(), InvalidInput> {
 }
 
 /// What one principal may publish and subscribe to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Permissions {
     pub publish: Vec<String>,
     pub subscribe: Vec<String>,
+    /// Exceptions to `publish`.
+    pub deny_publish: Vec<String>,
+}
+
+/// The inbox prefix of the principal with `public_key`: every mgpu client uses it for
+/// replies, and users may subscribe to theirs only.
+pub fn inbox_prefix(public_key: &str) -> String {
+    format!("_INBOX.{public_key}")
 }
 
 /// The server-side permissions of each role. Anything not listed is refused by the server.
-pub fn permissions(role: Role, name: &str) -> Permissions {
+pub fn permissions(role: Role, name: &str, public_key: &str) -> Permissions {
     let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     match role {
         Role::Admin => Permissions {
             publish: strings(&[">"]),
             subscribe: strings(&[">"]),
+            deny_publish: Vec::new(),
         },
         Role::Scheduler => Permissions {
             publish: strings(&[
@@ -221,6 +230,7 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 subjects::ALL_HEARTBEATS,
                 "_INBOX.>",
             ]),
+            deny_publish: Vec::new(),
         },
         Role::Node => {
             let consumer = subjects::node_consumer(name);
@@ -237,7 +247,11 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                     format!("$JS.API.CONSUMER.MSG.NEXT.{assign}.{consumer}"),
                     format!("$JS.ACK.{assign}.{consumer}.>"),
                 ],
-                subscribe: strings(&["_INBOX.>", "jobs.*.input"]),
+                subscribe: vec![
+                    format!("{}.>", inbox_prefix(public_key)),
+                    "jobs.*.input".to_owned(),
+                ],
+                deny_publish: Vec::new(),
             }
         }
         Role::User => {
@@ -275,14 +289,22 @@ pub fn permissions(role: Role, name: &str) -> Permissions {
                 publish.push(format!("$JS.API.DIRECT.GET.{stream}.>"));
                 publish.push(format!("$JS.API.STREAM.MSG.GET.{stream}"));
             }
+            // The scheduler's durable consumer of reports is not a user's to change or drain.
+            let events = subjects::EVENTS_STREAM;
+            let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
             Permissions {
                 publish,
-                subscribe: strings(&[
-                    "_INBOX.>",
-                    subjects::ALL_OUTPUT,
-                    subjects::ALL_EVENTS,
-                    subjects::ALL_HEARTBEATS,
-                ]),
+                subscribe: vec![
+                    format!("{}.>", inbox_prefix(public_key)),
+                    subjects::ALL_OUTPUT.to_owned(),
+                    subjects::ALL_EVENTS.to_owned(),
+                    subjects::ALL_HEARTBEATS.to_owned(),
+                ],
+                deny_publish: vec![
+                    format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
+                    format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
+                    format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
+                ],
             }
         }
     }
@@ -442,10 +464,10 @@ mod tests {
 
     #[test]
     fn users_cannot_publish_assignments_and_nodes_cannot_submit() {
-        let user = permissions(Role::User, "alice");
+        let user = permissions(Role::User, "alice", "UALICE");
         assert!(!user.publish.iter().any(|s| s.starts_with("nodes.")));
         assert!(!user.publish.iter().any(|s| s == ">" || s == "$JS.API.>"));
-        let node = permissions(Role::Node, "node001");
+        let node = permissions(Role::Node, "node001", "UNODE");
         assert!(!node.publish.iter().any(|s| s == subjects::SUBMIT));
         assert!(node.publish.contains(&"nodes.heartbeat.node001".to_owned()));
         assert!(!node.publish.contains(&"nodes.heartbeat.*".to_owned()));

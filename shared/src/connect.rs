@@ -55,7 +55,15 @@ pub async fn connect_with(
 ) -> Result<Client, ConnectError> {
     let seed = read_seed(&target.creds)?;
     let servers = server_list(&target.server);
+    // Replies come to an inbox named after the key, which only its holder may subscribe to
+    // (see `auth::inbox_prefix`): nobody reads another user's replies.
+    let public_key = nkeys::KeyPair::from_seed(&seed)
+        .map(|pair| pair.public_key())
+        .map_err(|_| ConnectError::NoSeed {
+            path: target.creds.display().to_string(),
+        })?;
     let options = options
+        .custom_inbox_prefix(crate::auth::inbox_prefix(&public_key))
         .nkey(seed)
         .name(client_name)
         .connection_timeout(Duration::from_secs(5));

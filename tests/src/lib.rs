@@ -565,7 +565,12 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
         runtime.block_on(async {
             let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
+            // The inbox every mgpu client uses (users may subscribe to theirs only).
+            let public_key = nkeys::KeyPair::from_seed(&seed)
+                .map(|pair| pair.public_key())
+                .unwrap_or_else(|e| panic!("{e}"));
             let client = async_nats::ConnectOptions::with_nkey(seed)
+                .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key))
                 .connect(mgpu_shared::connect::server_list(&self.server_url()))
                 .await
                 .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()));

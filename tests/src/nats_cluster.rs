@@ -170,21 +170,26 @@ impl Cluster {
     /// Moves the leadership of every mgpu stream `server` leads to another server (a JetStream
     /// leader step-down), and waits until none is led by it.
     pub fn move_leaders_off(&self, server: &str) {
-        for (stream, leader) in self.stream_leaders() {
-            if leader == server {
-                self.with_nats(&self.admin_creds(), |client| async move {
-                    let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
-                    let _ = client.request(subject, "".into()).await;
-                });
-            }
-        }
+        // Asked again each round: a step-down can be lost, or land back on `server` when a
+        // stream's other replicas are still catching up.
         wait_for(
             &format!("no stream led by {server}"),
-            Duration::from_secs(20),
+            Duration::from_secs(30),
             || {
                 let leaders = self.stream_leaders();
-                (leaders.len() == MGPU_STREAMS.len() && leaders.values().all(|l| l != server))
-                    .then_some(())
+                if leaders.len() == MGPU_STREAMS.len() && leaders.values().all(|l| l != server) {
+                    return Some(());
+                }
+                for (stream, leader) in leaders {
+                    if leader == server {
+                        self.with_nats(&self.admin_creds(), |client| async move {
+                            let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+                            let _ = client.request(subject, "".into()).await;
+                        });
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                None
             },
         );
     }

@@ -344,3 +344,43 @@ fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_roo
     let nodes = cluster.mgpu_ok(&["nodes", "--json"]);
     assert!(nodes.contains("each job's owner"), "{nodes}");
 }
+
+#[test]
+fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
+    let cluster = cluster();
+    let bob_key = key_of(&cluster, Role::User, "bob").public_key();
+    let scheduler_pull = format!(
+        "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+        subjects::EVENTS_STREAM,
+        subjects::SCHEDULER_EVENTS_CONSUMER
+    );
+    let pull_subject = scheduler_pull.clone();
+    cluster.with_nats(&cluster.user_creds("alice"), |client| async move {
+        // Bob's reply inbox.
+        let inbox = format!("{}.>", mgpu_shared::auth::inbox_prefix(&bob_key));
+        let _ = client.subscribe(inbox).await;
+        // A pull from the scheduler's durable consumer of reports, which would take them.
+        let _ = client.publish(pull_subject, "{\"batch\":1}".into()).await;
+        let _ = client.flush().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    });
+    let log = std::fs::read_to_string(cluster.dir.path().join("logs").join("nats-server.log"))
+        .unwrap_or_default();
+    let refused = |what: &str| {
+        log.lines()
+            .any(|line| line.contains("Violation") && line.contains(what))
+    };
+    let bob_inbox =
+        mgpu_shared::auth::inbox_prefix(&key_of(&cluster, Role::User, "bob").public_key());
+    assert!(
+        refused(&bob_inbox),
+        "subscribing to bob's inbox was not refused:\n{log}"
+    );
+    assert!(
+        refused(&scheduler_pull),
+        "pulling from the scheduler's consumer was not refused:\n{log}"
+    );
+    // And the scheduler still gets its reports: a job runs to the end.
+    let id = cluster.submit(&[], "true");
+    cluster.finished_as(&id, "succeeded", T);
+}

@@ -20,6 +20,7 @@ use mgpu_shared::{Timestamp, now, subjects};
 use crate::service::Scheduler;
 
 /// The principals file, re-read when it changes (looked at most once a second).
+#[derive(Clone)]
 pub struct Principals {
     path: PathBuf,
     registry: Registry,

@@ -175,19 +175,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         std::process::id(),
         &mgpu_shared::ids::JobId::random().as_str()[..6]
     );
+    // Read once here, so a missing or broken file stops the scheduler at once.
+    let principals = identity::Principals::load(&args.principals)?;
     // Stand by until this replica holds the lease; act while it does; stand by again if it
-    // is lost (another replica took over while this one was stalled).
+    // is lost (another replica took over while this one was stalled), or if acting failed
+    // for a reason that may pass (NATS electing a leader while the state was loaded).
     while let Some(lease) = leader::acquire(&js, &holder, &mut shutdown_rx).await? {
-        service::run(
+        let acted = service::run(
             client.clone(),
             policy.clone(),
-            identity::Principals::load(&args.principals)?,
+            principals.clone(),
             shutdown_rx.clone(),
             lease.lost.clone(),
         )
-        .await?;
+        .await;
         if *shutdown_rx.borrow() {
             break;
+        }
+        if let Err(err) = acted {
+            tracing::error!("{err:#}; standing by and trying again");
+            drop(lease);
+            tokio::select! {
+                _ = shutdown_rx.changed() => break,
+                () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
         }
     }
     // Flush what is still buffered (acks, last events) before leaving.
