@@ -2,7 +2,7 @@
 # Starts a local mgpu cluster: one nats-server (or a NATS cluster of several), the scheduler
 # (or several replicas) and N node agents.
 #
-#   scripts/dev-up.sh [--nodes N] [--servers N] [--schedulers N] [--gpus SPEC] [--port PORT] [--release]
+#   scripts/dev-up.sh [--nodes N] [--servers N] [--schedulers N] [--gpus SPEC] [--port PORT] [--tls] [--release]
 #
 #   --nodes N        agents to start, named node001, node002, … (default 1)
 #   --schedulers N   scheduler replicas, named scheduler, scheduler-2, … (default 1): one is
@@ -16,6 +16,11 @@
 #                    routes on ports 6222.., JetStream data in .mgpu/jetstream/mgpu-<i>, pid
 #                    files nats-server.pid, nats-server-2.pid, …; every component and
 #                    .mgpu/env get all the URLs, and streams get min(3, N) replicas
+#   --tls            TLS between every component and the server(s), and between servers:
+#                    `mgpu admin init --tls` makes a CA and a server certificate in .mgpu/auth
+#                    (kept on later runs), every component and .mgpu/env get
+#                    MGPU_CA=.mgpu/auth/ca.pem. Run scripts/dev-down.sh first to switch a
+#                    running cluster to TLS or back.
 #
 # Everything lives in .mgpu/ (git-ignored): credentials and server config in .mgpu/auth,
 # JetStream data in .mgpu/jetstream, logs in .mgpu/logs/<name>.log, pid files in
@@ -26,7 +31,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-nodes=1 servers=1 schedulers=1 gpus="" port=4222 profile=debug setup_args=()
+nodes=1 servers=1 schedulers=1 gpus="" port=4222 profile=debug setup_args=() init_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
@@ -34,6 +39,7 @@ while [ $# -gt 0 ]; do
     --schedulers) schedulers="${2:?--schedulers needs a number}"; shift 2 ;;
     --gpus) gpus="${2:?--gpus needs a spec like 2x24GiB}"; shift 2 ;;
     --port) port="${2:?--port needs a number}"; shift 2 ;;
+    --tls) init_args+=(--tls); shift ;;
     --release) profile=release; setup_args+=(--release); shift ;;
     # The comment block at the top of this file, without its `# `.
     -h|--help) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
@@ -56,7 +62,10 @@ user_name="$(id -un 2>/dev/null || echo "${USER:-user}")"
 principal="$(printf '%s' "$user_name" | tr -c 'A-Za-z0-9_-' '_')"
 
 # Credentials and server configuration (existing keys are kept).
-"$bin/mgpu" admin init --dir "$auth" --port "$port" --store-dir "$state/jetstream" --servers "$servers" >/dev/null
+"$bin/mgpu" admin init --dir "$auth" --port "$port" --store-dir "$state/jetstream" --servers "$servers" "${init_args[@]}" >/dev/null
+# Every component started below inherits MGPU_CA, which makes it connect with TLS only; an
+# MGPU_CA left in this shell by an earlier TLS run must not reach a plaintext cluster.
+if [ "${#init_args[@]}" -gt 0 ]; then export MGPU_CA="$auth/ca.pem"; else unset MGPU_CA; fi
 for i in $(seq 1 "$nodes"); do
   "$bin/mgpu" admin add-node "$(printf 'node%03d' "$i")" --dir "$auth" >/dev/null
 done
@@ -130,6 +139,11 @@ export MGPU_CREDS="$auth/keys/user-$principal.nk"
 export MGPU_AUTH_DIR="$auth"
 export PATH="$bin:\$PATH"
 ENV
+if [ -n "${MGPU_CA:-}" ]; then
+  echo "export MGPU_CA=\"$MGPU_CA\"" >>"$state/env"
+else
+  echo "unset MGPU_CA" >>"$state/env"
+fi
 
 # Wait until every agent has reported in, showing progress (a new NATS cluster first elects
 # its JetStream leader, which takes a few seconds).
@@ -148,5 +162,5 @@ if [ "${online:-0}" -lt "$nodes" ]; then
   echo "dev-up.sh: only ${online:-0} of $nodes agent(s) online; see .mgpu/logs/" >&2
   exit 1
 fi
-say "cluster up at $server ($servers nats-server(s)) with $nodes node(s) and $schedulers scheduler(s)"
+say "cluster up at $server ($servers nats-server(s)${MGPU_CA:+, TLS}) with $nodes node(s) and $schedulers scheduler(s)"
 say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

@@ -9,6 +9,7 @@
 //! DIR/keys/<role>-<name>.nk  each principal's seed, mode 0600 (a secret: git-ignored)
 //! DIR/server.conf            a nats-server configuration that includes auth.conf
 //! DIR/server-2.conf, …       the other members of a cluster (`mgpu admin init --servers N`)
+//! DIR/ca.pem, server-cert.pem, …  with `--tls`: the certificates (see [`crate::tls`])
 //! ```
 
 use std::fs;
@@ -22,6 +23,7 @@ use serde_json::json;
 use crate::error::InvalidInput;
 use crate::ids::validate_node_name;
 use crate::subjects;
+use crate::tls::{TlsFiles, render_tls_block};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -329,12 +331,21 @@ pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
     fs::rename(&tmp, path)
 }
 
-/// A complete single-server nats-server configuration that includes `auth.conf`.
-pub fn render_server_conf(port: u16, store_dir: &Path, server_name: &str) -> String {
+/// A complete single-server nats-server configuration that includes `auth.conf`; with `tls`,
+/// clients must connect with TLS.
+pub fn render_server_conf(
+    port: u16,
+    store_dir: &Path,
+    server_name: &str,
+    tls: Option<&TlsFiles>,
+) -> String {
     format!(
-        "# Written by mgpu.\nserver_name: {name}\nlisten: \"127.0.0.1:{port}\"\n\
+        "# Written by mgpu.\nserver_name: {name}\nlisten: \"127.0.0.1:{port}\"\n{tls}\
          jetstream {{\n  store_dir: {store}\n}}\ninclude \"{auth}\"\n",
         name = json!(server_name),
+        tls = tls
+            .map(|files| render_tls_block(files, "", false))
+            .unwrap_or_default(),
         store = json!(store_dir.display().to_string()),
         auth = AUTH_CONF_FILE,
     )
@@ -396,13 +407,17 @@ pub fn cluster_conf_file_name(index: usize) -> String {
 /// `cluster` block whose routes point at every other member. All members include the same
 /// `auth.conf`, so a principal may log in at any server with the same permissions.
 ///
-/// Routes listen on 127.0.0.1 only, like clients: the generated cluster runs on one machine and
-/// its routes carry no credentials. Servers on several hosts need routes on reachable addresses
-/// with cluster authorization (see `nats/README.md`).
+/// Routes listen on 127.0.0.1 only, like clients: the generated cluster runs on one machine.
+/// Without `tls` its routes carry no credentials; with it, clients must use TLS and routes do
+/// too, each server proving itself to its peers with the CA-signed server certificate
+/// (`verify`), so only servers holding a key the CA signed can join. Servers on several hosts
+/// need routes on reachable addresses, and without TLS cluster authorization (see
+/// `nats/README.md`).
 pub fn render_cluster_server_conf(
     cluster_name: &str,
     members: &[ClusterMember],
     index: usize,
+    tls: Option<&TlsFiles>,
 ) -> Option<String> {
     let me = members.get(index)?;
     let routes: String = members
@@ -418,9 +433,9 @@ pub fn render_cluster_server_conf(
         .collect();
     Some(format!(
         "# Written by mgpu: server {n} of {total} of cluster {cluster}.\n\
-         server_name: {name}\nlisten: \"127.0.0.1:{port}\"\n\
+         server_name: {name}\nlisten: \"127.0.0.1:{port}\"\n{client_tls}\
          jetstream {{\n  store_dir: {store}\n}}\n\
-         cluster {{\n  name: {cluster}\n  listen: \"127.0.0.1:{cluster_port}\"\n  routes: [\n{routes}  ]\n}}\n\
+         cluster {{\n  name: {cluster}\n  listen: \"127.0.0.1:{cluster_port}\"\n{route_tls}  routes: [\n{routes}  ]\n}}\n\
          include \"{auth}\"\n",
         n = index + 1,
         total = members.len(),
@@ -429,6 +444,12 @@ pub fn render_cluster_server_conf(
         port = me.client_port,
         store = json!(me.store_dir.display().to_string()),
         cluster_port = me.cluster_port,
+        client_tls = tls
+            .map(|files| render_tls_block(files, "", false))
+            .unwrap_or_default(),
+        route_tls = tls
+            .map(|files| render_tls_block(files, "  ", true))
+            .unwrap_or_default(),
         auth = AUTH_CONF_FILE,
     ))
 }
@@ -453,8 +474,12 @@ mod tests {
         assert!(registry.save(dir.path()).is_ok());
         let registry_text = fs::read_to_string(dir.path().join(REGISTRY_FILE)).unwrap_or_default();
         let auth_text = fs::read_to_string(dir.path().join(AUTH_CONF_FILE)).unwrap_or_default();
-        assert!(!registry_text.contains("SU"));
-        assert!(!auth_text.contains("\"SU"));
+        // The seed itself, not just anything starting with "SU" (a public key may contain it).
+        let seed = fs::read_to_string(&path).unwrap_or_default();
+        let seed = seed.trim();
+        assert!(seed.starts_with("SU"));
+        assert!(!registry_text.contains(seed));
+        assert!(!auth_text.contains(seed));
         assert!(auth_text.contains(&registry.principals[0].public_key));
         // Adding the same principal again keeps its key.
         let again = registry.add(dir.path(), Role::User, "alice").ok();
@@ -489,7 +514,8 @@ mod tests {
         assert_eq!(members[2].client_port, 4224);
         assert_eq!(members[2].cluster_port, 6224);
         assert_eq!(members[2].store_dir, Path::new("/srv/js/mgpu-3"));
-        let second = render_cluster_server_conf(CLUSTER_NAME, &members, 1).unwrap_or_default();
+        let second =
+            render_cluster_server_conf(CLUSTER_NAME, &members, 1, None).unwrap_or_default();
         assert!(second.contains("server_name: \"mgpu-2\""), "{second}");
         assert!(second.contains("listen: \"127.0.0.1:4223\""), "{second}");
         assert!(second.contains("store_dir: \"/srv/js/mgpu-2\""), "{second}");
@@ -505,8 +531,47 @@ mod tests {
         assert!(!second.contains("nats-route://127.0.0.1:6223"), "{second}");
         assert!(second.contains("name: \"mgpu\""), "{second}");
         assert!(second.ends_with("include \"auth.conf\"\n"), "{second}");
-        assert_eq!(render_cluster_server_conf(CLUSTER_NAME, &members, 3), None);
+        assert!(!second.contains("tls"), "{second}");
+        assert_eq!(
+            render_cluster_server_conf(CLUSTER_NAME, &members, 3, None),
+            None
+        );
         assert_eq!(cluster_conf_file_name(0), "server.conf");
         assert_eq!(cluster_conf_file_name(2), "server-3.conf");
+    }
+
+    #[test]
+    fn a_tls_server_requires_tls_of_clients_and_a_tls_cluster_of_routes() {
+        let files = TlsFiles::in_dir(Path::new("/etc/mgpu"));
+        let single = render_server_conf(4222, Path::new("/srv/js"), "mgpu", Some(&files));
+        assert!(
+            single.contains(
+                "listen: \"127.0.0.1:4222\"\ntls {\n  cert_file: \"/etc/mgpu/server-cert.pem\"\n"
+            ),
+            "{single}"
+        );
+        assert!(
+            single.contains("  ca_file: \"/etc/mgpu/ca.pem\"\n"),
+            "{single}"
+        );
+        // Clients prove themselves with nkeys, not certificates.
+        assert!(!single.contains("verify"), "{single}");
+        assert!(single.ends_with("include \"auth.conf\"\n"), "{single}");
+        let plain = render_server_conf(4222, Path::new("/srv/js"), "mgpu", None);
+        assert!(!plain.contains("tls"), "{plain}");
+
+        let members = local_cluster(3, 4222, 6222, Path::new("/srv/js"), "mgpu");
+        let first =
+            render_cluster_server_conf(CLUSTER_NAME, &members, 0, Some(&files)).unwrap_or_default();
+        assert_eq!(first.matches("tls {").count(), 2, "{first}");
+        assert!(
+            first.contains(
+                "  listen: \"127.0.0.1:6222\"\n  tls {\n    cert_file: \"/etc/mgpu/server-cert.pem\"\n"
+            ),
+            "{first}"
+        );
+        // Routes have no other credentials: the peer's certificate must be the CA's.
+        assert_eq!(first.matches("verify: true").count(), 1, "{first}");
+        assert!(first.contains("    verify: true\n"), "{first}");
     }
 }

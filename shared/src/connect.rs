@@ -1,4 +1,9 @@
 //! Connecting to NATS with an nkey seed file, turning failures into one clear sentence.
+//!
+//! With a CA certificate (`--ca FILE` / `MGPU_CA`, see [`crate::tls`]) the connection must be
+//! TLS and the server's certificate must be signed by that CA; the nkey login happens inside
+//! the encrypted connection. A `tls://` URL also insists on TLS, trusting the system's CAs
+//! unless a CA file is given.
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,6 +19,8 @@ pub struct ConnectTarget {
     pub server: String,
     /// File holding the principal's nkey seed.
     pub creds: std::path::PathBuf,
+    /// The CA certificate the server's must be signed by; Some means TLS is required.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// Reads the nkey seed from a credentials file: the first line starting with `SU`.
@@ -55,6 +62,16 @@ pub async fn connect_with(
 ) -> Result<Client, ConnectError> {
     let seed = read_seed(&target.creds)?;
     let servers = server_list(&target.server);
+    let options = match &target.ca {
+        // Checked here: async-nats would only say "No such file" from deep in the handshake.
+        Some(ca) if !ca.is_file() => {
+            return Err(ConnectError::CaMissing {
+                path: ca.display().to_string(),
+            });
+        }
+        Some(ca) => options.require_tls(true).add_root_certificates(ca.clone()),
+        None => options,
+    };
     // Replies come to an inbox named after the key, which only its holder may subscribe to
     // (see `auth::inbox_prefix`): nobody reads another user's replies.
     let public_key = nkeys::KeyPair::from_seed(&seed)
@@ -77,9 +94,74 @@ pub async fn connect_with(
                     creds: target.creds.display().to_string(),
                 }
             }
+            kind if is_tls_failure(kind, &err.to_string()) => ConnectError::Tls {
+                server: target.server.clone(),
+                detail: err.to_string(),
+                hint: match &target.ca {
+                    Some(ca) => format!(
+                        "is TLS on at the server (`mgpu admin init --tls`), and is its \
+                         certificate signed by {}?",
+                        ca.display()
+                    ),
+                    None => "the server requires TLS: set MGPU_CA (or --ca) to the cluster's \
+                             CA certificate, ca.pem in the credentials directory"
+                        .to_owned(),
+                },
+            },
             _ => ConnectError::Unreachable {
                 server: target.server.clone(),
                 detail: err.to_string(),
             },
         })
+}
+
+/// Whether a failed connection failed at TLS. async-nats reports a certificate it could not
+/// verify as an I/O error (`invalid peer certificate: UnknownIssuer`), so the text counts too.
+fn is_tls_failure(kind: ConnectErrorKind, detail: &str) -> bool {
+    let detail = detail.to_ascii_lowercase();
+    kind == ConnectErrorKind::Tls
+        || (kind == ConnectErrorKind::Io
+            // A server without TLS answers the handshake in plaintext: "corrupt message".
+            && ["certificate", "tls", "handshake", "corrupt message"]
+                .iter()
+                .any(|word| detail.contains(word)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unverifiable_certificate_is_a_tls_failure_and_a_refused_connection_is_not() {
+        assert!(is_tls_failure(
+            ConnectErrorKind::Io,
+            "IO error: invalid peer certificate: UnknownIssuer"
+        ));
+        assert!(is_tls_failure(ConnectErrorKind::Tls, "TLS error"));
+        assert!(is_tls_failure(
+            ConnectErrorKind::Io,
+            "IO error: received corrupt message of type InvalidContentType"
+        ));
+        assert!(!is_tls_failure(
+            ConnectErrorKind::Io,
+            "IO error: Connection refused (os error 111)"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_missing_ca_file_is_named_before_any_connection_is_tried() {
+        let Ok(dir) = tempfile::tempdir() else { return };
+        let creds = dir.path().join("user.nk");
+        let _ = std::fs::write(&creds, "SUNOTAREALSEED\n");
+        let target = ConnectTarget {
+            // Nothing listens there: the CA check must come first.
+            server: "nats://127.0.0.1:1".into(),
+            creds,
+            ca: Some(dir.path().join("ca.pem")),
+        };
+        let err = connect(&target, "test").await.err().map(|e| e.to_string());
+        let err = err.unwrap_or_default();
+        assert!(err.starts_with("CA certificate "), "{err}");
+        assert!(err.contains("ca.pem does not exist"), "{err}");
+    }
 }

@@ -24,6 +24,16 @@ pub enum ConnectError {
     AuthenticationFailed { server: String, creds: String },
     #[error("cannot reach NATS at {server}: {detail}")]
     Unreachable { server: String, detail: String },
+    #[error(
+        "CA certificate {path} does not exist: run `mgpu admin init --tls` to create it, or point --ca / MGPU_CA at the cluster's ca.pem"
+    )]
+    CaMissing { path: String },
+    #[error("TLS with {server} failed: {detail}; {hint}")]
+    Tls {
+        server: String,
+        detail: String,
+        hint: String,
+    },
 }
 
 /// Failure reading mgpu state from JetStream.

@@ -17,6 +17,7 @@
 //! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
 //! - [`connect`]: connecting with an nkey, with errors a person can act on.
 //! - [`auth`]: nkeys for each role, and the nats-server authorization they get.
+//! - [`tls`]: the certificate authority and server certificate, and the server's `tls` blocks.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
 //! - [`error`]: the typed errors of this crate.
 
@@ -37,6 +38,7 @@ pub mod records;
 pub mod signing;
 pub mod streams;
 pub mod subjects;
+pub mod tls;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.
 pub type Timestamp = chrono::DateTime<chrono::Utc>;

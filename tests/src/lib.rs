@@ -9,6 +9,8 @@
 //! `--missed-heartbeats`), [`NodeSpec::agent_args`] to an agent (`--mem-threshold`), and
 //! [`NodeSpec::without_agent`] gives a node credentials but no agent, so a test can speak for it
 //! (heartbeats describing GPUs busy with foreign processes, which declared GPUs never are).
+//! [`Cluster::start_tls`] makes certificates as `mgpu admin init --tls` does and runs the server
+//! with TLS required; every component (and [`Cluster::with_nats`]) is given the CA.
 //!
 //! Failures are real too: [`Cluster::kill_agent`] and [`Cluster::kill_scheduler_named`] SIGKILL
 //! one process and return once it is dead, [`Cluster::signal_agent`] sends SIGSTOP/SIGCONT, and
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant};
 use mgpu_shared::auth::{Registry, Role, render_server_conf};
 use mgpu_shared::connect::read_seed;
 use mgpu_shared::node::{NodeAdmin, NodeHeartbeat};
+use mgpu_shared::tls::{ensure_certificates, server_hosts};
 use mgpu_shared::{records, subjects};
 use serde_json::Value;
 
@@ -102,6 +105,8 @@ pub struct Cluster {
     cli_env: Vec<(String, String)>,
     /// Set when the cluster runs on several nats-servers ([`Cluster::start_on_nats_cluster`]).
     nats_cluster: Option<nats_cluster::NatsCluster>,
+    /// The CA certificate when the server requires TLS ([`Cluster::start_tls`]).
+    ca: Option<PathBuf>,
 }
 
 /// Where the mgpu binaries are: the target directory of this test executable.
@@ -202,27 +207,49 @@ impl Cluster {
     /// Server, a scheduler started with `scheduler_args` (`--config FILE`, `--placement
     /// spread`), and the agents of the nodes that have one.
     pub fn start_with(nodes: &[NodeSpec], scheduler_args: &[&str]) -> Cluster {
-        let mut cluster = Cluster::server_only(nodes);
-        cluster.scheduler_args = scheduler_args.iter().map(|a| (*a).to_owned()).collect();
-        cluster.start_scheduler();
-        let with_agents: Vec<&NodeSpec> = nodes.iter().filter(|n| n.agent).collect();
-        for node in &with_agents {
-            cluster.start_agent(&node.name);
-        }
-        cluster.wait_nodes_online(with_agents.len());
+        let mut cluster = Cluster::prepare(nodes, false);
+        cluster.start_nats();
+        cluster.start_all(scheduler_args);
         cluster
+    }
+
+    /// Like [`Cluster::start`], with a server that accepts only TLS connections, using a CA
+    /// and server certificate made as `mgpu admin init --tls` makes them. Every component
+    /// gets `MGPU_CA`.
+    pub fn start_tls(nodes: &[NodeSpec]) -> Cluster {
+        let mut cluster = Cluster::prepare(nodes, true);
+        cluster.start_nats();
+        cluster.start_all(&[]);
+        cluster
+    }
+
+    /// The scheduler, then every agent, waiting until the agents are online.
+    fn start_all(&mut self, scheduler_args: &[&str]) {
+        self.scheduler_args = scheduler_args.iter().map(|a| (*a).to_owned()).collect();
+        self.start_scheduler();
+        let with_agents: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.agent)
+            .map(|n| n.name.clone())
+            .collect();
+        for name in &with_agents {
+            self.start_agent(name);
+        }
+        self.wait_nodes_online(with_agents.len());
     }
 
     /// Only the nats-server, with credentials for the scheduler, `admin`, users `alice` and
     /// `bob`, and each node in `nodes`.
     pub fn server_only(nodes: &[NodeSpec]) -> Cluster {
-        let mut cluster = Cluster::prepare(nodes);
+        let mut cluster = Cluster::prepare(nodes, false);
         cluster.start_nats();
         cluster
     }
 
-    /// Credentials and a single-server configuration, nothing started yet.
-    fn prepare(nodes: &[NodeSpec]) -> Cluster {
+    /// Credentials and a single-server configuration (requiring TLS with `tls`), nothing
+    /// started yet.
+    fn prepare(nodes: &[NodeSpec], tls: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let auth_dir = dir.path().join("auth");
         let mut registry = Registry::default();
@@ -241,8 +268,13 @@ impl Cluster {
         registry
             .save(&auth_dir)
             .unwrap_or_else(|e| panic!("saving auth: {e}"));
+        let certificates = tls.then(|| {
+            ensure_certificates(&auth_dir, &server_hosts(&[]))
+                .unwrap_or_else(|e| panic!("making certificates: {e}"))
+        });
+        let tls_files = certificates.as_ref().map(|c| &c.files);
         let port = free_port();
-        let conf = render_server_conf(port, &dir.path().join("jetstream"), "mgpu-test");
+        let conf = render_server_conf(port, &dir.path().join("jetstream"), "mgpu-test", tls_files);
         std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
         std::fs::create_dir_all(dir.path().join("logs")).unwrap_or_else(|e| panic!("{e}"));
         Cluster {
@@ -256,7 +288,22 @@ impl Cluster {
             scheduler_args: Vec::new(),
             cli_env: Vec::new(),
             nats_cluster: None,
+            ca: tls_files.map(|files| files.ca_file.clone()),
         }
+    }
+
+    /// The CA certificate clients must trust, when the server requires TLS.
+    pub fn ca(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    /// Gives a component the CA when the server requires TLS, and otherwise makes sure an
+    /// `MGPU_CA` from the developer's shell (`source .mgpu/env`) does not leak into it.
+    fn set_ca_env(&self, command: &mut Command) {
+        match &self.ca {
+            Some(ca) => command.env("MGPU_CA", ca),
+            None => command.env_remove("MGPU_CA"),
+        };
     }
 
     /// Every server's URL, comma-separated, as the components are given it.
@@ -317,7 +364,9 @@ impl Cluster {
     }
 
     fn spawn_scheduler(&mut self, name: &str) {
-        let child = Command::new(bin_dir().join("mgpu-scheduler"))
+        let mut command = Command::new(bin_dir().join("mgpu-scheduler"));
+        self.set_ca_env(&mut command);
+        let child = command
             .args(&self.scheduler_args)
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
@@ -354,7 +403,9 @@ impl Cluster {
             .find(|n| n.name == name)
             .cloned()
             .unwrap_or_else(|| panic!("node {name} was not declared"));
-        let child = Command::new(bin_dir().join("mgpu-node"))
+        let mut command = Command::new(bin_dir().join("mgpu-node"));
+        self.set_ca_env(&mut command);
+        let child = command
             .args(["--node", &spec.name, "--gpus", &spec.gpus])
             .args(["--heartbeat-interval", HEARTBEAT, "--kill-grace", "2s"])
             .arg("--state-dir")
@@ -395,6 +446,7 @@ impl Cluster {
     /// such as `submit --file F --watch`).
     pub fn mgpu_command(&self, creds: &Path, args: &[&str]) -> Command {
         let mut command = Command::new(bin_dir().join("mgpu"));
+        self.set_ca_env(&mut command);
         command
             .args(args)
             .env("MGPU_SERVER", self.server_url())
@@ -569,8 +621,12 @@ impl Cluster {
             let public_key = nkeys::KeyPair::from_seed(&seed)
                 .map(|pair| pair.public_key())
                 .unwrap_or_else(|e| panic!("{e}"));
-            let client = async_nats::ConnectOptions::with_nkey(seed)
-                .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key))
+            let mut options = async_nats::ConnectOptions::with_nkey(seed)
+                .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key));
+            if let Some(ca) = &self.ca {
+                options = options.require_tls(true).add_root_certificates(ca.clone());
+            }
+            let client = options
                 .connect(mgpu_shared::connect::server_list(&self.server_url()))
                 .await
                 .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()));

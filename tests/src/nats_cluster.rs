@@ -73,7 +73,7 @@ impl Cluster {
         nodes: &[NodeSpec],
         scheduler_args: &[&str],
     ) -> Cluster {
-        let mut cluster = Cluster::prepare(nodes);
+        let mut cluster = Cluster::prepare(nodes, false);
         let members: Vec<ClusterMember> = (1..=servers)
             .map(|i| {
                 let name = format!("mgpu-test-{i}");
@@ -87,7 +87,7 @@ impl Cluster {
             .collect();
         let mut children = Vec::new();
         for (index, member) in members.iter().enumerate() {
-            let conf = render_cluster_server_conf(CLUSTER_NAME, &members, index)
+            let conf = render_cluster_server_conf(CLUSTER_NAME, &members, index, None)
                 .unwrap_or_else(|| panic!("no member {index}"));
             // Beside auth.conf, which every member includes by a relative path.
             let path = cluster.auth_dir.join(format!("{}.conf", member.name));

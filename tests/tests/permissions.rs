@@ -80,7 +80,12 @@ async fn roles_are_held_to_their_subjects() {
 
     // The scheduler answers as a NATS micro service.
     let seed = read_seed(&alice).unwrap_or_else(|e| panic!("{e}"));
+    // Replies come to alice's own inbox, the only one she may subscribe to.
+    let public_key = nkeys::KeyPair::from_seed(&seed)
+        .map(|pair| pair.public_key())
+        .unwrap_or_else(|e| panic!("{e}"));
     let client = ConnectOptions::with_nkey(seed)
+        .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key))
         .connect(cluster.server_url())
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -34,6 +34,11 @@ pub struct GlobalArgs {
     /// File holding your nkey seed (written by `mgpu admin add-user`).
     #[arg(long, global = true, env = "MGPU_CREDS", value_name = "FILE")]
     pub creds: Option<PathBuf>,
+
+    /// CA certificate (PEM) the server's must be signed by: connect with TLS only (`ca.pem`
+    /// from `mgpu admin init --tls`).
+    #[arg(long, global = true, env = "MGPU_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

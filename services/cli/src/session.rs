@@ -80,6 +80,7 @@ impl Session {
         let target = ConnectTarget {
             server: global.server.clone(),
             creds,
+            ca: global.ca.clone(),
         };
         // The shared error is already one sentence a person can act on; adding context would
         // only repeat the server address.

@@ -37,6 +37,10 @@ pub struct Args {
     )]
     pub creds: Option<PathBuf>,
 
+    /// CA certificate (PEM) the server's certificate must be signed by: connect with TLS only.
+    #[arg(long, env = "MGPU_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
     /// Declare the GPUs instead of reading them through NVML: comma-separated COUNTxSIZE
     /// groups, e.g. `2x24GiB` or `4x80GiB,2x16GiB` (sizes in MiB, GiB or TiB).
     #[arg(long, value_name = "SPEC", value_parser = parse_gpu_spec)]

@@ -128,6 +128,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let target = ConnectTarget {
         server: args.server.clone(),
         creds,
+        ca: args.ca.clone(),
     };
     let options = async_nats::ConnectOptions::new().event_callback(|event| async move {
         match event {

@@ -50,6 +50,9 @@ struct Args {
     /// changes.
     #[arg(long, env = "MGPU_PRINCIPALS", value_name = "FILE")]
     principals: PathBuf,
+    /// CA certificate (PEM) the server's certificate must be signed by: connect with TLS only.
+    #[arg(long, env = "MGPU_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
     /// Copies of each stream and bucket: `auto` = min(3, distinct servers in --server), or
     /// 1 to 5. Existing streams are updated to this count.
     #[arg(long, default_value = "auto")]
@@ -116,6 +119,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let target = ConnectTarget {
         server: args.server.clone(),
         creds: args.creds.clone(),
+        ca: args.ca.clone(),
     };
     let mut policy = config::load_policy(args.config.as_deref())?;
     if let Some(placement) = args.placement {

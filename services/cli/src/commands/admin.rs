@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use mgpu_shared::audit::AuditRecord;
 use mgpu_shared::auth::{self, Registry, Role};
 use mgpu_shared::streams::{self, Replicas, StreamSettings};
+use mgpu_shared::tls;
 
 use crate::cli::GlobalArgs;
 use crate::commands::{print, print_json, println};
@@ -79,6 +80,17 @@ pub struct InitArgs {
     /// With --servers N: the first of N consecutive ports the servers' routes listen on.
     #[arg(long, default_value_t = 6222)]
     pub cluster_port: u16,
+
+    /// Serve clients (and, with --servers N, routes) over TLS only: creates a CA and a server
+    /// certificate in DIR unless they exist; clients then need `--ca DIR/ca.pem` (MGPU_CA).
+    /// Without it the configuration is written without TLS (certificates are kept).
+    #[arg(long)]
+    pub tls: bool,
+
+    /// With --tls: another name or address clients reach the server by, for a new server
+    /// certificate (localhost, 127.0.0.1, ::1 and this host's name are always in it). Repeatable.
+    #[arg(long, value_name = "NAME", requires = "tls")]
+    pub tls_host: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -204,7 +216,17 @@ fn init(dir: &Path, args: &InitArgs) -> Result<()> {
         keys.push((name, path));
     }
     save(&registry, &dir)?;
-    let confs = write_server_confs(&dir, &store_dir, args)?;
+    let certificates = if args.tls {
+        Some(ensure_certificates(&dir, &args.tls_host)?)
+    } else {
+        None
+    };
+    let confs = write_server_confs(
+        &dir,
+        &store_dir,
+        args,
+        certificates.as_ref().map(|c| &c.files),
+    )?;
 
     println(&format!(
         "Wrote {}",
@@ -221,6 +243,14 @@ fn init(dir: &Path, args: &InitArgs) -> Result<()> {
             store.display()
         ))?;
     }
+    if let Some(certificates) = &certificates {
+        if certificates.written.is_empty() {
+            println("Kept the existing TLS certificates")?;
+        }
+        for path in &certificates.written {
+            println(&format!("Wrote {}", path.display()))?;
+        }
+    }
     for (name, path) in keys {
         println(&format!("Key for {name}: {}", path.display()))?;
     }
@@ -230,7 +260,31 @@ fn init(dir: &Path, args: &InitArgs) -> Result<()> {
             conf.display()
         ))?;
     }
+    if let Some(certificates) = &certificates {
+        println(&format!(
+            "Clients connect with TLS given --ca {0} (or MGPU_CA={0})",
+            certificates.files.ca_file.display()
+        ))?;
+    }
     Ok(())
+}
+
+/// The CA and server certificate in `dir`, made unless they exist; the server certificate
+/// names this host and every `--tls-host` besides the local names.
+fn ensure_certificates(dir: &Path, extra_hosts: &[String]) -> Result<tls::Certificates> {
+    let mut hosts = Vec::new();
+    // Without a host name the certificate still serves local clients; say so, do not fail.
+    match nix::unistd::gethostname().map(|name| name.into_string()) {
+        Ok(Ok(name)) => hosts.push(name),
+        _ => eprintln!(
+            "warning: cannot read this host's name; the server certificate names only \
+             localhost and --tls-host"
+        ),
+    }
+    hosts.extend(extra_hosts.iter().cloned());
+    tls::ensure_certificates(dir, &tls::server_hosts(&hosts))
+        .map_err(plain)
+        .with_context(|| format!("cannot set up TLS in {}", dir.display()))
 }
 
 /// Writes `server.conf` (and, for a cluster, `server-2.conf`, …), returning each file with its
@@ -239,12 +293,13 @@ fn write_server_confs(
     dir: &Path,
     store_dir: &Path,
     args: &InitArgs,
+    tls: Option<&tls::TlsFiles>,
 ) -> Result<Vec<(PathBuf, PathBuf)>> {
     if args.servers <= 1 {
         let conf = dir.join("server.conf");
         auth::write_atomically(
             &conf,
-            &auth::render_server_conf(args.port, store_dir, &args.server_name),
+            &auth::render_server_conf(args.port, store_dir, &args.server_name, tls),
         )
         .with_context(|| format!("cannot write {}", conf.display()))?;
         return Ok(vec![(conf, store_dir.to_path_buf())]);
@@ -258,7 +313,7 @@ fn write_server_confs(
     );
     let mut written = Vec::new();
     for (index, member) in members.iter().enumerate() {
-        let text = auth::render_cluster_server_conf(auth::CLUSTER_NAME, &members, index)
+        let text = auth::render_cluster_server_conf(auth::CLUSTER_NAME, &members, index, tls)
             .ok_or_else(|| anyhow!("no cluster member {index}"))?;
         let conf = dir.join(auth::cluster_conf_file_name(index));
         auth::write_atomically(&conf, &text)
