@@ -18,6 +18,8 @@
 //! - [`connect`]: connecting with an nkey, with errors a person can act on.
 //! - [`auth`]: nkeys for each role, and the nats-server authorization they get.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
+//! - [`wire`]: strict decoding of inbound messages: size limits and the checks handlers share.
+//! - `fuzzing` (tests only): hostile payload generators for the fuzz targets.
 //! - [`error`]: the typed errors of this crate.
 
 pub mod assign;
@@ -26,6 +28,8 @@ pub mod connect;
 pub mod duration;
 pub mod error;
 pub mod event;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod gpu_amount;
 pub mod ids;
 pub mod job;
@@ -35,6 +39,7 @@ pub mod priority;
 pub mod records;
 pub mod streams;
 pub mod subjects;
+pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.
 pub type Timestamp = chrono::DateTime<chrono::Utc>;
