@@ -170,21 +170,27 @@ impl Cluster {
     /// Moves the leadership of every mgpu stream `server` leads to another server (a JetStream
     /// leader step-down), and waits until none is led by it.
     pub fn move_leaders_off(&self, server: &str) {
-        for (stream, leader) in self.stream_leaders() {
-            if leader == server {
-                self.with_nats(&self.admin_creds(), |client| async move {
-                    let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
-                    let _ = client.request(subject, "".into()).await;
-                });
-            }
-        }
+        // A stream created moments ago may have no leader yet and elect `server` later: every
+        // poll asks the streams `server` leads now to step down, until none does.
         wait_for(
             &format!("no stream led by {server}"),
             Duration::from_secs(20),
             || {
                 let leaders = self.stream_leaders();
-                (leaders.len() == MGPU_STREAMS.len() && leaders.values().all(|l| l != server))
-                    .then_some(())
+                let mut off = leaders.len() == MGPU_STREAMS.len();
+                for (stream, leader) in leaders {
+                    if leader == server {
+                        off = false;
+                        self.with_nats(&self.admin_creds(), |client| async move {
+                            let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+                            let _ = client.request(subject, "".into()).await;
+                        });
+                    }
+                }
+                if !off {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                off.then_some(())
             },
         );
     }
