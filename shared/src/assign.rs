@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::InvalidInput;
 use crate::ids::JobId;
 use crate::job::{JobSpec, Placement};
 
@@ -39,4 +40,49 @@ pub enum NodeControl {
         #[serde(default)]
         requeue: bool,
     },
+}
+
+impl Assignment {
+    /// What an agent checks before running anything: a real attempt, a user name, a spec
+    /// that passes [`JobSpec::validate`] (a time limit of 100 years would overflow the
+    /// agent's clock arithmetic), a valid placement and a rank inside it.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        if self.attempt == 0 {
+            return Err(InvalidInput::new(
+                "attempt 0 does not exist (attempts start at 1)",
+            ));
+        }
+        crate::wire::check_user("user", &self.user)?;
+        self.spec.validate()?;
+        self.placement.validate()?;
+        if self.rank as usize >= self.placement.node_count() {
+            return Err(InvalidInput::new(format!(
+                "rank {} of a job on {} node(s)",
+                self.rank,
+                self.placement.node_count()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl NodeControl {
+    /// Checks a control message. A kill is never refused for its wording: only the attempt
+    /// and the size of the reason are checked (a refused kill would leave a job running).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        match self {
+            NodeControl::Kill {
+                attempt, reason, ..
+            } => {
+                if *attempt == 0 {
+                    return Err(InvalidInput::new("attempt 0 does not exist"));
+                }
+                crate::wire::check_count(
+                    "bytes of reason",
+                    reason.len(),
+                    crate::wire::MAX_TEXT_BYTES,
+                )
+            }
+        }
+    }
 }

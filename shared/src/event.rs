@@ -6,19 +6,28 @@
 use serde::{Deserialize, Serialize};
 
 use crate::Timestamp;
+use crate::error::InvalidInput;
 use crate::ids::JobId;
 use crate::job::{Placement, WaitReason};
+use crate::wire::{MAX_TEXT_BYTES, check_line, check_text};
 
 /// Who published an event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "name", rename_all = "snake_case")]
+#[serde(
+    tag = "kind",
+    content = "name",
+    rename_all = "snake_case",
+    deny_unknown_fields
+)]
 pub enum EventSource {
     Scheduler,
     Node(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+// Unknown fields are denied here rather than on `JobEvent`, where `flatten` would make the
+// attribute refuse every event: the outer fields are taken first, the rest must fit a variant.
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum JobEventKind {
     /// The scheduler accepted the job.
     Queued { reason: WaitReason },
@@ -68,4 +77,33 @@ pub struct JobEvent {
     pub source: EventSource,
     #[serde(flatten)]
     pub kind: JobEventKind,
+}
+
+impl JobEvent {
+    /// Checks an agent's report received at `now`: the node's name, a time near `now` (it
+    /// becomes a job's start or end time), bounded texts and a plausible placement.
+    pub fn validate(&self, now: Timestamp) -> Result<(), InvalidInput> {
+        if let EventSource::Node(node) = &self.source {
+            crate::ids::validate_node_name(node)?;
+        }
+        crate::wire::check_time("event time", self.at, now)?;
+        match &self.kind {
+            JobEventKind::Assigned { placement } => placement.validate(),
+            JobEventKind::FailedToStart { error } => check_text("error", error, MAX_TEXT_BYTES),
+            JobEventKind::Finished { state, reason, .. } => {
+                check_line("state", state, 64)?;
+                reason
+                    .as_deref()
+                    .map_or(Ok(()), |r| check_text("reason", r, MAX_TEXT_BYTES))
+            }
+            JobEventKind::Rejected { reason } => check_text("reason", reason, MAX_TEXT_BYTES),
+            JobEventKind::Refused { action, reason } => {
+                check_line("action", action, 64)?;
+                check_text("reason", reason, MAX_TEXT_BYTES)
+            }
+            JobEventKind::Queued { .. }
+            | JobEventKind::Started { .. }
+            | JobEventKind::Exited { .. } => Ok(()),
+        }
+    }
 }

@@ -109,6 +109,16 @@ pub struct NodeGpuIds {
 /// Most nodes one job may span.
 pub const MAX_JOB_NODES: u32 = 1024;
 
+/// Largest `--priority` either way: the effective priority multiplies it by a million, and
+/// a typo of ten digits must not outrank every job forever.
+pub const MAX_PRIORITY: i32 = 1_000_000;
+/// Most variables a captured environment may hold (a login shell has a few hundred).
+pub const MAX_ENV_VARS: usize = 4096;
+/// Longest path (Linux's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Largest GPU memory anyone could ask for, in MiB (16 TiB).
+pub const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
+
 fn one_node() -> u32 {
     1
 }
@@ -166,6 +176,7 @@ pub enum OnTimeout {
 
 /// One task of a job array.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ArrayMember {
     /// Shared by every task of the array (a fresh id, not one of the tasks' ids).
     pub array_id: JobId,
@@ -274,6 +285,7 @@ impl JobSpec {
         if self.command.iter().any(|a| a.contains('\0')) {
             return Err(InvalidInput::new("the command contains a NUL byte"));
         }
+        crate::wire::check_line("workdir", &self.workdir, MAX_PATH_BYTES)?;
         if !self.workdir.starts_with('/') {
             return Err(InvalidInput::new(format!(
                 "workdir `{}` must be an absolute path",
@@ -314,7 +326,7 @@ impl JobSpec {
             return Err(InvalidInput::new("the allowed GPU list is empty"));
         }
         if let Some(mem) = self.mem_mib
-            && (mem == 0 || mem > 16 * 1024 * 1024)
+            && (mem == 0 || mem > MAX_GPU_MEMORY_MIB)
         {
             return Err(InvalidInput::new(format!(
                 "--mem {mem} MiB is not a plausible GPU memory size"
@@ -344,6 +356,7 @@ impl JobSpec {
             ));
         }
         self.validate_nodes()?;
+        self.validate_hostile()?;
         if let Some(limit) = self.time_limit_secs
             && (limit == 0 || limit > MAX_TIME_LIMIT.as_secs())
         {
@@ -356,6 +369,53 @@ impl JobSpec {
 }
 
 impl JobSpec {
+    /// The part of [`JobSpec::validate`] that guards against absurd values no CLI would send
+    /// (a hand-written or hostile submission): priorities, environment, GPU indices, text.
+    fn validate_hostile(&self) -> Result<(), InvalidInput> {
+        if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(InvalidInput::new(format!(
+                "priority {} is outside -{MAX_PRIORITY}..{MAX_PRIORITY}",
+                self.priority
+            )));
+        }
+        crate::wire::check_count("environment variables", self.env.len(), MAX_ENV_VARS)?;
+        // Values may hold newlines (exported shell functions); only NUL cannot be passed on.
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+                return Err(InvalidInput::new(format!(
+                    "environment variable `{}` cannot be set (empty name, `=` or NUL)",
+                    key.escape_debug()
+                )));
+            }
+        }
+        if self
+            .env_setup_cmd
+            .as_ref()
+            .is_some_and(|cmd| cmd.contains('\0'))
+        {
+            return Err(InvalidInput::new(
+                "the environment setup contains a NUL byte",
+            ));
+        }
+        if let Some(profile) = &self.profile {
+            crate::wire::check_line("profile", profile, 128)?;
+        }
+        let pinned = self
+            .gpu_ids
+            .iter()
+            .flatten()
+            .chain(self.allowed_gpus.iter().flatten())
+            .chain(self.node_gpu_ids.iter().flat_map(|n| &n.gpu_ids));
+        for &index in pinned {
+            check_gpu_index(index)?;
+        }
+        for list in [&self.gpu_ids, &self.allowed_gpus].into_iter().flatten() {
+            crate::wire::check_count("GPU ids", list.len(), GpuAmount::MAX_GPUS as usize)?;
+        }
+        crate::wire::check_count("excluded nodes", self.exclude.len(), MAX_JOB_NODES as usize)?;
+        Ok(())
+    }
+
     /// The multi-node part of [`JobSpec::validate`].
     fn validate_nodes(&self) -> Result<(), InvalidInput> {
         if self.nodes == 0 || self.nodes > MAX_JOB_NODES {
@@ -501,6 +561,25 @@ pub struct SubmitRequest {
     pub spec: JobSpec,
 }
 
+impl SubmitRequest {
+    /// Checks what the submission says besides its spec (which [`JobSpec::validate`]
+    /// checks, so an invalid spec can still be recorded as a failed job the user sees).
+    pub fn validate_sender(&self) -> Result<(), InvalidInput> {
+        crate::wire::check_user("user", &self.user)
+    }
+}
+
+/// A GPU index no node could have is an error, not a job waiting forever.
+fn check_gpu_index(index: u32) -> Result<(), InvalidInput> {
+    if index >= GpuAmount::MAX_GPUS {
+        return Err(InvalidInput::new(format!(
+            "GPU index {index} is beyond any node (at most {})",
+            GpuAmount::MAX_GPUS - 1
+        )));
+    }
+    Ok(())
+}
+
 /// Payload of `jobs.<id>.hold` and `jobs.<id>.release`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -519,8 +598,25 @@ pub struct CancelRequest {
     pub reason: Option<String>,
 }
 
+impl HoldRequest {
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        crate::wire::check_user("user", &self.user)
+    }
+}
+
+impl CancelRequest {
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        crate::wire::check_user("user", &self.user)?;
+        if let Some(reason) = &self.reason {
+            crate::wire::check_line("reason", reason, crate::wire::MAX_LINE_BYTES)?;
+        }
+        Ok(())
+    }
+}
+
 /// One GPU (or a share of it) given to a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GpuShare {
     /// Physical index on the node (NVML's numbering).
     pub index: u32,
@@ -533,6 +629,7 @@ pub struct GpuShare {
 
 /// Where a job runs: its first node (rank 0) and, for a multi-node job, the others.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Placement {
     pub node: String,
     pub gpus: Vec<GpuShare>,
@@ -546,6 +643,7 @@ pub struct Placement {
 
 /// One further node of a multi-node job and the GPUs it holds there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeShare {
     pub node: String,
     pub gpus: Vec<GpuShare>,
@@ -554,6 +652,7 @@ pub struct NodeShare {
 /// The rendezvous of a multi-node or distributed job, filled in by the scheduler when it
 /// places the job, so every rank gets the same values.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Launch {
     /// The command runs once per node (`--distributed`), not only on rank 0.
     pub distributed: bool,
@@ -564,6 +663,49 @@ pub struct Launch {
 }
 
 impl Placement {
+    /// Checks a placement another program wrote (an assignment, an `assigned` event): valid
+    /// and distinct node names, plausible GPUs, one address per node.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        crate::wire::check_count(
+            "nodes in a placement",
+            self.node_count(),
+            MAX_JOB_NODES as usize,
+        )?;
+        let mut names: Vec<&str> = Vec::with_capacity(self.node_count());
+        for (_, node, gpus) in self.ranks() {
+            crate::ids::validate_node_name(node)?;
+            if names.contains(&node) {
+                return Err(InvalidInput::new(format!(
+                    "the placement names node {node} twice"
+                )));
+            }
+            names.push(node);
+            crate::wire::check_count("GPUs on a node", gpus.len(), GpuAmount::MAX_GPUS as usize)?;
+            for gpu in gpus {
+                check_gpu_index(gpu.index)?;
+                if gpu.mem_mib > MAX_GPU_MEMORY_MIB {
+                    return Err(InvalidInput::new(format!(
+                        "{} MiB on GPU {} is not a plausible memory size",
+                        gpu.mem_mib, gpu.index
+                    )));
+                }
+            }
+        }
+        if let Some(launch) = &self.launch {
+            if launch.addresses.len() != self.node_count() {
+                return Err(InvalidInput::new(format!(
+                    "the placement has {} node(s) but {} address(es)",
+                    self.node_count(),
+                    launch.addresses.len()
+                )));
+            }
+            for address in &launch.addresses {
+                crate::wire::check_address(address)?;
+            }
+        }
+        Ok(())
+    }
+
     /// A one-node placement.
     pub fn single(node: impl Into<String>, gpus: Vec<GpuShare>) -> Self {
         Placement {

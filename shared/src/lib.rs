@@ -19,6 +19,8 @@
 //! - [`auth`]: nkeys for each role, and the nats-server authorization they get.
 //! - [`tls`]: the certificate authority and server certificate, and the server's `tls` blocks.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
+//! - [`wire`]: strict decoding of inbound messages: size limits and the checks handlers share.
+//! - `fuzzing` (tests only): hostile payload generators for the fuzz targets.
 //! - [`error`]: the typed errors of this crate.
 
 pub mod assign;
@@ -28,6 +30,8 @@ pub mod connect;
 pub mod duration;
 pub mod error;
 pub mod event;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod gpu_amount;
 pub mod ids;
 pub mod job;
@@ -39,6 +43,7 @@ pub mod signing;
 pub mod streams;
 pub mod subjects;
 pub mod tls;
+pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.
 pub type Timestamp = chrono::DateTime<chrono::Utc>;

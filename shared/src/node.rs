@@ -6,7 +6,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::Timestamp;
-use crate::ids::JobId;
+use crate::duration::MAX_TIME_LIMIT;
+use crate::error::InvalidInput;
+use crate::gpu_amount::GpuAmount;
+use crate::ids::{JobId, validate_node_name};
+use crate::job::MAX_GPU_MEMORY_MIB;
+use crate::wire::{
+    MAX_LINE_BYTES, MAX_USER_BYTES, check_count, check_line, check_text, check_user,
+};
 
 /// Where the agent's GPU list comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,12 +27,14 @@ pub enum GpuSource {
 
 /// A process using a GPU that mgpu did not start (a colleague's notebook, say).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ForeignProcess {
     pub pid: u32,
     pub used_mib: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GpuStatus {
     /// Physical index (NVML's numbering, the one `CUDA_VISIBLE_DEVICES` gets with PCI_BUS_ID order).
     pub index: u32,
@@ -39,8 +48,46 @@ pub struct GpuStatus {
     pub foreign_processes: Vec<ForeignProcess>,
 }
 
+impl GpuStatus {
+    fn validate(&self) -> Result<(), InvalidInput> {
+        if self.index >= GpuAmount::MAX_GPUS {
+            return Err(InvalidInput::new(format!(
+                "GPU index {} is absurd",
+                self.index
+            )));
+        }
+        check_line("GPU uuid", &self.uuid, MAX_USER_BYTES)?;
+        check_line("GPU name", &self.name, MAX_USER_BYTES)?;
+        if self.memory_total_mib > MAX_GPU_MEMORY_MIB || self.memory_used_mib > MAX_GPU_MEMORY_MIB {
+            return Err(InvalidInput::new(format!(
+                "GPU {}: {} MiB total, {} MiB used is not plausible",
+                self.index, self.memory_total_mib, self.memory_used_mib
+            )));
+        }
+        if self.utilization_pct > 100 {
+            return Err(InvalidInput::new(format!(
+                "GPU {}: utilisation {}% is above 100%",
+                self.index, self.utilization_pct
+            )));
+        }
+        check_count("foreign processes", self.foreign_processes.len(), 4096)?;
+        if let Some(p) = self
+            .foreign_processes
+            .iter()
+            .find(|p| p.used_mib > MAX_GPU_MEMORY_MIB)
+        {
+            return Err(InvalidInput::new(format!(
+                "GPU {}: process {} using {} MiB is not plausible",
+                self.index, p.pid, p.used_mib
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A job attempt the agent is running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunningJob {
     pub id: JobId,
     pub attempt: u32,
@@ -48,6 +95,7 @@ pub struct RunningJob {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeHeartbeat {
     pub node: String,
     pub sent_at: Timestamp,
@@ -85,6 +133,9 @@ pub struct NodeHeartbeat {
 }
 
 pub const DEFAULT_THRESHOLD: f64 = 0.8;
+
+/// `runs_jobs_as` of an agent that runs each job as its owner's Unix account.
+pub const RUNS_AS_OWNER: &str = "<owner>";
 
 fn default_threshold() -> f64 {
     DEFAULT_THRESHOLD
@@ -139,6 +190,32 @@ pub enum AdminRequest {
     },
 }
 
+impl AdminRequest {
+    /// Checks the node name (it becomes a KV key), the admin's name and the reason.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        let (node, by, reason) = match self {
+            AdminRequest::DrainNode { node, by, reason }
+            | AdminRequest::PauseGpu {
+                node, by, reason, ..
+            } => (node, by, reason.as_deref()),
+            AdminRequest::ResumeNode { node, by } | AdminRequest::ResumeGpu { node, by, .. } => {
+                (node, by, None)
+            }
+        };
+        validate_node_name(node)?;
+        check_user("by", by)?;
+        if let Some(reason) = reason {
+            check_line("reason", reason, MAX_LINE_BYTES)?;
+        }
+        if let AdminRequest::PauseGpu { index, .. } | AdminRequest::ResumeGpu { index, .. } = self
+            && *index >= GpuAmount::MAX_GPUS
+        {
+            return Err(InvalidInput::new(format!("GPU index {index} is absurd")));
+        }
+        Ok(())
+    }
+}
+
 /// Heartbeats missed before a node counts as offline.
 pub const MISSED_HEARTBEATS_OFFLINE: u32 = 3;
 
@@ -162,9 +239,73 @@ impl NodeHeartbeat {
             .saturating_add(self.kill_grace_ms)
             .saturating_add(self.interval_ms)
             .saturating_add(500);
+        // Saturating: a heartbeat loaded from the stream was not validated, and chrono
+        // panics on an overflowing addition.
+        let total = chrono::TimeDelta::try_milliseconds(i64::try_from(total).unwrap_or(i64::MAX))
+            .unwrap_or(chrono::TimeDelta::MAX);
         Some(
-            self.sent_at + chrono::Duration::milliseconds(i64::try_from(total).unwrap_or(i64::MAX)),
+            self.sent_at
+                .checked_add_signed(total)
+                .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC),
         )
+    }
+
+    /// Checks a heartbeat received at `now`: a valid node name, plausible GPUs, thresholds
+    /// between 0 and 1, intervals no longer than the longest time limit, and a send time
+    /// near `now` (one from the far future would keep the node online forever).
+    pub fn validate(&self, now: Timestamp) -> Result<(), InvalidInput> {
+        validate_node_name(&self.node)?;
+        crate::wire::check_time("sent_at", self.sent_at, now)?;
+        let longest = u64::try_from(MAX_TIME_LIMIT.as_millis()).unwrap_or(u64::MAX);
+        if self.interval_ms == 0 || self.interval_ms > longest {
+            return Err(InvalidInput::new(format!(
+                "heartbeat interval of {} ms is outside 1 ms..366 days",
+                self.interval_ms
+            )));
+        }
+        for (what, ms) in [
+            ("fence_after_ms", self.fence_after_ms.unwrap_or(0)),
+            ("kill_grace_ms", self.kill_grace_ms),
+        ] {
+            if ms > longest {
+                return Err(InvalidInput::new(format!(
+                    "{what} of {ms} ms is longer than 366 days"
+                )));
+            }
+        }
+        for (what, share) in [
+            ("mem_threshold", self.mem_threshold),
+            ("load_threshold", self.load_threshold),
+        ] {
+            // NaN fails this test too.
+            if !(0.0..=1.0).contains(&share) {
+                return Err(InvalidInput::new(format!("{what} {share} is outside 0..1")));
+            }
+        }
+        if let Some(note) = &self.gpu_note {
+            check_text("gpu_note", note, crate::wire::MAX_TEXT_BYTES)?;
+        }
+        check_count("GPUs", self.gpus.len(), GpuAmount::MAX_GPUS as usize)?;
+        let mut seen = std::collections::BTreeSet::new();
+        for gpu in &self.gpus {
+            gpu.validate()?;
+            if !seen.insert(gpu.index) {
+                return Err(InvalidInput::new(format!(
+                    "GPU {} is listed twice",
+                    gpu.index
+                )));
+            }
+        }
+        check_count("running jobs", self.running.len(), 100_000)?;
+        crate::wire::check_address(&self.address)?;
+        check_user("runs_jobs_as", &self.runs_jobs_as)?;
+        check_line("agent_version", &self.agent_version, 64)?;
+        check_count("labels", self.labels.len(), 64)?;
+        for (key, value) in &self.labels {
+            check_line("label name", key, 64)?;
+            check_line("label value", value, MAX_USER_BYTES)?;
+        }
+        Ok(())
     }
 
     /// Online while fewer than [`MISSED_HEARTBEATS_OFFLINE`] heartbeats were missed.
@@ -174,7 +315,10 @@ impl NodeHeartbeat {
 
     /// Online while fewer than `missed` heartbeats were missed (the scheduler's policy).
     pub fn liveness_after(&self, now: Timestamp, missed: u32) -> NodeLiveness {
-        let allowed = Duration::from_millis(self.interval_ms.max(1)) * missed.max(1);
+        // Checked: `Duration * u32` panics on overflow, and an unvalidated interval may be huge.
+        let allowed = Duration::from_millis(self.interval_ms.max(1))
+            .checked_mul(missed.max(1))
+            .unwrap_or(Duration::MAX);
         let age = (now - self.sent_at).to_std().unwrap_or(Duration::ZERO);
         if age <= allowed {
             NodeLiveness::Online

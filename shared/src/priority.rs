@@ -143,7 +143,11 @@ pub fn effective_priority(
     let waited_hours = (now - queued_at).num_seconds().max(0) as f64 / 3600.0;
     let age = policy.age_weight * waited_hours.min(policy.age_cap_hours);
     let share = policy.fairshare_weight * user_gpu_hours;
-    i64::from(priority) * PRIORITY_SCALE + (age - share).round() as i64
+    // Saturating: usage or weights read from the cluster bucket may be absurd (`as` already
+    // saturates the float; a plain `+` could still overflow).
+    i64::from(priority)
+        .saturating_mul(PRIORITY_SCALE)
+        .saturating_add((age - share).round() as i64)
 }
 
 #[cfg(test)]

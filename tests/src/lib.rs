@@ -390,6 +390,17 @@ impl Cluster {
         }
     }
 
+    /// Components (schedulers and agents) whose process has exited, by name.
+    pub fn exited_components(&mut self) -> Vec<String> {
+        self.schedulers
+            .iter_mut()
+            .chain(self.agents.iter_mut())
+            .filter_map(|(name, child)| {
+                (!matches!(child.try_wait(), Ok(None))).then(|| name.clone())
+            })
+            .collect()
+    }
+
     /// Where agents keep their state files (`<node>.json`).
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")

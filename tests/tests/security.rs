@@ -342,7 +342,9 @@ fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_roo
     );
 
     let nodes = cluster.mgpu_ok(&["nodes", "--json"]);
-    assert!(nodes.contains("each job's owner"), "{nodes}");
+    assert!(nodes.contains(mgpu_shared::node::RUNS_AS_OWNER), "{nodes}");
+    let human = cluster.mgpu_ok(&["nodes"]);
+    assert!(human.contains("runs jobs as each job's owner"), "{human}");
 }
 
 #[test]

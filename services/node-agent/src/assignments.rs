@@ -15,8 +15,9 @@ use async_nats::jetstream::{
 };
 use futures::StreamExt;
 use mgpu_shared::assign::{Assignment, NodeControl};
+use mgpu_shared::error::InvalidInput;
 use mgpu_shared::event::JobEventKind;
-use mgpu_shared::subjects;
+use mgpu_shared::{subjects, wire};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
@@ -229,7 +230,7 @@ impl Dispatcher {
     }
 
     async fn on_assignment(&mut self, message: jetstream::Message) {
-        let assignment: Assignment = match serde_json::from_slice(&message.payload) {
+        let assignment = match decode_assignment(&message.payload) {
             Ok(assignment) => assignment,
             Err(err) => {
                 error!(subject = %message.subject, "malformed assignment, dropping it: {err}");
@@ -290,7 +291,7 @@ impl Dispatcher {
     }
 
     async fn on_control(&mut self, message: jetstream::Message) {
-        let control: NodeControl = match serde_json::from_slice(&message.payload) {
+        let control = match decode_control(&message.payload) {
             Ok(control) => control,
             Err(err) => {
                 error!(subject = %message.subject, "malformed control message, dropping it: {err}");
@@ -320,6 +321,18 @@ impl Dispatcher {
         }
         acknowledge(&message).await;
     }
+}
+
+/// Decodes and checks an assignment. A malformed or absurd one (a time limit of a century
+/// would overflow the job's deadline) is refused before anything runs.
+fn decode_assignment(payload: &[u8]) -> Result<Assignment, InvalidInput> {
+    wire::decode::<Assignment>("assignment", payload, wire::MAX_ASSIGNMENT_BYTES)
+        .and_then(|a| a.validate().map(|()| a))
+}
+
+fn decode_control(payload: &[u8]) -> Result<NodeControl, InvalidInput> {
+    wire::decode::<NodeControl>("control message", payload, wire::MAX_CONTROL_BYTES)
+        .and_then(|c| c.validate().map(|()| c))
 }
 
 /// True when the error says the stream `MGPU_ASSIGN` does not exist (yet).
@@ -367,5 +380,89 @@ mod tests {
         assert!(!is_stream_missing(&*other));
         let request: async_nats::Error = Box::new(GetStreamError::new(GetStreamErrorKind::Request));
         assert!(!is_stream_missing(&*request));
+    }
+
+    /// Fuzz targets: what the agent reads from its inbox. Anything must give a clean error
+    /// or a value whose script and environment can be built without a panic.
+    mod fuzz {
+        use std::collections::BTreeMap;
+
+        use mgpu_shared::fuzzing::payloads;
+        use mgpu_shared::gpu_amount::GpuAmount;
+        use mgpu_shared::ids::JobId;
+        use mgpu_shared::job::{GpuShare, JobSpec, Placement};
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use crate::running::AttemptKey;
+        use crate::script::{build_script, job_environment};
+
+        fn assignment() -> serde_json::Value {
+            let mut spec = JobSpec::new(vec!["python".into(), "a.py".into()], "/tmp");
+            spec.time_limit_secs = Some(60);
+            spec.env = BTreeMap::from([("PATH".into(), "/usr/bin".into())]);
+            spec.env_setup_cmd = Some("true".into());
+            let placement = Placement::single(
+                "node001",
+                vec![GpuShare {
+                    index: 0,
+                    amount: GpuAmount::ONE,
+                    mem_mib: 0,
+                }],
+            );
+            serde_json::to_value(Assignment {
+                job_id: JobId::random(),
+                attempt: 1,
+                user: "alice".into(),
+                spec,
+                placement,
+                rank: 0,
+                input_keys: Vec::new(),
+                unix_user: None,
+            })
+            .unwrap_or_default()
+        }
+
+        proptest! {
+            #[test]
+            fn fuzz_assignment(payload in payloads(assignment())) {
+                if let Ok(a) = decode_assignment(&payload) {
+                    prop_assert!(a.validate().is_ok());
+                    let gpus: Vec<u32> = a
+                        .placement
+                        .gpus_on("node001")
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|g| g.index)
+                        .collect();
+                    let key = AttemptKey { job_id: a.job_id.clone(), attempt: a.attempt };
+                    let _ = build_script(&a.spec, &gpus);
+                    let _ = job_environment(&a.spec, &key, "node001", &gpus, None);
+                    // The deadline the supervisor computes must not overflow.
+                    let limit = a.spec.time_limit().unwrap_or_default();
+                    prop_assert!(tokio::time::Instant::now().checked_add(limit).is_some());
+                }
+            }
+
+            #[test]
+            fn fuzz_control(payload in payloads(serde_json::to_value(NodeControl::Kill {
+                job_id: JobId::random(),
+                attempt: 2,
+                reason: "cancelled by alice".into(),
+                requeue: false,
+            }).unwrap_or_default())) {
+                if let Ok(control) = decode_control(&payload) {
+                    prop_assert!(control.validate().is_ok());
+                }
+            }
+
+            #[test]
+            fn fuzz_job_input(payload in prop::collection::vec(any::<u8>(), 0..4096)) {
+                match crate::input::classify(&payload) {
+                    crate::input::Input::EndOfInput => prop_assert!(payload.is_empty()),
+                    crate::input::Input::Bytes(bytes) => prop_assert_eq!(bytes, &payload[..]),
+                }
+            }
+        }
     }
 }

@@ -43,6 +43,25 @@ impl InputForwarder {
     }
 }
 
+/// What one message on `jobs.<id>.input` means. Any bytes are valid input (a job may read
+/// binary data); the size is bounded by the server's `max_payload`, and the write waits
+/// for the job to read, so no message can grow the agent's memory.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Input<'a> {
+    /// An empty message: close the job's stdin.
+    EndOfInput,
+    /// Bytes to write to the job's stdin, as they are.
+    Bytes(&'a [u8]),
+}
+
+pub fn classify(payload: &[u8]) -> Input<'_> {
+    if payload.is_empty() {
+        Input::EndOfInput
+    } else {
+        Input::Bytes(payload)
+    }
+}
+
 async fn forward(
     mut input: Subscriber,
     mut stdin: ChildStdin,
@@ -61,16 +80,16 @@ async fn forward(
             warn!(%key, "input refused: {why}");
             continue;
         }
-        if message.payload.is_empty() {
+        let Input::Bytes(bytes) = classify(&message.payload) else {
             info!(%key, "closing the job's standard input (end of input received)");
             break;
-        }
+        };
         // A job that does not read its input fills the pipe; the write then waits, and must
         // still end when the job does.
         let written = tokio::select! {
             _ = &mut stopped => break,
             written = async {
-                stdin.write_all(&message.payload).await?;
+                stdin.write_all(bytes).await?;
                 stdin.flush().await
             } => written,
         };

@@ -235,7 +235,9 @@ impl StartedJob {
             key: &key,
             pid,
             kill_grace: ctx.kill_grace,
-            time_limit_at: time_limit.map(|limit| started + limit),
+            // Checked: assignments are validated, but an overflowing `Instant + Duration`
+            // panics; no deadline beats a dead agent.
+            time_limit_at: time_limit.and_then(|limit| started.checked_add(limit)),
         };
         let ending = watch.until_exit(&mut child, &mut stop_requests).await;
 

@@ -200,7 +200,11 @@ impl Scheduler {
             .retain(|_, sent| sent.elapsed() < KILL_REPEAT * 12);
 
         // Jobs recorded as started there that the node no longer lists: lost with its agent.
-        let margin = chrono::Duration::milliseconds((beat.interval_ms as i64).saturating_mul(2));
+        // Checked: heartbeats are validated, but chrono panics on overflow, so never risk it.
+        let margin = i64::try_from(beat.interval_ms)
+            .ok()
+            .and_then(|ms| chrono::Duration::try_milliseconds(ms.saturating_mul(2)))
+            .unwrap_or(chrono::Duration::MAX);
         let missing: Vec<JobId> = self
             .store
             .records()
@@ -218,7 +222,10 @@ impl Scheduler {
                     };
                     run.placement.launches_on(&beat.node)
                         && started_here
-                        && run.started_at.is_some_and(|s| beat.sent_at > s + margin)
+                        && run
+                            .started_at
+                            .and_then(|s| s.checked_add_signed(margin))
+                            .is_some_and(|deadline| beat.sent_at > deadline)
                         && !beat
                             .running
                             .iter()

@@ -22,8 +22,18 @@ pub struct NodeTable {
 
 impl NodeTable {
     pub fn new(beats: Vec<NodeHeartbeat>, admin: BTreeMap<String, NodeAdmin>, missed: u32) -> Self {
+        // The stream keeps whatever was published: a stored heartbeat is checked like a
+        // live one (an absurd one would otherwise sit in the table until the node beats again).
+        let now = mgpu_shared::now();
+        let beats = beats.into_iter().filter(|beat| match beat.validate(now) {
+            Ok(()) => true,
+            Err(invalid) => {
+                tracing::warn!(node = %beat.node, %invalid, "ignoring a stored heartbeat");
+                false
+            }
+        });
         NodeTable {
-            nodes: beats.into_iter().map(|b| (b.node.clone(), b)).collect(),
+            nodes: beats.map(|b| (b.node.clone(), b)).collect(),
             admin,
             missed,
             lost: HashSet::new(),
@@ -125,7 +135,11 @@ impl NodeTable {
                         .map(|g| GpuView {
                             index: g.index,
                             memory_total_mib: g.memory_total_mib,
-                            foreign_mem_mib: g.foreign_processes.iter().map(|p| p.used_mib).sum(),
+                            // Saturating: a plain sum panics (debug) or wraps (release) on overflow.
+                            foreign_mem_mib: g
+                                .foreign_processes
+                                .iter()
+                                .fold(0u64, |sum, p| sum.saturating_add(p.used_mib)),
                             utilization_pct: g.utilization_pct,
                             paused: admin.is_some_and(|a| a.paused_gpus.contains_key(&g.index)),
                         })
@@ -182,5 +196,114 @@ mod tests {
             table.newly_lost(later + chrono::Duration::seconds(5)),
             vec!["n1".to_owned()]
         );
+    }
+
+    /// Fuzz target: heartbeats as the scheduler reads them. Whatever decodes (validated or
+    /// not: stored heartbeats were once loaded unchecked) must go through the node table,
+    /// the core's views and a scheduling pass without a panic; what passes validation must
+    /// give the core finite thresholds.
+    mod fuzz {
+        use super::*;
+        use crate::core::{self, CoreSettings, QueuedJob};
+        use mgpu_shared::fuzzing::payloads;
+        use mgpu_shared::gpu_amount::GpuAmount;
+        use mgpu_shared::ids::JobId;
+        use mgpu_shared::node::{ForeignProcess, GpuStatus, RunningJob};
+        use mgpu_shared::priority::PlacementPolicy;
+        use mgpu_shared::wire;
+        use proptest::prelude::*;
+
+        fn sample() -> serde_json::Value {
+            let mut b = beat("node001", mgpu_shared::now());
+            b.gpus = (0..2)
+                .map(|index| GpuStatus {
+                    index,
+                    uuid: format!("GPU-{index}"),
+                    name: "NVIDIA H100".into(),
+                    memory_total_mib: 81_559,
+                    memory_used_mib: 1203,
+                    utilization_pct: 37,
+                    foreign_processes: vec![ForeignProcess {
+                        pid: 4242,
+                        used_mib: 1200,
+                    }],
+                })
+                .collect();
+            b.running = vec![RunningJob {
+                id: JobId::random(),
+                attempt: 1,
+                pid: 31337,
+            }];
+            b.labels = BTreeMap::from([("rack".into(), "r1".into())]);
+            b.fence_after_ms = Some(10_000);
+            b.kill_grace_ms = 10_000;
+            serde_json::to_value(&b).unwrap_or_default()
+        }
+
+        /// Found by this target: `Duration * missed`, `sent_at + fence` and the foreign memory
+        /// sum panicked on these.
+        #[test]
+        fn huge_intervals_neither_panic_nor_pass() {
+            let now = mgpu_shared::now();
+            let mut b = beat("n1", now);
+            b.interval_ms = u64::MAX;
+            b.fence_after_ms = Some(u64::MAX);
+            b.gpus = vec![overflowing_gpu()];
+            assert!(b.validate(now).is_err());
+            let _ = (b.jobs_dead_by(), b.liveness(now));
+            let mut table = NodeTable::new(Vec::new(), BTreeMap::new(), 3);
+            table.update(b, now);
+            let _ = (table.views(now), table.newly_lost(now));
+        }
+
+        /// A GPU with two processes whose memory sums past `u64::MAX`.
+        fn overflowing_gpu() -> GpuStatus {
+            let huge = ForeignProcess {
+                pid: 1,
+                used_mib: u64::MAX,
+            };
+            GpuStatus {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: "x".into(),
+                memory_total_mib: 1,
+                memory_used_mib: 1,
+                utilization_pct: 0,
+                foreign_processes: vec![huge.clone(), huge],
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn fuzz_heartbeat(payload in payloads(sample())) {
+                let now = mgpu_shared::now();
+                let Ok(beat) = wire::decode::<NodeHeartbeat>("heartbeat", &payload, wire::MAX_HEARTBEAT_BYTES) else {
+                    return Ok(());
+                };
+                let valid = beat.validate(now).is_ok();
+                let _ = (beat.jobs_dead_by(), beat.liveness(now));
+                let mut table = NodeTable::new(Vec::new(), BTreeMap::new(), 3);
+                table.blind_until(now - chrono::Duration::seconds(30));
+                table.update(beat.clone(), now);
+                table.update(beat, now);
+                let views = table.views(now);
+                let _ = (table.newly_lost(now), table.online(now));
+                if valid {
+                    for view in &views {
+                        prop_assert!(view.mem_threshold.is_finite() && view.load_threshold.is_finite());
+                    }
+                }
+                let settings = CoreSettings {
+                    placement: PlacementPolicy::FillFirst,
+                    max_reservations: 4,
+                    topology_label: Some("rack".into()),
+                };
+                let queue = [
+                    QueuedJob::new(JobId::random(), GpuAmount::ONE, now),
+                    QueuedJob::new(JobId::random(), GpuAmount::from_units(2_500), now),
+                ];
+                let _ = core::plan(&views, &[], &queue, &settings, now);
+            }
+        }
     }
 }

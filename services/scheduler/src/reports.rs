@@ -132,7 +132,7 @@ impl Scheduler {
                     // Back to the end of the queue, as the next attempt.
                     self.store
                         .update(&job, |r| {
-                            r.attempt += 1;
+                            r.attempt = r.attempt.saturating_add(1);
                             r.state = JobState::Queued(Waiting {
                                 reason: WaitReason::Resources,
                                 held_by: None,

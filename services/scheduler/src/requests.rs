@@ -8,6 +8,7 @@ use anyhow::{Result, anyhow};
 use bytes::Bytes;
 
 use mgpu_shared::assign::NodeControl;
+use mgpu_shared::error::InvalidInput;
 use mgpu_shared::event::JobEventKind;
 use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{
@@ -15,6 +16,7 @@ use mgpu_shared::job::{
     WaitReason, Waiting,
 };
 use mgpu_shared::node::{AdminMark, AdminRequest};
+use mgpu_shared::wire::{self, MAX_REQUEST_BYTES};
 use mgpu_shared::{now, subjects};
 
 use crate::identity::Identity;
@@ -33,6 +35,9 @@ impl Scheduler {
                 return Ok(());
             }
         };
+        if let Err(invalid) = request.validate_sender() {
+            return self.refuse_submission(&request.id, &invalid);
+        }
         let at = now();
         let duplicate_of = if request.spec.dedup {
             let key = request.spec.dedup_key();
@@ -126,13 +131,16 @@ impl Scheduler {
         payload: &Bytes,
         identity: &Identity,
     ) -> Result<()> {
-        let request: CancelRequest = match serde_json::from_slice(payload) {
-            Ok(request) => request,
-            Err(err) => {
-                tracing::warn!(job = id, %err, "refusing a malformed cancel request");
-                return Ok(());
-            }
-        };
+        let request: CancelRequest =
+            match wire::decode("cancel request", payload, MAX_REQUEST_BYTES)
+                .and_then(|r: CancelRequest| r.validate().map(|()| r))
+            {
+                Ok(request) => request,
+                Err(err) => {
+                    tracing::warn!(job = id, %err, "refusing a malformed cancel request");
+                    return Ok(());
+                }
+            };
         let Ok(job) = id.parse::<JobId>() else {
             tracing::warn!(job = id, "cancel for something that is not a job id");
             return Ok(());
@@ -212,7 +220,9 @@ impl Scheduler {
         identity: &Identity,
     ) -> Result<()> {
         // Decoded strictly, though the signer (not the payload's `user`) is who asks.
-        if let Err(err) = serde_json::from_slice::<HoldRequest>(payload) {
+        if let Err(err) = wire::decode("hold request", payload, MAX_REQUEST_BYTES)
+            .and_then(|r: HoldRequest| r.validate())
+        {
             tracing::warn!(job = id, %err, "refusing a malformed hold/release request");
             return Ok(());
         }
@@ -268,7 +278,9 @@ impl Scheduler {
     /// `admin.requests`: drain/resume nodes, pause/resume GPUs. The server lets only admins
     /// publish it; the state is kept in the cluster bucket so it survives restarts.
     pub(crate) async fn on_admin(&mut self, payload: &Bytes, identity: &Identity) -> Result<()> {
-        let request: AdminRequest = match serde_json::from_slice(payload) {
+        let request: AdminRequest = match wire::decode("admin request", payload, MAX_REQUEST_BYTES)
+            .and_then(|r: AdminRequest| r.validate().map(|()| r))
+        {
             Ok(request) => request,
             Err(err) => {
                 tracing::warn!(%err, "refusing a malformed admin request");
@@ -327,6 +339,19 @@ impl Scheduler {
             format!("{request:?}"),
         );
         self.nodes.admin.insert(node, admin);
+        Ok(())
+    }
+
+    /// A submission refused before it is recorded (its sender is not a user name): the
+    /// submitter learns why from the `rejected` event; nothing is stored.
+    fn refuse_submission(&self, id: &JobId, invalid: &InvalidInput) -> Result<()> {
+        tracing::warn!(job = %id, %invalid, "refusing a submission");
+        self.publish_event(
+            id,
+            JobEventKind::Rejected {
+                reason: format!("invalid submission: {invalid}"),
+            },
+        );
         Ok(())
     }
 }

@@ -25,7 +25,7 @@ use mgpu_shared::job::{
 };
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
-use mgpu_shared::{Timestamp, now, records, subjects};
+use mgpu_shared::{Timestamp, now, records, subjects, wire};
 
 use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, RunningJob};
 use crate::nodes::NodeTable;
@@ -222,9 +222,9 @@ pub async fn run(
                 }
             }
             Some(message) = heartbeats.next() => {
-                let mut changed = scheduler.on_heartbeat(&message.payload).await;
+                let mut changed = scheduler.on_heartbeat(&message.subject, &message.payload).await;
                 while let Some(Some(message)) = heartbeats.next().now_or_never() {
-                    changed |= scheduler.on_heartbeat(&message.payload).await;
+                    changed |= scheduler.on_heartbeat(&message.subject, &message.payload).await;
                 }
                 if !changed {
                     continue;
@@ -343,7 +343,16 @@ impl Scheduler {
     }
 
     async fn on_event_message(&mut self, message: jetstream::Message) {
-        match serde_json::from_slice::<JobEvent>(&message.payload) {
+        let now = now();
+        // Only agents' reports are acted on, so only they must pass validation; the
+        // scheduler's own events come back here too and are ignored.
+        let decoded =
+            wire::decode::<JobEvent>("job event", &message.payload, wire::MAX_EVENT_BYTES)
+                .and_then(|event| match event.source {
+                    EventSource::Node(_) => event.validate(now).map(|()| event),
+                    EventSource::Scheduler => Ok(event),
+                });
+        match decoded {
             Ok(event) => {
                 let subject_id = subjects::job_id_of(message.subject.as_str());
                 if subject_id != Some(event.job_id.as_str()) {
@@ -366,11 +375,27 @@ impl Scheduler {
         }
     }
 
-    async fn on_heartbeat(&mut self, payload: &Bytes) -> bool {
-        match serde_json::from_slice::<NodeHeartbeat>(payload) {
+    async fn on_heartbeat(&mut self, subject: &str, payload: &Bytes) -> bool {
+        let now = now();
+        let decoded =
+            wire::decode::<NodeHeartbeat>("heartbeat", payload, wire::MAX_HEARTBEAT_BYTES)
+                .and_then(|beat| beat.validate(now).map(|()| beat))
+                .and_then(|beat| {
+                    // The server lets a node publish only its own subject; the payload must not
+                    // speak for another node.
+                    if subjects::node_of(subject) == Some(beat.node.as_str()) {
+                        Ok(beat)
+                    } else {
+                        Err(wire::InvalidInput::new(format!(
+                            "heartbeat for node {} published on {subject}",
+                            beat.node
+                        )))
+                    }
+                });
+        match decoded {
             Ok(beat) => {
                 self.reconcile_heartbeat(&beat).await;
-                self.nodes.update(beat, now())
+                self.nodes.update(beat, now)
             }
             Err(err) => {
                 tracing::warn!(%err, "ignoring a malformed heartbeat");

@@ -127,7 +127,13 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
     }
     text.push_str(&format!(
         "  address {}  runs jobs as {}  agent {}\n",
-        node.address, node.runs_jobs_as, node.agent_version
+        node.address,
+        if node.runs_jobs_as == mgpu_shared::node::RUNS_AS_OWNER {
+            "each job's owner"
+        } else {
+            node.runs_jobs_as.as_str()
+        },
+        node.agent_version
     ));
     let running: Vec<&str> = node.running.iter().map(|job| job.id.short()).collect();
     // An offline node's list is what it said last, not what runs there now.
