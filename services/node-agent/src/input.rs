@@ -126,3 +126,66 @@ fn accepted(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(
+        subject: &str,
+        payload: &'static [u8],
+        headers: Option<async_nats::HeaderMap>,
+    ) -> async_nats::Message {
+        async_nats::Message {
+            subject: subject.into(),
+            reply: None,
+            payload: bytes::Bytes::from_static(payload),
+            headers,
+            status: None,
+            description: None,
+            length: payload.len(),
+        }
+    }
+
+    fn signed(key: &nkeys::KeyPair, subject: &str, payload: &[u8]) -> async_nats::HeaderMap {
+        let mut headers = async_nats::HeaderMap::new();
+        let _ = signing::sign(key, subject, payload, mgpu_shared::now(), &mut headers);
+        headers
+    }
+
+    #[test]
+    fn only_the_owners_signed_input_reaches_the_job_and_only_once() {
+        let owner = nkeys::KeyPair::new_user();
+        let other = nkeys::KeyPair::new_user();
+        let allowed = vec![owner.public_key()];
+        let mut nonces = Nonces::default();
+        let subject = "jobs.x.input";
+
+        let good = message(subject, b"ls\n", Some(signed(&owner, subject, b"ls\n")));
+        assert_eq!(accepted(&good, &allowed, &mut nonces), Ok(()));
+        assert!(
+            accepted(&good, &allowed, &mut nonces).is_err(),
+            "a replay is refused"
+        );
+
+        let foreign = message(
+            subject,
+            b"rm -rf ~\n",
+            Some(signed(&other, subject, b"rm -rf ~\n")),
+        );
+        let why = accepted(&foreign, &allowed, &mut nonces)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            why.contains("neither the job's owner nor an admin"),
+            "{why}"
+        );
+
+        let unsigned = message(subject, b"x", None);
+        assert!(accepted(&unsigned, &allowed, &mut nonces).is_err());
+
+        // Signed for another job's input: the subject is part of the signature.
+        let elsewhere = message(subject, b"y", Some(signed(&owner, "jobs.y.input", b"y")));
+        assert!(accepted(&elsewhere, &allowed, &mut nonces).is_err());
+    }
+}
