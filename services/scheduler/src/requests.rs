@@ -45,7 +45,7 @@ impl Scheduler {
                 .records()
                 .find(|r| {
                     r.id != request.id
-                        && r.user == request.user
+                        && r.user == identity.name
                         && matches!(r.state, JobState::Queued(_) | JobState::Running(_))
                         && r.spec.dedup_key() == key
                 })
