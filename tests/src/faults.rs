@@ -29,6 +29,11 @@ pub fn process_running(pid: i32) -> bool {
 }
 
 impl Cluster {
+    /// The single nats-server's pid, while it runs.
+    pub fn nats_pid(&self) -> Option<u32> {
+        self.nats.as_ref().map(std::process::Child::id)
+    }
+
     /// SIGKILLs the nats-server: every component loses its connection at once.
     pub fn kill_nats(&mut self) {
         if let Some(mut server) = self.nats.take() {

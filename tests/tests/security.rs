@@ -386,3 +386,58 @@ fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
     let id = cluster.submit(&[], "true");
     cluster.finished_as(&id, "succeeded", T);
 }
+
+#[test]
+fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_connections() {
+    let cluster = cluster();
+    let auth_dir = cluster
+        .admin_creds()
+        .parent()
+        .and_then(|keys| keys.parent())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    // Where `scripts/dev-up.sh` keeps pid files: next to the credentials directory.
+    let run_dir = auth_dir.parent().map(|p| p.join("run")).unwrap_or_default();
+    std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));
+    let pid = cluster
+        .nats_pid()
+        .unwrap_or_else(|| panic!("no nats-server"));
+    std::fs::write(run_dir.join("nats-server.pid"), pid.to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = auth_dir.display().to_string();
+    let admin = cluster.admin_creds();
+
+    // Carol is new: once added, she submits and her job runs.
+    let carol_key = cluster.dir.path().join("carol.nk");
+    let out = carol_key.display().to_string();
+    let added = cluster.mgpu_ok_with(
+        &admin,
+        &["admin", "add-user", "carol", "--dir", &dir, "--out", &out],
+    );
+    assert!(
+        added.contains("Reloaded the configuration of 1 running nats-server"),
+        "{added}"
+    );
+    let mode = std::fs::metadata(&carol_key).map(|m| {
+        use std::os::unix::fs::PermissionsExt;
+        m.permissions().mode() & 0o777
+    });
+    assert_eq!(mode.ok(), Some(0o600));
+    let id = wait_for("carol to be let in", T, || {
+        let out = cluster.mgpu_with(&carol_key, &["submit", "-q", "--", "true"], None);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    });
+    let job = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(job["user"], "carol");
+
+    // Bob is removed: his key no longer connects, and the scheduler kept running throughout.
+    cluster.mgpu_ok_with(&admin, &["admin", "remove", "bob", "--dir", &dir]);
+    wait_for("bob to be refused", T, || {
+        let out = cluster.mgpu_with(&cluster.user_creds("bob"), &["queue"], None);
+        (!out.status.success()).then_some(())
+    });
+    let after = cluster.submit(&[], "true");
+    cluster.finished_as(&after, "succeeded", T);
+}

@@ -5,7 +5,7 @@
 //! every request, carried out or refused, goes to the audit stream.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use async_nats::jetstream;
@@ -19,13 +19,12 @@ use mgpu_shared::{Timestamp, now, subjects};
 
 use crate::service::Scheduler;
 
-/// The principals file, re-read when it changes (looked at most once a second).
+/// The principals file, re-read when it changes.
 #[derive(Clone)]
 pub struct Principals {
     path: PathBuf,
     registry: Registry,
     modified: Option<SystemTime>,
-    looked: Instant,
 }
 
 impl Principals {
@@ -35,16 +34,12 @@ impl Principals {
             path: path.to_owned(),
             registry,
             modified: modified(path),
-            looked: Instant::now(),
         })
     }
 
-    /// Re-reads the file if it changed since it was read.
+    /// Re-reads the file if it changed since it was read (a `stat`, cheap enough to make
+    /// whenever a key is not known).
     fn refresh(&mut self) {
-        if self.looked.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        self.looked = Instant::now();
         let now_modified = modified(&self.path);
         if now_modified == self.modified {
             return;
@@ -62,7 +57,8 @@ impl Principals {
         }
     }
 
-    /// The user or admin whose key is `key` (re-reading the file first when it changed).
+    /// The user or admin whose key is `key`. The file is re-read first when it changed, so a
+    /// user just added is known and one just removed is not.
     pub fn user_by_key(&mut self, key: &str) -> Option<Principal> {
         self.refresh();
         self.registry
