@@ -168,11 +168,13 @@ fn lose_a_server(hand_over_first: bool) {
         victim
     });
     let stop = AtomicBool::new(false);
+    let completed = std::sync::atomic::AtomicUsize::new(0);
     let (submissions, killed, at) = std::thread::scope(|scope| {
         let submitting = scope.spawn(|| {
             let mut done = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 done.push(submitter.submit());
+                completed.fetch_add(1, Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(50));
             }
             done
@@ -193,9 +195,17 @@ fn lose_a_server(hand_over_first: bool) {
         let victim = planned.clone().unwrap_or_else(|| busiest_leader(&leaders));
         eprintln!("stream leaders: {leaders:?}; killing {victim}");
         let at = Instant::now();
+        let before_kill = completed.load(Ordering::Relaxed);
         cluster.kill_nats_server(&victim);
-        // Longer than an election (about 5 s), so submissions after it are seen too.
-        std::thread::sleep(Duration::from_secs(10));
+        // Past the election (about 5 s): until a few submissions made after the kill are done
+        // (each waits the election out), however long a loaded machine takes.
+        let waited = Instant::now();
+        while completed.load(Ordering::Relaxed) < before_kill + 4
+            && waited.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_secs(2));
         stop.store(true, Ordering::Relaxed);
         let submissions = submitting
             .join()
