@@ -431,6 +431,11 @@ fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_co
     });
     let job = cluster.finished_as(&id, "succeeded", T);
     assert_eq!(job["user"], "carol");
+    wait_for("the addition in the audit trail", T, || {
+        audit(&cluster)
+            .into_iter()
+            .find(|r| r["action"] == "admin" && r["detail"] == "added user carol")
+    });
 
     // Bob is removed: his key no longer connects, and the scheduler kept running throughout.
     cluster.mgpu_ok_with(&admin, &["admin", "remove", "bob", "--dir", &dir]);

@@ -168,15 +168,20 @@ pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
                 set_unix_user(&args.dir, role, &add.name, account)?;
             }
             reload_servers(&args.dir)?;
+            let what = format!("added {} {}", role.as_str(), add.name);
+            record_in_audit(global, &add.name, what).await;
         }
         AdminCommand::AddNode(add) => {
             add_principal(&args.dir, Role::Node, &add.name, add.out.as_deref())?;
             reload_servers(&args.dir)?;
+            record_in_audit(global, &add.name, format!("added node {}", add.name)).await;
         }
         AdminCommand::List(list_args) => list(&args.dir, list_args)?,
         AdminCommand::Remove(remove_args) => {
             remove(&args.dir, remove_args)?;
             reload_servers(&args.dir)?;
+            let what = format!("removed {}", remove_args.name);
+            record_in_audit(global, &remove_args.name, what).await;
         }
         AdminCommand::Audit(audit_args) => audit(global, audit_args).await?,
         AdminCommand::Setup(setup_args) => setup(global, setup_args).await?,
@@ -345,6 +350,38 @@ fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Resu
         println(&format!("Copied the key to {} (mode 0600)", out.display()))?;
     }
     Ok(())
+}
+
+/// Adds a credentials change to the audit trail when a server is reachable with these
+/// credentials (the change itself needs none: it is made in files). Says so when it is not.
+async fn record_in_audit(global: &GlobalArgs, target: &str, detail: String) {
+    let recorded = async {
+        let session = Session::connect(global).await?;
+        let record = AuditRecord {
+            at: mgpu_shared::now(),
+            action: "admin".into(),
+            by: Some(crate::session::current_user()),
+            key: Some(session.key.public_key()),
+            target: Some(target.to_owned()),
+            accepted: true,
+            detail,
+        };
+        let payload = serde_json::to_vec(&record)?;
+        session
+            .js
+            .publish(mgpu_shared::subjects::audit("admin"), payload.into())
+            .await?
+            .await?;
+        Ok::<(), anyhow::Error>(())
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(3), recorded).await {
+        Ok(Ok(())) => {}
+        _ => {
+            let _ = println(
+                "(not in the audit trail: no mgpu server reachable with these credentials)",
+            );
+        }
+    }
 }
 
 /// Records the Unix account a user's jobs run as.
