@@ -16,3 +16,7 @@ test *ARGS:
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+
+# Benchmarks (release build): one JSON line per scenario, also in bench/results/.
+bench *ARGS:
+    scripts/bench.sh {{ARGS}}
