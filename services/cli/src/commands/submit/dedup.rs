@@ -30,13 +30,22 @@ pub struct Existing {
 impl Existing {
     pub async fn load(session: &Session) -> Result<Existing> {
         let jobs = records::list_jobs(&session.js).await.map_err(plain)?;
-        Ok(Existing::from_jobs(&jobs, &session.user))
+        Ok(Existing::from_jobs(
+            &jobs,
+            &session.user,
+            &session.key.public_key(),
+        ))
     }
 
-    pub fn from_jobs(jobs: &[JobRecord], user: &str) -> Existing {
+    /// The queued and running jobs of the user holding `key` (records from before requests
+    /// were signed carry no key: those count by `user` name).
+    pub fn from_jobs(jobs: &[JobRecord], user: &str, key: &str) -> Existing {
         let by_key = jobs
             .iter()
-            .filter(|job| job.user == user)
+            .filter(|job| match &job.user_key {
+                Some(owner) => owner == key,
+                None => job.user == user,
+            })
             .filter(|job| matches!(job.state, JobState::Queued(_) | JobState::Running(_)))
             .map(|job| {
                 let found = Match {
@@ -88,7 +97,7 @@ mod tests {
             record("bob", "python b.py", queued()),
             record("alice", "python c.py", done),
         ];
-        let existing = Existing::from_jobs(&jobs, "alice");
+        let existing = Existing::from_jobs(&jobs, "alice", "UALICE");
         let mut same = JobSpec::new(vec!["python a.py".into()], "/w");
         // The captured environment differs between shells and does not make a job different.
         same.env.insert("TERM".into(), "xterm".into());
