@@ -56,6 +56,16 @@ fn signed_by(
     headers
 }
 
+/// The credentials directory (`DIR/keys/admin-admin.nk` → `DIR`), for `mgpu admin --dir`.
+fn auth_dir(cluster: &Cluster) -> std::path::PathBuf {
+    cluster
+        .admin_creds()
+        .parent()
+        .and_then(|keys| keys.parent())
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
 /// The audit records, as `mgpu admin audit --json` prints them.
 fn audit(cluster: &Cluster) -> Vec<Value> {
     cluster
@@ -293,12 +303,7 @@ fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_roo
         return;
     };
     let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB").jobs_as_owners()]);
-    let auth_dir = cluster
-        .admin_creds()
-        .parent()
-        .and_then(|keys| keys.parent())
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
+    let auth_dir = auth_dir(&cluster);
     let dir = auth_dir.display().to_string();
     // Mapped while the scheduler runs: it re-reads the principals file.
     cluster.mgpu_ok_with(
@@ -390,12 +395,7 @@ fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
 #[test]
 fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_connections() {
     let cluster = cluster();
-    let auth_dir = cluster
-        .admin_creds()
-        .parent()
-        .and_then(|keys| keys.parent())
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
+    let auth_dir = auth_dir(&cluster);
     // Where `scripts/dev-up.sh` keeps pid files: next to the credentials directory.
     let run_dir = auth_dir.parent().map(|p| p.join("run")).unwrap_or_default();
     std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));

@@ -182,18 +182,12 @@ impl Scheduler {
         let Ok(payload) = serde_json::to_vec(&record) else {
             return;
         };
-        let js = self.js.clone();
-        let subject = subjects::audit(action);
-        tokio::spawn(async move {
-            match js.publish(subject, payload.into()).await {
-                Ok(ack) => {
-                    if let Err(err) = ack.await {
-                        tracing::warn!(%err, "audit record not stored");
-                    }
-                }
-                Err(err) => tracing::warn!(%err, "publishing an audit record"),
-            }
-        });
+        crate::outbox::publish_in_background(
+            &self.js,
+            subjects::audit(action),
+            payload,
+            "an audit record",
+        );
     }
 
     /// Refuses a request about `job`: a log line, an event the requester's CLI shows, and an

@@ -18,6 +18,7 @@ mod identity;
 mod leader;
 mod liveness;
 mod nodes;
+mod outbox;
 mod reports;
 mod requests;
 mod service;

@@ -240,17 +240,14 @@ impl Scheduler {
             self.refuse(action, Some(&job), Some(identity), None, reason);
             return Ok(());
         }
-        let Some(JobState::Queued(_)) = self.store.get(&job).map(|r| &r.state) else {
-            tracing::info!(job = %job, "hold/release of a job that is not queued: nothing to do");
-            self.audit(
-                action,
-                Some(identity),
-                None,
-                Some(job.to_string()),
-                true,
-                "not queued: nothing to do".into(),
-            );
-            return Ok(());
+        let queued = matches!(
+            self.store.get(&job).map(|r| &r.state),
+            Some(JobState::Queued(_))
+        );
+        let detail = if queued {
+            "done"
+        } else {
+            "not queued: nothing to do"
         };
         self.audit(
             action,
@@ -258,8 +255,12 @@ impl Scheduler {
             None,
             Some(job.to_string()),
             true,
-            "done".into(),
+            detail.into(),
         );
+        if !queued {
+            tracing::info!(job = %job, "hold/release of a job that is not queued: nothing to do");
+            return Ok(());
+        }
         let by = identity.name.clone();
         self.store
             .update(&job, |r| {

@@ -9,14 +9,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream::{self, consumer, kv};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 
-use async_nats::jetstream::kv;
-use mgpu_shared::assign::Assignment;
 use mgpu_shared::assign::NodeControl;
 use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
 use mgpu_shared::ids::JobId;
@@ -29,6 +26,7 @@ use mgpu_shared::{Timestamp, now, records, subjects, wire};
 
 use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, RunningJob};
 use crate::nodes::NodeTable;
+use crate::outbox::master_port;
 use crate::state::JobStore;
 use crate::status::Status;
 
@@ -660,53 +658,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Sends `control` to every node where a process of the job runs, but `except`.
-    pub(crate) async fn send_control_to_job(
-        &self,
-        placement: &Placement,
-        control: &NodeControl,
-        except: Option<&str>,
-    ) -> Result<()> {
-        let payload = Bytes::from(serde_json::to_vec(control)?);
-        for (_, node) in placement.launched_ranks() {
-            if except == Some(node) {
-                continue;
-            }
-            self.publish_stored(subjects::control(node), HeaderMap::new(), payload.clone())
-                .await
-                .map_err(|e| anyhow!("sending a control message to {node}: {e:#}"))?;
-        }
-        Ok(())
-    }
-
-    /// Publishes to a stream until JetStream stored it, retrying while NATS cannot answer (a
-    /// server lost, a stream electing its leader) for up to [`crate::state::WRITE_RETRY_FOR`].
-    /// Callers whose message may be stored twice give it a `Nats-Msg-Id`.
-    pub(crate) async fn publish_stored(
-        &self,
-        subject: String,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<()> {
-        let mut retry = crate::state::Retry::new();
-        loop {
-            let stored = async {
-                self.js
-                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
-                    .await?
-                    .await
-            };
-            match stored.await {
-                Ok(_) => return Ok(()),
-                Err(err) => {
-                    retry
-                        .wait(&format!("publishing on {subject}: {err}"))
-                        .await?
-                }
-            }
-        }
-    }
-
     /// Adds a finished run's GPU time to its user's fair-share usage.
     pub(crate) fn account_usage(&mut self, record: &JobRecord, ended_at: Timestamp) {
         let JobState::Running(run) = &record.state else {
@@ -725,83 +676,6 @@ impl Scheduler {
                 self.policy.half_life_secs,
             );
             self.usage_dirty = true;
-        }
-    }
-
-    pub(crate) async fn send_assignment(&self, record: &JobRecord) -> Result<()> {
-        let JobState::Running(run) = &record.state else {
-            return Ok(());
-        };
-        // The agent enforces hard limits only; time slices (requeue) are the scheduler's.
-        let mut spec = record.spec.clone();
-        spec.time_limit_secs = match spec.on_timeout {
-            OnTimeout::Fail => self.effective_time_limit(&spec).map(|l| l.as_secs().max(1)),
-            OnTimeout::Requeue => None,
-        };
-        // Input is accepted from the owner's key and admins'; jobs run as the owner's account.
-        let mut input_keys: Vec<String> = record.user_key.iter().cloned().collect();
-        input_keys.extend(self.principals.admin_keys());
-        input_keys.dedup();
-        let unix_user = self
-            .principals
-            .user_by_name(&record.user)
-            .map(|p| p.unix_account().to_owned());
-        // Every rank that runs a process gets its own assignment; all are recorded before
-        // any is sent (the record above), so a job is never half-placed.
-        for (rank, node) in run.placement.launched_ranks() {
-            let assignment = Assignment {
-                job_id: record.id.clone(),
-                attempt: record.attempt,
-                user: record.user.clone(),
-                spec: spec.clone(),
-                placement: run.placement.clone(),
-                rank,
-                input_keys: input_keys.clone(),
-                unix_user: unix_user.clone(),
-            };
-            let mut headers = HeaderMap::new();
-            let msg_id = if rank == 0 {
-                format!("{}-{}", record.id, record.attempt)
-            } else {
-                format!("{}-{}-{rank}", record.id, record.attempt)
-            };
-            headers.insert("Nats-Msg-Id", msg_id.as_str());
-            self.publish_stored(
-                subjects::assign(node),
-                headers,
-                Bytes::from(serde_json::to_vec(&assignment)?),
-            )
-            .await
-            .map_err(|e| anyhow!("sending job {} to {node}: {e:#}", record.id))?;
-        }
-        Ok(())
-    }
-
-    /// After a restart: assignments recorded but never confirmed by their agent go out again.
-    async fn resend_unconfirmed_assignments(&self) {
-        self.resend_assignments_older_than(chrono::Duration::zero())
-            .await;
-    }
-
-    /// Assignments recorded at least `age` ago and not confirmed go out again (the message id
-    /// lets JetStream drop a copy, and an agent never runs an attempt twice). A send that
-    /// failed for good, or an agent's report lost, is repaired this way.
-    pub(crate) async fn resend_assignments_older_than(&self, age: chrono::Duration) {
-        let now = now();
-        let unconfirmed: Vec<JobRecord> = self
-            .store
-            .records()
-            .filter(|r| {
-                matches!(&r.state, JobState::Running(run)
-                    if run.started_at.is_none() && now - run.assigned_at >= age)
-            })
-            .cloned()
-            .collect();
-        for record in unconfirmed {
-            tracing::info!(job = %record.id, "re-sending an unconfirmed assignment");
-            if let Err(err) = self.send_assignment(&record).await {
-                tracing::error!("{err:#}");
-            }
         }
     }
 
@@ -825,34 +699,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Publishes a state change. The acknowledgement is awaited off the hot path: events are
-    /// for watchers, the record in KV is the truth.
-    pub(crate) fn publish_event(&self, job: &JobId, kind: JobEventKind) {
-        let attempt = self.store.get(job).map(|r| r.attempt).unwrap_or(0);
-        let event = JobEvent {
-            job_id: job.clone(),
-            attempt,
-            at: now(),
-            source: EventSource::Scheduler,
-            kind,
-        };
-        let Ok(payload) = serde_json::to_vec(&event) else {
-            return;
-        };
-        let js = self.js.clone();
-        let subject = subjects::events(job);
-        tokio::spawn(async move {
-            match js.publish(subject, payload.into()).await {
-                Ok(ack) => {
-                    if let Err(err) = ack.await {
-                        tracing::warn!(%err, "job event not stored");
-                    }
-                }
-                Err(err) => tracing::warn!(%err, "publishing a job event"),
-            }
-        });
-    }
-
     fn publish_status(&self, now: Timestamp) {
         let mut status = Status {
             passes: self.passes,
@@ -870,14 +716,4 @@ impl Scheduler {
         }
         self.status.send_replace(status);
     }
-}
-
-/// The rendezvous port of a multi-node job: derived from its id so every rank agrees without
-/// asking, and spread over a range torchrun and MPI leave free by default.
-pub(crate) fn master_port(job: &JobId) -> u16 {
-    let hash = job
-        .as_str()
-        .bytes()
-        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-    29_500 + (hash % 20_000) as u16
 }

@@ -1,0 +1,197 @@
+//! A job's lifecycle: why it waits, how it runs, how it ended.
+
+use super::*;
+
+/// Why a queued job is not running yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    /// Submitted; the scheduler has not looked at it yet (it may be stopped).
+    Submitted,
+    /// Not enough free GPUs or GPU memory on any node right now.
+    Resources,
+    /// No node is online.
+    NoNodes,
+    /// Jobs ahead of it in line hold a reservation on the GPUs it could use.
+    Priority,
+    /// Waiting for the jobs named in `--after` / `--after-any`.
+    Dependency,
+    /// Held with `mgpu hold`; `mgpu release` lets it go.
+    Held,
+    /// The only GPUs that could take it are paused or their nodes drained.
+    GpusPaused,
+    /// The only GPUs that could take it are busy with processes mgpu did not start (above the
+    /// node's memory or load threshold).
+    GpusBusy,
+    /// As many tasks of its array run as `%N` allows.
+    ArrayLimit,
+    /// Its node went silent while it ran: it waits until that node's agent has surely
+    /// stopped the old attempt (its `--fence-after` plus kill grace), so it never runs twice.
+    Fencing,
+}
+
+impl WaitReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitReason::Submitted => "waiting for the scheduler to look at it",
+            WaitReason::Resources => "waiting for GPUs to become free",
+            WaitReason::NoNodes => "waiting for a node to come online",
+            WaitReason::Priority => "waiting behind a higher-priority job's reservation",
+            WaitReason::Dependency => "waiting for the jobs it depends on",
+            WaitReason::Held => "held: `mgpu release` lets it run",
+            WaitReason::GpusPaused => "waiting: the GPUs it could use are paused or drained",
+            WaitReason::GpusBusy => {
+                "waiting: the GPUs it could use are busy with work outside mgpu"
+            }
+            WaitReason::ArrayLimit => "waiting: its array runs as many tasks as allowed",
+            WaitReason::Fencing => {
+                "waiting until its lost node has surely stopped the previous attempt"
+            }
+        }
+    }
+}
+
+/// A queued job's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub reason: WaitReason,
+    /// Who holds it (`mgpu hold`), if anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// When it (re-)entered the queue; a requeued job goes to the back. None: `submitted_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_at: Option<Timestamp>,
+    /// Not to start before then: the node that lost its previous attempt is silent, and its
+    /// agent stops the attempt by this time (self-fencing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Timestamp>,
+}
+
+impl Waiting {
+    pub fn new(reason: WaitReason) -> Self {
+        Waiting {
+            reason,
+            held_by: None,
+            enqueued_at: None,
+            not_before: None,
+        }
+    }
+}
+
+/// A running job's state: assigned to a node, started once the agent confirms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub placement: Placement,
+    pub assigned_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Set once a cancel was asked for and sent to the node; the job ends as cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_by: Option<String>,
+    /// Set once its time slice ended while others waited and a requeue kill was sent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preempt_requested: bool,
+    /// Ranks of a multi-node job whose process started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks_started: Vec<u32>,
+    /// Ranks of a distributed job whose process already exited successfully.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks_done: Vec<u32>,
+}
+
+impl Run {
+    /// A fresh run on `placement`, assigned at `at`.
+    pub fn assigned(placement: Placement, at: Timestamp) -> Self {
+        Run {
+            placement,
+            assigned_at: at,
+            started_at: None,
+            pid: None,
+            cancel_requested_by: None,
+            preempt_requested: false,
+            ranks_started: Vec::new(),
+            ranks_done: Vec::new(),
+        }
+    }
+}
+
+/// How a finished job ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ending {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    pub ended_at: Timestamp,
+    /// The process's exit status; 128 + N when signal N killed it (the shell's convention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum JobState {
+    Queued(Waiting),
+    Running(Run),
+    Succeeded(Ending),
+    Failed(Ending),
+    Cancelled(Ending),
+    /// Stopped at its time limit with `--on-timeout fail`.
+    TimedOut(Ending),
+    /// Its node was lost while it ran, and it was not requeued (`--no-requeue`, or too many
+    /// attempts).
+    NodeFailed(Ending),
+}
+
+impl JobState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Queued(_) => "queued",
+            JobState::Running(_) => "running",
+            JobState::Succeeded(_) => "succeeded",
+            JobState::Failed(_) => "failed",
+            JobState::Cancelled(_) => "cancelled",
+            JobState::TimedOut(_) => "timed_out",
+            JobState::NodeFailed(_) => "node_failed",
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded(_)
+                | JobState::Failed(_)
+                | JobState::Cancelled(_)
+                | JobState::TimedOut(_)
+                | JobState::NodeFailed(_)
+        )
+    }
+
+    pub fn placement(&self) -> Option<&Placement> {
+        match self {
+            JobState::Queued(_) => None,
+            JobState::Running(run) => Some(&run.placement),
+            JobState::Succeeded(end)
+            | JobState::Failed(end)
+            | JobState::Cancelled(end)
+            | JobState::TimedOut(end)
+            | JobState::NodeFailed(end) => end.placement.as_ref(),
+        }
+    }
+
+    pub fn ending(&self) -> Option<&Ending> {
+        match self {
+            JobState::Succeeded(end)
+            | JobState::Failed(end)
+            | JobState::Cancelled(end)
+            | JobState::TimedOut(end)
+            | JobState::NodeFailed(end) => Some(end),
+            _ => None,
+        }
+    }
+}
