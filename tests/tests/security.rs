@@ -432,9 +432,9 @@ fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_co
     let job = cluster.finished_as(&id, "succeeded", T);
     assert_eq!(job["user"], "carol");
     wait_for("the addition in the audit trail", T, || {
-        audit(&cluster)
-            .into_iter()
-            .find(|r| r["action"] == "admin" && r["detail"] == "added user carol")
+        audit(&cluster).into_iter().find(|r| {
+            r["action"] == "admin" && r["detail"] == "added user carol" && r["by"] == "admin"
+        })
     });
 
     // Bob is removed: his key no longer connects, and the scheduler kept running throughout.

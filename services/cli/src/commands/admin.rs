@@ -169,19 +169,25 @@ pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
             }
             reload_servers(&args.dir)?;
             let what = format!("added {} {}", role.as_str(), add.name);
-            record_in_audit(global, &add.name, what).await;
+            record_in_audit(global, &args.dir, &add.name, what).await;
         }
         AdminCommand::AddNode(add) => {
             add_principal(&args.dir, Role::Node, &add.name, add.out.as_deref())?;
             reload_servers(&args.dir)?;
-            record_in_audit(global, &add.name, format!("added node {}", add.name)).await;
+            record_in_audit(
+                global,
+                &args.dir,
+                &add.name,
+                format!("added node {}", add.name),
+            )
+            .await;
         }
         AdminCommand::List(list_args) => list(&args.dir, list_args)?,
         AdminCommand::Remove(remove_args) => {
             remove(&args.dir, remove_args)?;
             reload_servers(&args.dir)?;
             let what = format!("removed {}", remove_args.name);
-            record_in_audit(global, &remove_args.name, what).await;
+            record_in_audit(global, &args.dir, &remove_args.name, what).await;
         }
         AdminCommand::Audit(audit_args) => audit(global, audit_args).await?,
         AdminCommand::Setup(setup_args) => setup(global, setup_args).await?,
@@ -354,34 +360,46 @@ fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Resu
 
 /// Adds a credentials change to the audit trail when a server is reachable with these
 /// credentials (the change itself needs none: it is made in files). Says so when it is not.
-async fn record_in_audit(global: &GlobalArgs, target: &str, detail: String) {
-    let recorded = async {
-        let session = Session::connect(global).await?;
-        let record = AuditRecord {
-            at: mgpu_shared::now(),
-            action: "admin".into(),
-            by: Some(crate::session::current_user()),
-            key: Some(session.key.public_key()),
-            target: Some(target.to_owned()),
-            accepted: true,
-            detail,
+async fn record_in_audit(global: &GlobalArgs, dir: &Path, target: &str, detail: String) {
+    if global.creds.is_none() {
+        let _ = println("(not in the audit trail: no credentials to reach an mgpu server)");
+        return;
+    }
+    // A fresh connection can miss a server busy reloading its configuration: a few tries.
+    for attempt in 0..3 {
+        let recorded = async {
+            let session = Session::connect(global).await?;
+            let key = session.key.public_key();
+            // The signer's name as the credentials directory knows it.
+            let by = Registry::load(dir)
+                .ok()
+                .and_then(|registry| registry.by_key(&key).map(|p| p.name.clone()));
+            let record = AuditRecord {
+                at: mgpu_shared::now(),
+                action: "admin".into(),
+                by,
+                key: Some(key),
+                target: Some(target.to_owned()),
+                accepted: true,
+                detail: detail.clone(),
+            };
+            let payload = serde_json::to_vec(&record)?;
+            session
+                .js
+                .publish(mgpu_shared::subjects::audit("admin"), payload.into())
+                .await?
+                .await?;
+            Ok::<(), anyhow::Error>(())
         };
-        let payload = serde_json::to_vec(&record)?;
-        session
-            .js
-            .publish(mgpu_shared::subjects::audit("admin"), payload.into())
-            .await?
-            .await?;
-        Ok::<(), anyhow::Error>(())
-    };
-    match tokio::time::timeout(std::time::Duration::from_secs(3), recorded).await {
-        Ok(Ok(())) => {}
-        _ => {
-            let _ = println(
-                "(not in the audit trail: no mgpu server reachable with these credentials)",
-            );
+        let timeout = std::time::Duration::from_secs(5);
+        if let Ok(Ok(())) = tokio::time::timeout(timeout, recorded).await {
+            return;
+        }
+        if attempt < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }
+    let _ = println("(not in the audit trail: no mgpu server reachable with these credentials)");
 }
 
 /// Records the Unix account a user's jobs run as.
