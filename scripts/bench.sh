@@ -4,9 +4,10 @@
 # latency, drain rate and `mgpu queue` latency. One JSON object per scenario goes to stdout
 # and to bench/results/<UTC timestamp>.jsonl (git-ignored); progress goes to stderr.
 #
-#   scripts/bench.sh [--quick]
+#   scripts/bench.sh [--quick] [--only GROUP]...
 #
-#   --quick   reduced sizes (a few minutes on a 2-core machine)
+#   --quick        reduced sizes (a few minutes on a 2-core machine)
+#   --only GROUP   run only this group of scenarios (cli, scale, output, recovery)
 #
 # Benchmarks are not tests: nothing here fails on a missed target (see "pass" in each line).
 set -euo pipefail
@@ -14,12 +15,15 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 args=()
-for arg in "$@"; do
-  case "$arg" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --quick) args+=(--quick) ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-    *) echo "bench.sh: unknown option $arg" >&2; exit 2 ;;
+    --only) [ $# -ge 2 ] || { echo "bench.sh: --only needs a group" >&2; exit 2; }
+            args+=(--only "$2"); shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
+  shift
 done
 
 # nats-server and the release binaries (mgpu, mgpu-scheduler, mgpu-node) in target/release.

@@ -1,9 +1,5 @@
-//! The benchmark program of issue #6: starts real clusters (nats-server, scheduler, agents, all
-//! release binaries, through the test harness) and measures what a user sees, printing one JSON
-//! object per scenario on stdout. Progress goes to stderr. Run it with `scripts/bench.sh`
-//! (`--quick` for reduced sizes); it is not a test and asserts no timing.
-//!
-//! Scenarios (numbered as in the issue):
+//! Scenarios 1 to 4, driven through the `mgpu` CLI as separate processes, the way a user or a
+//! shell script submits:
 //! 1. `cli_submit_rate`: `mgpu submit -- true` run one after another as separate processes.
 //! 4. `queue_latency` / `queue_json_latency`: `mgpu queue` (and `--json`) with the jobs of 1
 //!    waiting behind a one-GPU node that a `sleep` job keeps busy (measured on the same cluster).
@@ -12,13 +8,24 @@
 //! 3. `drain_rate`: one-GPU `true` jobs submitted by the CLI loop of 1 to one agent with 8
 //!    declared GPUs, from the first submit to the latest `ended_at` once all succeeded.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use mgpu_tests::{Cluster, NodeSpec};
 use serde_json::{Value, json};
+
+use crate::common::*;
+
+/// Scenarios 1 to 4 at the run's size.
+pub fn run(ctx: &Run) -> Result<()> {
+    let sizes = if ctx.quick {
+        Sizes::quick()
+    } else {
+        Sizes::full()
+    };
+    submit_and_queue(ctx, &sizes)?;
+    latency_and_drain(ctx, &sizes)
+}
 
 /// Sizes of one run.
 struct Sizes {
@@ -46,165 +53,6 @@ impl Sizes {
             queue_samples: 20,
         }
     }
-}
-
-/// The target a figure is judged against.
-#[derive(Clone, Copy)]
-enum Target {
-    AtLeast(f64),
-    AtMost(f64),
-}
-
-impl Target {
-    fn met(self, figure: f64) -> bool {
-        match self {
-            Target::AtLeast(t) => figure >= t,
-            Target::AtMost(t) => figure <= t,
-        }
-    }
-
-    fn describe(self, unit: &str) -> String {
-        match self {
-            Target::AtLeast(t) => format!(">= {t} {unit}"),
-            Target::AtMost(t) => format!("<= {t} {unit}"),
-        }
-    }
-}
-
-/// Min, median, p99 and max of samples (nearest rank).
-struct Summary {
-    count: usize,
-    min: f64,
-    median: f64,
-    p99: f64,
-    max: f64,
-}
-
-fn summarize(samples: &[f64]) -> Result<Summary> {
-    if samples.is_empty() {
-        bail!("no samples");
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let rank = |q: f64| {
-        let index = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-        sorted[index]
-    };
-    Ok(Summary {
-        count: sorted.len(),
-        min: sorted[0],
-        median: rank(0.5),
-        p99: rank(0.99),
-        max: sorted[sorted.len() - 1],
-    })
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-/// What every result carries about the machine and the run.
-struct Run {
-    machine: Value,
-    quick: bool,
-}
-
-impl Run {
-    fn new(quick: bool) -> Run {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0);
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, v)| v.trim().to_owned())
-            })
-            .unwrap_or_default();
-        let mem_kib = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|text| {
-                text.lines()
-                    .find(|l| l.starts_with("MemTotal:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse::<u64>().ok())
-            })
-            .unwrap_or(0);
-        Run {
-            machine: json!({"cores": cores, "cpu": cpu, "mem_mib": mem_kib / 1024}),
-            quick,
-        }
-    }
-
-    /// Prints one scenario's JSON line. `figure` is judged against `target`; `extra` holds
-    /// what else the scenario wants to say. Returns the object too.
-    #[allow(clippy::too_many_arguments)]
-    fn report(
-        &self,
-        scenario: &str,
-        figure: f64,
-        unit: &str,
-        target: Target,
-        extra_pass: bool,
-        target_text: Option<String>,
-        samples: &Summary,
-        sample_unit: &str,
-        extra: Value,
-    ) {
-        let mut object = json!({
-            "scenario": scenario,
-            "figure": round3(figure),
-            "unit": unit,
-            "target": target_text.unwrap_or_else(|| target.describe(unit)),
-            "pass": target.met(figure) && extra_pass,
-            "samples": samples.count,
-            "sample_unit": sample_unit,
-            "min": round3(samples.min),
-            "median": round3(samples.median),
-            "p99": round3(samples.p99),
-            "max": round3(samples.max),
-            "machine": self.machine,
-            "quick": self.quick,
-            "at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        });
-        if let (Some(object), Value::Object(extra)) = (object.as_object_mut(), extra) {
-            object.extend(extra);
-        }
-        println!("{object}");
-    }
-}
-
-fn progress(text: &str) {
-    eprintln!("[bench] {text}");
-}
-
-fn now_ns() -> Result<i128> {
-    Ok(SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .context("clock before 1970")?
-        .as_nanos() as i128)
-}
-
-/// Runs one `mgpu ARGS` as alice, returning its stdout; an error says what it printed.
-fn run_mgpu(cluster: &Cluster, args: &[&str]) -> Result<String> {
-    let out = cluster
-        .mgpu_command(&cluster.user_creds("alice"), args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .with_context(|| format!("running mgpu {args:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "mgpu {args:?} failed ({:?}): {}{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `mgpu submit -- true`, as the issue writes it; returns the job id.
@@ -238,24 +86,6 @@ fn all_jobs(cluster: &Cluster) -> Result<Vec<Value>> {
     let out = run_mgpu(cluster, &["queue", "--all", "--json"])?;
     let queue: Value = serde_json::from_str(&out).context("queue --all --json is not JSON")?;
     Ok(queue["jobs"].as_array().cloned().unwrap_or_default())
-}
-
-fn wait_until<T>(
-    what: &str,
-    timeout: Duration,
-    poll: Duration,
-    mut check: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check()? {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(poll);
-    }
 }
 
 /// Scenarios 1 and 4 on one cluster: a node with one GPU kept busy by a `sleep` job, so every
@@ -442,49 +272,5 @@ fn latency_and_drain(ctx: &Run, sizes: &Sizes) -> Result<()> {
             "submit_wall_s": round3(submit_wall.as_secs_f64()),
         }),
     );
-    Ok(())
-}
-
-/// The nanoseconds a job wrote, once the file is there.
-fn read_ns(file: &Path) -> Result<Option<i128>> {
-    match std::fs::read_to_string(file) {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .map(Some)
-            .with_context(|| format!("{} holds {text:?}", file.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", file.display())),
-    }
-}
-
-fn main() -> Result<()> {
-    let mut quick = false;
-    for arg in std::env::args().skip(1) {
-        match arg.as_str() {
-            "--quick" => quick = true,
-            // `cargo bench` passes --bench to every bench target.
-            "--bench" => {}
-            other => bail!("unknown argument {other:?} (use --quick)"),
-        }
-    }
-    // The harness finds nats-server through this, like scripts/test.sh sets it.
-    if std::env::var_os("MGPU_NATS_SERVER").is_none() {
-        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/nats-server");
-        if !local.exists()
-            && Command::new("nats-server")
-                .arg("--version")
-                .output()
-                .is_err()
-        {
-            bail!("no nats-server: run scripts/setup.sh");
-        }
-    }
-    let sizes = if quick { Sizes::quick() } else { Sizes::full() };
-    let ctx = Run::new(quick);
-    let started = Instant::now();
-    submit_and_queue(&ctx, &sizes)?;
-    latency_and_drain(&ctx, &sizes)?;
-    progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
     Ok(())
 }

@@ -1,0 +1,268 @@
+//! What every scenario shares: targets, summaries, the JSON line a scenario reports, and
+//! small helpers for driving a cluster (the CLI as alice, waiting, a job's clock readings).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use mgpu_tests::Cluster;
+use serde_json::{Value, json};
+
+/// The target a figure is judged against.
+#[derive(Clone, Copy)]
+pub enum Target {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Target {
+    pub fn met(self, figure: f64) -> bool {
+        match self {
+            Target::AtLeast(t) => figure >= t,
+            Target::AtMost(t) => figure <= t,
+        }
+    }
+
+    pub fn describe(self, unit: &str) -> String {
+        match self {
+            Target::AtLeast(t) => format!(">= {t} {unit}"),
+            Target::AtMost(t) => format!("<= {t} {unit}"),
+        }
+    }
+}
+
+/// Min, median, p99 and max of samples (nearest rank).
+pub struct Summary {
+    pub count: usize,
+    pub min: f64,
+    pub median: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+pub fn summarize(samples: &[f64]) -> Result<Summary> {
+    if samples.is_empty() {
+        bail!("no samples");
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = |q: f64| {
+        let index = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+        sorted[index]
+    };
+    Ok(Summary {
+        count: sorted.len(),
+        min: sorted[0],
+        median: rank(0.5),
+        p99: rank(0.99),
+        max: sorted[sorted.len() - 1],
+    })
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// What every result carries about the machine and the run.
+pub struct Run {
+    machine: Value,
+    pub quick: bool,
+}
+
+impl Run {
+    pub fn new(quick: bool) -> Run {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0);
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_default();
+        let mem_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .unwrap_or(0);
+        Run {
+            machine: json!({"cores": cores, "cpu": cpu, "mem_mib": mem_kib / 1024}),
+            quick,
+        }
+    }
+
+    /// Prints one scenario's JSON line. `figure` is judged against `target`; `extra` holds
+    /// what else the scenario wants to say. Returns the object too.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report(
+        &self,
+        scenario: &str,
+        figure: f64,
+        unit: &str,
+        target: Target,
+        extra_pass: bool,
+        target_text: Option<String>,
+        samples: &Summary,
+        sample_unit: &str,
+        extra: Value,
+    ) {
+        let mut object = json!({
+            "scenario": scenario,
+            "figure": round3(figure),
+            "unit": unit,
+            "target": target_text.unwrap_or_else(|| target.describe(unit)),
+            "pass": target.met(figure) && extra_pass,
+            "samples": samples.count,
+            "sample_unit": sample_unit,
+            "min": round3(samples.min),
+            "median": round3(samples.median),
+            "p99": round3(samples.p99),
+            "max": round3(samples.max),
+            "machine": self.machine,
+            "quick": self.quick,
+            "at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        });
+        if let (Some(object), Value::Object(extra)) = (object.as_object_mut(), extra) {
+            object.extend(extra);
+        }
+        println!("{object}");
+    }
+}
+
+pub fn progress(text: &str) {
+    eprintln!("[bench] {text}");
+}
+
+pub fn now_ns() -> Result<i128> {
+    Ok(SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("clock before 1970")?
+        .as_nanos() as i128)
+}
+
+/// Runs one `mgpu ARGS` as alice, returning its stdout; an error says what it printed.
+pub fn run_mgpu(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    let out = cluster
+        .mgpu_command(&cluster.user_creds("alice"), args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("running mgpu {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "mgpu {args:?} failed ({:?}): {}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    poll: Duration,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check()? {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+/// The nanoseconds a job wrote, once the file is there.
+pub fn read_ns(file: &Path) -> Result<Option<i128>> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .with_context(|| format!("{} holds {text:?}", file.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", file.display())),
+    }
+}
+
+/// Submits `specs` as `user` the way a program linking mgpu-shared would: each request signed
+/// with the user's key like the CLI signs it, published to `jobs.submit` with the job id as
+/// message id, and a window of acknowledgements in flight. Returns the ids and the wall time
+/// from the first publish to the last acknowledgement.
+#[allow(dead_code)] // used by the scale groups being added
+pub async fn submit_pipelined(
+    js: &async_nats::jetstream::Context,
+    key: &nkeys::KeyPair,
+    user: &str,
+    specs: Vec<mgpu_shared::job::JobSpec>,
+    window: usize,
+) -> Result<(Vec<mgpu_shared::ids::JobId>, Duration)> {
+    use mgpu_shared::job::SubmitRequest;
+    use std::collections::VecDeque;
+    let started = Instant::now();
+    let mut ids = Vec::with_capacity(specs.len());
+    let mut in_flight = VecDeque::with_capacity(window);
+    for (index, spec) in specs.into_iter().enumerate() {
+        if in_flight.len() >= window
+            && let Some(ack) = in_flight.pop_front()
+        {
+            finish_ack(ack).await?;
+        }
+        let request = SubmitRequest {
+            id: mgpu_shared::ids::JobId::random(),
+            user: user.to_owned(),
+            spec,
+        };
+        let payload = serde_json::to_vec(&request)?;
+        let mut headers = async_nats::HeaderMap::new();
+        mgpu_shared::signing::sign(
+            key,
+            mgpu_shared::subjects::SUBMIT,
+            &payload,
+            mgpu_shared::now(),
+            &mut headers,
+        )
+        .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, request.id.as_str());
+        let ack = js
+            .publish_with_headers(mgpu_shared::subjects::SUBMIT, headers, payload.into())
+            .await
+            .with_context(|| format!("publishing submission {index}"))?;
+        in_flight.push_back(ack);
+        ids.push(request.id);
+        if (index + 1) % 20_000 == 0 {
+            progress(&format!("  {} submitted", index + 1));
+        }
+    }
+    while let Some(ack) = in_flight.pop_front() {
+        finish_ack(ack).await?;
+    }
+    Ok((ids, started.elapsed()))
+}
+
+#[allow(dead_code)] // used by the scale groups being added
+async fn finish_ack(ack: async_nats::jetstream::context::PublishAckFuture) -> Result<()> {
+    ack.await.context("a submission was not stored")?;
+    Ok(())
+}
+
+/// The user key in a credentials file the harness wrote.
+#[allow(dead_code)] // used by the scale groups being added
+pub fn user_key(creds: &Path) -> Result<nkeys::KeyPair> {
+    let seed = mgpu_shared::connect::read_seed(creds)?;
+    nkeys::KeyPair::from_seed(&seed).context("reading the seed")
+}

@@ -1,0 +1,65 @@
+//! The benchmark program of issue #6: starts real clusters (nats-server, scheduler, agents, all
+//! release binaries, through the test harness) and measures what a user sees, printing one JSON
+//! object per scenario on stdout. Progress goes to stderr. Run it with `scripts/bench.sh`
+//! (`--quick` for reduced sizes, `--only GROUP` for one group); it is not a test and asserts
+//! no timing.
+//!
+//! Groups: `cli` (scenarios 1 to 4, see [`cli`]).
+
+mod cli;
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+
+use common::{Run, progress};
+
+/// The scenario groups, in the order a full run takes them.
+const GROUPS: &[&str] = &["cli"];
+
+fn main() -> Result<()> {
+    let mut quick = false;
+    let mut only: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--only" => match args.next() {
+                Some(group) if GROUPS.contains(&group.as_str()) => only.push(group),
+                other => bail!("--only takes one of {GROUPS:?}, not {other:?}"),
+            },
+            // `cargo bench` passes --bench to every bench target.
+            "--bench" => {}
+            other => bail!("unknown argument {other:?} (use --quick, --only GROUP)"),
+        }
+    }
+    // The harness finds nats-server through this, like scripts/test.sh sets it.
+    if std::env::var_os("MGPU_NATS_SERVER").is_none() {
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/bin/nats-server");
+        if !local.exists()
+            && Command::new("nats-server")
+                .arg("--version")
+                .output()
+                .is_err()
+        {
+            bail!("no nats-server: run scripts/setup.sh");
+        }
+    }
+    let ctx = Run::new(quick);
+    let started = Instant::now();
+    for group in GROUPS {
+        if !only.is_empty() && !only.iter().any(|o| o == group) {
+            continue;
+        }
+        progress(&format!("group {group}"));
+        match *group {
+            "cli" => cli::run(&ctx)?,
+            other => bail!("no group {other}"),
+        }
+    }
+    progress(&format!("done in {:.0} s", started.elapsed().as_secs_f64()));
+    Ok(())
+}
