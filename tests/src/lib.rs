@@ -382,6 +382,19 @@ impl Cluster {
         self.schedulers.push((name.to_owned(), child));
     }
 
+    /// Process ids of the running scheduler replicas (the benchmark reads their memory).
+    pub fn scheduler_pids(&self) -> Vec<u32> {
+        self.schedulers
+            .iter()
+            .map(|(_, child)| child.id())
+            .collect()
+    }
+
+    /// A component's log file (`scheduler`, `nats-server`, a node's name).
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.path().join("logs").join(format!("{name}.log"))
+    }
+
     /// SIGKILLs every scheduler replica: no chance to clean up, as in a crash.
     pub fn kill_scheduler(&mut self) {
         for (_, mut child) in self.schedulers.drain(..) {

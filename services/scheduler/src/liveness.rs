@@ -120,8 +120,14 @@ impl Scheduler {
     /// [`REPAIR_EVERY`], and kills for jobs still running although a cancel or preemption was
     /// recorded. Agents ignore what they already acted on.
     async fn repair_lost_messages(&mut self) {
-        let age =
-            chrono::Duration::from_std(REPAIR_EVERY).unwrap_or_else(|_| chrono::Duration::zero());
+        // While agents' reports wait to be read, an assignment's `started` may be among them:
+        // under that load only assignments far older count as lost.
+        let wait = if self.reports_caught_up().await {
+            REPAIR_EVERY
+        } else {
+            REPAIR_EVERY * 12
+        };
+        let age = chrono::Duration::from_std(wait).unwrap_or_else(|_| chrono::Duration::zero());
         self.resend_assignments_older_than(age).await;
         let pending: Vec<(JobId, u32, Placement, NodeControl)> =
             self.store

@@ -23,20 +23,56 @@ use crate::identity::Identity;
 use crate::service::Scheduler;
 
 impl Scheduler {
+    /// Records one submission (a job with `--dedup` must see every job recorded before it).
     pub(crate) async fn on_submit(&mut self, payload: &Bytes, identity: &Identity) -> Result<()> {
+        let Some(record) = self.submitted_record(payload, identity) else {
+            return Ok(());
+        };
+        let created = self.store.create(record.clone()).await?;
+        self.after_submit(&record, identity, created);
+        Ok(())
+    }
+
+    /// Records many submissions at once, their writes pipelined; one result per payload.
+    pub(crate) async fn on_submits(&mut self, submissions: &[(Bytes, Identity)]) -> Vec<Result<()>> {
+        let mut records = Vec::with_capacity(submissions.len());
+        let mut positions = Vec::with_capacity(submissions.len());
+        for (index, (payload, identity)) in submissions.iter().enumerate() {
+            if let Some(record) = self.submitted_record(payload, identity) {
+                records.push(record);
+                positions.push(index);
+            }
+        }
+        let mut results: Vec<Result<()>> = submissions.iter().map(|_| Ok(())).collect();
+        let created = self.store.create_many(records.clone()).await;
+        for ((record, index), created) in records.iter().zip(positions).zip(created) {
+            match created {
+                Ok(created) => self.after_submit(record, &submissions[index].1, created),
+                Err(err) => results[index] = Err(err),
+            }
+        }
+        results
+    }
+
+    /// The record a submission makes: queued, or failed when its spec is invalid or `--dedup`
+    /// finds its twin. None when it is refused outright (unreadable, forged sender).
+    fn submitted_record(&mut self, payload: &Bytes, identity: &Identity) -> Option<JobRecord> {
         if payload.len() > MAX_SUBMIT_BYTES {
             tracing::warn!(bytes = payload.len(), "refusing an oversized submission");
-            return Ok(());
+            return None;
         }
         let request: SubmitRequest = match serde_json::from_slice(payload) {
             Ok(request) => request,
             Err(err) => {
                 tracing::warn!(%err, "refusing a malformed submission");
-                return Ok(());
+                return None;
             }
         };
         if let Err(invalid) = request.validate_sender() {
-            return self.refuse_submission(&request.id, &invalid);
+            if let Err(err) = self.refuse_submission(&request.id, &invalid) {
+                tracing::warn!("{err:#}");
+            }
+            return None;
         }
         let at = now();
         let duplicate_of = if request.spec.dedup {
@@ -75,12 +111,11 @@ impl Scheduler {
             }),
             (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),
         };
-        let rejected = state.is_finished();
         if request.user != identity.name {
             // The payload's name is only what the CLI believed; the signature decides.
             tracing::debug!(job = %request.id, claimed = request.user, signer = identity.name, "submission recorded under its signer");
         }
-        let record = JobRecord {
+        Some(JobRecord {
             id: request.id.clone(),
             user: identity.name.clone(),
             user_key: Some(identity.key.clone()),
@@ -88,17 +123,23 @@ impl Scheduler {
             submitted_at: at,
             attempt: 1,
             state,
-        };
-        if !self.store.create(record).await? {
-            tracing::debug!(job = %request.id, "submission already recorded");
-            return Ok(());
+        })
+    }
+
+    /// Audits and announces a submission once its record is stored (`created`), or notes a
+    /// redelivered one.
+    fn after_submit(&mut self, record: &JobRecord, identity: &Identity, created: bool) {
+        if !created {
+            tracing::debug!(job = %record.id, "submission already recorded");
+            return;
         }
-        tracing::info!(job = %request.id, user = identity.name, "job submitted");
+        let rejected = record.state.is_finished();
+        tracing::info!(job = %record.id, user = record.user, "job submitted");
         self.audit(
             "submit",
             Some(identity),
             None,
-            Some(request.id.to_string()),
+            Some(record.id.to_string()),
             !rejected,
             if rejected {
                 "rejected".into()
@@ -107,22 +148,20 @@ impl Scheduler {
             },
         );
         if rejected {
-            let reason = self
-                .store
-                .get(&request.id)
-                .and_then(|r| r.state.ending())
+            let reason = record
+                .state
+                .ending()
                 .and_then(|e| e.reason.clone())
                 .unwrap_or_default();
-            self.publish_event(&request.id, JobEventKind::Rejected { reason });
+            self.publish_event(&record.id, JobEventKind::Rejected { reason });
         } else {
             self.publish_event(
-                &request.id,
+                &record.id,
                 JobEventKind::Queued {
                     reason: WaitReason::Submitted,
                 },
             );
         }
-        Ok(())
     }
 
     pub(crate) async fn on_cancel(

@@ -18,7 +18,8 @@ use mgpu_shared::assign::NodeControl;
 use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
 use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{
-    Ending, JobRecord, JobSpec, JobState, Launch, OnTimeout, Placement, Run, SubmitRequest, Waiting,
+    Ending, JobRecord, JobSpec, JobState, Launch, OnTimeout, Placement, Run, SubmitRequest,
+    WaitReason, Waiting,
 };
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
@@ -28,10 +29,13 @@ use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, Running
 use crate::nodes::NodeTable;
 use crate::outbox::master_port;
 use crate::state::JobStore;
-use crate::status::Status;
+use crate::status::{PassSample, RECENT_PASSES, Status};
 
 /// Messages handled before a scheduling pass, at most, when a burst arrives.
 const BATCH: usize = 512;
+
+/// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
+const ASSIGNMENTS_IN_FLIGHT: usize = 256;
 
 pub struct Scheduler {
     pub(crate) js: jetstream::Context,
@@ -62,6 +66,8 @@ pub struct Scheduler {
     pub(crate) principals: crate::identity::Principals,
     /// Request nonces seen lately, to refuse replays.
     pub(crate) nonces: mgpu_shared::signing::Nonces,
+    /// The latest passes' sizes and durations (for `mgpu.scheduler.status`).
+    recent_passes: std::collections::VecDeque<PassSample>,
 }
 
 /// Runs the scheduler until `shutdown` turns true.
@@ -117,6 +123,7 @@ pub async fn run(
         events_consumer: None,
         principals,
         nonces: mgpu_shared::signing::Nonces::default(),
+        recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
     };
     tracing::info!(
         jobs = scheduler.store.records().count(),
@@ -191,20 +198,27 @@ pub async fn run(
                 break;
             }
             _ = liveness.tick() => {
-                if !scheduler.check_liveness().await {
+                // Heartbeats that arrived while a long pass ran count before any node is
+                // judged silent.
+                let mut changed = false;
+                while let Some(Some(message)) = heartbeats.next().now_or_never() {
+                    changed |= scheduler.on_heartbeat(&message.subject, &message.payload).await;
+                }
+                if !scheduler.check_liveness().await && !changed {
                     continue;
                 }
             }
             // A running job's time slice ends: the pass decides whether to preempt it.
             _ = tokio::time::sleep_until(slice_timer.unwrap_or_else(far_future)), if slice_timer.is_some() => {}
             Some(message) = requests.next() => {
-                scheduler.on_request(message).await;
+                let mut batch = vec![message];
                 for _ in 0..BATCH {
                     match requests.next().now_or_never() {
-                        Some(Some(message)) => scheduler.on_request(message).await,
+                        Some(Some(message)) => batch.push(message),
                         _ => break,
                     }
                 }
+                scheduler.on_requests(batch).await;
             }
             Some(message) = events.next() => {
                 match message {
@@ -235,6 +249,10 @@ pub async fn run(
     Ok(())
 }
 
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+}
+
 fn far_future() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(86_400)
 }
@@ -263,19 +281,86 @@ async fn durable_consumer(
         .map_err(|e| anyhow!("opening consumer {name}: {e}"))
 }
 
+/// A request read from the requests stream.
+type RequestMessage =
+    Result<jetstream::Message, async_nats::error::Error<consumer::pull::MessagesErrorKind>>;
+
+/// A request whose signature checked out, ready to be carried out.
+struct Admitted {
+    message: jetstream::Message,
+    identity: crate::identity::Identity,
+    action: &'static str,
+    job: Option<String>,
+}
+
+/// Just enough of a submission to see whether it asks for `--dedup`.
+#[derive(serde::Deserialize)]
+struct DedupProbe {
+    spec: DedupFlag,
+}
+
+#[derive(serde::Deserialize)]
+struct DedupFlag {
+    #[serde(default)]
+    dedup: bool,
+}
+
 impl Scheduler {
-    async fn on_request(
-        &mut self,
-        message: Result<
-            jetstream::Message,
-            async_nats::error::Error<consumer::pull::MessagesErrorKind>,
-        >,
-    ) {
+    /// Handles a batch of requests in order. Consecutive submissions are recorded together,
+    /// their writes pipelined; any other request (a cancel may name a job submitted just
+    /// before it), and a `--dedup` submission (it must see every job before it), first lets
+    /// the submissions before it be recorded.
+    async fn on_requests(&mut self, batch: Vec<RequestMessage>) {
+        let mut submissions: Vec<Admitted> = Vec::new();
+        for message in batch {
+            let Some(admitted) = self.admit(message).await else {
+                continue;
+            };
+            let plain_submission = admitted.action == "submit"
+                && serde_json::from_slice::<DedupProbe>(&admitted.message.payload)
+                    .is_ok_and(|probe| !probe.spec.dedup);
+            if plain_submission {
+                submissions.push(admitted);
+                continue;
+            }
+            self.record_submissions(std::mem::take(&mut submissions))
+                .await;
+            self.carry_out_request(admitted).await;
+        }
+        self.record_submissions(submissions).await;
+    }
+
+    /// Records plain submissions together and acknowledges those stored.
+    async fn record_submissions(&mut self, submissions: Vec<Admitted>) {
+        if submissions.is_empty() {
+            return;
+        }
+        let inputs: Vec<(Bytes, crate::identity::Identity)> = submissions
+            .iter()
+            .map(|a| (a.message.payload.clone(), a.identity.clone()))
+            .collect();
+        let results = self.on_submits(&inputs).await;
+        for (admitted, result) in submissions.iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    if let Err(err) = admitted.message.ack().await {
+                        tracing::warn!(%err, "acknowledging a request");
+                    }
+                }
+                // Unacknowledged: JetStream redelivers it.
+                Err(err) => tracing::error!("handling a submission: {err:#}"),
+            }
+        }
+    }
+
+    /// Checks a request's signature; a refused one is answered, audited and acknowledged
+    /// here (None).
+    async fn admit(&mut self, message: RequestMessage) -> Option<Admitted> {
         let message = match message {
             Ok(message) => message,
             Err(err) => {
                 tracing::warn!(%err, "reading a request");
-                return;
+                return None;
             }
         };
         let subject = message.subject.to_string();
@@ -315,9 +400,26 @@ impl Scheduler {
                 if let Err(err) = message.ack().await {
                     tracing::warn!(%err, "acknowledging a request");
                 }
-                return;
+                return None;
             }
         };
+        Some(Admitted {
+            message,
+            identity,
+            action,
+            job,
+        })
+    }
+
+    /// Carries out an admitted request and acknowledges it once handled.
+    async fn carry_out_request(&mut self, admitted: Admitted) {
+        let Admitted {
+            message,
+            identity,
+            action,
+            job,
+        } = admitted;
+        let subject = message.subject.to_string();
         let handled = match (action, job) {
             ("submit", _) => self.on_submit(&message.payload, &identity).await,
             ("admin", _) => self.on_admin(&message.payload, &identity).await,
@@ -404,6 +506,7 @@ impl Scheduler {
 
     /// One scheduling pass: ask the core, then carry out what it decided.
     pub(crate) async fn pass(&mut self) {
+        let began = std::time::Instant::now();
         let now = now();
         let queue: Vec<QueuedJob> = self
             .store
@@ -434,6 +537,12 @@ impl Scheduler {
             .filter_map(|q| q.not_before)
             .filter(|t| *t > now)
             .min();
+        let mut sample = PassSample {
+            queued: queue.len(),
+            running: running.len(),
+            view_us: micros(began.elapsed()),
+            ..PassSample::default()
+        };
         if !queue.is_empty() {
             let settings = CoreSettings {
                 placement: self.policy.placement,
@@ -441,12 +550,11 @@ impl Scheduler {
                 topology_label: Some(self.policy.topology_label.clone())
                     .filter(|label| !label.is_empty()),
             };
-            let decisions = core::plan(&self.nodes.views(now), &running, &queue, &settings, now);
-            for decision in decisions {
-                if let Err(err) = self.carry_out(decision, now).await {
-                    tracing::error!("{err:#}");
-                }
-            }
+            let nodes = self.nodes.views(now);
+            sample.view_us = micros(began.elapsed());
+            let decisions = core::plan(&nodes, &running, &queue, &settings, now);
+            sample.plan_us = micros(began.elapsed()) - sample.view_us;
+            sample.changes = self.carry_out_all(decisions, now).await;
         }
         if self.usage_dirty {
             match serde_json::to_vec(&self.usage) {
@@ -458,6 +566,11 @@ impl Scheduler {
             }
         }
         self.passes += 1;
+        sample.total_us = micros(began.elapsed());
+        if self.recent_passes.len() >= RECENT_PASSES {
+            self.recent_passes.pop_front();
+        }
+        self.recent_passes.push_back(sample);
         self.publish_status(now);
     }
 
@@ -551,28 +664,126 @@ impl Scheduler {
         }
     }
 
+    /// Carries out a pass's decisions; returns how many changed something. Starts and new
+    /// wait reasons, the bulk of a busy pass, are written together (pipelined), then the
+    /// assignments sent together; rejections and preemptions, rare, one by one.
+    async fn carry_out_all(&mut self, decisions: Vec<Decision>, now: Timestamp) -> usize {
+        let mut starts: HashMap<JobId, Placement> = HashMap::new();
+        let mut start_order: Vec<JobId> = Vec::new();
+        let mut reasons: HashMap<JobId, WaitReason> = HashMap::new();
+        let mut reason_order: Vec<JobId> = Vec::new();
+        let mut others = Vec::new();
+        for decision in decisions {
+            match decision {
+                Decision::Start { job, placement } => {
+                    let placement = self.with_launch(&job, placement);
+                    start_order.push(job.clone());
+                    starts.insert(job, placement);
+                }
+                Decision::Wait { job, reason } => {
+                    let unchanged = matches!(
+                        self.store.get(&job).map(|r| &r.state),
+                        Some(JobState::Queued(w)) if w.reason == reason
+                    );
+                    if !unchanged {
+                        reason_order.push(job.clone());
+                        reasons.insert(job, reason);
+                    }
+                }
+                other => others.push(other),
+            }
+        }
+        let mut changes = 0;
+
+        // Recorded first, then sent: if we die in between, the restarted scheduler sees
+        // running jobs that never started and sends them again (the message id makes
+        // JetStream drop a copy that did go out).
+        let recorded = self
+            .store
+            .update_many(&start_order, |r| {
+                if let Some(placement) = starts.get(&r.id) {
+                    r.state = JobState::Running(Run::assigned(placement.clone(), now));
+                }
+            })
+            .await;
+        let mut started = Vec::with_capacity(recorded.len());
+        for result in recorded {
+            match result {
+                Ok(record) => started.push(record),
+                Err(err) => tracing::error!("recording a start: {err:#}"),
+            }
+        }
+        let sent: Vec<Result<()>> = futures::stream::iter(&started)
+            .map(|record| self.send_assignment(record))
+            .buffered(ASSIGNMENTS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (record, outcome) in started.iter().zip(sent) {
+            if let Err(err) = outcome {
+                // Recorded as running: the repair timer sends it again.
+                tracing::error!("{err:#}");
+                continue;
+            }
+            changes += 1;
+            let JobState::Running(run) = &record.state else {
+                continue;
+            };
+            self.publish_event(
+                &record.id,
+                JobEventKind::Assigned {
+                    placement: run.placement.clone(),
+                },
+            );
+            if let Some(end) = self
+                .effective_time_limit(&record.spec)
+                .and_then(|l| chrono::Duration::from_std(l).ok())
+            {
+                let end = now + end;
+                if record.spec.on_timeout == OnTimeout::Requeue
+                    && self.next_slice_end.is_none_or(|next| end < next)
+                {
+                    self.next_slice_end = Some(end);
+                }
+            }
+        }
+
+        let written = self
+            .store
+            .update_many(&reason_order, |r| {
+                if let (JobState::Queued(waiting), Some(reason)) =
+                    (&mut r.state, reasons.get(&r.id))
+                {
+                    waiting.reason = *reason;
+                }
+            })
+            .await;
+        for (job, result) in reason_order.iter().zip(written) {
+            match result {
+                Ok(_) => {
+                    changes += 1;
+                    if let Some(reason) = reasons.get(job) {
+                        self.publish_event(job, JobEventKind::Queued { reason: *reason });
+                    }
+                }
+                Err(err) => tracing::error!("recording a wait reason: {err:#}"),
+            }
+        }
+
+        for decision in others {
+            match self.carry_out(decision, now).await {
+                Ok(()) => changes += 1,
+                Err(err) => tracing::error!("{err:#}"),
+            }
+        }
+        changes
+    }
+
+    /// Carries out a rejection or a preemption.
     async fn carry_out(&mut self, decision: Decision, now: Timestamp) -> Result<()> {
         match decision {
-            Decision::Start { job, placement } => self.start(&job, placement, now).await,
-            Decision::Wait { job, reason } => {
-                let unchanged = matches!(
-                    self.store.get(&job).map(|r| &r.state),
-                    Some(JobState::Queued(w)) if w.reason == reason
-                );
-                if !unchanged {
-                    self.store
-                        .update(&job, |r| {
-                            if let JobState::Queued(waiting) = &mut r.state {
-                                waiting.reason = reason;
-                            }
-                        })
-                        .await?;
-                    self.publish_event(&job, JobEventKind::Queued { reason });
-                }
-                Ok(())
-            }
-            Decision::Reject { job, reason } => {
-                self.finish(&job, |_| {
+            Decision::Start { .. } | Decision::Wait { .. } => Ok(()),
+            Decision::Reject { job, reason } => self
+                .finish(&job, |_| {
                     JobState::Failed(Ending {
                         placement: None,
                         started_at: None,
@@ -582,18 +793,15 @@ impl Scheduler {
                         reason: Some(format!("cannot run: {reason}")),
                     })
                 })
-                .await
-            }
+                .await,
             Decision::Preempt { job } => self.preempt(&job).await,
         }
     }
 
-    /// Records the placement first, then sends the assignment: if we die in between, the
-    /// restarted scheduler sees a running job that never started and sends it again (the
-    /// message id makes JetStream drop the copy if the first one did go out).
-    async fn start(&mut self, job: &JobId, mut placement: Placement, now: Timestamp) -> Result<()> {
-        let Some(spec) = self.store.get(job).map(|r| r.spec.clone()) else {
-            return Ok(());
+    /// A placement with what a multi-node or distributed job's ranks need to find each other.
+    fn with_launch(&self, job: &JobId, mut placement: Placement) -> Placement {
+        let Some(spec) = self.store.get(job).map(|r| &r.spec) else {
+            return placement;
         };
         if spec.is_multi_node() || spec.distributed {
             placement.launch = Some(Launch {
@@ -606,26 +814,7 @@ impl Scheduler {
                 master_port: master_port(job),
             });
         }
-        let record = self
-            .store
-            .update(job, |r| {
-                r.state = JobState::Running(Run::assigned(placement.clone(), now))
-            })
-            .await?;
-        self.send_assignment(&record).await?;
-        self.publish_event(job, JobEventKind::Assigned { placement });
-        if let Some(end) = self
-            .effective_time_limit(&record.spec)
-            .and_then(|l| chrono::Duration::from_std(l).ok())
-        {
-            let end = now + end;
-            if record.spec.on_timeout == OnTimeout::Requeue
-                && self.next_slice_end.is_none_or(|next| end < next)
-            {
-                self.next_slice_end = Some(end);
-            }
-        }
-        Ok(())
+        placement
     }
 
     /// Stops a job whose time slice is over; it comes back to the queue when the agent reports.
@@ -704,6 +893,7 @@ impl Scheduler {
             passes: self.passes,
             nodes_known: self.nodes.len(),
             nodes_online: self.nodes.online(now),
+            recent_passes: self.recent_passes.clone(),
             ..Status::default()
         };
         for record in self.store.records() {

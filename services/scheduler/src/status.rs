@@ -18,6 +18,28 @@ pub struct Status {
     pub nodes_known: usize,
     pub nodes_online: usize,
     pub passes: u64,
+    /// The latest scheduling passes, oldest first (at most [`RECENT_PASSES`]): what the
+    /// benchmark reads, and what an operator asks when the queue seems slow.
+    pub recent_passes: std::collections::VecDeque<PassSample>,
+}
+
+/// Passes kept in [`Status::recent_passes`].
+pub const RECENT_PASSES: usize = 2_000;
+
+/// How long one scheduling pass took, and over how much.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PassSample {
+    /// Jobs waiting when it began.
+    pub queued: usize,
+    pub running: usize,
+    /// Building the core's view of jobs and nodes.
+    pub view_us: u64,
+    /// The core's decisions (`core::plan`).
+    pub plan_us: u64,
+    /// The whole pass, writes of its decisions and assignments included.
+    pub total_us: u64,
+    /// Decisions that changed something (starts, new wait reasons, rejections, preemptions).
+    pub changes: usize,
 }
 
 /// Registers the service and answers status requests until the client closes.

@@ -203,7 +203,6 @@ pub fn read_ns(file: &Path) -> Result<Option<i128>> {
 /// with the user's key like the CLI signs it, published to `jobs.submit` with the job id as
 /// message id, and a window of acknowledgements in flight. Returns the ids and the wall time
 /// from the first publish to the last acknowledgement.
-#[allow(dead_code)] // used by the scale groups being added
 pub async fn submit_pipelined(
     js: &async_nats::jetstream::Context,
     key: &nkeys::KeyPair,
@@ -254,15 +253,26 @@ pub async fn submit_pipelined(
     Ok((ids, started.elapsed()))
 }
 
-#[allow(dead_code)] // used by the scale groups being added
 async fn finish_ack(ack: async_nats::jetstream::context::PublishAckFuture) -> Result<()> {
     ack.await.context("a submission was not stored")?;
     Ok(())
 }
 
 /// The user key in a credentials file the harness wrote.
-#[allow(dead_code)] // used by the scale groups being added
 pub fn user_key(creds: &Path) -> Result<nkeys::KeyPair> {
     let seed = mgpu_shared::connect::read_seed(creds)?;
     nkeys::KeyPair::from_seed(&seed).context("reading the seed")
+}
+
+/// Copies a component's log to `target/bench-logs/<group>-<name>.log`, so what a run logged
+/// can be read after its cluster (and temporary directory) is gone.
+pub fn keep_log(cluster: &Cluster, name: &str, group: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-logs");
+    let kept = dir.join(format!("{group}-{name}.log"));
+    let copied = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::copy(cluster.log_path(name), &kept));
+    match copied {
+        Ok(_) => progress(&format!("  {name} log kept in {}", kept.display())),
+        Err(err) => progress(&format!("  could not keep the {name} log: {err}")),
+    }
 }
