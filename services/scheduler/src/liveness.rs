@@ -64,7 +64,7 @@ impl Scheduler {
         for node in lost_nodes {
             let victims: Vec<JobId> = self
                 .store
-                .records()
+                .running()
                 .filter(
                     |r| matches!(&r.state, JobState::Running(run) if run.placement.uses_node(&node)),
                 )
@@ -131,7 +131,7 @@ impl Scheduler {
         self.resend_assignments_older_than(age).await;
         let pending: Vec<(JobId, u32, Placement, NodeControl)> =
             self.store
-                .records()
+                .running()
                 .filter_map(|r| match &r.state {
                     JobState::Running(run)
                         if run.cancel_requested_by.is_some() || run.preempt_requested =>
@@ -213,7 +213,7 @@ impl Scheduler {
             .unwrap_or(chrono::Duration::MAX);
         let missing: Vec<JobId> = self
             .store
-            .records()
+            .running()
             .filter(|r| match &r.state {
                 JobState::Running(run) => {
                     let rank = run.placement.rank_of(&beat.node);

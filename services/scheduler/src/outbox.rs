@@ -125,7 +125,7 @@ impl Scheduler {
         let now = now();
         let unconfirmed: Vec<JobRecord> = self
             .store
-            .records()
+            .running()
             .filter(|r| {
                 matches!(&r.state, JobState::Running(run)
                     if run.started_at.is_none() && now - run.assigned_at >= age)

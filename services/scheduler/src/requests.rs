@@ -78,7 +78,8 @@ impl Scheduler {
         let duplicate_of = if request.spec.dedup {
             let key = request.spec.dedup_key();
             self.store
-                .records()
+                .queued()
+                .chain(self.store.running())
                 .find(|r| {
                     r.id != request.id
                         && r.user == identity.name

@@ -126,7 +126,7 @@ pub async fn run(
         recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
     };
     tracing::info!(
-        jobs = scheduler.store.records().count(),
+        jobs = scheduler.store.total(),
         nodes = scheduler.nodes.len(),
         "state loaded"
     );
@@ -510,7 +510,7 @@ impl Scheduler {
         let now = now();
         let queue: Vec<QueuedJob> = self
             .store
-            .records()
+            .queued()
             .filter_map(|r| match &r.state {
                 JobState::Queued(waiting) => Some(self.queued_job(r, waiting, now)),
                 _ => None,
@@ -518,7 +518,7 @@ impl Scheduler {
             .collect();
         let running: Vec<RunningJob> = self
             .store
-            .records()
+            .running()
             .filter_map(|r| match &r.state {
                 JobState::Running(run) => Some(self.running_job(r, run)),
                 _ => None,
@@ -896,14 +896,8 @@ impl Scheduler {
             recent_passes: self.recent_passes.clone(),
             ..Status::default()
         };
-        for record in self.store.records() {
-            status.jobs_total += 1;
-            match record.state {
-                JobState::Queued(_) => status.jobs_queued += 1,
-                JobState::Running(_) => status.jobs_running += 1,
-                _ => {}
-            }
-        }
+        (status.jobs_queued, status.jobs_running) = self.store.counts();
+        status.jobs_total = self.store.total();
         self.status.send_replace(status);
     }
 }

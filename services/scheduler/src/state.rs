@@ -2,7 +2,7 @@
 //! bucket. Each write is a compare-and-set on the revision the scheduler last saw, so a
 //! stale scheduler can never overwrite a newer record.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::JobRecord;
+use mgpu_shared::job::{JobRecord, JobState};
 use mgpu_shared::{records, subjects};
 
 /// A record and the KV revision it was read or written at.
@@ -27,6 +27,10 @@ pub struct JobStore {
     js: jetstream::Context,
     bucket: kv::Store,
     jobs: HashMap<JobId, Tracked>,
+    /// Ids of the queued jobs, and of the running ones: a pass, a heartbeat and the status
+    /// look at these, never at every record (finished jobs pile up by the hundred thousand).
+    queued: HashSet<JobId>,
+    running: HashSet<JobId>,
 }
 
 impl JobStore {
@@ -40,7 +44,13 @@ impl JobStore {
             false,
         )
         .await?;
-        let mut jobs = HashMap::with_capacity(messages.len());
+        let mut store = JobStore {
+            js: js.clone(),
+            bucket,
+            jobs: HashMap::with_capacity(messages.len()),
+            queued: HashSet::new(),
+            running: HashSet::new(),
+        };
         for message in messages {
             let deleted = message
                 .headers
@@ -56,26 +66,63 @@ impl JobStore {
                 .stream_sequence;
             match serde_json::from_slice::<JobRecord>(&message.payload) {
                 Ok(record) => {
-                    jobs.insert(record.id.clone(), Tracked { record, revision });
+                    store.put(record.id.clone(), Tracked { record, revision });
                 }
                 Err(err) => {
                     tracing::error!(subject = %message.subject, %err, "skipping an unreadable job record");
                 }
             }
         }
-        Ok(JobStore {
-            js: js.clone(),
-            bucket,
-            jobs,
-        })
+        Ok(store)
     }
 
     pub fn get(&self, id: &JobId) -> Option<&JobRecord> {
         self.jobs.get(id).map(|t| &t.record)
     }
 
-    pub fn records(&self) -> impl Iterator<Item = &JobRecord> {
-        self.jobs.values().map(|t| &t.record)
+    /// The queued jobs' records, in no particular order.
+    pub fn queued(&self) -> impl Iterator<Item = &JobRecord> {
+        self.queued.iter().filter_map(|id| self.get(id))
+    }
+
+    /// The running jobs' records, in no particular order.
+    pub fn running(&self) -> impl Iterator<Item = &JobRecord> {
+        self.running.iter().filter_map(|id| self.get(id))
+    }
+
+    /// How many jobs are queued and running.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.queued.len(), self.running.len())
+    }
+
+    /// How many records the table holds, finished jobs included.
+    pub fn total(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Puts a record in the table, keeping the state indexes right.
+    fn put(&mut self, id: JobId, tracked: Tracked) {
+        match tracked.record.state {
+            JobState::Queued(_) => {
+                self.running.remove(&id);
+                self.queued.insert(id.clone());
+            }
+            JobState::Running(_) => {
+                self.queued.remove(&id);
+                self.running.insert(id.clone());
+            }
+            _ => {
+                self.queued.remove(&id);
+                self.running.remove(&id);
+            }
+        }
+        self.jobs.insert(id, tracked);
+    }
+
+    fn forget(&mut self, id: &JobId) {
+        self.queued.remove(id);
+        self.running.remove(id);
+        self.jobs.remove(id);
     }
 
     /// Stores a new record. Returns false when a record with that id already exists (a
@@ -93,8 +140,7 @@ impl JobStore {
                 .await
             {
                 Ok(revision) => {
-                    self.jobs
-                        .insert(record.id.clone(), Tracked { record, revision });
+                    self.put(record.id.clone(), Tracked { record, revision });
                     return Ok(true);
                 }
                 Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {
@@ -141,8 +187,7 @@ impl JobStore {
             };
             let result = match outcome {
                 Some(revision) => {
-                    self.jobs
-                        .insert(record.id.clone(), Tracked { record, revision });
+                    self.put(record.id.clone(), Tracked { record, revision });
                     Ok(true)
                 }
                 None => self.create(record).await,
@@ -195,7 +240,7 @@ impl JobStore {
         for ((index, id, ..), outcome) in writes.iter().zip(outcomes) {
             let result = match (outcome, changed[*index].take()) {
                 (Some(revision), Some(record)) => {
-                    self.jobs.insert(
+                    self.put(
                         id.clone(),
                         Tracked {
                             record: record.clone(),
@@ -265,7 +310,7 @@ impl JobStore {
             if let Some((payload, record)) = unanswered.take() {
                 match self.landed(id, &payload).await {
                     Ok(Some(revision)) => {
-                        self.jobs.insert(
+                        self.put(
                             id.clone(),
                             Tracked {
                                 record: record.clone(),
@@ -295,7 +340,7 @@ impl JobStore {
                 .await
             {
                 Ok(revision) => {
-                    self.jobs.insert(
+                    self.put(
                         id.clone(),
                         Tracked {
                             record: record.clone(),
@@ -354,7 +399,7 @@ impl JobStore {
             Some(entry) if entry.operation == kv::Operation::Put => {
                 let record: JobRecord = serde_json::from_slice(&entry.value)
                     .with_context(|| format!("job {id} record is unreadable"))?;
-                self.jobs.insert(
+                self.put(
                     id.clone(),
                     Tracked {
                         record,
@@ -363,7 +408,7 @@ impl JobStore {
                 );
             }
             _ => {
-                self.jobs.remove(id);
+                self.forget(id);
             }
         }
         Ok(())

@@ -107,7 +107,7 @@ pub struct JobSpec {
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeGpuIds {
     pub node: String,

@@ -35,6 +35,8 @@ pub(super) struct FreeNode {
 
 pub(super) struct Capacity {
     pub nodes: Vec<FreeNode>,
+    /// Placements booked so far: a fit that failed stays failed while this is unchanged.
+    pub bookings: u64,
 }
 
 /// Which GPUs a placement may use.
@@ -73,7 +75,10 @@ impl Capacity {
                     .collect(),
             })
             .collect();
-        let mut capacity = Capacity { nodes: free };
+        let mut capacity = Capacity {
+            nodes: free,
+            bookings: 0,
+        };
         for job in running {
             capacity.book(&job.placement);
         }
@@ -99,6 +104,7 @@ impl Capacity {
     }
 
     pub fn book(&mut self, placement: &Placement) {
+        self.bookings += 1;
         for (_, name, shares) in placement.ranks() {
             let Some(node) = self.nodes.iter_mut().find(|n| n.name == name) else {
                 continue;

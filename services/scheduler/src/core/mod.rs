@@ -192,6 +192,37 @@ pub enum Decision {
     },
 }
 
+/// What decides whether a job fits and where: two queued jobs of the same shape get the same
+/// answer from the same free capacity (their ids, owners and priorities play no part).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Shape<'a> {
+    gpus: GpuAmount,
+    gpu_ids: Option<&'a [u32]>,
+    allowed_gpus: Option<&'a [u32]>,
+    mem_mib: Option<u64>,
+    time_limit: Option<Duration>,
+    nodes: u32,
+    required_nodes: &'a [String],
+    exclude: &'a [String],
+    node_gpu_ids: &'a [NodeGpuIds],
+}
+
+impl<'a> Shape<'a> {
+    fn of(job: &'a QueuedJob) -> Self {
+        Shape {
+            gpus: job.gpus,
+            gpu_ids: job.gpu_ids.as_deref(),
+            allowed_gpus: job.allowed_gpus.as_deref(),
+            mem_mib: job.mem_mib,
+            time_limit: job.time_limit,
+            nodes: job.nodes,
+            required_nodes: &job.required_nodes,
+            exclude: &job.exclude,
+            node_gpu_ids: &job.node_gpu_ids,
+        }
+    }
+}
+
 /// Scheduling settings the core needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreSettings {
@@ -201,14 +232,12 @@ pub struct CoreSettings {
     pub topology_label: Option<String>,
 }
 
-/// Puts jobs in the order they are considered.
-pub fn queue_order(queue: &mut [QueuedJob]) {
-    queue.sort_by(|a, b| {
-        b.effective_priority
-            .cmp(&a.effective_priority)
-            .then(a.queued_at.cmp(&b.queued_at))
-            .then(a.id.cmp(&b.id))
-    });
+/// The order jobs are considered in: effective priority, then queue time, then id.
+pub fn queue_order(a: &QueuedJob, b: &QueuedJob) -> std::cmp::Ordering {
+    b.effective_priority
+        .cmp(&a.effective_priority)
+        .then(a.queued_at.cmp(&b.queued_at))
+        .then(a.id.cmp(&b.id))
 }
 
 /// One scheduling pass: one decision per queued job (in queue order), plus preemptions.
@@ -230,8 +259,8 @@ fn plan_with_reservations(
     settings: &CoreSettings,
     now: Timestamp,
 ) -> (Vec<Decision>, Vec<Reservation>) {
-    let mut ordered = queue.to_vec();
-    queue_order(&mut ordered);
+    let mut ordered: Vec<&QueuedJob> = queue.iter().collect();
+    ordered.sort_by(|a, b| queue_order(a, b));
     let mut capacity = Capacity::new(nodes, running);
     // Running jobs plus those started in this pass: what holds GPUs, and until when.
     let mut holding: Vec<RunningJob> = running.to_vec();
@@ -245,8 +274,12 @@ fn plan_with_reservations(
     let any_online = nodes.iter().any(|n| n.online);
     let mut someone_waits_for_gpus = false;
     let mut decisions = Vec::with_capacity(ordered.len() + 1);
+    // What is already known about jobs of the same shape in this pass (see [`Shape`]).
+    let mut impossible: HashMap<Shape<'_>, Option<String>> = HashMap::new();
+    let mut unplaceable: HashMap<Shape<'_>, (u64, WaitReason)> = HashMap::new();
 
     for job in ordered {
+        let shape = Shape::of(job);
         let wait = |reason| Decision::Wait {
             job: job.id.clone(),
             reason,
@@ -279,10 +312,13 @@ fn plan_with_reservations(
             decisions.push(wait(WaitReason::ArrayLimit));
             continue;
         }
-        if let Some(reason) = impossible_reason(nodes, &job) {
+        let never = impossible
+            .entry(shape.clone())
+            .or_insert_with(|| impossible_reason(nodes, job));
+        if let Some(reason) = never {
             decisions.push(Decision::Reject {
                 job: job.id.clone(),
-                reason,
+                reason: reason.clone(),
             });
             continue;
         }
@@ -303,9 +339,28 @@ fn plan_with_reservations(
                 unbusy_only,
                 avoid,
             };
-            capacity.place(&job, &constraints, settings)
+            capacity.place(job, &constraints, settings)
         };
-        if let Some(placement) = fits(true, true, &avoid_reserved) {
+        // Free capacity only shrinks during a pass and reservations only accumulate, so a
+        // shape that did not fit still does not: jobs of it wait without another search,
+        // for the reason found then unless something was booked since. This keeps a pass
+        // over a long queue of alike jobs linear in the queue, not queue x GPUs.
+        let known = unplaceable
+            .get(&shape)
+            .map(|(booked_then, reason)| (*booked_then == capacity.bookings, *reason));
+        let reservations_left = reservations.len() < settings.max_reservations;
+        if let Some((true, reason)) = known
+            && !reservations_left
+        {
+            someone_waits_for_gpus = true;
+            decisions.push(wait(reason));
+            continue;
+        }
+        let placed = match known {
+            Some(_) => None,
+            None => fits(true, true, &avoid_reserved),
+        };
+        if let Some(placement) = placed {
             capacity.book(&placement);
             if let Some((array, _)) = &job.array {
                 *array_running.entry(array.clone()).or_default() += 1;
@@ -318,14 +373,16 @@ fn plan_with_reservations(
                 array_id: None,
             });
             decisions.push(Decision::Start {
-                job: job.id,
+                job: job.id.clone(),
                 placement,
             });
             continue;
         }
         someone_waits_for_gpus = true;
         // Why it waits: the first constraint whose removal would let it start.
-        let reason = if fits(true, true, &nothing_reserved).is_some() {
+        let reason = if let Some((true, reason)) = known {
+            reason
+        } else if fits(true, true, &nothing_reserved).is_some() {
             WaitReason::Priority
         } else if fits(false, true, &nothing_reserved).is_some() {
             WaitReason::GpusPaused
@@ -334,12 +391,13 @@ fn plan_with_reservations(
         } else {
             WaitReason::Resources
         };
-        if reservations.len() < settings.max_reservations
+        if reservations_left
             && let Some(reservation) =
-                reservation::reserve(&capacity, nodes, &holding, &job, &reservations, now)
+                reservation::reserve(&capacity, nodes, &holding, job, &reservations, now)
         {
             reservations.push(reservation);
         }
+        unplaceable.insert(shape, (capacity.bookings, reason));
         decisions.push(wait(reason));
     }
 

@@ -458,7 +458,7 @@ proptest! {
         let (decisions, reservations) =
             plan_with_reservations(&nodes, &holding, &queue, &settings(), t0());
         let mut ordered = queue.clone();
-        queue_order(&mut ordered);
+        ordered.sort_by(queue_order);
         for (job_id, placement) in started(&decisions) {
             let job = ordered.iter().find(|j| &j.id == job_id);
             prop_assert!(job.is_some());
