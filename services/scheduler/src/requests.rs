@@ -34,7 +34,10 @@ impl Scheduler {
     }
 
     /// Records many submissions at once, their writes pipelined; one result per payload.
-    pub(crate) async fn on_submits(&mut self, submissions: &[(Bytes, Identity)]) -> Vec<Result<()>> {
+    pub(crate) async fn on_submits(
+        &mut self,
+        submissions: &[(Bytes, Identity)],
+    ) -> Vec<Result<()>> {
         let mut records = Vec::with_capacity(submissions.len());
         let mut positions = Vec::with_capacity(submissions.len());
         for (index, (payload, identity)) in submissions.iter().enumerate() {

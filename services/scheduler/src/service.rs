@@ -782,8 +782,8 @@ impl Scheduler {
     async fn carry_out(&mut self, decision: Decision, now: Timestamp) -> Result<()> {
         match decision {
             Decision::Start { .. } | Decision::Wait { .. } => Ok(()),
-            Decision::Reject { job, reason } => self
-                .finish(&job, |_| {
+            Decision::Reject { job, reason } => {
+                self.finish(&job, |_| {
                     JobState::Failed(Ending {
                         placement: None,
                         started_at: None,
@@ -793,7 +793,8 @@ impl Scheduler {
                         reason: Some(format!("cannot run: {reason}")),
                     })
                 })
-                .await,
+                .await
+            }
             Decision::Preempt { job } => self.preempt(&job).await,
         }
     }

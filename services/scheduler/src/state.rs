@@ -263,7 +263,11 @@ impl JobStore {
     /// unacknowledged; the new revision of each, or None when it did not plainly succeed.
     async fn write_pipelined(&self, writes: &[(usize, JobId, Bytes, u64)]) -> Vec<Option<u64>> {
         let context = &self.js;
-        let prefix = self.bucket.put_prefix.as_ref().unwrap_or(&self.bucket.prefix);
+        let prefix = self
+            .bucket
+            .put_prefix
+            .as_ref()
+            .unwrap_or(&self.bucket.prefix);
         let mut outcomes: Vec<Option<u64>> = vec![None; writes.len()];
         let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
         for (position, (_, id, payload, revision)) in writes.iter().enumerate() {

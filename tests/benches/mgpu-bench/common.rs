@@ -269,10 +269,24 @@ pub fn user_key(creds: &Path) -> Result<nkeys::KeyPair> {
 pub fn keep_log(cluster: &Cluster, name: &str, group: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-logs");
     let kept = dir.join(format!("{group}-{name}.log"));
-    let copied = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::copy(cluster.log_path(name), &kept));
+    let copied =
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(cluster.log_path(name), &kept));
     match copied {
         Ok(_) => progress(&format!("  {name} log kept in {}", kept.display())),
         Err(err) => progress(&format!("  could not keep the {name} log: {err}")),
     }
+}
+
+/// A NATS client with `creds`, on the caller's runtime (the harness's `with_nats` runs its own
+/// single-threaded one), replying on the inbox mgpu clients use.
+pub async fn connect(cluster: &Cluster, creds: &Path) -> Result<async_nats::Client> {
+    let seed = mgpu_shared::connect::read_seed(creds)?;
+    let public_key = nkeys::KeyPair::from_seed(&seed)
+        .context("reading the seed")?
+        .public_key();
+    async_nats::ConnectOptions::with_nkey(seed)
+        .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key))
+        .connect(mgpu_shared::connect::server_list(&cluster.server_url()))
+        .await
+        .with_context(|| format!("connecting with {}", creds.display()))
 }

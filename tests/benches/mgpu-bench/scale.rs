@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
-use mgpu_shared::assign::Assignment;
+use mgpu_shared::assign::{Assignment, NodeControl};
 use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_shared::ids::JobId;
 use mgpu_shared::job::JobSpec;
 use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
 use mgpu_shared::subjects;
@@ -65,8 +66,16 @@ pub fn run(ctx: &Run) -> Result<()> {
         .first()
         .ok_or_else(|| anyhow!("no scheduler"))?;
     let key = user_key(&cluster.user_creds("alice"))?;
-    let measured: Result<Measured> = cluster.with_nats(&cluster.admin_creds(), |client| {
-        measure(client, key, &sizes)
+    // Two worker threads: the simulated fleet must keep heartbeating on time while it
+    // answers thousands of assignments (one thread fell seconds behind).
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let measured: Result<Measured> = runtime.block_on(async {
+        let client = connect(&cluster, &cluster.admin_creds()).await?;
+        measure(client, key, &sizes).await
     });
     keep_log(&cluster, "scheduler", "scale");
     let measured = match measured {
@@ -314,10 +323,10 @@ impl Fleet {
             .get_stream(subjects::ASSIGN_STREAM)
             .await
             .map_err(|e| anyhow!("opening the assignment stream: {e}"))?;
+        // Assignments and controls (kills), like each agent's consumer but for every node.
         let consumer = stream
             .create_consumer(async_nats::jetstream::consumer::pull::Config {
-                filter_subject: subjects::ALL_ASSIGNMENTS.into(),
-                                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
                 max_ack_pending: 100_000,
                 ..Default::default()
             })
@@ -379,9 +388,12 @@ async fn heartbeats(
                 acks.push(ack);
             }
         }
-        for ack in acks {
-            let _ = ack.await;
-        }
+        // Acknowledgements awaited aside, so a slow one never delays the next heartbeats.
+        tokio::spawn(async move {
+            for ack in acks {
+                let _ = ack.await;
+            }
+        });
         slot = (slot + 1) % slots;
     }
 }
@@ -431,6 +443,18 @@ async fn run_assignments(
         // The assignment stream is a work queue: an acknowledged assignment is gone, as it is
         // once a real agent has taken it.
         let _ = message.ack().await;
+        if message.subject.starts_with("nodes.control.") {
+            if let Ok(NodeControl::Kill {
+                job_id,
+                attempt,
+                requeue,
+                ..
+            }) = serde_json::from_slice::<NodeControl>(&message.payload)
+            {
+                kill(&js, &node, &running, job_id, attempt, requeue).await;
+            }
+            continue;
+        }
         let Ok(assignment) = serde_json::from_slice::<Assignment>(&message.payload) else {
             continue;
         };
@@ -450,12 +474,29 @@ async fn run_assignments(
         let running = running.clone();
         let ended = ended.clone();
         tokio::spawn(async move {
-            report(&js, &node, &assignment, JobEventKind::Started { pid }).await;
-            tokio::time::sleep(run_for).await;
             report(
                 &js,
                 &node,
-                &assignment,
+                &assignment.job_id,
+                assignment.attempt,
+                JobEventKind::Started { pid },
+            )
+            .await;
+            tokio::time::sleep(run_for).await;
+            let still_running = running.lock().is_ok_and(|r| {
+                r.get(&node).is_some_and(|jobs| {
+                    jobs.iter()
+                        .any(|j| j.id == assignment.job_id && j.attempt == assignment.attempt)
+                })
+            });
+            if !still_running {
+                return; // killed meanwhile
+            }
+            report(
+                &js,
+                &node,
+                &assignment.job_id,
+                assignment.attempt,
                 JobEventKind::Exited {
                     exit_code: 0,
                     signal: None,
@@ -476,15 +517,45 @@ async fn run_assignments(
     }
 }
 
+/// Stops a simulated job on request, reporting it as an agent would.
+async fn kill(
+    js: &async_nats::jetstream::Context,
+    node: &str,
+    running: &Arc<Mutex<HashMap<String, Vec<RunningJob>>>>,
+    job_id: JobId,
+    attempt: u32,
+    requeue: bool,
+) {
+    let was_running = running.lock().is_ok_and(|mut r| {
+        r.get_mut(node).is_some_and(|jobs| {
+            let before = jobs.len();
+            jobs.retain(|j| j.id != job_id || j.attempt != attempt);
+            jobs.len() < before
+        })
+    });
+    if was_running {
+        let kind = JobEventKind::Exited {
+            exit_code: 143,
+            signal: Some(15),
+            cancelled: !requeue,
+            timed_out: false,
+            preempted: requeue,
+            lost: false,
+        };
+        report(js, node, &job_id, attempt, kind).await;
+    }
+}
+
 async fn report(
     js: &async_nats::jetstream::Context,
     node: &str,
-    assignment: &Assignment,
+    job_id: &JobId,
+    attempt: u32,
     kind: JobEventKind,
 ) {
     let event = JobEvent {
-        job_id: assignment.job_id.clone(),
-        attempt: assignment.attempt,
+        job_id: job_id.clone(),
+        attempt,
         at: mgpu_shared::now(),
         source: EventSource::Node(node.to_owned()),
         kind,
@@ -492,10 +563,7 @@ async fn report(
     let Ok(payload) = serde_json::to_vec(&event) else {
         return;
     };
-    match js
-        .publish(subjects::events(&assignment.job_id), payload.into())
-        .await
-    {
+    match js.publish(subjects::events(job_id), payload.into()).await {
         Ok(ack) => {
             if let Err(err) = ack.await {
                 progress(&format!("  a report was not stored: {err}"));

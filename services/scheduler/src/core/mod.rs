@@ -223,6 +223,16 @@ impl<'a> Shape<'a> {
     }
 }
 
+/// What a pass learnt about a shape that did not fit.
+struct Unplaceable {
+    /// `Capacity::bookings` when it was learnt.
+    bookings: u64,
+    reason: WaitReason,
+    /// How many reservations there were when reserving for it failed (None: it was not
+    /// tried, or it succeeded).
+    reserve_failed_at: Option<usize>,
+}
+
 /// Scheduling settings the core needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreSettings {
@@ -276,7 +286,7 @@ fn plan_with_reservations(
     let mut decisions = Vec::with_capacity(ordered.len() + 1);
     // What is already known about jobs of the same shape in this pass (see [`Shape`]).
     let mut impossible: HashMap<Shape<'_>, Option<String>> = HashMap::new();
-    let mut unplaceable: HashMap<Shape<'_>, (u64, WaitReason)> = HashMap::new();
+    let mut unplaceable: HashMap<Shape<'_>, Unplaceable> = HashMap::new();
 
     for job in ordered {
         let shape = Shape::of(job);
@@ -345,12 +355,17 @@ fn plan_with_reservations(
         // shape that did not fit still does not: jobs of it wait without another search,
         // for the reason found then unless something was booked since. This keeps a pass
         // over a long queue of alike jobs linear in the queue, not queue x GPUs.
-        let known = unplaceable
-            .get(&shape)
-            .map(|(booked_then, reason)| (*booked_then == capacity.bookings, *reason));
+        let known = unplaceable.get(&shape).map(|seen| {
+            let nothing_booked_since = seen.bookings == capacity.bookings;
+            // A reservation that could not be made cannot be made now either, unless a
+            // booking or another reservation changed what is free when.
+            let reserving_is_futile =
+                nothing_booked_since && seen.reserve_failed_at == Some(reservations.len());
+            (nothing_booked_since, seen.reason, reserving_is_futile)
+        });
         let reservations_left = reservations.len() < settings.max_reservations;
-        if let Some((true, reason)) = known
-            && !reservations_left
+        if let Some((true, reason, futile)) = known
+            && (!reservations_left || futile)
         {
             someone_waits_for_gpus = true;
             decisions.push(wait(reason));
@@ -380,7 +395,7 @@ fn plan_with_reservations(
         }
         someone_waits_for_gpus = true;
         // Why it waits: the first constraint whose removal would let it start.
-        let reason = if let Some((true, reason)) = known {
+        let reason = if let Some((true, reason, _)) = known {
             reason
         } else if fits(true, true, &nothing_reserved).is_some() {
             WaitReason::Priority
@@ -391,13 +406,21 @@ fn plan_with_reservations(
         } else {
             WaitReason::Resources
         };
-        if reservations_left
-            && let Some(reservation) =
-                reservation::reserve(&capacity, nodes, &holding, job, &reservations, now)
-        {
-            reservations.push(reservation);
+        let mut reserve_failed_at = None;
+        if reservations_left {
+            match reservation::reserve(&capacity, nodes, &holding, job, &reservations, now) {
+                Some(reservation) => reservations.push(reservation),
+                None => reserve_failed_at = Some(reservations.len()),
+            }
         }
-        unplaceable.insert(shape, (capacity.bookings, reason));
+        unplaceable.insert(
+            shape,
+            Unplaceable {
+                bookings: capacity.bookings,
+                reason,
+                reserve_failed_at,
+            },
+        );
         decisions.push(wait(reason));
     }
 
