@@ -66,6 +66,9 @@ pub struct Scheduler {
     pub(crate) principals: crate::identity::Principals,
     /// Request nonces seen lately, to refuse replays.
     pub(crate) nonces: mgpu_shared::signing::Nonces,
+    /// The core's view of each queued job, with the record revision it was built from:
+    /// kept between passes so a pass over 100 000 waiting jobs does not copy each request.
+    queue_views: HashMap<JobId, (u64, QueuedJob)>,
     /// The latest passes' sizes and durations (for `mgpu.scheduler.status`).
     recent_passes: std::collections::VecDeque<PassSample>,
 }
@@ -123,6 +126,7 @@ pub async fn run(
         events_consumer: None,
         principals,
         nonces: mgpu_shared::signing::Nonces::default(),
+        queue_views: HashMap::new(),
         recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
     };
     tracing::info!(
@@ -508,14 +512,8 @@ impl Scheduler {
     pub(crate) async fn pass(&mut self) {
         let began = std::time::Instant::now();
         let now = now();
-        let queue: Vec<QueuedJob> = self
-            .store
-            .queued()
-            .filter_map(|r| match &r.state {
-                JobState::Queued(waiting) => Some(self.queued_job(r, waiting, now)),
-                _ => None,
-            })
-            .collect();
+        self.refresh_queue_views(now);
+        let queue: Vec<&QueuedJob> = self.queue_views.values().map(|(_, view)| view).collect();
         let running: Vec<RunningJob> = self
             .store
             .running()
@@ -554,6 +552,7 @@ impl Scheduler {
             sample.view_us = micros(began.elapsed());
             let decisions = core::plan(&nodes, &running, &queue, &settings, now);
             sample.plan_us = micros(began.elapsed()) - sample.view_us;
+            drop(queue);
             sample.changes = self.carry_out_all(decisions, now).await;
         }
         if self.usage_dirty {
@@ -581,6 +580,46 @@ impl Scheduler {
             (Some(own), Some(max)) => Some(own.min(max)),
             (own, max) => own.or(max),
         }
+    }
+
+    /// Brings [`Scheduler::queue_views`] up to date: views of jobs no longer queued go, a job
+    /// whose record changed gets a new view, and every view's effective priority (it ages)
+    /// and dependencies (other jobs end) are refreshed. Building a view copies the job's
+    /// request; refreshing one is a little arithmetic.
+    fn refresh_queue_views(&mut self, now: Timestamp) {
+        let mut views = std::mem::take(&mut self.queue_views);
+        views.retain(|id, _| self.store.is_queued(id));
+        let mut gpu_hours: HashMap<&str, f64> = HashMap::new();
+        for (record, revision) in self.store.queued_with_revisions() {
+            let JobState::Queued(waiting) = &record.state else {
+                continue;
+            };
+            match views.get_mut(&record.id) {
+                Some((built_at, view)) if *built_at == revision => {
+                    let hours = *gpu_hours.entry(record.user.as_str()).or_insert_with(|| {
+                        self.usage
+                            .gpu_hours(&record.user, now, self.policy.half_life_secs)
+                    });
+                    view.effective_priority = effective_priority(
+                        record.spec.priority,
+                        view.queued_at,
+                        hours,
+                        &self.policy,
+                        now,
+                    );
+                    if !record.spec.after.is_empty() || !record.spec.after_any.is_empty() {
+                        view.dependencies = self.dependencies(&record.spec);
+                    }
+                }
+                _ => {
+                    views.insert(
+                        record.id.clone(),
+                        (revision, self.queued_job(record, waiting, now)),
+                    );
+                }
+            }
+        }
+        self.queue_views = views;
     }
 
     fn queued_job(&self, record: &JobRecord, waiting: &Waiting, now: Timestamp) -> QueuedJob {

@@ -85,6 +85,17 @@ impl JobStore {
         self.queued.iter().filter_map(|id| self.get(id))
     }
 
+    /// The queued jobs' records with their revisions, in no particular order.
+    pub fn queued_with_revisions(&self) -> impl Iterator<Item = (&JobRecord, u64)> {
+        self.queued
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|t| (&t.record, t.revision)))
+    }
+
+    pub fn is_queued(&self, id: &JobId) -> bool {
+        self.queued.contains(id)
+    }
+
     /// The running jobs' records, in no particular order.
     pub fn running(&self) -> impl Iterator<Item = &JobRecord> {
         self.running.iter().filter_map(|id| self.get(id))

@@ -31,6 +31,7 @@ mod reservation;
 #[cfg(test)]
 mod tests;
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -251,10 +252,10 @@ pub fn queue_order(a: &QueuedJob, b: &QueuedJob) -> std::cmp::Ordering {
 }
 
 /// One scheduling pass: one decision per queued job (in queue order), plus preemptions.
-pub fn plan(
+pub fn plan<Q: Borrow<QueuedJob>>(
     nodes: &[NodeView],
     running: &[RunningJob],
-    queue: &[QueuedJob],
+    queue: &[Q],
     settings: &CoreSettings,
     now: Timestamp,
 ) -> Vec<Decision> {
@@ -262,14 +263,14 @@ pub fn plan(
 }
 
 /// [`plan`], also returning the backfill reservations it made (for tests and diagnostics).
-fn plan_with_reservations(
+fn plan_with_reservations<Q: Borrow<QueuedJob>>(
     nodes: &[NodeView],
     running: &[RunningJob],
-    queue: &[QueuedJob],
+    queue: &[Q],
     settings: &CoreSettings,
     now: Timestamp,
 ) -> (Vec<Decision>, Vec<Reservation>) {
-    let mut ordered: Vec<&QueuedJob> = queue.iter().collect();
+    let mut ordered: Vec<&QueuedJob> = queue.iter().map(Borrow::borrow).collect();
     ordered.sort_by(|a, b| queue_order(a, b));
     let mut capacity = Capacity::new(nodes, running);
     // Running jobs plus those started in this pass: what holds GPUs, and until when.

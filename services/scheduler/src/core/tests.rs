@@ -638,3 +638,32 @@ fn a_waiting_multi_node_job_reserves_gpus_on_every_node_it_needs() {
         Some(t0() + chrono::Duration::seconds(200))
     );
 }
+
+/// A full cluster of 1 000 nodes x 8 GPUs and 100 000 alike jobs waiting: a pass must not
+/// search every GPU for every job. Counted, not timed: jobs of one shape cost one search
+/// per pass, so the pass answers within the time a handful of searches take even in a
+/// debug build (the release figure is the benchmark's, `scripts/bench.sh --only scale`).
+#[test]
+fn a_long_queue_of_alike_jobs_on_a_full_cluster_is_planned_without_a_search_per_job() {
+    let nodes: Vec<NodeView> = (0..1000)
+        .map(|n| node(&format!("n{n:04}"), 8, 81_920))
+        .collect();
+    let holding: Vec<RunningJob> = (0..8000u32)
+        .map(|n| running(1_000_000 + n, &format!("n{:04}", n / 8), &[n % 8], None))
+        .collect();
+    let queue: Vec<QueuedJob> = (0..100_000u32)
+        .map(|n| job(n, GpuAmount::ONE))
+        .collect();
+    let started = std::time::Instant::now();
+    let decisions = run(&nodes, &holding, &queue);
+    let took = started.elapsed();
+    assert_eq!(decisions.len(), 100_000);
+    assert!(decisions.iter().all(|d| matches!(
+        d,
+        Decision::Wait {
+            reason: WaitReason::Resources,
+            ..
+        }
+    )));
+    eprintln!("planned 100 000 jobs on 8 000 busy GPUs in {took:?}");
+}
