@@ -68,7 +68,9 @@ pub struct Scheduler {
     pub(crate) nonces: mgpu_shared::signing::Nonces,
     /// The core's view of each queued job, with the record revision it was built from:
     /// kept between passes so a pass over 100 000 waiting jobs does not copy each request.
-    queue_views: HashMap<JobId, (u64, QueuedJob)>,
+    queue_views: HashMap<JobId, QueueView>,
+    /// Marks the views a refresh saw (see [`Scheduler::refresh_queue_views`]).
+    view_stamp: u64,
     /// The latest passes' sizes and durations (for `mgpu.scheduler.status`).
     recent_passes: std::collections::VecDeque<PassSample>,
 }
@@ -127,6 +129,7 @@ pub async fn run(
         principals,
         nonces: mgpu_shared::signing::Nonces::default(),
         queue_views: HashMap::new(),
+        view_stamp: 0,
         recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
     };
     tracing::info!(
@@ -295,6 +298,19 @@ struct Admitted {
     identity: crate::identity::Identity,
     action: &'static str,
     job: Option<String>,
+}
+
+/// A queued job's view for the core, kept between passes, with what refreshing it needs.
+struct QueueView {
+    /// The record revision it was built from: a newer record means a new view.
+    revision: u64,
+    /// The refresh that last saw the job queued.
+    seen: u64,
+    /// The job's own priority and owner, from which its effective priority is recomputed.
+    priority: i32,
+    user: String,
+    has_dependencies: bool,
+    view: QueuedJob,
 }
 
 /// Just enough of a submission to see whether it asks for `--dedup`.
@@ -513,7 +529,7 @@ impl Scheduler {
         let began = std::time::Instant::now();
         let now = now();
         self.refresh_queue_views(now);
-        let queue: Vec<&QueuedJob> = self.queue_views.values().map(|(_, view)| view).collect();
+        let queue: Vec<&QueuedJob> = self.queue_views.values().map(|c| &c.view).collect();
         let running: Vec<RunningJob> = self
             .store
             .running()
@@ -588,37 +604,62 @@ impl Scheduler {
     /// request; refreshing one is a little arithmetic.
     fn refresh_queue_views(&mut self, now: Timestamp) {
         let mut views = std::mem::take(&mut self.queue_views);
-        views.retain(|id, _| self.store.is_queued(id));
-        let mut gpu_hours: HashMap<&str, f64> = HashMap::new();
-        for (record, revision) in self.store.queued_with_revisions() {
-            let JobState::Queued(waiting) = &record.state else {
-                continue;
-            };
-            match views.get_mut(&record.id) {
-                Some((built_at, view)) if *built_at == revision => {
-                    let hours = *gpu_hours.entry(record.user.as_str()).or_insert_with(|| {
-                        self.usage
-                            .gpu_hours(&record.user, now, self.policy.half_life_secs)
-                    });
-                    view.effective_priority = effective_priority(
-                        record.spec.priority,
-                        view.queued_at,
+        self.view_stamp = self.view_stamp.wrapping_add(1);
+        let stamp = self.view_stamp;
+        let mut gpu_hours: HashMap<String, f64> = HashMap::new();
+        for (id, revision) in self.store.queued_revisions() {
+            match views.get_mut(id) {
+                Some(cached) if cached.revision == revision => {
+                    cached.seen = stamp;
+                    let hours = match gpu_hours.get(cached.user.as_str()) {
+                        Some(hours) => *hours,
+                        None => {
+                            let hours = self.usage.gpu_hours(
+                                &cached.user,
+                                now,
+                                self.policy.half_life_secs,
+                            );
+                            gpu_hours.insert(cached.user.clone(), hours);
+                            hours
+                        }
+                    };
+                    cached.view.effective_priority = effective_priority(
+                        cached.priority,
+                        cached.view.queued_at,
                         hours,
                         &self.policy,
                         now,
                     );
-                    if !record.spec.after.is_empty() || !record.spec.after_any.is_empty() {
-                        view.dependencies = self.dependencies(&record.spec);
+                    if cached.has_dependencies
+                        && let Some(record) = self.store.get(id)
+                    {
+                        cached.view.dependencies = self.dependencies(&record.spec);
                     }
                 }
                 _ => {
+                    let Some(record) = self.store.get(id) else {
+                        continue;
+                    };
+                    let JobState::Queued(waiting) = &record.state else {
+                        continue;
+                    };
                     views.insert(
-                        record.id.clone(),
-                        (revision, self.queued_job(record, waiting, now)),
+                        id.clone(),
+                        QueueView {
+                            revision,
+                            seen: stamp,
+                            priority: record.spec.priority,
+                            user: record.user.clone(),
+                            has_dependencies: !record.spec.after.is_empty()
+                                || !record.spec.after_any.is_empty(),
+                            view: self.queued_job(record, waiting, now),
+                        },
                     );
                 }
             }
         }
+        // Views not seen this pass belong to jobs that left the queue.
+        views.retain(|_, cached| cached.seen == stamp);
         self.queue_views = views;
     }
 

@@ -29,7 +29,9 @@ pub struct JobStore {
     jobs: HashMap<JobId, Tracked>,
     /// Ids of the queued jobs, and of the running ones: a pass, a heartbeat and the status
     /// look at these, never at every record (finished jobs pile up by the hundred thousand).
-    queued: HashSet<JobId>,
+    /// (The queued ones with their record's revision, which tells a pass whose view of a
+    /// job is stale without looking at the record.)
+    queued: HashMap<JobId, u64>,
     running: HashSet<JobId>,
 }
 
@@ -48,7 +50,7 @@ impl JobStore {
             js: js.clone(),
             bucket,
             jobs: HashMap::with_capacity(messages.len()),
-            queued: HashSet::new(),
+            queued: HashMap::new(),
             running: HashSet::new(),
         };
         for message in messages {
@@ -82,18 +84,12 @@ impl JobStore {
 
     /// The queued jobs' records, in no particular order.
     pub fn queued(&self) -> impl Iterator<Item = &JobRecord> {
-        self.queued.iter().filter_map(|id| self.get(id))
+        self.queued.keys().filter_map(|id| self.get(id))
     }
 
-    /// The queued jobs' records with their revisions, in no particular order.
-    pub fn queued_with_revisions(&self) -> impl Iterator<Item = (&JobRecord, u64)> {
-        self.queued
-            .iter()
-            .filter_map(|id| self.jobs.get(id).map(|t| (&t.record, t.revision)))
-    }
-
-    pub fn is_queued(&self, id: &JobId) -> bool {
-        self.queued.contains(id)
+    /// The queued jobs' ids with their records' revisions, in no particular order.
+    pub fn queued_revisions(&self) -> impl Iterator<Item = (&JobId, u64)> {
+        self.queued.iter().map(|(id, revision)| (id, *revision))
     }
 
     /// The running jobs' records, in no particular order.
@@ -116,7 +112,7 @@ impl JobStore {
         match tracked.record.state {
             JobState::Queued(_) => {
                 self.running.remove(&id);
-                self.queued.insert(id.clone());
+                self.queued.insert(id.clone(), tracked.revision);
             }
             JobState::Running(_) => {
                 self.queued.remove(&id);

@@ -243,7 +243,9 @@ pub struct CoreSettings {
     pub topology_label: Option<String>,
 }
 
-/// The order jobs are considered in: effective priority, then queue time, then id.
+/// The order jobs are considered in: effective priority, then queue time, then id (what
+/// [`plan`] sorts by, with the keys copied out).
+#[cfg(test)]
 pub fn queue_order(a: &QueuedJob, b: &QueuedJob) -> std::cmp::Ordering {
     b.effective_priority
         .cmp(&a.effective_priority)
@@ -270,8 +272,17 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
     settings: &CoreSettings,
     now: Timestamp,
 ) -> (Vec<Decision>, Vec<Reservation>) {
-    let mut ordered: Vec<&QueuedJob> = queue.iter().map(Borrow::borrow).collect();
-    ordered.sort_by(|a, b| queue_order(a, b));
+    // Sorted by keys copied next to each other: comparing through 100 000 pointers to jobs
+    // scattered in memory costs a cache miss per comparison.
+    let mut keyed: Vec<(std::cmp::Reverse<i64>, Timestamp, &QueuedJob)> = queue
+        .iter()
+        .map(|q| {
+            let q: &QueuedJob = q.borrow();
+            (std::cmp::Reverse(q.effective_priority), q.queued_at, q)
+        })
+        .collect();
+    keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| a.2.id.cmp(&b.2.id)));
+    let ordered: Vec<&QueuedJob> = keyed.into_iter().map(|(_, _, q)| q).collect();
     let mut capacity = Capacity::new(nodes, running);
     // Running jobs plus those started in this pass: what holds GPUs, and until when.
     let mut holding: Vec<RunningJob> = running.to_vec();
