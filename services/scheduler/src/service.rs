@@ -68,9 +68,9 @@ pub struct Scheduler {
     pub(crate) nonces: mgpu_shared::signing::Nonces,
     /// The core's view of each queued job, with the record revision it was built from:
     /// kept between passes so a pass over 100 000 waiting jobs does not copy each request.
-    queue_views: HashMap<JobId, QueueView>,
-    /// Marks the views a refresh saw (see [`Scheduler::refresh_queue_views`]).
-    view_stamp: u64,
+    queue_views: Vec<QueueView>,
+    /// Where each queued job's view is in `queue_views`.
+    queue_slots: HashMap<JobId, usize>,
     /// The latest passes' sizes and durations (for `mgpu.scheduler.status`).
     recent_passes: std::collections::VecDeque<PassSample>,
 }
@@ -128,8 +128,8 @@ pub async fn run(
         events_consumer: None,
         principals,
         nonces: mgpu_shared::signing::Nonces::default(),
-        queue_views: HashMap::new(),
-        view_stamp: 0,
+        queue_views: Vec::new(),
+        queue_slots: HashMap::new(),
         recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
     };
     tracing::info!(
@@ -302,10 +302,6 @@ struct Admitted {
 
 /// A queued job's view for the core, kept between passes, with what refreshing it needs.
 struct QueueView {
-    /// The record revision it was built from: a newer record means a new view.
-    revision: u64,
-    /// The refresh that last saw the job queued.
-    seen: u64,
     /// The job's own priority and owner, from which its effective priority is recomputed.
     priority: i32,
     user: String,
@@ -529,7 +525,7 @@ impl Scheduler {
         let began = std::time::Instant::now();
         let now = now();
         self.refresh_queue_views(now);
-        let queue: Vec<&QueuedJob> = self.queue_views.values().map(|c| &c.view).collect();
+        let queue: Vec<&QueuedJob> = self.queue_views.iter().map(|c| &c.view).collect();
         let running: Vec<RunningJob> = self
             .store
             .running()
@@ -598,68 +594,64 @@ impl Scheduler {
         }
     }
 
-    /// Brings [`Scheduler::queue_views`] up to date: views of jobs no longer queued go, a job
-    /// whose record changed gets a new view, and every view's effective priority (it ages)
-    /// and dependencies (other jobs end) are refreshed. Building a view copies the job's
-    /// request; refreshing one is a little arithmetic.
+    /// Brings [`Scheduler::queue_views`] up to date. Only jobs whose record changed since
+    /// the last pass are looked up (a new view, a dropped one); then every view's effective
+    /// priority (it ages) and, for the few jobs with dependencies, whether those are met, are
+    /// refreshed in one sweep over views that lie next to each other in memory.
     fn refresh_queue_views(&mut self, now: Timestamp) {
-        let mut views = std::mem::take(&mut self.queue_views);
-        self.view_stamp = self.view_stamp.wrapping_add(1);
-        let stamp = self.view_stamp;
-        let mut gpu_hours: HashMap<String, f64> = HashMap::new();
-        for (id, revision) in self.store.queued_revisions() {
-            match views.get_mut(id) {
-                Some(cached) if cached.revision == revision => {
-                    cached.seen = stamp;
-                    let hours = match gpu_hours.get(cached.user.as_str()) {
-                        Some(hours) => *hours,
-                        None => {
-                            let hours = self.usage.gpu_hours(
-                                &cached.user,
-                                now,
-                                self.policy.half_life_secs,
-                            );
-                            gpu_hours.insert(cached.user.clone(), hours);
-                            hours
-                        }
-                    };
-                    cached.view.effective_priority = effective_priority(
-                        cached.priority,
-                        cached.view.queued_at,
-                        hours,
-                        &self.policy,
-                        now,
-                    );
-                    if cached.has_dependencies
-                        && let Some(record) = self.store.get(id)
-                    {
-                        cached.view.dependencies = self.dependencies(&record.spec);
+        for id in self.store.take_changed() {
+            let fresh = self.store.get(&id).and_then(|record| match &record.state {
+                JobState::Queued(waiting) => Some(QueueView {
+                    priority: record.spec.priority,
+                    user: record.user.clone(),
+                    has_dependencies: !record.spec.after.is_empty()
+                        || !record.spec.after_any.is_empty(),
+                    view: self.queued_job(record, waiting, now),
+                }),
+                _ => None,
+            });
+            match (self.queue_slots.get(&id).copied(), fresh) {
+                (Some(slot), Some(view)) => self.queue_views[slot] = view,
+                (Some(slot), None) => {
+                    self.queue_slots.remove(&id);
+                    self.queue_views.swap_remove(slot);
+                    if let Some(moved) = self.queue_views.get(slot) {
+                        self.queue_slots.insert(moved.view.id.clone(), slot);
                     }
                 }
-                _ => {
-                    let Some(record) = self.store.get(id) else {
-                        continue;
-                    };
-                    let JobState::Queued(waiting) = &record.state else {
-                        continue;
-                    };
-                    views.insert(
-                        id.clone(),
-                        QueueView {
-                            revision,
-                            seen: stamp,
-                            priority: record.spec.priority,
-                            user: record.user.clone(),
-                            has_dependencies: !record.spec.after.is_empty()
-                                || !record.spec.after_any.is_empty(),
-                            view: self.queued_job(record, waiting, now),
-                        },
-                    );
+                (None, Some(view)) => {
+                    self.queue_slots.insert(id, self.queue_views.len());
+                    self.queue_views.push(view);
                 }
+                (None, None) => {}
             }
         }
-        // Views not seen this pass belong to jobs that left the queue.
-        views.retain(|_, cached| cached.seen == stamp);
+        let mut views = std::mem::take(&mut self.queue_views);
+        let mut gpu_hours: HashMap<String, f64> = HashMap::new();
+        for cached in &mut views {
+            let hours = match gpu_hours.get(cached.user.as_str()) {
+                Some(hours) => *hours,
+                None => {
+                    let hours = self
+                        .usage
+                        .gpu_hours(&cached.user, now, self.policy.half_life_secs);
+                    gpu_hours.insert(cached.user.clone(), hours);
+                    hours
+                }
+            };
+            cached.view.effective_priority = effective_priority(
+                cached.priority,
+                cached.view.queued_at,
+                hours,
+                &self.policy,
+                now,
+            );
+            if cached.has_dependencies
+                && let Some(record) = self.store.get(&cached.view.id)
+            {
+                cached.view.dependencies = self.dependencies(&record.spec);
+            }
+        }
         self.queue_views = views;
     }
 

@@ -29,10 +29,10 @@ pub struct JobStore {
     jobs: HashMap<JobId, Tracked>,
     /// Ids of the queued jobs, and of the running ones: a pass, a heartbeat and the status
     /// look at these, never at every record (finished jobs pile up by the hundred thousand).
-    /// (The queued ones with their record's revision, which tells a pass whose view of a
-    /// job is stale without looking at the record.)
-    queued: HashMap<JobId, u64>,
+    queued: HashSet<JobId>,
     running: HashSet<JobId>,
+    /// Jobs put or dropped since [`JobStore::take_changed`] was last called.
+    changed: HashSet<JobId>,
 }
 
 impl JobStore {
@@ -50,7 +50,8 @@ impl JobStore {
             js: js.clone(),
             bucket,
             jobs: HashMap::with_capacity(messages.len()),
-            queued: HashMap::new(),
+            queued: HashSet::new(),
+            changed: HashSet::new(),
             running: HashSet::new(),
         };
         for message in messages {
@@ -84,12 +85,13 @@ impl JobStore {
 
     /// The queued jobs' records, in no particular order.
     pub fn queued(&self) -> impl Iterator<Item = &JobRecord> {
-        self.queued.keys().filter_map(|id| self.get(id))
+        self.queued.iter().filter_map(|id| self.get(id))
     }
 
-    /// The queued jobs' ids with their records' revisions, in no particular order.
-    pub fn queued_revisions(&self) -> impl Iterator<Item = (&JobId, u64)> {
-        self.queued.iter().map(|(id, revision)| (id, *revision))
+    /// The ids of the jobs whose record was put or dropped since the last call (all of them
+    /// after loading): what a pass must look at again.
+    pub fn take_changed(&mut self) -> HashSet<JobId> {
+        std::mem::take(&mut self.changed)
     }
 
     /// The running jobs' records, in no particular order.
@@ -112,7 +114,7 @@ impl JobStore {
         match tracked.record.state {
             JobState::Queued(_) => {
                 self.running.remove(&id);
-                self.queued.insert(id.clone(), tracked.revision);
+                self.queued.insert(id.clone());
             }
             JobState::Running(_) => {
                 self.queued.remove(&id);
@@ -123,10 +125,12 @@ impl JobStore {
                 self.running.remove(&id);
             }
         }
+        self.changed.insert(id.clone());
         self.jobs.insert(id, tracked);
     }
 
     fn forget(&mut self, id: &JobId) {
+        self.changed.insert(id.clone());
         self.queued.remove(id);
         self.running.remove(id);
         self.jobs.remove(id);

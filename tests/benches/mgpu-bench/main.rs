@@ -4,10 +4,12 @@
 //! (`--quick` for reduced sizes, `--only GROUP` for one group); it is not a test and asserts
 //! no timing.
 //!
-//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `scale` (5, see [`scale`]).
+//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `scale` (5, see [`scale`]),
+//! `recovery` (7, see [`recovery`]).
 
 mod cli;
 mod common;
+mod recovery;
 mod scale;
 
 use std::path::Path;
@@ -19,7 +21,7 @@ use anyhow::{Result, bail};
 use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
-const GROUPS: &[&str] = &["cli", "scale"];
+const GROUPS: &[&str] = &["cli", "scale", "recovery"];
 
 fn main() -> Result<()> {
     let mut quick = false;
@@ -59,6 +61,7 @@ fn main() -> Result<()> {
         match *group {
             "cli" => cli::run(&ctx)?,
             "scale" => scale::run(&ctx)?,
+            "recovery" => recovery::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }

@@ -281,7 +281,11 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
             (std::cmp::Reverse(q.effective_priority), q.queued_at, q)
         })
         .collect();
-    keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| a.2.id.cmp(&b.2.id)));
+    keyed.sort_unstable_by(|a, b| {
+        (a.0, a.1)
+            .cmp(&(b.0, b.1))
+            .then_with(|| a.2.id.cmp(&b.2.id))
+    });
     let ordered: Vec<&QueuedJob> = keyed.into_iter().map(|(_, _, q)| q).collect();
     let mut capacity = Capacity::new(nodes, running);
     // Running jobs plus those started in this pass: what holds GPUs, and until when.

@@ -651,9 +651,7 @@ fn a_long_queue_of_alike_jobs_on_a_full_cluster_is_planned_without_a_search_per_
     let holding: Vec<RunningJob> = (0..8000u32)
         .map(|n| running(1_000_000 + n, &format!("n{:04}", n / 8), &[n % 8], None))
         .collect();
-    let queue: Vec<QueuedJob> = (0..100_000u32)
-        .map(|n| job(n, GpuAmount::ONE))
-        .collect();
+    let queue: Vec<QueuedJob> = (0..100_000u32).map(|n| job(n, GpuAmount::ONE)).collect();
     let started = std::time::Instant::now();
     let decisions = run(&nodes, &holding, &queue);
     let took = started.elapsed();
