@@ -2,12 +2,17 @@
 //! - `output_throughput`: a job writes 1 GiB of printable text to stdout (`yes LINE | head -c
 //!   N`, 256 MiB with `--quick`) and `mgpu logs -f ID` reads it; MB/s (10^6 bytes per second)
 //!   from the job's own start (a `date +%s%N` it writes to a file just before `yes`) to the
-//!   reader's last byte. The bytes are checked: exactly N, the repeated line, in order.
+//!   reader's last byte; the figure is the median of the runs (3, one with `--quick`), the
+//!   samples the rate over each 250 ms of reading. The bytes are checked: exactly N, the
+//!   repeated line, in order. Beside it: the messages the agent published (`run_chunks`) and
+//!   the CPU seconds per GiB of nats-server, the agent and the reader (`cpu_s_per_gib`), which
+//!   say where the time goes on a machine shared with other work.
 //! - `output_line_latency`: a job writes `date +%s%N` every 50 ms; a raw NATS subscription on
 //!   `jobs.<id>.output` (what `nats sub 'jobs.*.output'` does) takes each line's arrival time;
 //!   latency = arrival - the time in the line (same machine, same clock). A `mgpu logs -f`
 //!   reading the same job at the same time is reported beside it.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -95,6 +100,9 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
     let mut slice_rates = Vec::new();
     let mut first_byte_ms = Vec::with_capacity(sizes.runs);
     let mut rates_from_first_byte = Vec::with_capacity(sizes.runs);
+    let mut chunks = Vec::with_capacity(sizes.runs);
+    // CPU seconds of the cluster's processes and the reader over all runs, by program.
+    let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
     for run in 0..sizes.runs {
         let started_file = marks.join(format!("output-{run}"));
         let command = format!(
@@ -103,6 +111,7 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
             file = started_file.display(),
             bytes = sizes.bytes,
         );
+        let cpu_before = children_cpu()?;
         let id = run_mgpu(cluster, &["submit", "-q", "--", &command])?
             .trim()
             .to_owned();
@@ -114,6 +123,15 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
             .spawn()
             .context("starting mgpu logs -f")?;
         let reading = read_all(&mut reader, sizes.bytes)?;
+        // Before `wait`, while the exited reader is still our (zombie) child and counted.
+        let mut run_cpu = Vec::new();
+        for (name, after) in children_cpu()? {
+            let spent = after - cpu_before.get(&name).copied().unwrap_or(0.0);
+            *cpu.entry(name.clone()).or_insert(0.0) += spent;
+            if spent > 0.05 {
+                run_cpu.push(format!("{name} {spent:.2}"));
+            }
+        }
         let status = reader.wait().context("waiting for mgpu logs -f")?;
         if !status.success() {
             bail!("mgpu logs -f {id} exited with {status}");
@@ -127,9 +145,13 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
         if reading.first_ns < job_start {
             bail!("the reader's first byte came before the job's start");
         }
+        chunks.push(output_chunks(cluster, &id)?);
         let seconds = (reading.last_ns - job_start) as f64 / 1e9;
         let rate = mb / seconds;
-        progress(&format!("  run {run}: {rate:.1} MB/s over {seconds:.2} s"));
+        progress(&format!(
+            "  run {run}: {rate:.1} MB/s over {seconds:.2} s; CPU s: {}",
+            run_cpu.join(", ")
+        ));
         run_rates.push(rate);
         first_byte_ms.push(round3((reading.first_ns - job_start) as f64 / 1e6));
         rates_from_first_byte.push(round3(
@@ -157,9 +179,75 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
             "run_mb_per_s": run_rates.iter().map(|r| round3(*r)).collect::<Vec<_>>(),
             "first_byte_ms_after_job_start": first_byte_ms,
             "run_mb_per_s_from_first_byte": rates_from_first_byte,
+            "run_chunks": chunks,
+            // CPU cost per GiB: what the throughput would be on an idle machine is bounded
+            // by these, whatever else runs on it.
+            "cpu_s_per_gib": cpu
+                .iter()
+                .filter(|(_, seconds)| **seconds > 0.0)
+                .map(|(name, seconds)| {
+                    let gib = (sizes.bytes * sizes.runs as u64) as f64 / (1u64 << 30) as f64;
+                    (name.clone(), json!(round3(seconds / gib)))
+                })
+                .collect::<serde_json::Map<_, _>>(),
+            "mean_chunk_kib": round3(sizes.bytes as f64 * sizes.runs as f64
+                / chunks.iter().sum::<u64>().max(1) as f64 / 1024.0),
         }),
     );
     Ok(())
+}
+
+/// CPU seconds (user + system) of each direct child of this process, summed by program name:
+/// the harness starts nats-server, the scheduler and the agent as our children, and the
+/// `logs -f` reader is one too. The job's processes are the agent's, not counted here.
+fn children_cpu() -> Result<BTreeMap<String, f64>> {
+    // USER_HZ, the unit of /proc's times: 100 on every Linux architecture mgpu runs on.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let me = std::process::id().to_string();
+    let mut cpu = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
+        let Ok(stat) = std::fs::read_to_string(entry?.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ... utime stime`: the name may hold spaces, so fields are
+        // counted after its closing parenthesis.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, name)| name).to_owned();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(1) != Some(&me.as_str()) {
+            continue;
+        }
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+        if let (Some(user), Some(system)) = (ticks(11), ticks(12)) {
+            *cpu.entry(name).or_insert(0.0) += (user + system) / TICKS_PER_SECOND;
+        }
+    }
+    Ok(cpu)
+}
+
+/// How many output messages the agent published for job `id`: the end-of-output marker, the
+/// last message on the job's subject, carries the next sequence number.
+fn output_chunks(cluster: &Cluster, id: &str) -> Result<u64> {
+    let subject = format!("jobs.{id}.output");
+    cluster.with_nats(&cluster.user_creds("alice"), |client| async move {
+        let js = async_nats::jetstream::new(client);
+        let stream = js
+            .get_stream(mgpu_shared::subjects::OUTPUT_STREAM)
+            .await
+            .context("looking up the output stream")?;
+        let eof = stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .context("reading the end-of-output marker")?;
+        let next: u64 = eof
+            .headers
+            .get(mgpu_shared::output::SEQ)
+            .and_then(|seq| seq.as_str().parse().ok())
+            .ok_or_else(|| anyhow!("the last output message has no sequence number"))?;
+        Ok(next.saturating_sub(1))
+    })
 }
 
 /// Reads `logs -f`'s stdout to its end, checking that it is exactly `expected` bytes of
@@ -191,11 +279,18 @@ fn read_all(reader: &mut Child, expected: u64) -> Result<Reading> {
         last_ns = now;
         // Every byte against the line at its offset: a lost, repeated or reordered chunk
         // breaks the pattern.
-        for (i, byte) in buffer[..n].iter().enumerate() {
-            let at = bytes + i as u64;
-            if *byte != pattern[(at % pattern.len() as u64) as usize] {
-                bail!("byte {at} of the output is not what the job wrote");
+        // Compared a line's worth at a time (memcmp), not byte by byte: the check must cost
+        // the 2-core machine far less than the pipeline it measures.
+        let mut rest = &buffer[..n];
+        let mut at = bytes;
+        while !rest.is_empty() {
+            let offset = (at % pattern.len() as u64) as usize;
+            let take = rest.len().min(pattern.len() - offset);
+            if rest[..take] != pattern[offset..offset + take] {
+                bail!("the output at byte {at} is not what the job wrote");
             }
+            rest = &rest[take..];
+            at += take as u64;
         }
         bytes += n as u64;
         if first_ns == Some(now) {
