@@ -82,6 +82,24 @@ fn stdout_and_stderr_arrive_in_order_with_the_exit_code() {
     assert_eq!(String::from_utf8_lossy(&logs.stderr), "err1\nerr2\n");
 }
 
+#[test]
+fn logs_follow_prints_all_output_of_a_running_job_and_stops_when_it_ends() {
+    let cluster = Cluster::start(&one_gpu_node());
+    // Many messages in a row (`seq`), each stream's in order, and stderr between them, while
+    // `logs -f` follows from before the job writes anything.
+    let script = "sleep 1; echo out1; echo err1 >&2; seq 1 50000; echo err2 >&2; echo last";
+    let id = cluster.submit(&[], script);
+    let follow = cluster.mgpu(&["logs", "-f", &id]);
+    assert!(follow.status.success(), "{follow:?}");
+    let numbers: String = (1..=50000).map(|n| format!("{n}\n")).collect();
+    assert_eq!(
+        String::from_utf8_lossy(&follow.stdout),
+        format!("out1\n{numbers}last\n")
+    );
+    assert_eq!(String::from_utf8_lossy(&follow.stderr), "err1\nerr2\n");
+    assert_eq!(cluster.wait_finished(&id, T)["state"], "succeeded");
+}
+
 fn latest_job_id(cluster: &Cluster) -> String {
     let queue: Value = serde_json::from_str(&cluster.mgpu_ok(&["queue", "--all", "--json"]))
         .unwrap_or_else(|e| panic!("queue --json: {e}"));

@@ -140,6 +140,60 @@ pub fn write_chunk(chunk: &Chunk<'_>) -> std::io::Result<bool> {
     }
 }
 
+/// Bytes buffered before a write whether or not more output is at hand.
+const WRITE_BUFFER: usize = 1024 * 1024;
+
+/// A job's output on its way to our stdout and stderr, for readers that see many messages in
+/// a row (`mgpu logs`). Each message written and flushed at once costs a job writing
+/// gigabytes two system calls per 64 KiB (std's stdout is line-buffered, so it writes up to
+/// the last newline, then the rest on flush). Here messages collect in a buffer and the caller
+/// flushes once no further message is at hand, so output still appears as soon as it is read.
+///
+/// It writes to duplicates of file descriptors 1 and 2, past std's own buffering; nothing
+/// else may print to stdout while it holds unflushed bytes. Dropping it flushes, ignoring
+/// errors, like std's buffered writers; call [`OutputWriter::flush`] to see them.
+pub struct OutputWriter {
+    stdout: std::io::BufWriter<std::fs::File>,
+    stderr: std::io::BufWriter<std::fs::File>,
+}
+
+impl OutputWriter {
+    pub fn new() -> std::io::Result<Self> {
+        use std::os::fd::AsFd;
+        let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+        let stderr = std::fs::File::from(std::io::stderr().as_fd().try_clone_to_owned()?);
+        Ok(OutputWriter {
+            stdout: std::io::BufWriter::with_capacity(WRITE_BUFFER, stdout),
+            stderr: std::io::BufWriter::with_capacity(WRITE_BUFFER, stderr),
+        })
+    }
+
+    /// Buffers a chunk's bytes. Returns false for EOF markers, which carry no bytes.
+    pub fn write(&mut self, chunk: &Chunk<'_>) -> std::io::Result<bool> {
+        match chunk {
+            // What was buffered for the other stream goes first, so a terminal showing both
+            // sees them in the order the job wrote them.
+            Chunk::Stdout(bytes) => {
+                self.stderr.flush()?;
+                self.stdout.write_all(bytes)?;
+                Ok(true)
+            }
+            Chunk::Stderr(bytes) => {
+                self.stdout.flush()?;
+                self.stderr.write_all(bytes)?;
+                Ok(true)
+            }
+            Chunk::Eof { .. } => Ok(false),
+        }
+    }
+
+    /// Writes out everything buffered.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.stdout.flush()?;
+        self.stderr.flush()
+    }
+}
+
 /// The exit status a process can report: 0..=255. A negative code is not a real status;
 /// it becomes 1 rather than 0, so it cannot pass for success.
 pub fn clamp_exit_code(code: i32) -> u8 {

@@ -4,11 +4,12 @@
 //! (`--quick` for reduced sizes, `--only GROUP` for one group); it is not a test and asserts
 //! no timing.
 //!
-//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `scale` (5, see [`scale`]),
-//! `recovery` (7, see [`recovery`]).
+//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `scale` (5, see [`scale`]), `output` (6:
+//! job output throughput and line latency, see [`output`]), `recovery` (7, see [`recovery`]).
 
 mod cli;
 mod common;
+mod output;
 mod recovery;
 mod scale;
 
@@ -21,7 +22,7 @@ use anyhow::{Result, bail};
 use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
-const GROUPS: &[&str] = &["cli", "scale", "recovery"];
+const GROUPS: &[&str] = &["cli", "scale", "output", "recovery"];
 
 fn main() -> Result<()> {
     let mut quick = false;
@@ -61,6 +62,7 @@ fn main() -> Result<()> {
         match *group {
             "cli" => cli::run(&ctx)?,
             "scale" => scale::run(&ctx)?,
+            "output" => output::run(&ctx)?,
             "recovery" => recovery::run(&ctx)?,
             other => bail!("no group {other}"),
         }

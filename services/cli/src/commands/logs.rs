@@ -8,19 +8,23 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
 use clap::Args;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use mgpu_shared::job::JobRecord;
 use mgpu_shared::records;
 use tokio::time::Instant;
 
 use crate::cli::GlobalArgs;
 use crate::errors::plain;
-use crate::follow::{self, Chunk};
+use crate::follow::{self, Chunk, OutputWriter};
 use crate::session::Session;
 
 /// When the record says the job ended but its end-of-output marker has not been read, how long
 /// to wait for it (the node may have died before writing one).
 const EOF_GRACE: Duration = Duration::from_secs(2);
+
+/// The most output messages written between two flushes while more keep coming at once, so
+/// the record watch gets its turn and a fast job's output still shows every few megabytes.
+const MESSAGES_PER_FLUSH: usize = 64;
 
 #[derive(Debug, Args)]
 pub struct LogsArgs {
@@ -52,19 +56,33 @@ async fn print_stored(session: &Session, id: &mgpu_shared::ids::JobId) -> Result
     if feed.initially_pending == 0 {
         return Ok(());
     }
+    let mut out = OutputWriter::new()?;
     while let Some(message) = feed.messages.next().await {
         let message = message.map_err(plain).context("reading the job's output")?;
-        follow::write_chunk(&follow::classify(&message))?;
+        out.write(&follow::classify(&message))?;
         let info = message.info().map_err(plain)?;
         if info.pending == 0 {
             break;
         }
     }
+    out.flush()?;
     Ok(())
 }
 
 /// Prints everything, then new output as it comes, until the job's current attempt ended.
 async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Result<()> {
+    let mut out = OutputWriter::new()?;
+    let result = follow_into(session, id, &mut out).await;
+    // Whatever was read is printed, also when following failed.
+    out.flush()?;
+    result
+}
+
+async fn follow_into(
+    session: &Session,
+    id: &mgpu_shared::ids::JobId,
+    out: &mut OutputWriter,
+) -> Result<()> {
     let mut feed = follow::open_output(&session.js, id).await?;
     let mut changes = follow::watch_record(&session.js, id).await?;
     let mut record: Option<JobRecord> = None;
@@ -97,19 +115,38 @@ async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Resul
         }
         tokio::select! {
             message = feed.messages.next() => {
-                let message = message
-                    .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
-                    .map_err(plain)
-                    .context("reading the job's output")?;
-                let chunk = follow::classify(&message);
-                if let Chunk::Eof { attempt, rank, exit_code } = chunk {
-                    ends.saw(attempt.unwrap_or(0), rank, exit_code);
-                } else {
-                    follow::write_chunk(&chunk)?;
+                let mut message = message;
+                // Every message already at hand is written before one flush: a job writing
+                // fast costs a write per batch, not per message, and nothing waits in the
+                // buffer once the feed has no more. An end-of-output marker stops the batch,
+                // so whether the job is over is decided at the top of the loop, as for one
+                // message.
+                let mut handled = 0;
+                loop {
+                    let received = message
+                        .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
+                        .map_err(plain)
+                        .context("reading the job's output")?;
+                    let chunk = follow::classify(&received);
+                    let eof = matches!(chunk, Chunk::Eof { .. });
+                    if let Chunk::Eof { attempt, rank, exit_code } = chunk {
+                        ends.saw(attempt.unwrap_or(0), rank, exit_code);
+                    } else {
+                        out.write(&chunk)?;
+                    }
+                    if received.info().map_err(plain)?.pending == 0 {
+                        caught_up = true;
+                    }
+                    handled += 1;
+                    if eof || handled == MESSAGES_PER_FLUSH {
+                        break;
+                    }
+                    match feed.messages.next().now_or_never() {
+                        Some(next) => message = next,
+                        None => break,
+                    }
                 }
-                if message.info().map_err(plain)?.pending == 0 {
-                    caught_up = true;
-                }
+                out.flush()?;
             }
             change = changes.next() => {
                 match change {
