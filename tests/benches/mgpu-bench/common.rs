@@ -261,7 +261,6 @@ async fn finish_ack(ack: async_nats::jetstream::context::PublishAckFuture) -> Re
 }
 
 /// The user key in a credentials file the harness wrote.
-#[allow(dead_code)] // used by the scale groups being added
 pub fn user_key(creds: &Path) -> Result<nkeys::KeyPair> {
     let seed = mgpu_shared::connect::read_seed(creds)?;
     nkeys::KeyPair::from_seed(&seed).context("reading the seed")

@@ -4,10 +4,12 @@
 //! (`--quick` for reduced sizes, `--only GROUP` for one group); it is not a test and asserts
 //! no timing.
 //!
-//! Groups: `cli` (scenarios 1 to 4, see [`cli`]).
+//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `queue` (scenario 4 with 100 000 jobs
+//! waiting, see [`queue`]).
 
 mod cli;
 mod common;
+mod queue;
 
 use std::path::Path;
 use std::process::Command;
@@ -18,7 +20,7 @@ use anyhow::{Result, bail};
 use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
-const GROUPS: &[&str] = &["cli"];
+const GROUPS: &[&str] = &["cli", "queue"];
 
 fn main() -> Result<()> {
     let mut quick = false;
@@ -57,6 +59,7 @@ fn main() -> Result<()> {
         progress(&format!("group {group}"));
         match *group {
             "cli" => cli::run(&ctx)?,
+            "queue" => queue::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }
