@@ -115,7 +115,7 @@ pub async fn for_each_last_per_subject(
         .get_stream(stream_name)
         .await
         .map_err(stream_lookup_error)?;
-    let mut consumer = create_reader("reading the latest records", || {
+    let consumer = create_reader("reading the latest records", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             filter_subject: filter.to_owned(),
@@ -124,12 +124,8 @@ pub async fn for_each_last_per_subject(
         })
     })
     .await?;
-    let pending = consumer
-        .info()
-        .await
-        .map_err(StateError::jetstream)?
-        .num_pending;
-    if pending == 0 {
+    // The answer to the creation already says how many messages wait: no second round trip.
+    if consumer.cached_info().num_pending == 0 {
         return Ok(());
     }
     let mut messages = consumer.messages().await.map_err(StateError::jetstream)?;
@@ -246,11 +242,12 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
 /// Submissions stored in `MGPU_REQUESTS` that the scheduler has not recorded yet (it is
 /// stopped, or has not got to them), shown as queued jobs waiting for the scheduler.
 pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
-    let mut stream = js
+    let stream = js
         .get_stream(subjects::REQUESTS_STREAM)
         .await
         .map_err(stream_lookup_error)?;
-    let info = stream.info().await.map_err(StateError::jetstream)?;
+    // Looking the stream up fetched its state already.
+    let info = stream.cached_info();
     if info.state.messages == 0 {
         return Ok(Vec::new());
     }

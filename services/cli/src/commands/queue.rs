@@ -61,10 +61,16 @@ impl Cluster {
                 Err(err) => Err(plain(err)),
             }
         }
+        // Independent reads: their round trips overlap.
+        let (policy, usage, admin) = tokio::join!(
+            records::policy(js),
+            records::usage(js),
+            records::node_admin(js)
+        );
         Ok(Cluster {
-            policy: missing_is_default(records::policy(js).await)?,
-            usage: missing_is_default(records::usage(js).await)?,
-            admin: missing_is_default(records::node_admin(js).await)?,
+            policy: missing_is_default(policy)?,
+            usage: missing_is_default(usage)?,
+            admin: missing_is_default(admin)?,
         })
     }
 
