@@ -90,11 +90,32 @@ pub async fn last_per_subject(
     filter: &str,
     headers_only: bool,
 ) -> Result<Vec<jetstream::Message>, StateError> {
+    let mut out = Vec::new();
+    for_each_last_per_subject(js, stream_name, filter, headers_only, |message, left| {
+        out.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
+        out.push(message);
+        Ok(())
+    })
+    .await?;
+    Ok(out)
+}
+
+/// [`last_per_subject`], handing each message to `each` as it arrives instead of collecting
+/// them: a reader of many large records decodes them while the rest are on their way, and
+/// never holds every raw message at once. `each` also gets the number of messages still to
+/// come after this one (to size what it fills). Stops at the first error `each` returns.
+pub async fn for_each_last_per_subject(
+    js: &jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+    headers_only: bool,
+    mut each: impl FnMut(jetstream::Message, u64) -> Result<(), StateError>,
+) -> Result<(), StateError> {
     let stream: stream::Stream = js
         .get_stream(stream_name)
         .await
         .map_err(stream_lookup_error)?;
-    let mut consumer = create_reader("reading the latest records", || {
+    let consumer = create_reader("reading the latest records", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             filter_subject: filter.to_owned(),
@@ -103,25 +124,20 @@ pub async fn last_per_subject(
         })
     })
     .await?;
-    let pending = consumer
-        .info()
-        .await
-        .map_err(StateError::jetstream)?
-        .num_pending;
-    let mut out = Vec::with_capacity(pending as usize);
-    if pending == 0 {
-        return Ok(out);
+    // The answer to the creation already says how many messages wait: no second round trip.
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(());
     }
     let mut messages = consumer.messages().await.map_err(StateError::jetstream)?;
     while let Some(message) = messages.next().await {
         let message = message.map_err(StateError::jetstream)?;
         let left = message.info().map_err(StateError::jetstream)?.pending;
-        out.push(message);
+        each(message, left)?;
         if left == 0 {
             break;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn is_deletion(message: &jetstream::Message) -> bool {
@@ -143,32 +159,60 @@ fn key_of(subject: &str) -> &str {
 /// A job moves from the pending submissions to the bucket (recorded first, then removed from
 /// the queue), so reading in that same order never misses one that moves in between.
 pub async fn list_jobs(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
+    list_jobs_decoded(js, |bytes| serde_json::from_slice(bytes)).await
+}
+
+/// [`list_jobs`] for listings: each record decoded by [`JobRecord::from_listing_json`], which
+/// leaves out the parts of the spec no listing shows (the environment, above all). The
+/// records are for showing only.
+pub async fn list_jobs_for_listing(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
+    list_jobs_decoded(js, JobRecord::from_listing_json).await
+}
+
+async fn list_jobs_decoded(
+    js: &jetstream::Context,
+    decode: fn(&[u8]) -> serde_json::Result<JobRecord>,
+) -> Result<Vec<JobRecord>, StateError> {
     let pending = pending_submissions(js).await?;
-    let mut jobs = recorded_jobs(js).await?;
-    let known: std::collections::HashSet<JobId> = jobs.iter().map(|j| j.id.clone()).collect();
-    jobs.extend(pending.into_iter().filter(|p| !known.contains(&p.id)));
+    let mut jobs = recorded_jobs(js, decode).await?;
+    // Usually the scheduler has taken every submission: no set of 100 000 ids to build then.
+    if !pending.is_empty() {
+        let known: std::collections::HashSet<&JobId> = jobs.iter().map(|j| &j.id).collect();
+        let missing: Vec<JobRecord> = pending
+            .into_iter()
+            .filter(|p| !known.contains(&p.id))
+            .collect();
+        jobs.extend(missing);
+    }
     Ok(jobs)
 }
 
-/// Every record in the jobs bucket.
-async fn recorded_jobs(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
-    let messages = last_per_subject(
+/// Every record in the jobs bucket, decoded as it arrives.
+async fn recorded_jobs(
+    js: &jetstream::Context,
+    decode: fn(&[u8]) -> serde_json::Result<JobRecord>,
+) -> Result<Vec<JobRecord>, StateError> {
+    let mut jobs = Vec::new();
+    for_each_last_per_subject(
         js,
         subjects::JOBS_BUCKET_STREAM,
         &format!("$KV.{}.>", subjects::JOBS_BUCKET),
         false,
+        |message, left| {
+            if is_deletion(&message) {
+                return Ok(());
+            }
+            jobs.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
+            let record = decode(&message.payload).map_err(|error| StateError::Corrupt {
+                key: key_of(message.subject.as_str()).to_owned(),
+                error,
+            })?;
+            jobs.push(record);
+            Ok(())
+        },
     )
     .await?;
-    messages
-        .iter()
-        .filter(|m| !is_deletion(m))
-        .map(|m| {
-            serde_json::from_slice(&m.payload).map_err(|error| StateError::Corrupt {
-                key: key_of(m.subject.as_str()).to_owned(),
-                error,
-            })
-        })
-        .collect()
+    Ok(jobs)
 }
 
 /// Every job id (recorded or pending), without reading the records.
@@ -198,11 +242,12 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
 /// Submissions stored in `MGPU_REQUESTS` that the scheduler has not recorded yet (it is
 /// stopped, or has not got to them), shown as queued jobs waiting for the scheduler.
 pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
-    let mut stream = js
+    let stream = js
         .get_stream(subjects::REQUESTS_STREAM)
         .await
         .map_err(stream_lookup_error)?;
-    let info = stream.info().await.map_err(StateError::jetstream)?;
+    // Looking the stream up fetched its state already.
+    let info = stream.cached_info();
     if info.state.messages == 0 {
         return Ok(Vec::new());
     }

@@ -4,6 +4,12 @@
 //! is not padded so lines carry no trailing blanks. Cells come from job names, reasons and
 //! node reports, so control characters are replaced: a newline in a reason must not break
 //! the table.
+//!
+//! `mgpu queue` may list 100 000 jobs: cells are kept as given unless they hold a control
+//! character, and [`Table::write_to`] writes line by line to a buffered writer rather than
+//! building the whole text.
+
+use std::io::Write;
 
 pub struct Table {
     headers: Vec<String>,
@@ -28,15 +34,31 @@ impl Table {
         self
     }
 
+    /// Room for `rows` rows, for a caller that knows how many are coming.
+    pub fn with_capacity(mut self, rows: usize) -> Table {
+        self.rows.reserve(rows);
+        self
+    }
+
     /// Adds a row; missing cells are blank and extra cells are dropped.
-    pub fn row(&mut self, cells: Vec<String>) {
-        let mut cells: Vec<String> = cells.into_iter().map(|c| clean(&c)).collect();
+    pub fn row(&mut self, mut cells: Vec<String>) {
+        for cell in &mut cells {
+            clean(cell);
+        }
         cells.resize(self.headers.len(), String::new());
         self.rows.push(cells);
     }
 
     /// The table as text, one line per row after the header, each ending in a newline.
     pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Writing to a Vec cannot fail, and every cell is a str: the bytes are UTF-8.
+        let _ = self.write_to(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Writes the table as [`Table::render`] returns it.
+    pub fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
         let columns = self.headers.len();
         let mut widths: Vec<usize> = self.headers.iter().map(|h| width(h)).collect();
         for row in &self.rows {
@@ -44,32 +66,41 @@ impl Table {
                 widths[column] = widths[column].max(width(cell));
             }
         }
-        let mut out = String::new();
-        for line in std::iter::once(&self.headers).chain(&self.rows) {
-            let mut text = " ".repeat(self.indent);
-            for (column, cell) in line.iter().enumerate() {
-                text.push_str(cell);
+        let mut line = String::new();
+        for cells in std::iter::once(&self.headers).chain(&self.rows) {
+            line.clear();
+            line.extend(std::iter::repeat_n(' ', self.indent));
+            for (column, cell) in cells.iter().enumerate() {
+                line.push_str(cell);
                 if column + 1 < columns {
-                    text.push_str(&" ".repeat(widths[column] - width(cell)));
-                    text.push_str(GAP);
+                    line.extend(std::iter::repeat_n(' ', widths[column] - width(cell)));
+                    line.push_str(GAP);
                 }
             }
-            out.push_str(text.trim_end());
-            out.push('\n');
+            out.write_all(line.trim_end().as_bytes())?;
+            out.write_all(b"\n")?;
         }
-        out
+        Ok(())
     }
 }
 
 /// Width in characters; mgpu's own cells are ASCII, and names are counted per character.
 fn width(text: &str) -> usize {
-    text.chars().count()
+    if text.is_ascii() {
+        text.len()
+    } else {
+        text.chars().count()
+    }
 }
 
-fn clean(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+/// Replaces control characters with blanks, leaving (and not copying) a cell without any.
+fn clean(text: &mut String) {
+    if text.chars().any(char::is_control) {
+        *text = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::error::InvalidInput;
 use crate::gpu_amount::GpuAmount;
 use crate::ids::JobId;
 
+mod listing;
 mod placement;
 mod request;
 mod state;

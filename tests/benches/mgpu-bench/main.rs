@@ -4,12 +4,14 @@
 //! (`--quick` for reduced sizes, `--only GROUP` for one group); it is not a test and asserts
 //! no timing.
 //!
-//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `scale` (5, see [`scale`]), `output` (6:
-//! job output throughput and line latency, see [`output`]), `recovery` (7, see [`recovery`]).
+//! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `queue` (4 with 100 000 jobs waiting, see
+//! [`queue`]), `scale` (5, see [`scale`]), `output` (6: job output throughput and line
+//! latency, see [`output`]), `recovery` (7, see [`recovery`]).
 
 mod cli;
 mod common;
 mod output;
+mod queue;
 mod recovery;
 mod scale;
 
@@ -22,7 +24,7 @@ use anyhow::{Result, bail};
 use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
-const GROUPS: &[&str] = &["cli", "scale", "output", "recovery"];
+const GROUPS: &[&str] = &["cli", "queue", "scale", "output", "recovery"];
 
 fn main() -> Result<()> {
     let mut quick = false;
@@ -61,6 +63,7 @@ fn main() -> Result<()> {
         progress(&format!("group {group}"));
         match *group {
             "cli" => cli::run(&ctx)?,
+            "queue" => queue::run(&ctx)?,
             "scale" => scale::run(&ctx)?,
             "output" => output::run(&ctx)?,
             "recovery" => recovery::run(&ctx)?,

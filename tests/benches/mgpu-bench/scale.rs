@@ -75,7 +75,8 @@ pub fn run(ctx: &Run) -> Result<()> {
         .context("tokio runtime")?;
     let measured: Result<Measured> = runtime.block_on(async {
         let client = connect(&cluster, &cluster.admin_creds()).await?;
-        measure(client, key, &sizes).await
+        let heartbeat_client = connect(&cluster, &cluster.admin_creds()).await?;
+        measure(client, heartbeat_client, key, &sizes).await
     });
     keep_log(&cluster, "scheduler", "scale");
     let measured = match measured {
@@ -178,11 +179,12 @@ struct Pass {
 
 async fn measure(
     client: async_nats::Client,
+    heartbeat_client: async_nats::Client,
     key: nkeys::KeyPair,
     sizes: &Sizes,
 ) -> Result<Measured> {
     let js = async_nats::jetstream::new(client.clone());
-    let fleet = Fleet::start(js.clone(), sizes.nodes).await?;
+    let fleet = Fleet::start(js.clone(), heartbeat_client, sizes.nodes).await?;
     wait_for_status(
         "every simulated node online",
         Duration::from_secs(60),
@@ -311,14 +313,22 @@ struct Fleet {
 }
 
 impl Fleet {
-    async fn start(js: async_nats::jetstream::Context, nodes: usize) -> Result<Fleet> {
+    async fn start(
+        js: async_nats::jetstream::Context,
+        heartbeat_client: async_nats::Client,
+        nodes: usize,
+    ) -> Result<Fleet> {
         let names: Vec<String> = (1..=nodes).map(|i| format!("sim{i:04}")).collect();
         let running: Arc<Mutex<HashMap<String, Vec<RunningJob>>>> = Arc::new(Mutex::new(
             names.iter().map(|n| (n.clone(), Vec::new())).collect(),
         ));
         let ended = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(heartbeats(js.clone(), names, running.clone())));
+        tasks.push(tokio::spawn(heartbeats(
+            heartbeat_client,
+            names,
+            running.clone(),
+        )));
         let stream = js
             .get_stream(subjects::ASSIGN_STREAM)
             .await
@@ -362,9 +372,9 @@ impl Fleet {
 }
 
 /// Every node heartbeats once per [`HEARTBEAT_EVERY`], spread evenly over the interval like
-/// independent agents would.
+/// independent agents would, on a connection of its own.
 async fn heartbeats(
-    js: async_nats::jetstream::Context,
+    client: async_nats::Client,
     names: Vec<String>,
     running: Arc<Mutex<HashMap<String, Vec<RunningJob>>>>,
 ) {
@@ -374,7 +384,6 @@ async fn heartbeats(
     let mut slot = 0usize;
     loop {
         tick.tick().await;
-        let mut acks = Vec::new();
         for name in names.iter().skip(slot * per_slot).take(per_slot) {
             let jobs = running
                 .lock()
@@ -384,16 +393,13 @@ async fn heartbeats(
             let Ok(payload) = serde_json::to_vec(&beat) else {
                 continue;
             };
-            if let Ok(ack) = js.publish(subjects::heartbeat(name), payload.into()).await {
-                acks.push(ack);
-            }
+            // Plain publishes (the heartbeat stream stores them all the same): JetStream
+            // publishes share a budget of unacknowledged messages with the thousands of
+            // reports below, and heartbeats waiting for it made whole racks look dead.
+            let _ = client
+                .publish(subjects::heartbeat(name), payload.into())
+                .await;
         }
-        // Acknowledgements awaited aside, so a slow one never delays the next heartbeats.
-        tokio::spawn(async move {
-            for ack in acks {
-                let _ = ack.await;
-            }
-        });
         slot = (slot + 1) % slots;
     }
 }

@@ -32,11 +32,16 @@ pub struct NodesArgs {
 
 pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
     let session = Session::connect(global).await?;
-    let nodes = records::list_nodes(&session.js).await.map_err(plain)?;
+    let js = &session.js;
     // The records say which jobs run where (a job assigned but not started yet is not in the
-    // heartbeat): a drained node is `draining` until they are done.
-    let jobs = records::list_jobs(&session.js).await.map_err(plain)?;
-    let cluster = Cluster::read(&session.js).await?;
+    // heartbeat): a drained node is `draining` until they are done. Only their states are
+    // used, so they are read as for a listing (without each spec's environment); the three
+    // reads are independent and overlap.
+    let (nodes, jobs, cluster) = tokio::try_join!(
+        async { records::list_nodes(js).await.map_err(plain) },
+        async { records::list_jobs_for_listing(js).await.map_err(plain) },
+        Cluster::read(js),
+    )?;
     let now = mgpu_shared::now();
     let view = |node: &NodeHeartbeat| View {
         now,

@@ -1,8 +1,14 @@
 //! `mgpu queue`: the jobs and the nodes, read straight from JetStream (works while the
 //! scheduler is down).
+//!
+//! Built to list 100 000 waiting jobs in well under two seconds: records are decoded as they
+//! arrive and without the parts of the spec no listing shows; sorting compares keys computed
+//! once per job; and both the table and `--json` are written through one buffered handle on
+//! stdout, `--json` one job per line as it is serialised, never as one document in memory.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -11,16 +17,13 @@ use clap::Args;
 use mgpu_shared::Timestamp;
 use mgpu_shared::duration::format_duration;
 use mgpu_shared::error::StateError;
-use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{JobRecord, JobState, JobSummary};
 use mgpu_shared::node::{GpuSource, NodeAdmin, NodeHeartbeat, NodeLiveness};
 use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
 use mgpu_shared::records;
 use serde::Serialize;
-use serde_json::json;
 
 use crate::cli::GlobalArgs;
-use crate::commands::{print, print_json, println};
 use crate::errors::plain;
 use crate::human;
 use crate::session::Session;
@@ -32,7 +35,8 @@ pub struct QueueArgs {
     #[arg(short, long)]
     pub all: bool,
 
-    /// Print `{"jobs": […], "nodes": […]}` for scripts.
+    /// Print `{"jobs": […], "nodes": […]}` for scripts, one job per line, written as the
+    /// listing is produced.
     #[arg(long)]
     pub json: bool,
 }
@@ -57,26 +61,107 @@ impl Cluster {
                 Err(err) => Err(plain(err)),
             }
         }
+        // Independent reads: their round trips overlap.
+        let (policy, usage, admin) = tokio::join!(
+            records::policy(js),
+            records::usage(js),
+            records::node_admin(js)
+        );
         Ok(Cluster {
-            policy: missing_is_default(records::policy(js).await)?,
-            usage: missing_is_default(records::usage(js).await)?,
-            admin: missing_is_default(records::node_admin(js).await)?,
+            policy: missing_is_default(policy)?,
+            usage: missing_is_default(usage)?,
+            admin: missing_is_default(admin)?,
         })
     }
 
-    /// The effective priority of every queued job: the order the scheduler considers them in.
-    pub fn effective_priorities(&self, jobs: &[JobRecord], now: Timestamp) -> HashMap<JobId, i64> {
-        jobs.iter()
-            .filter(|job| matches!(job.state, JobState::Queued(_)))
-            .map(|job| {
-                let used = self
-                    .usage
-                    .gpu_hours(&job.user, now, self.policy.half_life_secs);
-                let value =
-                    effective_priority(job.spec.priority, queued_at(job), used, &self.policy, now);
-                (job.id.clone(), value)
-            })
-            .collect()
+    /// The jobs in the order `mgpu queue` lists them (finished ones only if `finished`), each
+    /// queued one with its effective priority.
+    pub fn listing(&self, records: Vec<JobRecord>, finished: bool, now: Timestamp) -> Listing {
+        // A user's usage is the same for each of their jobs: worked out once per user, not
+        // once per job (a map lookup and a power each).
+        let mut usage: BTreeMap<&str, f64> = BTreeMap::new();
+        let mut effective = Vec::with_capacity(records.len());
+        // Records are large: sorting (key, index) pairs moves 24 bytes per swap, not a record.
+        let mut keyed: Vec<(SortKey, u32)> = Vec::with_capacity(records.len());
+        for (index, record) in records.iter().enumerate() {
+            let priority = matches!(record.state, JobState::Queued(_)).then(|| {
+                let used = *usage.entry(record.user.as_str()).or_insert_with(|| {
+                    self.usage
+                        .gpu_hours(&record.user, now, self.policy.half_life_secs)
+                });
+                effective_priority(
+                    record.spec.priority,
+                    queued_at(record),
+                    used,
+                    &self.policy,
+                    now,
+                )
+            });
+            effective.push(priority);
+            if finished || !record.state.is_finished() {
+                // Records are never near 4 billion: the index fits.
+                let index = u32::try_from(index).unwrap_or(u32::MAX);
+                keyed.push((sort_key(record, priority), index));
+            }
+        }
+        let id = |index: u32| records.get(index as usize).map(|r| r.id.as_str());
+        // The id settles ties, so the order is total and an unstable sort gives the same.
+        keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| id(a.1).cmp(&id(b.1))));
+        Listing {
+            order: keyed.into_iter().map(|(_, index)| index).collect(),
+            records,
+            effective,
+        }
+    }
+}
+
+/// The jobs `mgpu queue` lists, in its order: every record read, with the order kept as
+/// indices so that sorting never moves a record.
+pub struct Listing {
+    pub records: Vec<JobRecord>,
+    /// The effective priority of each record (queued ones only), by index.
+    effective: Vec<Option<i64>>,
+    /// Indices of the listed records, in listing order.
+    order: Vec<u32>,
+}
+
+impl Listing {
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The listed jobs in order, each with its effective priority.
+    pub fn iter(&self) -> impl Iterator<Item = (&JobRecord, Option<i64>)> {
+        self.order.iter().filter_map(|&index| {
+            let index = index as usize;
+            let record = self.records.get(index)?;
+            Some((record, self.effective.get(index).copied().flatten()))
+        })
+    }
+}
+
+/// Group (running, queued, finished), then within the group: running jobs by start (longest
+/// running first), queued ones in the order the scheduler considers them (higher effective
+/// priority, then earlier queue time), finished ones by end time.
+type SortKey = (u8, Reverse<i64>, Option<Timestamp>);
+
+fn sort_key(record: &JobRecord, effective: Option<i64>) -> SortKey {
+    match &record.state {
+        JobState::Running(run) => (
+            0,
+            Reverse(0),
+            Some(run.started_at.unwrap_or(run.assigned_at)),
+        ),
+        JobState::Queued(_) => (
+            1,
+            Reverse(effective.unwrap_or_default()),
+            Some(queued_at(record)),
+        ),
+        finished => (2, Reverse(0), finished.ending().map(|e| e.ended_at)),
     }
 }
 
@@ -90,12 +175,12 @@ pub fn queued_at(job: &JobRecord) -> Timestamp {
 
 /// One job as `--json` prints it: the shared summary plus what only the queue knows.
 #[derive(Debug, Serialize)]
-struct QueueJob {
+struct QueueJob<'a> {
     #[serde(flatten)]
     summary: JobSummary,
     /// Null unless queued.
     effective_priority: Option<i64>,
-    held_by: Option<String>,
+    held_by: Option<&'a str>,
 }
 
 fn held_by(job: &JobRecord) -> Option<&str> {
@@ -107,44 +192,82 @@ fn held_by(job: &JobRecord) -> Option<&str> {
 
 pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
     let session = Session::connect(global).await?;
-    let mut jobs = records::list_jobs(&session.js).await.map_err(plain)?;
-    let nodes = records::list_nodes(&session.js).await.map_err(plain)?;
-    let cluster = Cluster::read(&session.js).await?;
+    let js = &session.js;
+    // Three independent reads: their round trips overlap.
+    let (jobs, nodes, cluster) = tokio::try_join!(
+        async { records::list_jobs_for_listing(js).await.map_err(plain) },
+        async { records::list_nodes(js).await.map_err(plain) },
+        Cluster::read(js),
+    )?;
     let now = mgpu_shared::now();
 
-    // Node usage counts every running job, shown or not.
+    // Node usage counts every running job, shown or not. Only running jobs hold GPUs, so the
+    // nodes are matched against those few rather than against every record.
+    let running: Vec<JobRecord> = jobs
+        .iter()
+        .filter(|job| matches!(job.state, JobState::Running(_)))
+        .cloned()
+        .collect();
     let node_rows: Vec<NodeRow> = nodes
         .iter()
         .map(|n| {
             let admin = cluster.admin.get(&n.node);
-            node_row(n, &jobs, admin, now, cluster.policy.missed_heartbeats)
+            node_row(n, &running, admin, now, cluster.policy.missed_heartbeats)
         })
         .collect();
-    if !args.all {
-        jobs.retain(|job| !job.state.is_finished());
-    }
-    let priorities = cluster.effective_priorities(&jobs, now);
-    sort_jobs(&mut jobs, &priorities);
+    let listed = cluster.listing(jobs, args.all, now);
 
+    // One buffered handle on stdout for everything: Rust's stdout alone flushes every line.
+    let mut out = BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     if args.json {
-        let listed: Vec<QueueJob> = jobs
-            .iter()
-            .map(|job| QueueJob {
-                summary: job.summary(),
-                effective_priority: priorities.get(&job.id).copied(),
-                held_by: held_by(job).map(str::to_owned),
-            })
-            .collect();
-        print_json(&json!({ "jobs": listed, "nodes": node_rows }))?;
-        return Ok(ExitCode::SUCCESS);
+        write_json(&mut out, &listed, &node_rows)?;
+    } else {
+        write_tables(&mut out, &listed, &node_rows, args.all, now)?;
     }
+    out.flush()?;
+    // Freeing 100 000 records one by one takes a noticeable moment; the process is about to
+    // exit, and exiting returns the memory at once.
+    std::mem::forget(listed);
+    Ok(ExitCode::SUCCESS)
+}
 
-    if jobs.is_empty() {
-        println(if args.all {
-            "No jobs."
-        } else {
-            "No queued or running jobs (mgpu queue --all lists finished ones too)."
-        })?;
+/// `--json`: `{"jobs": [...], "nodes": [...]}`, one job per line, each written as soon as it
+/// is serialised so the first jobs reach a reader while the rest are still being written.
+/// The jobs are sorted, so none can be written before every record has been read.
+fn write_json(out: &mut impl Write, listed: &Listing, nodes: &[NodeRow]) -> std::io::Result<()> {
+    out.write_all(b"{\"jobs\": [")?;
+    for (index, (record, effective)) in listed.iter().enumerate() {
+        out.write_all(if index == 0 { b"\n" } else { b",\n" })?;
+        let item = QueueJob {
+            summary: record.summary(),
+            effective_priority: effective,
+            held_by: held_by(record),
+        };
+        serde_json::to_writer(&mut *out, &item)?;
+    }
+    out.write_all(b"\n],\n\"nodes\": ")?;
+    serde_json::to_writer(&mut *out, nodes)?;
+    out.write_all(b"}\n")
+}
+
+/// The human listing: the jobs' table, a blank line, the nodes' table.
+fn write_tables(
+    out: &mut impl Write,
+    listed: &Listing,
+    node_rows: &[NodeRow],
+    all: bool,
+    now: Timestamp,
+) -> std::io::Result<()> {
+    if listed.is_empty() {
+        writeln!(
+            out,
+            "{}",
+            if all {
+                "No jobs."
+            } else {
+                "No queued or running jobs (mgpu queue --all lists finished ones too)."
+            }
+        )?;
     } else {
         let mut table = Table::new([
             "ID",
@@ -156,18 +279,21 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
             "NODE:GPUS",
             "TIME",
             "REASON",
-        ]);
-        for job in &jobs {
-            table.row(job_cells(job, priorities.get(&job.id).copied(), now));
+        ])
+        .with_capacity(listed.len());
+        for (record, effective) in listed.iter() {
+            table.row(job_cells(record, effective, now));
         }
-        print(&table.render())?;
+        table.write_to(out)?;
+        // As above: the process exits soon after.
+        std::mem::forget(table);
     }
-    println("")?;
+    writeln!(out)?;
     if node_rows.is_empty() {
-        println("No nodes have reported yet.")?;
+        writeln!(out, "No nodes have reported yet.")?;
     } else {
         let mut table = Table::new(["NODE", "STATE", "GPUS", "MEM (MiB)", "SOURCE"]);
-        for row in &node_rows {
+        for row in node_rows {
             let paused = match row.gpus_paused {
                 0 => String::new(),
                 n => format!(", {n} paused"),
@@ -180,44 +306,9 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
                 source_name(row.gpu_source).to_owned(),
             ]);
         }
-        print(&table.render())?;
+        table.write_to(out)?;
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Running first (longest running first), then queued in the order the scheduler considers
-/// them (higher effective priority, then earlier queue time), then finished by end time.
-pub fn sort_jobs(jobs: &mut [JobRecord], priorities: &HashMap<JobId, i64>) {
-    jobs.sort_by(|a, b| compare_jobs(a, b, priorities));
-}
-
-fn compare_jobs(a: &JobRecord, b: &JobRecord, priorities: &HashMap<JobId, i64>) -> Ordering {
-    fn group(job: &JobRecord) -> u8 {
-        match job.state {
-            JobState::Running(_) => 0,
-            JobState::Queued(_) => 1,
-            _ => 2,
-        }
-    }
-    group(a)
-        .cmp(&group(b))
-        .then_with(|| match (&a.state, &b.state) {
-            (JobState::Running(x), JobState::Running(y)) => x
-                .started_at
-                .unwrap_or(x.assigned_at)
-                .cmp(&y.started_at.unwrap_or(y.assigned_at)),
-            (JobState::Queued(_), JobState::Queued(_)) => {
-                let effective = |job: &JobRecord| priorities.get(&job.id).copied();
-                effective(b)
-                    .cmp(&effective(a))
-                    .then(queued_at(a).cmp(&queued_at(b)))
-            }
-            _ => {
-                let end = |job: &JobRecord| job.state.ending().map(|e| e.ended_at);
-                end(a).cmp(&end(b))
-            }
-        })
-        .then_with(|| a.id.cmp(&b.id))
+    Ok(())
 }
 
 fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<String> {
@@ -473,7 +564,7 @@ mod tests {
 
     #[test]
     fn running_then_queued_by_priority_and_age_then_finished_by_end() {
-        let mut jobs = vec![
+        let jobs = vec![
             job("done-late", finished(10), 0, 100),
             job("low-old", queued(), 0, 50),
             job("high-new", queued(), 5, 1),
@@ -482,9 +573,11 @@ mod tests {
             job("run", running("n1", &[(0, GpuAmount::ONE)]), -3, 200),
         ];
         let now = mgpu_shared::now();
-        let priorities = Cluster::default().effective_priorities(&jobs, now);
-        sort_jobs(&mut jobs, &priorities);
-        let names: Vec<String> = jobs.iter().map(|j| j.spec.display_name()).collect();
+        let listing = Cluster::default().listing(jobs, true, now);
+        let names: Vec<String> = listing
+            .iter()
+            .map(|(record, _)| record.spec.display_name())
+            .collect();
         assert_eq!(
             names,
             [
@@ -512,12 +605,17 @@ mod tests {
         let mut cluster = Cluster::default();
         let half_life = cluster.policy.half_life_secs;
         cluster.usage.add("bob", 36_000.0, now, half_life);
-        let mut jobs = vec![heavy, requeued, light];
-        let priorities = cluster.effective_priorities(&jobs, now);
-        sort_jobs(&mut jobs, &priorities);
-        let names: Vec<String> = jobs.iter().map(|j| j.spec.display_name()).collect();
+        let listing = cluster.listing(vec![heavy, requeued, light], false, now);
+        let names: Vec<String> = listing
+            .iter()
+            .map(|(record, _)| record.spec.display_name())
+            .collect();
         assert_eq!(names, ["light", "requeued", "heavy"]);
-        let heavy_priority = priorities.get(&jobs[2].id).copied().unwrap_or_default();
+        let heavy_priority = listing
+            .iter()
+            .nth(2)
+            .and_then(|(_, e)| e)
+            .unwrap_or_default();
         // 10 GPU-hours × 100 points taken, one hour × 100 points given.
         assert_eq!(heavy_priority, -900);
     }
