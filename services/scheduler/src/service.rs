@@ -22,7 +22,7 @@ use mgpu_shared::job::{
     WaitReason, Waiting,
 };
 use mgpu_shared::node::NodeHeartbeat;
-use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
+use mgpu_shared::priority::{Policy, UsageBook, effective_priority, effective_priority_after};
 use mgpu_shared::{Timestamp, now, records, subjects, wire};
 
 use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, RunningJob};
@@ -304,6 +304,8 @@ struct Admitted {
 struct QueueView {
     /// The job's own priority and owner, from which its effective priority is recomputed.
     priority: i32,
+    /// When it joined the queue, in whole seconds since the epoch.
+    queued_secs: i64,
     user: String,
     has_dependencies: bool,
     view: QueuedJob,
@@ -603,6 +605,10 @@ impl Scheduler {
             let fresh = self.store.get(&id).and_then(|record| match &record.state {
                 JobState::Queued(waiting) => Some(QueueView {
                     priority: record.spec.priority,
+                    queued_secs: waiting
+                        .enqueued_at
+                        .unwrap_or(record.submitted_at)
+                        .timestamp(),
                     user: record.user.clone(),
                     has_dependencies: !record.spec.after.is_empty()
                         || !record.spec.after_any.is_empty(),
@@ -627,6 +633,7 @@ impl Scheduler {
             }
         }
         let mut views = std::mem::take(&mut self.queue_views);
+        let now_secs = now.timestamp();
         let mut gpu_hours: HashMap<String, f64> = HashMap::new();
         for cached in &mut views {
             let hours = match gpu_hours.get(cached.user.as_str()) {
@@ -639,12 +646,11 @@ impl Scheduler {
                     hours
                 }
             };
-            cached.view.effective_priority = effective_priority(
+            cached.view.effective_priority = effective_priority_after(
                 cached.priority,
-                cached.view.queued_at,
+                now_secs - cached.queued_secs,
                 hours,
                 &self.policy,
-                now,
             );
             if cached.has_dependencies
                 && let Some(record) = self.store.get(&cached.view.id)
