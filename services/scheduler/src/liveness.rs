@@ -202,8 +202,13 @@ impl Scheduler {
             }
             self.kills_sent.insert(key, Instant::now());
         }
-        self.kills_sent
-            .retain(|_, sent| sent.elapsed() < KILL_REPEAT * 12);
+        // Pruned once it doubled since the last pruning: this runs for every heartbeat, and a
+        // thousand nodes heartbeat several hundred times a second.
+        if self.kills_sent.len() > 2 * self.kills_kept.max(64) {
+            self.kills_sent
+                .retain(|_, sent| sent.elapsed() < KILL_REPEAT * 12);
+            self.kills_kept = self.kills_sent.len();
+        }
 
         // Jobs recorded as started there that the node no longer lists: lost with its agent.
         // Checked: heartbeats are validated, but chrono panics on overflow, so never risk it.

@@ -54,6 +54,8 @@ pub struct Scheduler {
     pub(crate) next_release: Option<Timestamp>,
     /// Stale attempts we told a node to kill, and when (so heartbeats do not repeat it).
     pub(crate) kills_sent: HashMap<(JobId, u32), std::time::Instant>,
+    /// How many `kills_sent` kept at its last pruning.
+    pub(crate) kills_kept: usize,
     /// When a cancel's or preemption's kill was last repeated, by attempt.
     pub(crate) stops_sent: HashMap<(JobId, u32), std::time::Instant>,
     /// When liveness was last checked (a long gap means this loop stalled).
@@ -122,6 +124,7 @@ pub async fn run(
         next_slice_end: None,
         next_release: None,
         kills_sent: HashMap::new(),
+        kills_kept: 0,
         stops_sent: HashMap::new(),
         last_liveness_check: None,
         last_repair: None,
@@ -693,6 +696,7 @@ impl Scheduler {
             exclude: record.spec.exclude.clone(),
             node_gpu_ids: record.spec.node_gpu_ids.clone(),
             not_before: waiting.not_before,
+            recorded_reason: Some(waiting.reason),
         }
     }
 

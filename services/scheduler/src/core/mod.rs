@@ -118,6 +118,9 @@ pub struct QueuedJob {
     pub node_gpu_ids: Vec<NodeGpuIds>,
     /// Not to start before then (its previous attempt's node is fencing itself).
     pub not_before: Option<Timestamp>,
+    /// Why it waits according to its record, if known: the pass decides `Wait` only for a
+    /// different reason.
+    pub recorded_reason: Option<WaitReason>,
 }
 
 impl QueuedJob {
@@ -141,6 +144,7 @@ impl QueuedJob {
             exclude: Vec::new(),
             node_gpu_ids: Vec::new(),
             not_before: None,
+            recorded_reason: None,
         }
     }
 
@@ -306,22 +310,26 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
 
     for job in ordered {
         let shape = Shape::of(job);
-        let wait = |reason| Decision::Wait {
-            job: job.id.clone(),
-            reason,
+        // Waiting for the reason already recorded is no news: no decision, so a pass over a
+        // long queue that changes nothing hands back almost nothing.
+        let wait = |reason| {
+            (job.recorded_reason != Some(reason)).then(|| Decision::Wait {
+                job: job.id.clone(),
+                reason,
+            })
         };
         if job.held {
-            decisions.push(wait(WaitReason::Held));
+            decisions.extend(wait(WaitReason::Held));
             continue;
         }
         if job.not_before.is_some_and(|t| t > now) {
-            decisions.push(wait(WaitReason::Fencing));
+            decisions.extend(wait(WaitReason::Fencing));
             continue;
         }
         match &job.dependencies {
             Dependencies::Met => {}
             Dependencies::Waiting => {
-                decisions.push(wait(WaitReason::Dependency));
+                decisions.extend(wait(WaitReason::Dependency));
                 continue;
             }
             Dependencies::Broken(reason) => {
@@ -335,7 +343,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
         if let Some((array, Some(limit))) = &job.array
             && array_running.get(array).copied().unwrap_or(0) >= *limit
         {
-            decisions.push(wait(WaitReason::ArrayLimit));
+            decisions.extend(wait(WaitReason::ArrayLimit));
             continue;
         }
         let never = impossible
@@ -349,7 +357,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
             continue;
         }
         if !any_online {
-            decisions.push(wait(WaitReason::NoNodes));
+            decisions.extend(wait(WaitReason::NoNodes));
             continue;
         }
         let ends_at = job
@@ -384,7 +392,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
             && (!reservations_left || futile)
         {
             someone_waits_for_gpus = true;
-            decisions.push(wait(reason));
+            decisions.extend(wait(reason));
             continue;
         }
         let placed = match known {
@@ -437,7 +445,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
                 reserve_failed_at,
             },
         );
-        decisions.push(wait(reason));
+        decisions.extend(wait(reason));
     }
 
     if someone_waits_for_gpus {
