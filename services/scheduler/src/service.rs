@@ -638,14 +638,23 @@ impl Scheduler {
         let mut views = std::mem::take(&mut self.queue_views);
         let now_secs = now.timestamp();
         let mut gpu_hours: HashMap<String, f64> = HashMap::new();
+        let mut last_user: Option<(String, f64)> = None;
         for cached in &mut views {
-            let hours = match gpu_hours.get(cached.user.as_str()) {
-                Some(hours) => *hours,
-                None => {
-                    let hours = self
-                        .usage
-                        .gpu_hours(&cached.user, now, self.policy.half_life_secs);
-                    gpu_hours.insert(cached.user.clone(), hours);
+            // Runs of one user's jobs are common: no lookup for those.
+            let hours = match &last_user {
+                Some((user, hours)) if *user == cached.user => *hours,
+                _ => {
+                    let hours = match gpu_hours.get(cached.user.as_str()) {
+                        Some(hours) => *hours,
+                        None => {
+                            let hours =
+                                self.usage
+                                    .gpu_hours(&cached.user, now, self.policy.half_life_secs);
+                            gpu_hours.insert(cached.user.clone(), hours);
+                            hours
+                        }
+                    };
+                    last_user = Some((cached.user.clone(), hours));
                     hours
                 }
             };
