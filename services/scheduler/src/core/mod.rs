@@ -344,7 +344,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
     }
     let any_online = nodes.iter().any(|n| n.online);
     let mut someone_waits_for_gpus = false;
-    let mut decisions = Vec::with_capacity(ordered.len() + 1);
+    // Not sized for the queue: most jobs wait for the reason already recorded and yield no
+    // decision, and 100 000 empty slots are 15 MB of fresh pages to fault in every pass.
+    let mut decisions = Vec::new();
     // What is already known about jobs of the same shape in this pass (see [`Shape`]).
     let mut impossible: HashMap<Shape<'_>, Option<String>, FastHash> = HashMap::default();
     let mut unplaceable: HashMap<Shape<'_>, Unplaceable, FastHash> = HashMap::default();

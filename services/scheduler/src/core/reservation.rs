@@ -69,6 +69,11 @@ pub(super) fn reserve(
         }
     }
     let views: HashMap<&str, &NodeView> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    // GPUs already held for jobs ahead, gathered once rather than searched for every GPU.
+    let reserved: std::collections::HashSet<(&str, u32)> = existing
+        .iter()
+        .flat_map(|r| r.gpus.iter().map(|(node, index)| (node.as_str(), *index)))
+        .collect();
     // (node, its GPUs for the job, when they are all free) for every node that could hold a rank.
     let mut ready: Vec<(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
     for node in capacity
@@ -87,7 +92,7 @@ pub(super) fn reserve(
             .gpus
             .iter()
             .filter(|g| g.offered())
-            .filter(|g| !existing.iter().any(|r| r.holds(&node.name, g.index)))
+            .filter(|g| !reserved.contains(&(node.name.as_str(), g.index)))
             .filter(|g| job.may_use_gpu(&node.name, g.index))
             .filter(|g| {
                 view.gpus.iter().any(|v| {
