@@ -64,7 +64,7 @@ impl Scheduler {
         for node in lost_nodes {
             let victims: Vec<JobId> = self
                 .store
-                .running()
+                .running_on(&node)
                 .filter(
                     |r| matches!(&r.state, JobState::Running(run) if run.placement.uses_node(&node)),
                 )
@@ -218,7 +218,7 @@ impl Scheduler {
             .unwrap_or(chrono::Duration::MAX);
         let missing: Vec<JobId> = self
             .store
-            .running()
+            .running_on(&beat.node)
             .filter(|r| match &r.state {
                 JobState::Running(run) => {
                     let rank = run.placement.rank_of(&beat.node);
