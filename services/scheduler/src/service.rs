@@ -34,6 +34,11 @@ use crate::status::{PassSample, RECENT_PASSES, Status};
 /// Messages handled before a scheduling pass, at most, when a burst arrives.
 const BATCH: usize = 512;
 
+/// Changed records after which freed memory is handed back (see
+/// [`Scheduler::give_back_memory_after_bursts`]), and the least time between two such.
+const TRIM_AFTER_CHANGES: usize = 10_000;
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+
 /// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
 const ASSIGNMENTS_IN_FLIGHT: usize = 256;
 
@@ -73,6 +78,9 @@ pub struct Scheduler {
     queue_views: Vec<QueueView>,
     /// Where each queued job's view is in `queue_views`.
     queue_slots: HashMap<JobId, usize>,
+    /// Records changed since memory was last given back, and when that was.
+    churn: usize,
+    last_trim: Option<std::time::Instant>,
     /// The latest passes' sizes and durations (for `mgpu.scheduler.status`).
     recent_passes: std::collections::VecDeque<PassSample>,
 }
@@ -133,6 +141,8 @@ pub async fn run(
         nonces: mgpu_shared::signing::Nonces::default(),
         queue_views: Vec::new(),
         queue_slots: HashMap::new(),
+        churn: 0,
+        last_trim: None,
         recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
     };
     tracing::info!(
@@ -588,6 +598,7 @@ impl Scheduler {
         }
         self.recent_passes.push_back(sample);
         self.publish_status(now);
+        self.give_back_memory_after_bursts();
     }
 
     /// The time limit a job runs under: its own, capped by the cluster's `max_job_time`.
@@ -604,7 +615,9 @@ impl Scheduler {
     /// priority (it ages) and, for the few jobs with dependencies, whether those are met, are
     /// refreshed in one sweep over views that lie next to each other in memory.
     fn refresh_queue_views(&mut self, now: Timestamp) {
-        for id in self.store.take_changed() {
+        let changed = self.store.take_changed();
+        self.churn += changed.len();
+        for id in changed {
             let fresh = self.store.get(&id).and_then(|record| match &record.state {
                 JobState::Queued(waiting) => Some(QueueView {
                     priority: record.spec.priority,
@@ -671,6 +684,26 @@ impl Scheduler {
             }
         }
         self.queue_views = views;
+    }
+
+    /// After a burst (thousands of records changed: a flood of submissions, a cluster's worth
+    /// of starts), hands the heap memory freed since back to the operating system, at most
+    /// every [`TRIM_EVERY`]. glibc keeps freed memory in its arenas otherwise: after 100 000
+    /// submissions the scheduler held about 130 MiB more than its live data.
+    fn give_back_memory_after_bursts(&mut self) {
+        if self.churn < TRIM_AFTER_CHANGES
+            || self.last_trim.is_some_and(|at| at.elapsed() < TRIM_EVERY)
+        {
+            return;
+        }
+        self.churn = 0;
+        self.last_trim = Some(std::time::Instant::now());
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free memory of the allocator's own arenas; it
+        // reads no pointer of ours and is thread-safe.
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 
     fn queued_job(&self, record: &JobRecord, waiting: &Waiting, now: Timestamp) -> QueuedJob {
