@@ -240,4 +240,32 @@ mod tests {
             Err(SignatureError::Malformed(_))
         ));
     }
+
+    #[test]
+    fn replays_are_caught_across_pruning_and_expired_nonces_are_forgotten() {
+        let now = crate::now();
+        let nonce = |n: usize, at: Timestamp| Signed {
+            signer: "U".into(),
+            nonce: format!("n{n}"),
+            signed_at: at,
+        };
+        let mut nonces = Nonces::default();
+        let long_ago = now - MAX_SKEW * 3;
+        for n in 0..3_000 {
+            assert_eq!(nonces.check(&nonce(n, long_ago), long_ago), Ok(()));
+        }
+        for n in 3_000..10_000 {
+            assert_eq!(nonces.check(&nonce(n, now), now), Ok(()));
+        }
+        assert_eq!(
+            nonces.check(&nonce(9_000, now), now),
+            Err(SignatureError::Replayed),
+            "a recent nonce survives pruning"
+        );
+        assert!(
+            nonces.seen.len() <= 7_001 + 1,
+            "nonces outside the window were pruned: {} kept",
+            nonces.seen.len()
+        );
+    }
 }

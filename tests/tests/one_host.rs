@@ -41,6 +41,27 @@ fn two_one_gpu_jobs_on_a_one_gpu_node_the_second_waits_then_runs() {
         jobs.iter()
             .any(|j| j["id"] == second.as_str() && j["state"] == "queued")
     );
+    // The scheduler's status tells how its passes went, the one that left `second` waiting
+    // among them.
+    let status: Value = cluster.with_nats(&cluster.admin_creds(), |client| async move {
+        let answer = client
+            .request(mgpu_shared::subjects::SCHEDULER_STATUS, "".into())
+            .await
+            .unwrap_or_else(|e| panic!("status request: {e}"));
+        serde_json::from_slice(&answer.payload).unwrap_or_else(|e| panic!("status: {e}"))
+    });
+    assert_eq!(status["jobs_queued"], 1, "{status}");
+    assert_eq!(status["jobs_running"], 1, "{status}");
+    let passes = status["recent_passes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        passes
+            .iter()
+            .any(|p| p["queued"] == 1 && p["running"] == 1 && p["total_us"].as_u64() > Some(0)),
+        "{status}"
+    );
 
     let first_done = cluster.wait_finished(&first, T);
     let second_done = cluster.wait_finished(&second, T);

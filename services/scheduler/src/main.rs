@@ -3,7 +3,10 @@
 //! # Layout
 //! - [`core`]: the pure scheduling function (no I/O; unit and property tests live there).
 //! - [`config`]: the policy file (`--config`).
-//! - [`service`]: the event loop around it: consumers, passes, assignments, events.
+//! - [`service`]: the event loop around it: consumers, heartbeats, one pass after each batch.
+//! - [`intake`]: requests read off the stream: signatures checked, submissions batched.
+//! - [`queue_view`]: the core's view of the queue, kept between passes.
+//! - [`decisions`]: carrying out a pass's decisions (starts, wait reasons, rejections).
 //! - [`requests`]: submissions and cancellations from users.
 //! - [`reports`]: what node agents report about the processes they run.
 //! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
@@ -14,11 +17,14 @@
 
 mod config;
 mod core;
+mod decisions;
 mod identity;
+mod intake;
 mod leader;
 mod liveness;
 mod nodes;
 mod outbox;
+mod queue_view;
 mod reports;
 mod requests;
 mod service;

@@ -1,5 +1,6 @@
-//! The scheduler service: turns messages into table updates, runs the core after every
-//! change, and turns the core's decisions into KV writes and assignments.
+//! The scheduler service: the event loop that turns messages into table updates (requests
+//! through [`crate::intake`]) and runs a pass after every change: the core's view built
+//! ([`crate::queue_view`]), `core::plan`, its decisions carried out ([`crate::decisions`]).
 //!
 //! Everything is event-driven: a submission, an agent's report or a node's heartbeat wakes
 //! the loop; nothing polls. Messages that arrive together are handled as one batch followed
@@ -14,20 +15,16 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 
-use mgpu_shared::assign::NodeControl;
-use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_shared::event::{EventSource, JobEvent};
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{
-    Ending, JobRecord, JobSpec, JobState, Launch, OnTimeout, Placement, Run, SubmitRequest,
-    WaitReason, Waiting,
-};
+use mgpu_shared::job::{JobSpec, JobState};
 use mgpu_shared::node::NodeHeartbeat;
-use mgpu_shared::priority::{Policy, UsageBook, effective_priority, effective_priority_after};
+use mgpu_shared::priority::{Policy, UsageBook};
 use mgpu_shared::{Timestamp, now, records, subjects, wire};
 
-use crate::core::{self, CoreSettings, Decision, Dependencies, QueuedJob, RunningJob};
+use crate::core::{self, CoreSettings, QueuedJob, RunningJob};
 use crate::nodes::NodeTable;
-use crate::outbox::master_port;
+use crate::queue_view::QueueView;
 use crate::state::JobStore;
 use crate::status::{PassSample, RECENT_PASSES, Status};
 
@@ -39,9 +36,6 @@ const BATCH: usize = 512;
 const TRIM_AFTER_CHANGES: usize = 10_000;
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 
-/// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
-const ASSIGNMENTS_IN_FLIGHT: usize = 256;
-
 pub struct Scheduler {
     pub(crate) js: jetstream::Context,
     pub(crate) store: JobStore,
@@ -50,11 +44,11 @@ pub struct Scheduler {
     pub(crate) cluster: kv::Store,
     pub(crate) policy: Policy,
     pub(crate) usage: UsageBook,
-    usage_dirty: bool,
-    status: watch::Sender<Status>,
-    passes: u64,
+    pub(crate) usage_dirty: bool,
+    pub(crate) status: watch::Sender<Status>,
+    pub(crate) passes: u64,
     /// When the next time slice of a running job ends (the loop wakes up then).
-    next_slice_end: Option<Timestamp>,
+    pub(crate) next_slice_end: Option<Timestamp>,
     /// The earliest moment a job held for fencing may start.
     pub(crate) next_release: Option<Timestamp>,
     /// Stale attempts we told a node to kill, and when (so heartbeats do not repeat it).
@@ -75,14 +69,14 @@ pub struct Scheduler {
     pub(crate) nonces: mgpu_shared::signing::Nonces,
     /// The core's view of each queued job, with the record revision it was built from:
     /// kept between passes so a pass over 100 000 waiting jobs does not copy each request.
-    queue_views: Vec<QueueView>,
+    pub(crate) queue_views: Vec<QueueView>,
     /// Where each queued job's view is in `queue_views`.
-    queue_slots: HashMap<JobId, usize>,
+    pub(crate) queue_slots: HashMap<JobId, usize>,
     /// Records changed since memory was last given back, and when that was.
-    churn: usize,
-    last_trim: Option<std::time::Instant>,
+    pub(crate) churn: usize,
+    pub(crate) last_trim: Option<std::time::Instant>,
     /// The latest passes' sizes and durations (for `mgpu.scheduler.status`).
-    recent_passes: std::collections::VecDeque<PassSample>,
+    pub(crate) recent_passes: std::collections::VecDeque<PassSample>,
 }
 
 /// Runs the scheduler until `shutdown` turns true.
@@ -301,178 +295,7 @@ async fn durable_consumer(
         .map_err(|e| anyhow!("opening consumer {name}: {e}"))
 }
 
-/// A request read from the requests stream.
-type RequestMessage =
-    Result<jetstream::Message, async_nats::error::Error<consumer::pull::MessagesErrorKind>>;
-
-/// A request whose signature checked out, ready to be carried out.
-struct Admitted {
-    message: jetstream::Message,
-    identity: crate::identity::Identity,
-    action: &'static str,
-    job: Option<String>,
-}
-
-/// A queued job's view for the core, kept between passes, with what refreshing it needs.
-struct QueueView {
-    /// The job's own priority and owner, from which its effective priority is recomputed.
-    priority: i32,
-    /// When it joined the queue, in whole seconds since the epoch.
-    queued_secs: i64,
-    user: String,
-    has_dependencies: bool,
-    view: QueuedJob,
-}
-
-/// Just enough of a submission to see whether it asks for `--dedup`.
-#[derive(serde::Deserialize)]
-struct DedupProbe {
-    spec: DedupFlag,
-}
-
-#[derive(serde::Deserialize)]
-struct DedupFlag {
-    #[serde(default)]
-    dedup: bool,
-}
-
 impl Scheduler {
-    /// Handles a batch of requests in order. Consecutive submissions are recorded together,
-    /// their writes pipelined; any other request (a cancel may name a job submitted just
-    /// before it), and a `--dedup` submission (it must see every job before it), first lets
-    /// the submissions before it be recorded.
-    async fn on_requests(&mut self, batch: Vec<RequestMessage>) {
-        let mut submissions: Vec<Admitted> = Vec::new();
-        for message in batch {
-            let Some(admitted) = self.admit(message).await else {
-                continue;
-            };
-            let plain_submission = admitted.action == "submit"
-                && serde_json::from_slice::<DedupProbe>(&admitted.message.payload)
-                    .is_ok_and(|probe| !probe.spec.dedup);
-            if plain_submission {
-                submissions.push(admitted);
-                continue;
-            }
-            self.record_submissions(std::mem::take(&mut submissions))
-                .await;
-            self.carry_out_request(admitted).await;
-        }
-        self.record_submissions(submissions).await;
-    }
-
-    /// Records plain submissions together and acknowledges those stored.
-    async fn record_submissions(&mut self, submissions: Vec<Admitted>) {
-        if submissions.is_empty() {
-            return;
-        }
-        let inputs: Vec<(Bytes, crate::identity::Identity)> = submissions
-            .iter()
-            .map(|a| (a.message.payload.clone(), a.identity.clone()))
-            .collect();
-        let results = self.on_submits(&inputs).await;
-        for (admitted, result) in submissions.iter().zip(results) {
-            match result {
-                Ok(()) => {
-                    if let Err(err) = admitted.message.ack().await {
-                        tracing::warn!(%err, "acknowledging a request");
-                    }
-                }
-                // Unacknowledged: JetStream redelivers it.
-                Err(err) => tracing::error!("handling a submission: {err:#}"),
-            }
-        }
-    }
-
-    /// Checks a request's signature; a refused one is answered, audited and acknowledged
-    /// here (None).
-    async fn admit(&mut self, message: RequestMessage) -> Option<Admitted> {
-        let message = match message {
-            Ok(message) => message,
-            Err(err) => {
-                tracing::warn!(%err, "reading a request");
-                return None;
-            }
-        };
-        let subject = message.subject.to_string();
-        let job = subjects::job_id_of(&subject).map(str::to_owned);
-        let kind = subject.rsplit('.').next().unwrap_or("");
-        let action = match (subject.as_str(), kind) {
-            (subjects::SUBMIT, _) => "submit",
-            (subjects::ADMIN_REQUESTS, _) => "admin",
-            (_, "cancel") => "cancel",
-            (_, "hold") => "hold",
-            (_, "release") => "release",
-            _ => "unknown",
-        };
-        // When JetStream stored it: the signature must be that recent (a replay is not).
-        let stored_at = message
-            .info()
-            .ok()
-            .and_then(|info| {
-                let nanos = i64::try_from(info.published.unix_timestamp_nanos()).ok()?;
-                Some(chrono::DateTime::from_timestamp_nanos(nanos))
-            })
-            .unwrap_or_else(now);
-        let identity = match self.authenticate(&message, stored_at) {
-            Ok(identity) => identity,
-            Err(refusal) => {
-                // The job a refused submission names, so its submitter hears why.
-                let about = job
-                    .as_deref()
-                    .and_then(|id| id.parse::<JobId>().ok())
-                    .or_else(|| {
-                        (action == "submit")
-                            .then(|| serde_json::from_slice::<SubmitRequest>(&message.payload).ok())
-                            .flatten()
-                            .map(|r| r.id)
-                    });
-                self.refuse(action, about.as_ref(), None, refusal.key, refusal.reason);
-                if let Err(err) = message.ack().await {
-                    tracing::warn!(%err, "acknowledging a request");
-                }
-                return None;
-            }
-        };
-        Some(Admitted {
-            message,
-            identity,
-            action,
-            job,
-        })
-    }
-
-    /// Carries out an admitted request and acknowledges it once handled.
-    async fn carry_out_request(&mut self, admitted: Admitted) {
-        let Admitted {
-            message,
-            identity,
-            action,
-            job,
-        } = admitted;
-        let subject = message.subject.to_string();
-        let handled = match (action, job) {
-            ("submit", _) => self.on_submit(&message.payload, &identity).await,
-            ("admin", _) => self.on_admin(&message.payload, &identity).await,
-            ("cancel", Some(id)) => self.on_cancel(&id, &message.payload, &identity).await,
-            ("hold", Some(id)) => self.on_hold(&id, &message.payload, true, &identity).await,
-            ("release", Some(id)) => self.on_hold(&id, &message.payload, false, &identity).await,
-            _ => {
-                tracing::warn!(%subject, "ignoring a request on an unexpected subject");
-                Ok(())
-            }
-        };
-        match handled {
-            Ok(()) => {
-                if let Err(err) = message.ack().await {
-                    tracing::warn!(%err, "acknowledging a request");
-                }
-            }
-            // A failure to persist leaves the request unacknowledged: JetStream redelivers it.
-            Err(err) => tracing::error!("handling {subject}: {err:#}"),
-        }
-    }
-
     async fn on_event_message(&mut self, message: jetstream::Message) {
         let now = now();
         // Only agents' reports are acted on, so only they must pass validation; the
@@ -610,82 +433,6 @@ impl Scheduler {
         }
     }
 
-    /// Brings [`Scheduler::queue_views`] up to date. Only jobs whose record changed since
-    /// the last pass are looked up (a new view, a dropped one); then every view's effective
-    /// priority (it ages) and, for the few jobs with dependencies, whether those are met, are
-    /// refreshed in one sweep over views that lie next to each other in memory.
-    fn refresh_queue_views(&mut self, now: Timestamp) {
-        let changed = self.store.take_changed();
-        self.churn += changed.len();
-        for id in changed {
-            let fresh = self.store.get(&id).and_then(|record| match &record.state {
-                JobState::Queued(waiting) => Some(QueueView {
-                    priority: record.spec.priority,
-                    queued_secs: waiting
-                        .enqueued_at
-                        .unwrap_or(record.submitted_at)
-                        .timestamp(),
-                    user: record.user.clone(),
-                    has_dependencies: !record.spec.after.is_empty()
-                        || !record.spec.after_any.is_empty(),
-                    view: self.queued_job(record, waiting, now),
-                }),
-                _ => None,
-            });
-            match (self.queue_slots.get(&id).copied(), fresh) {
-                (Some(slot), Some(view)) => self.queue_views[slot] = view,
-                (Some(slot), None) => {
-                    self.queue_slots.remove(&id);
-                    self.queue_views.swap_remove(slot);
-                    if let Some(moved) = self.queue_views.get(slot) {
-                        self.queue_slots.insert(moved.view.id.clone(), slot);
-                    }
-                }
-                (None, Some(view)) => {
-                    self.queue_slots.insert(id, self.queue_views.len());
-                    self.queue_views.push(view);
-                }
-                (None, None) => {}
-            }
-        }
-        let mut views = std::mem::take(&mut self.queue_views);
-        let now_secs = now.timestamp();
-        let mut gpu_hours: HashMap<String, f64> = HashMap::new();
-        let mut last_user: Option<(String, f64)> = None;
-        for cached in &mut views {
-            // Runs of one user's jobs are common: no lookup for those.
-            let hours = match &last_user {
-                Some((user, hours)) if *user == cached.user => *hours,
-                _ => {
-                    let hours = match gpu_hours.get(cached.user.as_str()) {
-                        Some(hours) => *hours,
-                        None => {
-                            let hours =
-                                self.usage
-                                    .gpu_hours(&cached.user, now, self.policy.half_life_secs);
-                            gpu_hours.insert(cached.user.clone(), hours);
-                            hours
-                        }
-                    };
-                    last_user = Some((cached.user.clone(), hours));
-                    hours
-                }
-            };
-            cached.view.effective_priority = effective_priority_after(
-                cached.priority,
-                now_secs - cached.queued_secs,
-                hours,
-                &self.policy,
-            );
-            if cached.has_dependencies
-                && let Some(record) = self.store.get(&cached.view.id)
-            {
-                cached.view.dependencies = self.dependencies(&record.spec);
-            }
-        }
-        self.queue_views = views;
-    }
-
     /// After a burst (thousands of records changed: a flood of submissions, a cluster's worth
     /// of starts), hands the heap memory freed since back to the operating system, at most
     /// every [`TRIM_EVERY`]. glibc keeps freed memory in its arenas otherwise: after 100 000
@@ -704,313 +451,6 @@ impl Scheduler {
         unsafe {
             libc::malloc_trim(0);
         }
-    }
-
-    fn queued_job(&self, record: &JobRecord, waiting: &Waiting, now: Timestamp) -> QueuedJob {
-        let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
-        let gpu_hours = self
-            .usage
-            .gpu_hours(&record.user, now, self.policy.half_life_secs);
-        QueuedJob {
-            id: record.id.clone(),
-            effective_priority: effective_priority(
-                record.spec.priority,
-                queued_at,
-                gpu_hours,
-                &self.policy,
-                now,
-            ),
-            queued_at,
-            gpus: record.spec.gpus,
-            gpu_ids: record.spec.gpu_ids.clone(),
-            allowed_gpus: record.spec.allowed_gpus.clone(),
-            mem_mib: record.spec.mem_mib,
-            time_limit: self.effective_time_limit(&record.spec),
-            held: waiting.held_by.is_some(),
-            dependencies: self.dependencies(&record.spec),
-            array: record
-                .spec
-                .array
-                .as_ref()
-                .map(|a| (a.array_id.clone(), a.max_running)),
-            nodes: record.spec.nodes,
-            required_nodes: record.spec.required_nodes(),
-            exclude: record.spec.exclude.clone(),
-            node_gpu_ids: record.spec.node_gpu_ids.clone(),
-            not_before: waiting.not_before,
-            recorded_reason: Some(waiting.reason),
-        }
-    }
-
-    fn running_job(&self, record: &JobRecord, run: &Run) -> RunningJob {
-        let began = run.started_at.unwrap_or(run.assigned_at);
-        let end = self
-            .effective_time_limit(&record.spec)
-            .and_then(|limit| chrono::Duration::from_std(limit).ok())
-            .map(|limit| began + limit);
-        let sliced = record.spec.on_timeout == OnTimeout::Requeue && !run.preempt_requested;
-        RunningJob {
-            id: record.id.clone(),
-            placement: run.placement.clone(),
-            expected_end: end,
-            slice_end: if sliced { end } else { None },
-            array_id: record.spec.array.as_ref().map(|a| a.array_id.clone()),
-        }
-    }
-
-    /// Whether `--after` (must succeed) and `--after-any` (must end) are met.
-    fn dependencies(&self, spec: &JobSpec) -> Dependencies {
-        let mut waiting = false;
-        for id in &spec.after {
-            match self.store.get(id).map(|r| &r.state) {
-                Some(JobState::Succeeded(_)) => {}
-                Some(state) if state.is_finished() => {
-                    return Dependencies::Broken(format!(
-                        "dependency {} ended {} (--after needs it to succeed)",
-                        id.short(),
-                        state.name()
-                    ));
-                }
-                Some(_) => waiting = true,
-                // Submitted but not recorded yet, or unknown: wait for it.
-                None => waiting = true,
-            }
-        }
-        for id in &spec.after_any {
-            if !self.store.get(id).is_some_and(|r| r.state.is_finished()) {
-                waiting = true;
-            }
-        }
-        if waiting {
-            Dependencies::Waiting
-        } else {
-            Dependencies::Met
-        }
-    }
-
-    /// Carries out a pass's decisions; returns how many changed something. Starts and new
-    /// wait reasons, the bulk of a busy pass, are written together (pipelined), then the
-    /// assignments sent together; rejections and preemptions, rare, one by one.
-    async fn carry_out_all(&mut self, decisions: Vec<Decision>, now: Timestamp) -> usize {
-        let mut starts: HashMap<JobId, Placement> = HashMap::new();
-        let mut start_order: Vec<JobId> = Vec::new();
-        let mut reasons: HashMap<JobId, WaitReason> = HashMap::new();
-        let mut reason_order: Vec<JobId> = Vec::new();
-        let mut others = Vec::new();
-        for decision in decisions {
-            match decision {
-                Decision::Start { job, placement } => {
-                    let placement = self.with_launch(&job, placement);
-                    start_order.push(job.clone());
-                    starts.insert(job, placement);
-                }
-                Decision::Wait { job, reason } => {
-                    let unchanged = matches!(
-                        self.store.get(&job).map(|r| &r.state),
-                        Some(JobState::Queued(w)) if w.reason == reason
-                    );
-                    if !unchanged {
-                        reason_order.push(job.clone());
-                        reasons.insert(job, reason);
-                    }
-                }
-                other => others.push(other),
-            }
-        }
-        let mut changes = 0;
-
-        // Recorded first, then sent: if we die in between, the restarted scheduler sees
-        // running jobs that never started and sends them again (the message id makes
-        // JetStream drop a copy that did go out).
-        let recorded = self
-            .store
-            .update_many(&start_order, |r| {
-                if let Some(placement) = starts.get(&r.id) {
-                    r.state = JobState::Running(Run::assigned(placement.clone(), now));
-                }
-            })
-            .await;
-        let mut started = Vec::with_capacity(recorded.len());
-        for result in recorded {
-            match result {
-                Ok(record) => started.push(record),
-                Err(err) => tracing::error!("recording a start: {err:#}"),
-            }
-        }
-        let sent: Vec<Result<()>> = futures::stream::iter(&started)
-            .map(|record| self.send_assignment(record))
-            .buffered(ASSIGNMENTS_IN_FLIGHT)
-            .collect()
-            .await;
-        for (record, outcome) in started.iter().zip(sent) {
-            if let Err(err) = outcome {
-                // Recorded as running: the repair timer sends it again.
-                tracing::error!("{err:#}");
-                continue;
-            }
-            changes += 1;
-            let JobState::Running(run) = &record.state else {
-                continue;
-            };
-            self.publish_event(
-                &record.id,
-                JobEventKind::Assigned {
-                    placement: run.placement.clone(),
-                },
-            );
-            if let Some(end) = self
-                .effective_time_limit(&record.spec)
-                .and_then(|l| chrono::Duration::from_std(l).ok())
-            {
-                let end = now + end;
-                if record.spec.on_timeout == OnTimeout::Requeue
-                    && self.next_slice_end.is_none_or(|next| end < next)
-                {
-                    self.next_slice_end = Some(end);
-                }
-            }
-        }
-
-        let written = self
-            .store
-            .update_many(&reason_order, |r| {
-                if let (JobState::Queued(waiting), Some(reason)) =
-                    (&mut r.state, reasons.get(&r.id))
-                {
-                    waiting.reason = *reason;
-                }
-            })
-            .await;
-        for (job, result) in reason_order.iter().zip(written) {
-            match result {
-                Ok(_) => {
-                    changes += 1;
-                    if let Some(reason) = reasons.get(job) {
-                        self.publish_event(job, JobEventKind::Queued { reason: *reason });
-                    }
-                }
-                Err(err) => tracing::error!("recording a wait reason: {err:#}"),
-            }
-        }
-
-        for decision in others {
-            match self.carry_out(decision, now).await {
-                Ok(()) => changes += 1,
-                Err(err) => tracing::error!("{err:#}"),
-            }
-        }
-        changes
-    }
-
-    /// Carries out a rejection or a preemption.
-    async fn carry_out(&mut self, decision: Decision, now: Timestamp) -> Result<()> {
-        match decision {
-            Decision::Start { .. } | Decision::Wait { .. } => Ok(()),
-            Decision::Reject { job, reason } => {
-                self.finish(&job, |_| {
-                    JobState::Failed(Ending {
-                        placement: None,
-                        started_at: None,
-                        ended_at: now,
-                        exit_code: None,
-                        signal: None,
-                        reason: Some(format!("cannot run: {reason}")),
-                    })
-                })
-                .await
-            }
-            Decision::Preempt { job } => self.preempt(&job).await,
-        }
-    }
-
-    /// A placement with what a multi-node or distributed job's ranks need to find each other.
-    fn with_launch(&self, job: &JobId, mut placement: Placement) -> Placement {
-        let Some(spec) = self.store.get(job).map(|r| &r.spec) else {
-            return placement;
-        };
-        if spec.is_multi_node() || spec.distributed {
-            placement.launch = Some(Launch {
-                distributed: spec.distributed,
-                addresses: placement
-                    .node_names()
-                    .into_iter()
-                    .map(|node| self.nodes.address(node).unwrap_or(node).to_owned())
-                    .collect(),
-                master_port: master_port(job),
-            });
-        }
-        placement
-    }
-
-    /// Stops a job whose time slice is over; it comes back to the queue when the agent reports.
-    async fn preempt(&mut self, job: &JobId) -> Result<()> {
-        let Some(record) = self.store.get(job).cloned() else {
-            return Ok(());
-        };
-        let JobState::Running(run) = &record.state else {
-            return Ok(());
-        };
-        if run.preempt_requested || run.cancel_requested_by.is_some() {
-            return Ok(());
-        }
-        self.store
-            .update(job, |r| {
-                if let JobState::Running(run) = &mut r.state {
-                    run.preempt_requested = true;
-                }
-            })
-            .await?;
-        let control = NodeControl::Kill {
-            job_id: job.clone(),
-            attempt: record.attempt,
-            reason: "time slice over while other jobs wait: back to the queue".into(),
-            requeue: true,
-        };
-        self.send_control_to_job(&run.placement, &control, None)
-            .await?;
-        tracing::info!(job = %job, nodes = %run.placement.nodes_label(), "time slice over; preempting");
-        Ok(())
-    }
-
-    /// Adds a finished run's GPU time to its user's fair-share usage.
-    pub(crate) fn account_usage(&mut self, record: &JobRecord, ended_at: Timestamp) {
-        let JobState::Running(run) = &record.state else {
-            return;
-        };
-        let Some(started) = run.started_at else {
-            return;
-        };
-        let seconds = (ended_at - started).num_milliseconds().max(0) as f64 / 1000.0;
-        let gpus = run.placement.total_gpus();
-        if gpus > 0.0 && seconds > 0.0 {
-            self.usage.add(
-                &record.user,
-                gpus * seconds,
-                ended_at,
-                self.policy.half_life_secs,
-            );
-            self.usage_dirty = true;
-        }
-    }
-
-    /// Moves a job to a finished state built by `ending` from its current record.
-    pub(crate) async fn finish(
-        &mut self,
-        job: &JobId,
-        ending: impl Fn(&JobRecord) -> JobState,
-    ) -> Result<()> {
-        let record = self.store.update(job, |r| r.state = ending(r)).await?;
-        let end = record.state.ending();
-        self.publish_event(
-            job,
-            JobEventKind::Finished {
-                state: record.state.name().to_owned(),
-                exit_code: end.and_then(|e| e.exit_code),
-                reason: end.and_then(|e| e.reason.clone()),
-            },
-        );
-        tracing::info!(job = %job, state = record.state.name(), "job finished");
-        Ok(())
     }
 
     fn publish_status(&self, now: Timestamp) {

@@ -137,6 +137,18 @@ impl JobStore {
         }
     }
 
+    /// Puts a record just written at `revision` in the table, and gives it back.
+    fn keep(&mut self, record: JobRecord, revision: u64) -> JobRecord {
+        self.put(
+            record.id.clone(),
+            Tracked {
+                record: record.clone(),
+                revision,
+            },
+        );
+        record
+    }
+
     /// Puts a record in the table, keeping the state indexes right.
     fn put(&mut self, id: JobId, tracked: Tracked) {
         self.unindex_nodes(&id);
@@ -288,16 +300,7 @@ impl JobStore {
         let outcomes = self.write_pipelined(&writes).await;
         for ((index, id, ..), outcome) in writes.iter().zip(outcomes) {
             let result = match (outcome, changed[*index].take()) {
-                (Some(revision), Some(record)) => {
-                    self.put(
-                        id.clone(),
-                        Tracked {
-                            record: record.clone(),
-                            revision,
-                        },
-                    );
-                    Ok(record)
-                }
+                (Some(revision), Some(record)) => Ok(self.keep(record, revision)),
                 _ => self.update(id, &change).await,
             };
             results[*index] = Some(result);
@@ -363,14 +366,7 @@ impl JobStore {
             if let Some((payload, record)) = unanswered.take() {
                 match self.landed(id, &payload).await {
                     Ok(Some(revision)) => {
-                        self.put(
-                            id.clone(),
-                            Tracked {
-                                record: record.clone(),
-                                revision,
-                            },
-                        );
-                        return Ok(record);
+                        return Ok(self.keep(record, revision));
                     }
                     Ok(None) => {}
                     Err(err) => {
@@ -393,14 +389,7 @@ impl JobStore {
                 .await
             {
                 Ok(revision) => {
-                    self.put(
-                        id.clone(),
-                        Tracked {
-                            record: record.clone(),
-                            revision,
-                        },
-                    );
-                    return Ok(record);
+                    return Ok(self.keep(record, revision));
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     conflicts += 1;

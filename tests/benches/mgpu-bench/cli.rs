@@ -91,17 +91,7 @@ fn all_jobs(cluster: &Cluster) -> Result<Vec<Value>> {
 /// Scenarios 1 and 4 on one cluster: a node with one GPU kept busy by a `sleep` job, so every
 /// submitted job waits; then `mgpu queue` with all of them waiting.
 fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
-    progress("cluster: one agent, 1 GPU, busy with a sleep job");
-    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
-    let busy = run_mgpu(&cluster, &["submit", "-q", "--", "sleep 3600"])?
-        .trim()
-        .to_owned();
-    wait_until(
-        "the sleep job to run",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || Ok((cluster.state(&busy) == "running").then_some(())),
-    )?;
+    let cluster = one_busy_gpu()?;
 
     progress(&format!(
         "(1) {} x `mgpu submit -- true`, one after another",

@@ -290,3 +290,59 @@ pub async fn connect(cluster: &Cluster, creds: &Path) -> Result<async_nats::Clie
         .await
         .with_context(|| format!("connecting with {}", creds.display()))
 }
+
+/// A cluster of one agent with one GPU that a `sleep` job keeps busy, so every job submitted
+/// afterwards waits.
+pub fn one_busy_gpu() -> Result<Cluster> {
+    progress("cluster: one agent, 1 GPU, busy with a sleep job");
+    let cluster = Cluster::start(&[mgpu_tests::NodeSpec::new("node001", "1x24GiB")]);
+    let busy = run_mgpu(&cluster, &["submit", "-q", "--", "sleep 3600"])?
+        .trim()
+        .to_owned();
+    wait_until(
+        "the sleep job to run",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok((cluster.state(&busy) == "running").then_some(())),
+    )?;
+    Ok(cluster)
+}
+
+/// Asks `mgpu.scheduler.status` until `ready` holds; returns the status and how long it took.
+pub async fn wait_for_status(
+    what: &str,
+    timeout: Duration,
+    client: &async_nats::Client,
+    ready: impl Fn(&Value) -> bool,
+) -> Result<(Value, Duration)> {
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    loop {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.request(mgpu_shared::subjects::SCHEDULER_STATUS, "".into()),
+        )
+        .await;
+        if let Ok(Ok(message)) = answer {
+            let status: Value =
+                serde_json::from_slice(&message.payload).context("status is not JSON")?;
+            if ready(&status) {
+                return Ok((status, started.elapsed()));
+            }
+            if last_report.elapsed() > Duration::from_secs(10) {
+                progress(&format!(
+                    "  waiting for {what}: {} jobs recorded, {} queued, {} running, {} nodes online",
+                    status["jobs_total"],
+                    status["jobs_queued"],
+                    status["jobs_running"],
+                    status["nodes_online"]
+                ));
+                last_report = Instant::now();
+            }
+        }
+        if started.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

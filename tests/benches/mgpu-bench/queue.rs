@@ -3,10 +3,10 @@
 //! One agent with one GPU runs a `sleep` job. The scheduler is then stopped and the bench writes
 //! the waiting jobs' records into the `mgpu-jobs` bucket itself, with the scheduler's
 //! credentials, exactly as the scheduler records a submission it has looked at (queued,
-//! waiting for GPUs). Submitting them instead would measure the scheduler: on a 2-core machine
-//! this scheduler records a few hundred submissions a second, slowing as the queue grows (28 000
-//! after four minutes when tried, other work sharing the machine), so 100 000 would take the better part of an hour; the
-//! 1 000-job case of the `cli` group keeps the submitted path. Each command then runs as a
+//! waiting for GPUs). Submitting them instead would measure the scheduler too (the `scale` group
+//! does: it records about 3 000 submissions a second here), and a running scheduler would share
+//! the two cores with the CLI being timed; the 1 000-job case of the `cli` group keeps the
+//! submitted path. Each command then runs as a
 //! separate process with stdout to a pipe read as it comes:
 //! - `queue_latency_100k`: `mgpu queue` (the human table), spawn to exit;
 //! - `queue_json_latency_100k`: `mgpu queue --json`, spawn to exit.
@@ -26,7 +26,7 @@ use mgpu_shared::auth::Role;
 use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{JobRecord, JobSpec, JobState, WaitReason, Waiting};
 use mgpu_shared::subjects;
-use mgpu_tests::{Cluster, NodeSpec};
+use mgpu_tests::Cluster;
 use serde_json::{Value, json};
 
 use crate::common::*;
@@ -41,17 +41,7 @@ pub fn run(ctx: &Run) -> Result<()> {
     } else {
         (FULL_JOBS, 10)
     };
-    progress("cluster: one agent, 1 GPU, busy with a sleep job");
-    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
-    let busy = run_mgpu(&cluster, &["submit", "-q", "--", "sleep 3600"])?
-        .trim()
-        .to_owned();
-    wait_until(
-        "the sleep job to run",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || Ok((cluster.state(&busy) == "running").then_some(())),
-    )?;
+    let mut cluster = one_busy_gpu()?;
 
     // The scheduler is stopped before the records are written: it would otherwise go on
     // rewriting every queued job's wait reason, timed along with the CLI on two cores.

@@ -8,10 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use chrono::{DateTime, Utc};
 use mgpu_shared::job::JobSpec;
-use mgpu_tests::{Cluster, NodeSpec};
+use mgpu_tests::Cluster;
 use serde_json::json;
 
 use crate::common::*;
@@ -21,9 +21,7 @@ pub fn run(ctx: &Run) -> Result<()> {
     progress(&format!(
         "recovery: {jobs} jobs waiting, {samples} restarts"
     ));
-    let mut cluster = Cluster::start(&[NodeSpec::new("node1", "1x24GiB")]);
-    // One GPU kept busy, so every submitted job waits.
-    run_mgpu(&cluster, &["submit", "--", "sleep", "3600"])?;
+    let mut cluster = one_busy_gpu()?;
     let key = user_key(&cluster.user_creds("alice"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -37,7 +35,14 @@ pub fn run(ctx: &Run) -> Result<()> {
             .map(|_| JobSpec::new(vec!["true".into()], "/tmp"))
             .collect();
         submit_pipelined(&js, &key, "alice", specs, 1024).await?;
-        wait_recorded(&client, jobs + 1).await
+        wait_for_status(
+            "every job recorded",
+            Duration::from_secs(600),
+            &client,
+            |s| s["jobs_total"].as_u64().unwrap_or(0) > jobs as u64,
+        )
+        .await
+        .map(|_| ())
     })?;
     progress(&format!("  {jobs} jobs recorded"));
 
@@ -82,28 +87,6 @@ pub fn run(ctx: &Run) -> Result<()> {
         }),
     );
     Ok(())
-}
-
-/// Waits until the scheduler has recorded `count` jobs.
-async fn wait_recorded(client: &async_nats::Client, count: usize) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        if let Ok(Ok(message)) = tokio::time::timeout(
-            Duration::from_secs(5),
-            client.request(mgpu_shared::subjects::SCHEDULER_STATUS, "".into()),
-        )
-        .await
-        {
-            let status: serde_json::Value = serde_json::from_slice(&message.payload)?;
-            if status["jobs_total"].as_u64().unwrap_or(0) >= count as u64 {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the scheduler did not record {count} jobs in time");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// The times, after `since`, at which the scheduler log says it took the lease and that it is

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
@@ -29,7 +29,7 @@ use mgpu_shared::job::JobSpec;
 use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
 use mgpu_shared::subjects;
 use mgpu_tests::Cluster;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::common::*;
 
@@ -264,45 +264,6 @@ async fn measure(
         passes,
         ended_in_window,
     })
-}
-
-/// Asks `mgpu.scheduler.status` until `ready` holds; returns the status and how long it took.
-async fn wait_for_status(
-    what: &str,
-    timeout: Duration,
-    client: &async_nats::Client,
-    ready: impl Fn(&Value) -> bool,
-) -> Result<(Value, Duration)> {
-    let started = Instant::now();
-    let mut last_report = Instant::now();
-    loop {
-        let answer = tokio::time::timeout(
-            Duration::from_secs(5),
-            client.request(subjects::SCHEDULER_STATUS, "".into()),
-        )
-        .await;
-        if let Ok(Ok(message)) = answer {
-            let status: Value =
-                serde_json::from_slice(&message.payload).context("status is not JSON")?;
-            if ready(&status) {
-                return Ok((status, started.elapsed()));
-            }
-            if last_report.elapsed() > Duration::from_secs(10) {
-                progress(&format!(
-                    "  waiting for {what}: {} jobs recorded, {} queued, {} running, {} nodes online",
-                    status["jobs_total"],
-                    status["jobs_queued"],
-                    status["jobs_running"],
-                    status["nodes_online"]
-                ));
-                last_report = Instant::now();
-            }
-        }
-        if started.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// VmRSS and VmHWM of a process, in KiB.

@@ -107,6 +107,23 @@ fn two_one_gpu_jobs_on_a_one_gpu_node_the_second_waits() {
 }
 
 #[test]
+fn waiting_for_the_reason_already_recorded_is_no_decision() {
+    let mut unchanged = job(2, GpuAmount::ONE);
+    unchanged.recorded_reason = Some(WaitReason::Resources);
+    let mut changed = job(3, GpuAmount::ONE);
+    changed.recorded_reason = Some(WaitReason::Submitted);
+    let queue = [job(1, GpuAmount::ONE), unchanged, changed];
+    let decisions = run(&[node("n1", 1, 24_000)], &[], &queue);
+    assert_eq!(started(&decisions).len(), 1);
+    assert_eq!(reason_of(&decisions, &queue[1].id), None);
+    assert_eq!(
+        reason_of(&decisions, &queue[2].id),
+        Some(WaitReason::Resources)
+    );
+    assert_eq!(decisions.len(), 2);
+}
+
+#[test]
 fn higher_effective_priority_goes_first_even_when_younger() {
     let mut urgent = job(2, GpuAmount::ONE);
     urgent.effective_priority = 10;
