@@ -19,6 +19,7 @@
 //! - [`auth`]: nkeys for each role, and the nats-server authorization they get.
 //! - [`tls`]: the certificate authority and server certificate, and the server's `tls` blocks.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
+//! - [`pull`]: continuous pulls from durable consumers that survive losing the consumer's leader.
 //! - [`wire`]: strict decoding of inbound messages: size limits and the checks handlers share.
 //! - `fuzzing` (tests only): hostile payload generators for the fuzz targets.
 //! - [`error`]: the typed errors of this crate.
@@ -38,6 +39,7 @@ pub mod job;
 pub mod node;
 pub mod output;
 pub mod priority;
+pub mod pull;
 pub mod records;
 pub mod signing;
 pub mod streams;

@@ -640,24 +640,30 @@ impl Cluster {
             .build()
             .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
         runtime.block_on(async {
-            let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
-            // The inbox every mgpu client uses (users may subscribe to theirs only).
-            let public_key = nkeys::KeyPair::from_seed(&seed)
-                .map(|pair| pair.public_key())
-                .unwrap_or_else(|e| panic!("{e}"));
-            let mut options = async_nats::ConnectOptions::with_nkey(seed)
-                .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key));
-            if let Some(ca) = &self.ca {
-                options = options.require_tls(true).add_root_certificates(ca.clone());
-            }
-            let client = options
-                .connect(mgpu_shared::connect::server_list(&self.server_url()))
-                .await
-                .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()));
+            let client = self.connect(&self.server_url(), creds).await;
             let result = work(client.clone()).await;
             let _ = client.flush().await;
             result
         })
+    }
+
+    /// A NATS client connected with `creds` to `urls` (comma-separated), as mgpu's own
+    /// clients connect: for stories that keep one client across several steps.
+    pub async fn connect(&self, urls: &str, creds: &Path) -> async_nats::Client {
+        let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
+        // The inbox every mgpu client uses (users may subscribe to theirs only).
+        let public_key = nkeys::KeyPair::from_seed(&seed)
+            .map(|pair| pair.public_key())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut options = async_nats::ConnectOptions::with_nkey(seed)
+            .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key));
+        if let Some(ca) = &self.ca {
+            options = options.require_tls(true).add_root_certificates(ca.clone());
+        }
+        options
+            .connect(mgpu_shared::connect::server_list(urls))
+            .await
+            .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()))
     }
 
     /// Publishes a heartbeat as its node would (with that node's credentials), so a test can
@@ -684,21 +690,71 @@ impl Cluster {
     }
 
     /// Prints the component logs; call before failing to see what happened.
+    ///
+    /// The nats-servers' logs come first and mgpu's after them, and the warnings and errors
+    /// of every log are repeated at the very end: a CI report that keeps only the head and
+    /// the tail of a long output still shows what went wrong.
     pub fn dump_logs(&self) {
-        if let Ok(entries) = std::fs::read_dir(self.dir.path().join("logs")) {
-            for entry in entries.flatten() {
+        let Ok(entries) = std::fs::read_dir(self.dir.path().join("logs")) else {
+            return;
+        };
+        let mut logs: Vec<(bool, PathBuf, String)> = entries
+            .flatten()
+            .map(|entry| {
                 let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-                eprintln!("===== {} =====\n{text}", entry.path().display());
+                let is_nats = text.contains("Starting nats-server");
+                (!is_nats, entry.path(), text)
+            })
+            .collect();
+        logs.sort();
+        let mut complaints = Vec::new();
+        for (_, path, text) in &logs {
+            eprintln!("===== {} =====\n{text}", path.display());
+            let name = path.file_stem().map(|n| n.to_string_lossy().into_owned());
+            for line in text.lines().map(without_colours) {
+                if ["WARN", "ERROR", "[ERR]", "[WRN]"]
+                    .iter()
+                    .any(|w| line.contains(w))
+                {
+                    complaints.push(format!("{}: {line}", name.as_deref().unwrap_or("?")));
+                }
             }
         }
+        let skipped = complaints.len().saturating_sub(MAX_COMPLAINTS_SHOWN);
+        eprintln!("===== warnings and errors of every log ({skipped} earlier ones left out) =====");
+        for line in &complaints[skipped..] {
+            eprintln!("{line}");
+        }
     }
+}
+
+/// How many warning and error lines [`Cluster::dump_logs`] repeats at the end.
+const MAX_COMPLAINTS_SHOWN: usize = 150;
+
+/// A log line without its terminal colour codes (`ESC [ … m`).
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         use nix::sys::signal::{Signal, kill};
         use nix::unistd::Pid;
-        if std::thread::panicking() {
+        // MGPU_TEST_DUMP_LOGS=1 shows them for a story that passed too (with --nocapture).
+        if std::thread::panicking() || std::env::var_os("MGPU_TEST_DUMP_LOGS").is_some() {
             self.dump_logs();
         }
         for (_, child) in &mut self.agents {

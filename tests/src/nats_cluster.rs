@@ -54,6 +54,14 @@ impl NatsCluster {
     pub fn names(&self) -> Vec<String> {
         self.members.iter().map(|m| m.name.clone()).collect()
     }
+
+    /// The client URL of one member, by server name.
+    pub fn url_of(&self, name: &str) -> Option<String> {
+        self.members
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| format!("nats://127.0.0.1:{}", m.client_port))
+    }
 }
 
 impl Drop for NatsCluster {
@@ -125,6 +133,14 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// The client URL of one server of the NATS cluster, by server name.
+    pub fn nats_url_of(&self, name: &str) -> String {
+        self.nats_cluster
+            .as_ref()
+            .and_then(|servers| servers.url_of(name))
+            .unwrap_or_else(|| panic!("no server {name}"))
+    }
+
     /// SIGKILLs one nats-server of the cluster, by server name, and returns once it is dead.
     pub fn kill_nats_server(&mut self, name: &str) {
         let servers = self
@@ -188,6 +204,26 @@ impl Cluster {
                         });
                     }
                 }
+                std::thread::sleep(Duration::from_millis(500));
+                None
+            },
+        );
+    }
+
+    /// Moves the leadership of `stream` onto `server` by step-downs (each elects one of the
+    /// replicas, so a few may be needed), and waits until it is there.
+    pub fn move_leader_onto(&self, stream: &str, server: &str) {
+        wait_for(
+            &format!("{stream} led by {server}"),
+            Duration::from_secs(60),
+            || {
+                if self.stream_leaders().get(stream).map(String::as_str) == Some(server) {
+                    return Some(());
+                }
+                self.with_nats(&self.admin_creds(), |client| async move {
+                    let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}");
+                    let _ = client.request(subject, "".into()).await;
+                });
                 std::thread::sleep(Duration::from_millis(500));
                 None
             },

@@ -415,3 +415,108 @@ fn agents_cut_off_from_nats_stop_their_jobs_which_run_again_once_it_is_back() {
         vec!["start 1", "stop 1", "start 2", "end 2"]
     );
 }
+
+/// A heartbeat and an exit report travel separately: a beat taken just before a job ended can
+/// arrive after its exit was recorded. It shows the attempt as it was, so the scheduler sends
+/// no kill for it (and logs no stale attempt); a beat sent after the end that still lists the
+/// attempt does get one. ghost01 is played by the story itself, which decides what each
+/// message says and when it is sent.
+#[test]
+fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
+    use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
+    use mgpu_shared::ids::JobId;
+    use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
+
+    let cluster = start(&[NodeSpec::without_agent("ghost01")], &[]);
+    let beat = |sent_at, running: Vec<RunningJob>| NodeHeartbeat {
+        node: "ghost01".into(),
+        sent_at,
+        // Online for the whole story without another beat.
+        interval_ms: 600_000,
+        gpu_source: GpuSource::Declared,
+        gpu_note: None,
+        gpus: vec![GpuStatus {
+            index: 0,
+            uuid: "GPU-ghost01-0".into(),
+            name: "Declared GPU".into(),
+            memory_total_mib: 24_576,
+            memory_used_mib: 0,
+            utilization_pct: 0,
+            foreign_processes: Vec::new(),
+        }],
+        running,
+        address: "ghost01".into(),
+        runs_jobs_as: "nobody".into(),
+        agent_version: "test".into(),
+        mem_threshold: 1.0,
+        load_threshold: 1.0,
+        labels: Default::default(),
+        fence_after_ms: None,
+        kill_grace_ms: 0,
+    };
+    cluster.publish_heartbeat(&beat(mgpu_shared::now(), Vec::new()));
+    cluster.wait_nodes_online(1);
+    let id = cluster.submit(&[], "true");
+    cluster.wait_state(&id, "running", T);
+    let job: JobId = id.parse().unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    let report = |kind: JobEventKind| {
+        let event = JobEvent {
+            job_id: job.clone(),
+            attempt: 1,
+            at: mgpu_shared::now(),
+            source: EventSource::Node("ghost01".into()),
+            kind,
+        };
+        let payload = serde_json::to_vec(&event).unwrap_or_else(|e| panic!("{e}"));
+        let subject = mgpu_shared::subjects::events(&job);
+        cluster.with_nats(
+            &cluster.creds(mgpu_shared::auth::Role::Node, "ghost01"),
+            |client| async move {
+                async_nats::jetstream::new(client)
+                    .publish(subject, payload.into())
+                    .await
+                    .unwrap_or_else(|e| panic!("publishing a report: {e}"))
+                    .await
+                    .unwrap_or_else(|e| panic!("report not stored: {e}"));
+            },
+        );
+    };
+    let running = || {
+        vec![RunningJob {
+            id: job.clone(),
+            attempt: 1,
+            pid: 4242,
+        }]
+    };
+    report(JobEventKind::Started { pid: 4242 });
+    // The beat is taken while the job runs; the job exits; the beat arrives last.
+    let taken_while_running = mgpu_shared::now();
+    std::thread::sleep(Duration::from_millis(50));
+    report(JobEventKind::Exited {
+        exit_code: 0,
+        signal: None,
+        cancelled: false,
+        timed_out: false,
+        preempted: false,
+        lost: false,
+    });
+    cluster.finished_as(&id, "succeeded", T);
+    cluster.publish_heartbeat(&beat(taken_while_running, running()));
+    // Taken after the end and still listing the attempt: that one is left running.
+    cluster.publish_heartbeat(&beat(mgpu_shared::now(), running()));
+
+    // Beats are handled in order: once the second one got its kill, the first was handled.
+    let log = cluster.log_path("scheduler");
+    let kills = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains("stale attempt still running") && line.contains(&id))
+            .count()
+    };
+    wait_for("the kill for the attempt left running", T, || {
+        (kills() > 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(kills(), 1, "only the beat sent after the end gets a kill");
+}

@@ -29,6 +29,9 @@ use serde_json::Value;
 /// (6 s) outlast the elections; 10 × 200 ms gives the stories the same margin.
 const MISSED_HEARTBEATS: [&str; 2] = ["--missed-heartbeats", "10"];
 
+/// The stream of the bucket holding the scheduler's lease.
+const LEASE_STREAM: &str = "KV_mgpu-leader";
+
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// One submission: when it started, how long `mgpu submit` took, and the job id (or the error).
@@ -191,8 +194,14 @@ fn lose_a_server(hand_over_first: bool) {
             stop.store(true, Ordering::Relaxed);
             std::panic::resume_unwind(panic);
         }
-        let leaders = cluster.stream_leaders();
+        let mut leaders = cluster.stream_leaders();
         let victim = planned.clone().unwrap_or_else(|| busiest_leader(&leaders));
+        if planned.is_none() {
+            // The scheduler's lease goes down with it too: its bucket's election outlasts the
+            // lease, which must not make the scheduler step down and start over.
+            cluster.move_leader_onto(LEASE_STREAM, &victim);
+            leaders = cluster.stream_leaders();
+        }
         eprintln!("stream leaders: {leaders:?}; killing {victim}");
         let at = Instant::now();
         let before_kill = completed.load(Ordering::Relaxed);
@@ -259,6 +268,14 @@ fn lose_a_server(hand_over_first: bool) {
         "the jobs that ran are the jobs submitted"
     );
 
+    // The scheduler acted throughout: it never stepped down to start over.
+    let scheduler_log = std::fs::read_to_string(cluster.log_path("scheduler")).unwrap_or_default();
+    assert_eq!(
+        scheduler_log.matches("scheduler ready").count(),
+        1,
+        "the scheduler started over"
+    );
+
     // Every stream is led by a surviving server, still with three replicas (one offline).
     let leaders = cluster.stream_leaders();
     assert!(
@@ -276,4 +293,155 @@ fn lose_a_server(hand_over_first: bool) {
     assert!(cluster.all_jobs().len() > ids.len());
     // Reads may take a few tries each while a server is missing (see `create_reader`).
     cluster.wait_nodes_online_within(1, Duration::from_secs(60));
+}
+
+/// The scheduler reads agents' reports, and an agent its assignments, through a continuous
+/// pull: one request waiting at the server that leads the consumer. Here that server dies
+/// while the reader stays connected to another one, so nothing but the pull's idle
+/// heartbeats can tell the reader its request may be gone.
+#[test]
+fn a_pull_whose_consumer_leader_dies_resumes_soon_after_the_election() {
+    pull_across_a_lost_leader(false);
+}
+
+/// As above, but the reader was connected to the server that dies, which also led the
+/// stream: it reconnects to another while both the stream and the consumer elect a leader.
+#[test]
+fn a_pull_whose_server_dies_with_the_leaders_resumes_soon_after_the_election() {
+    pull_across_a_lost_leader(true);
+}
+
+/// A message stored after the election must arrive within seconds, not when a lost pull
+/// request would have expired (about 35 s with async-nats's defaults, which once kept a whole
+/// story waiting for agents' reports).
+fn pull_across_a_lost_leader(reader_on_leader: bool) {
+    use async_nats::jetstream::{self, AckKind, consumer, stream};
+    use mgpu_shared::pull::Pull;
+
+    const STREAM: &str = "PULL_TEST";
+    const CONSUMER: &str = "pull-test";
+    let _one_at_a_time = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut cluster = Cluster::start_on_nats_cluster(3, &[], &MISSED_HEARTBEATS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    // The JetStream context spawns its acknowledgement task on the current runtime.
+    let _in_runtime = runtime.enter();
+    // A reader given every server (it reconnects to another when its own dies), or only one
+    // (killing any other never disconnects it).
+    let urls = if reader_on_leader {
+        cluster.server_url()
+    } else {
+        cluster.nats_url_of(&cluster.nats_server_names()[0])
+    };
+    let client = runtime.block_on(cluster.connect(&urls, &cluster.admin_creds()));
+    let home = client.server_info().server_name;
+    let js = jetstream::new(client.clone());
+    let consumer = runtime.block_on(async {
+        let stream = js
+            .create_stream(stream::Config {
+                name: STREAM.to_owned(),
+                subjects: vec!["pulltest.>".to_owned()],
+                num_replicas: 3,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("creating the stream: {e}"));
+        stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(CONSUMER.to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("creating the consumer: {e}"))
+    });
+    // Leaders are moved by step-downs until they sit where the story wants them.
+    let placed = |leader: &str| (leader == home) == reader_on_leader;
+    let victim = wait_for("the leaders to be placed", Duration::from_secs(60), || {
+        runtime.block_on(async {
+            let consumer_leader = consumer
+                .clone()
+                .info()
+                .await
+                .ok()
+                .and_then(|info| info.cluster.clone())
+                .and_then(|cluster| cluster.leader)?;
+            let stream_leader = js
+                .get_stream(STREAM)
+                .await
+                .ok()?
+                .info()
+                .await
+                .ok()
+                .and_then(|info| info.cluster.clone())
+                .and_then(|cluster| cluster.leader)?;
+            let stream_placed = !reader_on_leader || stream_leader == consumer_leader;
+            if placed(&consumer_leader) && stream_placed {
+                return Some(consumer_leader);
+            }
+            let step_down = if placed(&consumer_leader) {
+                format!("$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}")
+            } else {
+                format!("$JS.API.CONSUMER.LEADER.STEPDOWN.{STREAM}.{CONSUMER}")
+            };
+            let _ = client.request(step_down, "".into()).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            None
+        })
+    });
+    let mut pull = runtime
+        .block_on(Pull::new(consumer, "pull test"))
+        .unwrap_or_else(|e| panic!("starting the pull: {e}"));
+
+    let publish_until_stored = |payload: &'static str| {
+        runtime.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let stored = match js.publish("pulltest.message", payload.into()).await {
+                    Ok(ack) => ack.await.is_ok(),
+                    Err(_) => false,
+                };
+                if stored {
+                    return Instant::now();
+                }
+                assert!(Instant::now() < deadline, "{payload} was never stored");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let mut receive = |within: Duration| {
+        runtime.block_on(async {
+            let message = tokio::time::timeout(within, pull.next()).await.ok()?;
+            let _ = message.ack_with(AckKind::Ack).await;
+            Some(String::from_utf8_lossy(&message.payload).into_owned())
+        })
+    };
+    publish_until_stored("before");
+    assert_eq!(receive(Duration::from_secs(10)).as_deref(), Some("before"));
+
+    eprintln!("the consumer is led by {victim}, the reader connected to {home}; killing {victim}");
+    let killed = Instant::now();
+    cluster.kill_nats_server(&victim);
+    // Stored once the stream has a leader again (the publish waits out its election).
+    let stored = publish_until_stored("after");
+    let got = receive(Duration::from_secs(60));
+    let delivered = stored.elapsed();
+    eprintln!(
+        "stored {:?} after the kill, delivered {delivered:?} after that",
+        stored - killed
+    );
+    assert_eq!(
+        got.as_deref(),
+        Some("after"),
+        "nothing delivered within 60 s"
+    );
+    assert!(
+        delivered < Duration::from_secs(12),
+        "delivered {delivered:?} after it was stored: the pull waited on its lost request"
+    );
 }

@@ -1,9 +1,10 @@
 //! The node's inbox: the durable pull consumer `node-<node>` on `MGPU_ASSIGN`, filtered to
 //! `nodes.assign.<node>` and `nodes.control.<node>`. Assignments start jobs; controls stop them.
 //!
-//! Messages are taken through a continuous pull (`messages()`), which keeps a request waiting
-//! at the server, so an assignment reaches the agent as soon as it is stored: no polling
-//! anywhere on the submit → start path. A bad message is logged, terminated (so it is not
+//! Messages are taken through a continuous pull ([`mgpu_shared::pull::start`]), which keeps a
+//! request waiting at the server, so an assignment reaches the agent as soon as it is stored:
+//! no polling anywhere on the submit → start path. Its short idle heartbeat notices within
+//! seconds that the server holding that request died, and the pull is set up again. A bad message is logged, terminated (so it is not
 //! redelivered forever) and never stops the loop.
 
 use std::time::Duration;
@@ -60,7 +61,7 @@ impl Dispatcher {
         while let Some(consumer) = self.consumer(&shutdown).await {
             let messages = tokio::select! {
                 () = shutdown.fired() => break,
-                messages = consumer.messages() => messages,
+                messages = mgpu_shared::pull::start(&consumer) => messages,
             };
             match messages {
                 Ok(messages) => {
@@ -189,17 +190,11 @@ impl Dispatcher {
                         self.handle(message).await;
                     }
                     Some(Err(err)) => {
-                        use async_nats::jetstream::consumer::pull::MessagesErrorKind as Kind;
-                        // No responders: the consumer has no leader yet (just created in a
-                        // NATS cluster, or its server died): set it up again rather than wait
-                        // on a pull nobody will answer.
-                        let fatal = matches!(
-                            err.kind(),
-                            Kind::ConsumerDeleted
-                                | Kind::PushBasedConsumer
-                                | Kind::RequestLimitExceeded
-                                | Kind::NoResponders
-                        );
+                        // No responders or missed heartbeats: the consumer has no leader yet
+                        // (just created in a NATS cluster), or the server leading it died
+                        // while this agent is connected to another one. Set it up again
+                        // rather than wait on a pull nobody will answer.
+                        let fatal = mgpu_shared::pull::must_restart(err.kind());
                         let text = format!("assignment consumer: {err}");
                         if let Verdict::Log { suppressed } = self.stream_failures.failure(&text) {
                             warn!(suppressed, "{text}");

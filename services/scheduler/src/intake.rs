@@ -2,7 +2,7 @@
 //! answered, audited and acknowledged at once), consecutive plain submissions recorded
 //! together, every other request carried out in order, each acknowledged once handled.
 
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use bytes::Bytes;
 
 use mgpu_shared::ids::JobId;
@@ -12,8 +12,7 @@ use mgpu_shared::{now, subjects};
 use crate::service::Scheduler;
 
 /// A request read from the requests stream.
-pub(crate) type RequestMessage =
-    Result<jetstream::Message, async_nats::error::Error<consumer::pull::MessagesErrorKind>>;
+pub(crate) type RequestMessage = jetstream::Message;
 
 /// A request whose signature checked out, ready to be carried out.
 struct Admitted {
@@ -86,13 +85,6 @@ impl Scheduler {
     /// Checks a request's signature; a refused one is answered, audited and acknowledged
     /// here (None).
     async fn admit(&mut self, message: RequestMessage) -> Option<Admitted> {
-        let message = match message {
-            Ok(message) => message,
-            Err(err) => {
-                tracing::warn!(%err, "reading a request");
-                return None;
-            }
-        };
         let subject = message.subject.to_string();
         let job = subjects::job_id_of(&subject).map(str::to_owned);
         let kind = subject.rsplit('.').next().unwrap_or("");

@@ -2,7 +2,9 @@
 //! in the `mgpu-leader` KV bucket, whose entries expire after a few seconds. It renews the
 //! lease every second with compare-and-set; a standby tries to create the key every half
 //! second and becomes active as soon as the key has expired. A replica that fails to renew
-//! (someone else holds the key now) stops acting at once.
+//! because someone else holds the key now stops acting at once; one whose key merely expired
+//! while NATS could not answer (a server lost, the bucket electing a leader) takes it again
+//! if nobody else did, and goes on.
 
 use std::time::Duration;
 
@@ -81,9 +83,16 @@ fn start_renewing(bucket: kv::Store, holder: String, mut revision: u64) -> Lease
             {
                 Ok(next) => revision = next,
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                    tracing::error!("the scheduler lease was taken over: stepping down");
-                    let _ = lost_tx.send(true);
-                    return;
+                    match take_again(&bucket, &holder).await {
+                        Retaken::Held(next) => revision = next,
+                        Retaken::ByAnother => {
+                            tracing::error!("the scheduler lease was taken over: stepping down");
+                            let _ = lost_tx.send(true);
+                            return;
+                        }
+                        // The next renewal finds out.
+                        Retaken::Unknown => {}
+                    }
                 }
                 // A passing NATS error: try again; the lease outlives a few missed renewals.
                 Err(err) => tracing::warn!(%err, "renewing the scheduler lease"),
@@ -91,4 +100,53 @@ fn start_renewing(bucket: kv::Store, holder: String, mut revision: u64) -> Lease
         }
     });
     Lease { lost, renewer }
+}
+
+/// Who holds the lease after a renewal found the key changed or gone.
+enum Retaken {
+    /// This replica, at this revision.
+    Held(u64),
+    /// Another replica.
+    ByAnother,
+    /// NATS did not answer.
+    Unknown,
+}
+
+/// After a renewal found the key changed or gone. Gone: it expired while NATS could not renew
+/// it (the bucket's stream electing a leader takes longer than the lease); creating it again
+/// succeeds only if no other replica has taken it since, and then this one simply goes on,
+/// where stepping down would restart the scheduler for nothing. Changed but still naming this
+/// replica: a renewal landed and its answer was lost.
+async fn take_again(bucket: &kv::Store, holder: &str) -> Retaken {
+    match bucket
+        .create(subjects::LEADER_KEY, holder.to_owned().into())
+        .await
+    {
+        Ok(revision) => {
+            tracing::warn!(
+                "the scheduler lease expired while it could not be renewed; no other replica had taken it: holding it again"
+            );
+            return Retaken::Held(revision);
+        }
+        Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {}
+        Err(err) => {
+            tracing::warn!(%err, "taking the expired scheduler lease again");
+            return Retaken::Unknown;
+        }
+    }
+    match bucket.entry(subjects::LEADER_KEY).await {
+        Ok(Some(entry))
+            if entry.operation == kv::Operation::Put
+                && entry.value.as_ref() == holder.as_bytes() =>
+        {
+            Retaken::Held(entry.revision)
+        }
+        Ok(Some(entry)) if entry.operation == kv::Operation::Put => Retaken::ByAnother,
+        // Gone again in between: the next renewal finds out.
+        Ok(_) => Retaken::Unknown,
+        Err(err) => {
+            tracing::warn!(%err, "reading the scheduler lease");
+            Retaken::Unknown
+        }
+    }
 }

@@ -181,7 +181,15 @@ impl Scheduler {
                 r.attempt == running.attempt
                     && matches!(&r.state, JobState::Running(run) if run.placement.launches_on(&beat.node))
             });
-            if current {
+            // A beat sent before the attempt's end arrives after its exit report (they travel
+            // separately): it shows the attempt as it was, not one left running.
+            let ended_after_beat = self.store.get(&running.id).is_some_and(|r| {
+                r.attempt == running.attempt
+                    && r.state
+                        .ending()
+                        .is_some_and(|end| end.ended_at >= beat.sent_at)
+            });
+            if current || ended_after_beat {
                 continue;
             }
             let key = (running.id.clone(), running.attempt);

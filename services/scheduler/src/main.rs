@@ -105,12 +105,15 @@ fn parse_seconds(text: &str) -> Result<u64, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Colours only for a person at a terminal; journald and log files get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let args = Args::parse();
     match run(args).await {

@@ -20,6 +20,7 @@ use mgpu_shared::ids::JobId;
 use mgpu_shared::job::{JobSpec, JobState};
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook};
+use mgpu_shared::pull::Pull;
 use mgpu_shared::{Timestamp, now, records, subjects, wire};
 
 use crate::core::{self, CoreSettings, QueuedJob, RunningJob};
@@ -169,30 +170,28 @@ pub async fn run(
         .await
         .map_err(|e| anyhow!("reading the events consumer: {e}"))?
         .num_pending;
-    let mut events = events_consumer
-        .messages()
+    let mut events = Pull::new(events_consumer.clone(), "job events")
         .await
         .map_err(|e| anyhow!("consuming job events: {e}"))?;
     // Agents' reports written while we were down come first: only then do we know which
     // assignments never reached their node.
     for _ in 0..backlog {
         match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
-            Ok(Some(Ok(message))) => scheduler.on_event_message(message).await,
-            Ok(Some(Err(err))) => tracing::warn!(%err, "reading a job event"),
-            Ok(None) | Err(_) => break,
+            Ok(message) => scheduler.on_event_message(message).await,
+            Err(_) => break,
         }
     }
     scheduler.resend_unconfirmed_assignments().await;
 
-    let mut requests = durable_consumer(
+    let requests_consumer = durable_consumer(
         &js,
         subjects::REQUESTS_STREAM,
         subjects::SCHEDULER_REQUESTS_CONSUMER,
     )
-    .await?
-    .messages()
-    .await
-    .map_err(|e| anyhow!("consuming requests: {e}"))?;
+    .await?;
+    let mut requests = Pull::new(requests_consumer, "requests")
+        .await
+        .map_err(|e| anyhow!("consuming requests: {e}"))?;
 
     scheduler.check_liveness().await;
     scheduler.pass().await;
@@ -224,26 +223,22 @@ pub async fn run(
             }
             // A running job's time slice ends: the pass decides whether to preempt it.
             _ = tokio::time::sleep_until(slice_timer.unwrap_or_else(far_future)), if slice_timer.is_some() => {}
-            Some(message) = requests.next() => {
+            message = requests.next() => {
                 let mut batch = vec![message];
                 for _ in 0..BATCH {
                     match requests.next().now_or_never() {
-                        Some(Some(message)) => batch.push(message),
-                        _ => break,
+                        Some(message) => batch.push(message),
+                        None => break,
                     }
                 }
                 scheduler.on_requests(batch).await;
             }
-            Some(message) = events.next() => {
-                match message {
-                    Ok(message) => scheduler.on_event_message(message).await,
-                    Err(err) => tracing::warn!(%err, "reading a job event"),
-                }
+            message = events.next() => {
+                scheduler.on_event_message(message).await;
                 for _ in 0..BATCH {
                     match events.next().now_or_never() {
-                        Some(Some(Ok(message))) => scheduler.on_event_message(message).await,
-                        Some(Some(Err(err))) => tracing::warn!(%err, "reading a job event"),
-                        _ => break,
+                        Some(message) => scheduler.on_event_message(message).await,
+                        None => break,
                     }
                 }
             }
