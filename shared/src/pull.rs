@@ -1,12 +1,11 @@
-//! Continuous pulls from a durable consumer that survive losing the consumer's leader.
+//! Continuous pulls from a durable consumer that keep delivering across a lost server.
 //!
 //! A continuous pull (`messages()`) keeps one pull request waiting at the server that leads
-//! the consumer. In a NATS cluster that server can die while the client stays connected to
-//! another one: the waiting request dies with it, the newly elected leader knows nothing of
-//! it, and async-nats only asks again when the request would have expired. With its defaults
-//! (30 s expiry, 15 s idle heartbeat) nothing is delivered for about 35 s, so a scheduler
-//! would not see agents' reports, or an agent its assignments, long after the election
-//! (measured: about 5 s with nats-server 2.14).
+//! the consumer. Should that request be lost (its server killed), async-nats asks again only
+//! once the request would have expired, or reports missed idle heartbeats, which with its
+//! defaults (30 s expiry, 15 s heartbeat) takes half a minute. And a pull can end (consumer
+//! deleted, a request refused), after which a `select!` arm waiting on it never fires again:
+//! a scheduler would stop hearing agents' reports without a word.
 //!
 //! [`start`] asks for an idle heartbeat every [`IDLE_HEARTBEAT`], so a lost request shows as
 //! missed heartbeats within two of them, and [`must_restart`] says which errors mean the

@@ -1,7 +1,8 @@
 //! Failures, told as stories: agents SIGKILLed with their jobs running (requeued elsewhere,
 //! orphans stopped when the agent returns), `--no-requeue` and `--max-attempts` ending a job
 //! `node_failed`, a frozen agent whose job its guard stops (self-fencing) before the job runs
-//! elsewhere, and the active scheduler SIGKILLed with a standby taking over.
+//! elsewhere, the active scheduler SIGKILLed with a standby taking over, and a heartbeat
+//! overtaken by the exit it preceded.
 //!
 //! Real nats-server, real binaries, real signals: an agent is SIGKILLed (its job keeps running
 //! as an orphan, as after a crash) or SIGSTOPped. Agents heartbeat every 200 ms and the
@@ -481,9 +482,9 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
             },
         );
     };
-    let running = || {
+    let running = |id: &JobId| {
         vec![RunningJob {
-            id: job.clone(),
+            id: id.clone(),
             attempt: 1,
             pid: 4242,
         }]
@@ -501,22 +502,29 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         lost: false,
     });
     cluster.finished_as(&id, "succeeded", T);
-    cluster.publish_heartbeat(&beat(taken_while_running, running()));
-    // Taken after the end and still listing the attempt: that one is left running.
-    cluster.publish_heartbeat(&beat(mgpu_shared::now(), running()));
-
-    // Beats are handled in order: once the second one got its kill, the first was handled.
+    cluster.publish_heartbeat(&beat(taken_while_running, running(&job)));
+    // Beats are handled in order: once a later beat's kill of an attempt nobody knows is
+    // logged, the early beat was handled too.
+    let unknown = JobId::random();
+    cluster.publish_heartbeat(&beat(mgpu_shared::now(), running(&unknown)));
     let log = cluster.log_path("scheduler");
-    let kills = || {
+    let kills = |of: &JobId| {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
-            .filter(|line| line.contains("stale attempt still running") && line.contains(&id))
+            .filter(|line| {
+                line.contains("stale attempt still running") && line.contains(of.as_str())
+            })
             .count()
     };
-    wait_for("the kill for the attempt left running", T, || {
-        (kills() > 0).then_some(())
+    wait_for("the kill of the unknown attempt", T, || {
+        (kills(&unknown) > 0).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(kills(), 1, "only the beat sent after the end gets a kill");
+    assert_eq!(kills(&job), 0, "the beat taken before the exit got a kill");
+
+    // Taken after the end and still listing the attempt: that one was left running.
+    cluster.publish_heartbeat(&beat(mgpu_shared::now(), running(&job)));
+    wait_for("the kill of the attempt left running", T, || {
+        (kills(&job) > 0).then_some(())
+    });
 }
