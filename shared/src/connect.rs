@@ -123,16 +123,21 @@ pub async fn connect_with(
 /// every `mgpu` command, a third of the time a submission takes. Later attempts (a server
 /// down, a reconnect) keep the library's choice and backoff.
 fn first_try(servers: &[async_nats::Server]) -> Option<async_nats::ReconnectToServer> {
-    if servers.iter().any(|s| s.did_connect || s.failed_attempts > 0) {
+    if servers
+        .iter()
+        .any(|s| s.did_connect || s.failed_attempts > 0)
+    {
         return None;
     }
     // Spread first connections over the cluster, as the library's shuffle does.
-    let pick = usize::try_from(uuid::Uuid::new_v4().as_u128() % servers.len().max(1) as u128)
-        .unwrap_or(0);
-    servers.get(pick).map(|server| async_nats::ReconnectToServer {
-        addr: server.addr.clone(),
-        delay: Some(Duration::ZERO),
-    })
+    let pick =
+        usize::try_from(uuid::Uuid::new_v4().as_u128() % servers.len().max(1) as u128).unwrap_or(0);
+    servers
+        .get(pick)
+        .map(|server| async_nats::ReconnectToServer {
+            addr: server.addr.clone(),
+            delay: Some(Duration::ZERO),
+        })
 }
 
 /// Whether a failed connection failed at TLS. async-nats reports a certificate it could not

@@ -8,8 +8,13 @@
 //!
 //! An attempt is recorded as soon as its process is spawned (before the assignment is
 //! acknowledged) and removed once its exit report is stored. Every change rewrites the whole
-//! file atomically (write a temporary file, fsync, rename), so a crash mid-write leaves either
-//! the old list or the new one, never half of one.
+//! file atomically (write a temporary file, rename it over), so an agent killed mid-write
+//! leaves either the old list or the new one, never half of one.
+//!
+//! Nothing is fsynced: the file guards against the agent's death, not the host's. The page
+//! cache outlives a killed agent, and a power cut kills every job with it, so the list is
+//! then moot (each attempt carries the boot id, and the scheduler counts a rebooted node's
+//! jobs lost anyway). An fsync per job start and end was the agent's largest single cost.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -111,7 +116,7 @@ impl StateFile {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Remembers a spawned attempt (on a blocking thread: it fsyncs).
+    /// Remembers a spawned attempt (on a blocking thread: it writes a file).
     pub async fn record(&self, attempt: RecordedAttempt) {
         self.change(move |attempts| {
             attempts.insert((attempt.job_id.clone(), attempt.attempt), attempt);
@@ -208,8 +213,7 @@ fn read(path: &Path, node: &str) -> anyhow::Result<Vec<RecordedAttempt>> {
 }
 
 /// Writes `path` so that readers see the old contents or the new, never a part: a temporary
-/// file in the same directory, flushed to disk, renamed over it, and the directory synced so
-/// the rename itself survives a power cut.
+/// file in the same directory, renamed over it. Not synced to disk (see the module doc).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".tmp");
@@ -217,18 +221,11 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let written = (|| {
         let mut file = std::fs::File::create(&temporary)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
         std::fs::rename(&temporary, path)
     })();
     if let Err(err) = written {
         let _ = std::fs::remove_file(&temporary);
         return Err(anyhow!("cannot write {}: {err}", path.display()));
-    }
-    if let Some(dir) = path.parent()
-        && let Ok(dir) = std::fs::File::open(dir)
-    {
-        // Best effort: some filesystems refuse to sync a directory; the data is written.
-        let _ = dir.sync_all();
     }
     Ok(())
 }
