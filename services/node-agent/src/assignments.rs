@@ -32,6 +32,12 @@ use crate::throttle::{Throttle, Verdict};
 const ACK_WAIT: Duration = Duration::from_secs(30);
 /// Pause before retrying to set up the consumer.
 const RETRY_SETUP_AFTER: Duration = Duration::from_secs(1);
+/// Pauses while the streams do not exist yet (the agent started before the scheduler created
+/// them): from the first, doubling up to the last. The node shows online as soon as a
+/// heartbeat is stored, and a job assigned to it waits until the consumer exists, so the agent
+/// looks often; a thousand agents waiting on a new cluster still make only 4 000 requests/s.
+const FIRST_WAIT_FOR_STREAMS: Duration = Duration::from_millis(50);
+const MAX_WAIT_FOR_STREAMS: Duration = Duration::from_millis(250);
 
 pub struct Dispatcher {
     ctx: JobContext,
@@ -85,6 +91,7 @@ impl Dispatcher {
     async fn consumer(&mut self, shutdown: &Signal) -> Option<PullConsumer> {
         let name = subjects::node_consumer(&self.ctx.node);
         let mut said_waiting = false;
+        let mut pause = RETRY_SETUP_AFTER;
         loop {
             let attempt = async {
                 let stream = self.ctx.js.get_stream(subjects::ASSIGN_STREAM).await?;
@@ -123,16 +130,22 @@ impl Dispatcher {
                             "waiting for mgpu streams (start mgpu-scheduler or run `mgpu admin setup`)"
                         );
                         said_waiting = true;
+                        pause = FIRST_WAIT_FOR_STREAMS;
+                    } else {
+                        pause = (pause * 2).min(MAX_WAIT_FOR_STREAMS);
                     }
                 }
-                Err(err) => self.setup_failed(&format!(
-                    "cannot set up consumer {name} on stream {}: {err}",
-                    subjects::ASSIGN_STREAM
-                )),
+                Err(err) => {
+                    pause = RETRY_SETUP_AFTER;
+                    self.setup_failed(&format!(
+                        "cannot set up consumer {name} on stream {}: {err}",
+                        subjects::ASSIGN_STREAM
+                    ))
+                }
             }
             tokio::select! {
                 () = shutdown.fired() => return None,
-                () = tokio::time::sleep(RETRY_SETUP_AFTER) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
     }
