@@ -4,7 +4,7 @@ use mgpu_shared::gpu_amount::GpuAmount;
 use mgpu_shared::job::{GpuShare, NodeShare, Placement};
 use mgpu_shared::priority::PlacementPolicy;
 
-use super::{CoreSettings, NodeView, QueuedJob, RunningJob};
+use super::{CoreSettings, FastHash, NodeView, QueuedJob, RunningJob};
 
 /// One GPU's room left while a pass places jobs.
 #[derive(Clone, Debug)]
@@ -27,6 +27,8 @@ impl FreeGpu {
 
 pub(super) struct FreeNode {
     pub name: String,
+    /// Where the node's [`NodeView`] is in the pass's node list.
+    pub view: usize,
     pub labels: std::collections::BTreeMap<String, String>,
     pub gpus: Vec<FreeGpu>,
     /// Node-level switch for CPU-only jobs (a drained node takes nothing).
@@ -37,7 +39,7 @@ pub(super) struct Capacity {
     pub nodes: Vec<FreeNode>,
     /// Where each node is in `nodes`: booking 8 000 running jobs by searching 1 000 names
     /// each was the biggest part of a pass on a large cluster.
-    positions: std::collections::HashMap<String, usize>,
+    positions: std::collections::HashMap<String, usize, FastHash>,
     /// Placements booked so far: a fit that failed stays failed while this is unchanged.
     pub bookings: u64,
 }
@@ -48,17 +50,20 @@ pub(super) struct Constraints<'a> {
     pub in_service_only: bool,
     /// Only GPUs not busy with foreign work (false: to tell why a job waits).
     pub unbusy_only: bool,
-    /// GPUs held for someone else (backfill reservations).
-    pub avoid: &'a dyn Fn(&str, u32) -> bool,
+    /// GPUs held for someone else (backfill reservations), by position in
+    /// [`Capacity::nodes`] and GPU index.
+    pub avoid: &'a dyn Fn(usize, u32) -> bool,
 }
 
 impl Capacity {
     pub fn new(nodes: &[NodeView], running: &[RunningJob]) -> Self {
         let free: Vec<FreeNode> = nodes
             .iter()
-            .filter(|n| n.online)
-            .map(|n| FreeNode {
+            .enumerate()
+            .filter(|(_, n)| n.online)
+            .map(|(view, n)| FreeNode {
                 name: n.name.clone(),
+                view,
                 labels: n.labels.clone(),
                 offered: !n.drained,
                 gpus: n
@@ -93,12 +98,11 @@ impl Capacity {
         }
         // Utilisation counts against a GPU only while no mgpu job is on it: a GPU shared by
         // two mgpu jobs is governed by their shares, not by how hard they work it.
-        for (node, view) in capacity.nodes.iter_mut().filter_map(|free| {
-            nodes
-                .iter()
-                .find(|n| n.name == free.name)
-                .map(|view| (free, view))
-        }) {
+        for (node, view) in capacity
+            .nodes
+            .iter_mut()
+            .filter_map(|free| nodes.get(free.view).map(|view| (free, view)))
+        {
             for gpu in &mut node.gpus {
                 let busy_elsewhere = view.gpus.iter().any(|g| {
                     g.index == gpu.index
@@ -110,6 +114,11 @@ impl Capacity {
             }
         }
         capacity
+    }
+
+    /// Where node `name` is in [`Capacity::nodes`] (online nodes only).
+    pub fn position_of(&self, name: &str) -> Option<usize> {
+        self.positions.get(name).copied()
     }
 
     pub fn book(&mut self, placement: &Placement) {
@@ -141,7 +150,7 @@ impl Capacity {
     ) -> Option<Placement> {
         // Every node that could take one rank now, with its GPUs and how free it is.
         let mut fitting: Vec<(&FreeNode, Vec<GpuShare>, usize)> = Vec::new();
-        for node in &self.nodes {
+        for (position, node) in self.nodes.iter().enumerate() {
             if constraints.in_service_only && !node.offered {
                 continue;
             }
@@ -153,7 +162,7 @@ impl Capacity {
                 .iter()
                 .filter(|g| !constraints.in_service_only || g.in_service)
                 .filter(|g| !constraints.unbusy_only || g.unbusy)
-                .filter(|g| !(constraints.avoid)(&node.name, g.index))
+                .filter(|g| !(constraints.avoid)(position, g.index))
                 .filter(|g| job.may_use_gpu(&node.name, g.index))
                 .collect();
             let Some(shares) = fit(&usable, job, job.pinned_on(&node.name)) else {

@@ -43,7 +43,7 @@ use mgpu_shared::priority::PlacementPolicy;
 
 pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};
-use reservation::Reservation;
+use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 
 /// One GPU of a node as the core sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -326,7 +326,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
             (std::cmp::Reverse(q.effective_priority), q.queued_at, q)
         })
         .collect();
-    keyed.sort_unstable_by(|a, b| {
+    // The stable sort finds runs already in order: the queue changes little between passes
+    // and jobs of alike priority arrive in age order, so this is near linear in practice.
+    keyed.sort_by(|a, b| {
         (a.0, a.1)
             .cmp(&(b.0, b.1))
             .then_with(|| a.2.id.cmp(&b.2.id))
@@ -336,6 +338,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
     // Running jobs plus those started in this pass: what holds GPUs, and until when.
     let mut holding: Vec<RunningJob> = running.to_vec();
     let mut reservations: Vec<Reservation> = Vec::new();
+    let mut reserved = ReservedGpus::default();
+    // Built when the first reservation is sought (most passes seek none).
+    let mut releases: Option<ReleaseTimes> = None;
     let mut array_running: HashMap<JobId, u32> = HashMap::new();
     for job in running {
         if let Some(array) = &job.array_id {
@@ -408,9 +413,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
             .and_then(|limit| chrono::Duration::from_std(limit).ok())
             .map(|limit| now + limit);
         let avoid_reserved =
-            |node: &str, index: u32| reservations.iter().any(|r| r.blocks(node, index, ends_at));
-        let nothing_reserved = |_: &str, _: u32| false;
-        let fits = |in_service_only, unbusy_only, avoid: &dyn Fn(&str, u32) -> bool| {
+            |position: usize, index: u32| reserved.blocks(position, index, ends_at);
+        let nothing_reserved = |_: usize, _: u32| false;
+        let fits = |in_service_only, unbusy_only, avoid: &dyn Fn(usize, u32) -> bool| {
             let constraints = Constraints {
                 in_service_only,
                 unbusy_only,
@@ -444,6 +449,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
         };
         if let Some(placement) = placed {
             capacity.book(&placement);
+            if let Some(releases) = &mut releases {
+                releases.add(&capacity, &placement, ends_at);
+            }
             if let Some((array, _)) = &job.array {
                 *array_running.entry(array.clone()).or_default() += 1;
             }
@@ -475,8 +483,13 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>>(
         };
         let mut reserve_failed_at = None;
         if reservations_left {
-            match reservation::reserve(&capacity, nodes, &holding, job, &reservations, now) {
-                Some(reservation) => reservations.push(reservation),
+            let releases =
+                releases.get_or_insert_with(|| ReleaseTimes::new(&capacity, &holding, now));
+            match reservation::reserve(&capacity, nodes, releases, job, &reserved, now) {
+                Some(reservation) => {
+                    reserved.add(&capacity, &reservation);
+                    reservations.push(reservation);
+                }
                 None => reserve_failed_at = Some(reservations.len()),
             }
         }

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 
 use mgpu_shared::Timestamp;
+use mgpu_shared::job::Placement;
 
 use super::capacity::Capacity;
-use super::{NodeView, QueuedJob, RunningJob};
+use super::{FastHash, NodeView, QueuedJob, RunningJob};
 
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Reservation {
@@ -21,14 +22,97 @@ pub(super) struct Reservation {
 
 impl Reservation {
     /// Whether a job that ends by `ends_at` (None: no limit) must keep off GPU `index` of `node`.
+    #[cfg(test)]
     pub fn blocks(&self, node: &str, index: u32, ends_at: Option<Timestamp>) -> bool {
-        let ends_in_time =
-            matches!((ends_at, self.start), (Some(end), Some(start)) if end <= start);
-        !ends_in_time && self.holds(node, index)
+        !ends_before(ends_at, self.start) && self.gpus.iter().any(|(n, i)| n == node && *i == index)
+    }
+}
+
+/// Whether a job ending by `ends_at` is gone before a reservation starting at `start`.
+fn ends_before(ends_at: Option<Timestamp>, start: Option<Timestamp>) -> bool {
+    matches!((ends_at, start), (Some(end), Some(start)) if end <= start)
+}
+
+/// The GPUs the pass's reservations hold, by (position in [`Capacity::nodes`], GPU index),
+/// each with its reservation's start. A GPU is held by one reservation at most ([`reserve`]
+/// skips held ones), so whether a reservation keeps a job off a GPU is one lookup, where
+/// asking every reservation for every GPU of every search compared names by the million.
+#[derive(Default)]
+pub(super) struct ReservedGpus {
+    start_of: HashMap<(usize, u32), Option<Timestamp>, FastHash>,
+}
+
+impl ReservedGpus {
+    pub fn add(&mut self, capacity: &Capacity, reservation: &Reservation) {
+        for (node, index) in &reservation.gpus {
+            if let Some(position) = capacity.position_of(node) {
+                self.start_of.insert((position, *index), reservation.start);
+            }
+        }
     }
 
-    fn holds(&self, node: &str, index: u32) -> bool {
-        self.gpus.iter().any(|(n, i)| n == node && *i == index)
+    /// Whether a job that ends by `ends_at` (None: no limit) must keep off this GPU.
+    pub fn blocks(&self, position: usize, index: u32, ends_at: Option<Timestamp>) -> bool {
+        self.start_of
+            .get(&(position, index))
+            .is_some_and(|start| !ends_before(ends_at, *start))
+    }
+
+    fn holds(&self, position: usize, index: u32) -> bool {
+        self.start_of.contains_key(&(position, index))
+    }
+}
+
+/// When each held GPU frees up (None: a job on it has no time limit), by (position in
+/// [`Capacity::nodes`], GPU index): gathered once per pass, when the first reservation is
+/// sought, and kept up to date as the pass starts jobs. Gathering it for every reservation
+/// went through every running job sixteen times a pass.
+pub(super) struct ReleaseTimes {
+    at: HashMap<(usize, u32), Option<Timestamp>, FastHash>,
+    now: Timestamp,
+}
+
+impl ReleaseTimes {
+    pub fn new(capacity: &Capacity, holding: &[RunningJob], now: Timestamp) -> Self {
+        let mut releases = ReleaseTimes {
+            at: HashMap::default(),
+            now,
+        };
+        for held in holding {
+            releases.add(capacity, &held.placement, held.expected_end);
+        }
+        releases
+    }
+
+    /// A job now holding `placement` until `expected_end` (None: no limit).
+    pub fn add(
+        &mut self,
+        capacity: &Capacity,
+        placement: &Placement,
+        expected_end: Option<Timestamp>,
+    ) {
+        for (_, node, shares) in placement.ranks() {
+            let Some(position) = capacity.position_of(node) else {
+                continue;
+            };
+            for share in shares {
+                let release = self
+                    .at
+                    .entry((position, share.index))
+                    .or_insert(Some(self.now));
+                *release = match (*release, expected_end) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+        }
+    }
+
+    fn of(&self, position: usize, index: u32) -> Option<Timestamp> {
+        self.at
+            .get(&(position, index))
+            .copied()
+            .unwrap_or(Some(self.now))
     }
 }
 
@@ -44,44 +128,24 @@ fn release_key(release: Option<Timestamp>) -> (bool, Option<Timestamp>) {
 pub(super) fn reserve(
     capacity: &Capacity,
     nodes: &[NodeView],
-    holding: &[RunningJob],
+    releases: &ReleaseTimes,
     job: &QueuedJob,
-    existing: &[Reservation],
+    reserved: &ReservedGpus,
     now: Timestamp,
 ) -> Option<Reservation> {
     if job.gpus.is_zero() {
         return None;
     }
     let mem = job.mem_mib.unwrap_or(0);
-    // When each held GPU frees up (None: a job on it has no limit), gathered once: looking
-    // through every running job for every GPU costs GPUs x jobs (64 million on a 1 000-node
-    // cluster) per reservation.
-    let mut releases: HashMap<(&str, u32), Option<Timestamp>> = HashMap::new();
-    for held in holding {
-        for (_, node, shares) in held.placement.ranks() {
-            for share in shares {
-                let release = releases.entry((node, share.index)).or_insert(Some(now));
-                *release = match (*release, held.expected_end) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-            }
-        }
-    }
-    let views: HashMap<&str, &NodeView> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    // GPUs already held for jobs ahead, gathered once rather than searched for every GPU.
-    let reserved: std::collections::HashSet<(&str, u32)> = existing
-        .iter()
-        .flat_map(|r| r.gpus.iter().map(|(node, index)| (node.as_str(), *index)))
-        .collect();
     // (node, its GPUs for the job, when they are all free) for every node that could hold a rank.
     let mut ready: Vec<(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
-    for node in capacity
+    for (position, node) in capacity
         .nodes
         .iter()
-        .filter(|n| n.offered && job.may_use_node(&n.name))
+        .enumerate()
+        .filter(|(_, n)| n.offered && job.may_use_node(&n.name))
     {
-        let Some(view) = views.get(node.name.as_str()) else {
+        let Some(view) = nodes.get(node.view) else {
             continue;
         };
         let wanted = job
@@ -92,7 +156,7 @@ pub(super) fn reserve(
             .gpus
             .iter()
             .filter(|g| g.offered())
-            .filter(|g| !reserved.contains(&(node.name.as_str(), g.index)))
+            .filter(|g| !reserved.holds(position, g.index))
             .filter(|g| job.may_use_gpu(&node.name, g.index))
             .filter(|g| {
                 view.gpus.iter().any(|v| {
@@ -100,13 +164,7 @@ pub(super) fn reserve(
                         && v.memory_total_mib.saturating_sub(v.foreign_mem_mib) >= mem
                 })
             })
-            .map(|g| {
-                let release = releases
-                    .get(&(node.name.as_str(), g.index))
-                    .copied()
-                    .unwrap_or(Some(now));
-                (g.index, release)
-            })
+            .map(|g| (g.index, releases.of(position, g.index)))
             .collect();
         if candidates.len() < wanted {
             continue;
