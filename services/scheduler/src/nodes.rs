@@ -302,7 +302,7 @@ mod tests {
                     QueuedJob::new(JobId::random(), GpuAmount::ONE, now),
                     QueuedJob::new(JobId::random(), GpuAmount::from_units(2_500), now),
                 ];
-                let _ = core::plan(&views, &[], &queue, &settings, now);
+                let _ = core::plan::<_, core::RunningJob>(&views, &[], &queue, &settings, now);
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The core's view of the queue, kept between passes: one [`QueuedJob`] per waiting job,
 //! rebuilt only when its record changes, its effective priority and dependencies refreshed
-//! every pass; and the running jobs as the core sees them.
+//! every pass; and one [`RunningJob`] per running job, rebuilt only when its record changes
+//! (rebuilding 8 000 of them, names and placements copied, was a tenth of every pass).
 
 use std::collections::HashMap;
 
@@ -23,14 +24,24 @@ pub(crate) struct QueueView {
 }
 
 impl Scheduler {
-    /// Brings [`Scheduler::queue_views`] up to date. Only jobs whose record changed since
-    /// the last pass are looked up (a new view, a dropped one); then every view's effective
+    /// Brings [`Scheduler::queue_views`] and [`Scheduler::running_views`] up to date. Only
+    /// jobs whose record changed since the last pass are looked up (a new view, a dropped
+    /// one); then every queued view's effective
     /// priority (it ages) and, for the few jobs with dependencies, whether those are met, are
     /// refreshed in one sweep over views that lie next to each other in memory.
     pub(crate) fn refresh_queue_views(&mut self, now: Timestamp) {
         let changed = self.store.take_changed();
         self.churn += changed.len();
         for id in changed {
+            match self.store.get(&id).map(|record| (record, &record.state)) {
+                Some((record, JobState::Running(run))) => {
+                    let view = self.running_job(record, run);
+                    self.running_views.insert(id.clone(), view);
+                }
+                _ => {
+                    self.running_views.remove(&id);
+                }
+            }
             let fresh = self.store.get(&id).and_then(|record| match &record.state {
                 JobState::Queued(waiting) => Some(QueueView {
                     priority: record.spec.priority,

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use mgpu_shared::event::{EventSource, JobEvent};
 use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobSpec, JobState};
+use mgpu_shared::job::JobSpec;
 use mgpu_shared::node::NodeHeartbeat;
 use mgpu_shared::priority::{Policy, UsageBook};
 use mgpu_shared::pull::Pull;
@@ -73,6 +73,8 @@ pub struct Scheduler {
     pub(crate) queue_views: Vec<QueueView>,
     /// Where each queued job's view is in `queue_views`.
     pub(crate) queue_slots: HashMap<JobId, usize>,
+    /// The running jobs as the core sees them, kept between passes like `queue_views`.
+    pub(crate) running_views: HashMap<JobId, RunningJob>,
     /// Records changed since memory was last given back, and when that was.
     pub(crate) churn: usize,
     pub(crate) last_trim: Option<std::time::Instant>,
@@ -136,6 +138,7 @@ pub async fn run(
         nonces: mgpu_shared::signing::Nonces::default(),
         queue_views: Vec::new(),
         queue_slots: HashMap::new(),
+        running_views: HashMap::new(),
         churn: 0,
         last_trim: None,
         recent_passes: std::collections::VecDeque::with_capacity(RECENT_PASSES),
@@ -359,14 +362,7 @@ impl Scheduler {
         let now = now();
         self.refresh_queue_views(now);
         let queue: Vec<&QueuedJob> = self.queue_views.iter().map(|c| &c.view).collect();
-        let running: Vec<RunningJob> = self
-            .store
-            .running()
-            .filter_map(|r| match &r.state {
-                JobState::Running(run) => Some(self.running_job(r, run)),
-                _ => None,
-            })
-            .collect();
+        let running: Vec<&RunningJob> = self.running_views.values().collect();
         // Only slices still to come arm the timer: one already over is acted on by the next
         // pass that finds someone waiting (a submission or an exit wakes the loop anyway).
         self.next_slice_end = running

@@ -56,7 +56,7 @@ pub(super) struct Constraints<'a> {
 }
 
 impl Capacity {
-    pub fn new(nodes: &[NodeView], running: &[RunningJob]) -> Self {
+    pub fn new(nodes: &[NodeView], running: &[&RunningJob]) -> Self {
         let free: Vec<FreeNode> = nodes
             .iter()
             .enumerate()

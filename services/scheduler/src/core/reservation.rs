@@ -73,7 +73,11 @@ pub(super) struct ReleaseTimes {
 }
 
 impl ReleaseTimes {
-    pub fn new(capacity: &Capacity, holding: &[RunningJob], now: Timestamp) -> Self {
+    pub fn new<'a>(
+        capacity: &Capacity,
+        holding: impl IntoIterator<Item = &'a RunningJob>,
+        now: Timestamp,
+    ) -> Self {
         let mut releases = ReleaseTimes {
             at: HashMap::default(),
             now,

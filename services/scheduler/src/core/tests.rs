@@ -224,7 +224,7 @@ fn fill_first_packs_and_spread_spreads() {
     let nodes = [node("big", 8, 24_000), node("small", 2, 24_000)];
     let packed = run(&nodes, &[], &[job(1, GpuAmount::ONE)]);
     assert_eq!(started(&packed)[0].1.node, "small");
-    let spread = plan(
+    let spread = plan::<_, RunningJob>(
         &nodes,
         &[],
         &[job(1, GpuAmount::ONE)],
