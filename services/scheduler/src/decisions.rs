@@ -111,7 +111,7 @@ impl Scheduler {
 
         let written = self
             .store
-            .update_many(&reason_order, |r| {
+            .update_many_quietly(&reason_order, |r| {
                 if let (JobState::Queued(waiting), Some(reason)) =
                     (&mut r.state, reasons.get(&r.id))
                 {

@@ -182,12 +182,8 @@ impl Scheduler {
         let Ok(payload) = serde_json::to_vec(&record) else {
             return;
         };
-        crate::outbox::publish_in_background(
-            &self.js,
-            subjects::audit(action),
-            payload,
-            "an audit record",
-        );
+        self.background
+            .publish(subjects::audit(action), payload, "an audit record");
     }
 
     /// Refuses a request about `job`: a log line, an event the requester's CLI shows, and an

@@ -39,6 +39,8 @@ const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Scheduler {
     pub(crate) js: jetstream::Context,
+    /// Where job events and audit records go out, off the hot path.
+    pub(crate) background: crate::outbox::BackgroundPublisher,
     pub(crate) store: JobStore,
     pub(crate) nodes: NodeTable,
     /// Node administration, policy and usage (`mgpu-cluster` bucket).
@@ -118,6 +120,7 @@ pub async fn run(
     let (status_tx, status_rx) = watch::channel(Status::default());
     let mut scheduler = Scheduler {
         js: js.clone(),
+        background: crate::outbox::BackgroundPublisher::start(js.clone()),
         store,
         nodes,
         cluster,

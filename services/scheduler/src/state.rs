@@ -268,11 +268,40 @@ impl JobStore {
     /// not plainly succeed (a conflict, a lost answer, NATS electing a leader) is redone alone
     /// with [`JobStore::update`], which reloads, reads back and retries as needed; `change`
     /// must therefore give the same result when applied to a record it already changed.
-    /// One result per id, in order.
+    /// One result per id, in order. Written [`UPDATE_CHUNK`] records at a time, so what is
+    /// held at once (changed copies, their encoded payloads) stays bounded.
     pub async fn update_many(
         &mut self,
         ids: &[JobId],
         change: impl Fn(&mut JobRecord),
+    ) -> Vec<Result<JobRecord>> {
+        let mut results = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(UPDATE_CHUNK) {
+            results.extend(self.update_chunk(chunk, &change).await);
+        }
+        results
+    }
+
+    /// [`JobStore::update_many`] when only success matters: the changed records are not
+    /// handed back, so a pass that gives 100 000 new jobs their wait reason holds one chunk
+    /// of copies at a time, not all of them (which was most of the scheduler's peak memory).
+    pub async fn update_many_quietly(
+        &mut self,
+        ids: &[JobId],
+        change: impl Fn(&mut JobRecord),
+    ) -> Vec<Result<()>> {
+        let mut results = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(UPDATE_CHUNK) {
+            let written = self.update_chunk(chunk, &change).await;
+            results.extend(written.into_iter().map(|result| result.map(drop)));
+        }
+        results
+    }
+
+    async fn update_chunk(
+        &mut self,
+        ids: &[JobId],
+        change: &impl Fn(&mut JobRecord),
     ) -> Vec<Result<JobRecord>> {
         let mut results: Vec<Option<Result<JobRecord>>> = Vec::with_capacity(ids.len());
         let mut writes = Vec::new();
@@ -301,7 +330,7 @@ impl JobStore {
         for ((index, id, ..), outcome) in writes.iter().zip(outcomes) {
             let result = match (outcome, changed[*index].take()) {
                 (Some(revision), Some(record)) => Ok(self.keep(record, revision)),
-                _ => self.update(id, &change).await,
+                _ => self.update(id, change).await,
             };
             results[*index] = Some(result);
         }
@@ -456,6 +485,10 @@ impl JobStore {
         Ok(())
     }
 }
+
+/// Records [`JobStore::update_many`] changes, encodes and writes at a time: twice the writes
+/// in flight, so the pipeline stays full, and a few MB of copies at most.
+const UPDATE_CHUNK: usize = 2 * WRITES_IN_FLIGHT;
 
 /// Record writes awaiting their acknowledgement at once in [`JobStore::update_many`]: well
 /// under async-nats's 5 000 acknowledgement permits, and enough to keep the server busy.
