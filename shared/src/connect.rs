@@ -116,28 +116,25 @@ pub async fn connect_with(
         })
 }
 
-/// The server of the very first connection attempt, tried at once.
+/// The very first connection attempt to a single server, made at once.
 ///
 /// async-nats waits its reconnect delay before every attempt, the first one included, and a
 /// zero delay still waits for the runtime's next 1 ms timer tick: a millisecond added to
-/// every `mgpu` command, a third of the time a submission takes. Later attempts (a server
-/// down, a reconnect) keep the library's choice and backoff.
+/// every `mgpu` command, a sixth of the time a submission takes. A server chosen here is the
+/// only one tried by that attempt, so with several servers (a cluster, one of them perhaps
+/// down) the library keeps its own choice, which goes on to the next server. Later attempts
+/// (a reconnect) keep the library's choice and backoff too.
 fn first_try(servers: &[async_nats::Server]) -> Option<async_nats::ReconnectToServer> {
-    if servers
-        .iter()
-        .any(|s| s.did_connect || s.failed_attempts > 0)
-    {
+    let [server] = servers else {
+        return None;
+    };
+    if server.did_connect || server.failed_attempts > 0 {
         return None;
     }
-    // Spread first connections over the cluster, as the library's shuffle does.
-    let pick =
-        usize::try_from(uuid::Uuid::new_v4().as_u128() % servers.len().max(1) as u128).unwrap_or(0);
-    servers
-        .get(pick)
-        .map(|server| async_nats::ReconnectToServer {
-            addr: server.addr.clone(),
-            delay: Some(Duration::ZERO),
-        })
+    Some(async_nats::ReconnectToServer {
+        addr: server.addr.clone(),
+        delay: Some(Duration::ZERO),
+    })
 }
 
 /// Whether a failed connection failed at TLS. async-nats reports a certificate it could not
