@@ -20,11 +20,10 @@
 //! PR_SET_PDEATHSIG fires when the *thread* that forked the guard ends; the agent spawns jobs
 //! from its async runtime's worker threads, which live as long as the agent.
 
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
-
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
