@@ -10,10 +10,13 @@
 //! [`start`] asks for an idle heartbeat every [`IDLE_HEARTBEAT`], so a lost request shows as
 //! missed heartbeats within two of them, and [`must_restart`] says which errors mean the
 //! pull has to be started again. [`Pull`] does both for a consumer whose messages are read
-//! in a `select!` loop: it never ends, logs what went wrong, and starts the pull again.
+//! in a `select!` loop: it never ends, logs what went wrong, and starts the pull again. When
+//! the reader stops acting (a scheduler stepping down), [`Pull::give_back`] returns what it had
+//! pulled and not handled, for the next reader to get at once.
 
 use std::time::Duration;
 
+use async_nats::jetstream::AckKind;
 use async_nats::jetstream::{
     self,
     consumer::{
@@ -21,7 +24,7 @@ use async_nats::jetstream::{
         pull::{MessagesErrorKind, Stream},
     },
 };
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 /// How often the server says "nothing for you yet" on a waiting pull request. Two missed
@@ -145,6 +148,27 @@ impl Pull {
                 }
             }
         }
+    }
+
+    /// Hands back, unhandled, every message already pulled to this process but not yet
+    /// returned by [`Pull::next`] (negative acknowledgements), and stops pulling. Whoever reads
+    /// the consumer next gets them at once; left alone they would wait for the consumer's
+    /// acknowledgement wait. Returns how many went back.
+    pub async fn give_back(&mut self) -> usize {
+        let Some(mut stream) = self.stream.take() else {
+            return 0;
+        };
+        let mut given_back = 0;
+        while let Some(Some(next)) = stream.next().now_or_never() {
+            let Ok(message) = next else {
+                continue;
+            };
+            match message.ack_with(AckKind::Nak(None)).await {
+                Ok(()) => given_back += 1,
+                Err(err) => tracing::warn!("{}: cannot hand a message back: {err}", self.what),
+            }
+        }
+        given_back
     }
 
     fn schedule_restart(&mut self) {

@@ -446,3 +446,74 @@ fn pull_across_a_lost_leader(reader_on_leader: bool) {
         "delivered {delivered:?} after it was stored: the pull waited on its lost request"
     );
 }
+
+/// A scheduler that stops acting (its lease taken, or shut down) hands back what it had
+/// pulled and not handled: whoever reads the consumer next gets those messages at once, not
+/// after the 30 s acknowledgement wait.
+#[test]
+fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
+    use async_nats::jetstream::{self, AckKind, consumer, stream};
+    use mgpu_shared::pull::Pull;
+
+    let cluster = Cluster::server_only(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let _in_runtime = runtime.enter();
+    let client = runtime.block_on(cluster.connect(&cluster.server_url(), &cluster.admin_creds()));
+    let js = jetstream::new(client);
+    runtime.block_on(async {
+        let stream = js
+            .create_stream(stream::Config {
+                name: "HAND_BACK".to_owned(),
+                subjects: vec!["handback.>".to_owned()],
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("creating the stream: {e}"));
+        let consumer = stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some("hand-back".to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("creating the consumer: {e}"));
+        for n in 0..3 {
+            js.publish("handback.message", format!("{n}").into())
+                .await
+                .unwrap_or_else(|e| panic!("publishing: {e}"))
+                .await
+                .unwrap_or_else(|e| panic!("not stored: {e}"));
+        }
+        let mut first_reader = Pull::new(consumer.clone(), "first reader")
+            .await
+            .unwrap_or_else(|e| panic!("starting the pull: {e}"));
+        let handled = first_reader.next().await;
+        assert_eq!(&handled.payload[..], b"0");
+        let _ = handled.ack_with(AckKind::Ack).await;
+        // The other two arrived with the same pull and wait in this process.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(first_reader.give_back().await, 2);
+        drop(first_reader);
+
+        let mut next_reader = Pull::new(consumer, "next reader")
+            .await
+            .unwrap_or_else(|e| panic!("starting the pull: {e}"));
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let message = tokio::time::timeout(Duration::from_secs(10), next_reader.next())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("only {got:?} within 10 s: the rest waits for the ack wait")
+                });
+            got.push(String::from_utf8_lossy(&message.payload).into_owned());
+            let _ = message.ack_with(AckKind::Ack).await;
+        }
+        got.sort();
+        assert_eq!(got, ["1", "2"]);
+    });
+}

@@ -260,6 +260,12 @@ pub async fn run(
         }
         scheduler.pass().await;
     }
+    // Whoever acts next (this replica again, or a standby) gets what was pulled and not
+    // handled at once, not after the acknowledgement wait.
+    let given_back = events.give_back().await + requests.give_back().await;
+    if given_back > 0 {
+        tracing::info!(given_back, "handed back reports and requests not handled");
+    }
     tracing::info!("scheduler stopping");
     Ok(())
 }
