@@ -46,10 +46,11 @@ fn text<'a>(job: &'a Value, field: &str) -> &'a str {
 }
 
 /// A job that marks its attempts in `marker`: attempt 1 runs `first_secs`, later ones
-/// `later_secs`.
+/// `later_secs`. Its SIGTERM trap is set before it marks its start, so once `start N` is in
+/// the file a stop is marked too (see [`wait_marked`]).
 fn marked_job(marker: &Path, first_secs: u32, later_secs: u32) -> String {
     format!(
-        r#"m='{m}'; echo "start $MGPU_ATTEMPT" >> "$m"; trap 'echo "stop $MGPU_ATTEMPT" >> "$m"; exit 143' TERM; if [ "$MGPU_ATTEMPT" = 1 ]; then s={first_secs}; else s={later_secs}; fi; sleep "$s" & wait $!; echo "end $MGPU_ATTEMPT" >> "$m""#,
+        r#"m='{m}'; trap 'echo "stop $MGPU_ATTEMPT" >> "$m"; exit 143' TERM; echo "start $MGPU_ATTEMPT" >> "$m"; if [ "$MGPU_ATTEMPT" = 1 ]; then s={first_secs}; else s={later_secs}; fi; sleep "$s" & wait $!; echo "end $MGPU_ATTEMPT" >> "$m""#,
         m = marker.display()
     )
 }
@@ -74,6 +75,15 @@ fn wait_started(cluster: &Cluster, id: &str) -> (String, i32) {
         let pid = job["record"]["pid"].as_i64()?;
         (job["state"] == "running").then(|| (text(&job, "node").to_owned(), pid as i32))
     })
+}
+
+/// Waits until `line` is in `marker`. The agent reports a start once it spawned the job's
+/// shell, which may not have run its first command yet: a story that kills the job must wait
+/// for its mark, or the shell dies before it marks (or traps) anything.
+fn wait_marked(marker: &Path, line: &str) {
+    wait_for(&format!("{line:?} in {}", marker.display()), T, || {
+        marks(marker).iter().any(|l| l == line).then_some(())
+    });
 }
 
 fn other(node: &str) -> &'static str {
@@ -136,6 +146,7 @@ fn a_killed_agents_job_runs_again_elsewhere_and_its_orphan_dies_when_the_agent_r
     let marks_file = marker(&cluster, "a");
     let id = cluster.submit(&[], &marked_job(&marks_file, 60, 2));
     let (node_a, pid) = wait_started(&cluster, &id);
+    wait_marked(&marks_file, "start 1");
     let node_b = other(&node_a);
     let recorded = cluster.state_file_attempts(&node_a);
     assert_eq!(
@@ -189,6 +200,7 @@ fn a_no_requeue_job_on_a_lost_node_ends_node_failed() {
     let marks_file = marker(&cluster, "b");
     let id = cluster.submit(&["--no-requeue"], &marked_job(&marks_file, 60, 1));
     let (_, pid) = wait_started(&cluster, &id);
+    wait_marked(&marks_file, "start 1");
     assert!(cluster.mgpu_ok(&["show", &id]).contains("no requeue:"));
 
     cluster.kill_agent("node001");
@@ -216,6 +228,7 @@ fn a_job_out_of_attempts_on_a_lost_node_ends_node_failed_saying_so() {
     let marks_file = marker(&cluster, "c");
     let id = cluster.submit(&[], &marked_job(&marks_file, 60, 1));
     let (_, pid) = wait_started(&cluster, &id);
+    wait_marked(&marks_file, "start 1");
 
     cluster.kill_agent("node001");
     let failed = cluster.finished_as(&id, "node_failed", T);
@@ -238,6 +251,7 @@ fn a_frozen_agents_job_is_stopped_by_its_guard_before_it_runs_elsewhere() {
     let marks_file = marker(&cluster, "d");
     let id = cluster.submit(&[], &marked_job(&marks_file, 60, 3));
     let (node_a, pid) = wait_started(&cluster, &id);
+    wait_marked(&marks_file, "start 1");
     let node_b = other(&node_a);
 
     // Frozen long enough to be declared offline: attempt 1's guard sees no heartbeat stored
@@ -297,6 +311,7 @@ fn an_agent_restarted_under_its_running_job_stops_the_orphan_and_the_job_runs_on
     let marks_file = marker(&cluster, "e");
     let id = cluster.submit(&[], &marked_job(&marks_file, 60, 1));
     let (_, pid) = wait_started(&cluster, &id);
+    wait_marked(&marks_file, "start 1");
 
     cluster.kill_agent("node001");
     cluster.start_agent("node001");
@@ -400,6 +415,7 @@ fn agents_cut_off_from_nats_stop_their_jobs_which_run_again_once_it_is_back() {
     let marks_file = marker(&cluster, "e");
     let id = cluster.submit(&[], &marked_job(&marks_file, 60, 1));
     let (_, pid) = wait_started(&cluster, &id);
+    wait_marked(&marks_file, "start 1");
 
     // No heartbeat can be stored: after --fence-after (3 intervals) the agent stops the job,
     // since the scheduler would count the node offline and run the job elsewhere.
