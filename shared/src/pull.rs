@@ -158,11 +158,19 @@ impl Pull {
         let Some(mut stream) = self.stream.take() else {
             return 0;
         };
-        let mut given_back = 0;
+        let mut pulled = Vec::new();
         while let Some(Some(next)) = stream.next().now_or_never() {
-            let Ok(message) = next else {
-                continue;
-            };
+            if let Ok(message) = next {
+                pulled.push(message);
+            }
+        }
+        // The pull's own request goes first: the server redelivers a message handed back at
+        // once, and while that request still waits there it would get it again, unread.
+        // Unsubscribing before the first negative acknowledgement (in order, on the same
+        // connection) leaves the server no one but the next reader.
+        drop(stream);
+        let mut given_back = 0;
+        for message in pulled {
             match message.ack_with(AckKind::Nak(None)).await {
                 Ok(()) => given_back += 1,
                 Err(err) => tracing::warn!("{}: cannot hand a message back: {err}", self.what),
