@@ -161,16 +161,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
     let js = async_nats::jetstream::new(client.clone());
     // A NATS cluster that just started elects its JetStream leader first (a few seconds):
-    // until then creating streams times out, which is worth waiting for, not dying of.
+    // until then creating streams times out, and until every server has reported to that
+    // leader, replicated streams find "no suitable peers for placement" (JetStream error
+    // 10005). Both are worth waiting for, not dying of.
     let mut tries = 0u32;
     loop {
         match mgpu_shared::streams::ensure(&js, &settings).await {
             Ok(()) => break,
-            Err(err) if err.to_string().contains("timed out") && tries < 60 => {
+            Err(err) if is_cluster_still_forming(&err.to_string()) && tries < 60 => {
                 tries += 1;
                 if tries == 1 || tries.is_multiple_of(10) {
                     tracing::warn!(
-                        "creating streams: {err}; JetStream may still be electing its leader, retrying"
+                        "creating streams: {err}; the NATS cluster may still be forming, retrying"
                     );
                 }
                 tokio::select! {
@@ -220,6 +222,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether creating the streams failed because JetStream is not ready yet: no meta leader
+/// (the request times out), or not every server known to it (no peers to place replicas on).
+fn is_cluster_still_forming(error: &str) -> bool {
+    error.contains("timed out") || error.contains("no suitable peers for placement")
+}
+
 /// A scheduler given one URL of a cluster keeps one copy of everything (see
 /// [`Replicas::resolve`] for why the URL list decides); the server's INFO, which lists the
 /// cluster's client URLs, is good enough to notice that and say what to do.
@@ -247,5 +255,23 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_cluster_still_forming;
+
+    #[test]
+    fn a_forming_cluster_is_waited_for_and_other_errors_are_not() {
+        assert!(is_cluster_still_forming(
+            "JetStream: creating stream MGPU_REQUESTS: jetstream error: no suitable peers for placement (code 400, error code 10005)"
+        ));
+        assert!(is_cluster_still_forming(
+            "creating stream MGPU_EVENTS: timed out"
+        ));
+        assert!(!is_cluster_still_forming(
+            "creating stream MGPU_EVENTS: insufficient storage resources available"
+        ));
     }
 }
