@@ -325,11 +325,7 @@ fn pull_across_a_lost_leader(reader_on_leader: bool) {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut cluster = Cluster::start_on_nats_cluster(3, &[], &MISSED_HEARTBEATS);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let runtime = runtime_for_a_reader();
     // The JetStream context spawns its acknowledgement task on the current runtime.
     let _in_runtime = runtime.enter();
     // A reader given every server (it reconnects to another when its own dies), or only one
@@ -456,11 +452,7 @@ fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
     use mgpu_shared::pull::Pull;
 
     let cluster = Cluster::server_only(&[]);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
+    let runtime = runtime_for_a_reader();
     let _in_runtime = runtime.enter();
     let client = runtime.block_on(cluster.connect(&cluster.server_url(), &cluster.admin_creds()));
     let js = jetstream::new(client);
@@ -516,4 +508,14 @@ fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
         got.sort();
         assert_eq!(got, ["1", "2"]);
     });
+}
+
+/// The runtime a pull story reads on, kept across its steps (a kill in between): the pull's
+/// background task and the acknowledgements need it running while the story waits.
+fn runtime_for_a_reader() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
 }
