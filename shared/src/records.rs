@@ -82,6 +82,12 @@ async fn bucket(js: &jetstream::Context, name: &str) -> Result<kv::Store, StateE
     }
 }
 
+/// How long a read of the latest records may wait for its next message, while the consumer
+/// says more are due, before it starts over with a new consumer.
+const READ_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+/// Reads started before giving up.
+const READ_ATTEMPTS: u32 = 5;
+
 /// The last message of every subject matching `filter` in `stream_name`, oldest subject first.
 /// Returns at once when the stream holds nothing.
 pub async fn last_per_subject(
@@ -91,30 +97,80 @@ pub async fn last_per_subject(
     headers_only: bool,
 ) -> Result<Vec<jetstream::Message>, StateError> {
     let mut out = Vec::new();
-    for_each_last_per_subject(js, stream_name, filter, headers_only, |message, left| {
-        out.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
-        out.push(message);
+    for_each_last_per_subject(js, stream_name, filter, headers_only, |delivery| {
+        match delivery {
+            Delivery::Message(message, left) => {
+                out.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
+                out.push(message);
+            }
+            Delivery::StartOver => out.clear(),
+        }
         Ok(())
     })
     .await?;
     Ok(out)
 }
 
+/// What [`for_each_last_per_subject`] hands its reader.
+// Moved straight into the reader's callback and never stored: boxing the message would only
+// add an allocation for each of up to 100 000 records.
+#[allow(clippy::large_enum_variant)]
+pub enum Delivery {
+    /// The next message, and how many are still to come after it.
+    Message(jetstream::Message, u64),
+    /// The read starts over from the first message: forget what came so far.
+    StartOver,
+}
+
 /// [`last_per_subject`], handing each message to `each` as it arrives instead of collecting
 /// them: a reader of many large records decodes them while the rest are on their way, and
-/// never holds every raw message at once. `each` also gets the number of messages still to
-/// come after this one (to size what it fills). Stops at the first error `each` returns.
+/// never holds every raw message at once. Stops at the first error `each` returns.
+///
+/// A read whose consumer is lost (its server died) starts over with a new one, after
+/// [`Delivery::StartOver`]. It is not left to async-nats's own recovery of an ordered consumer,
+/// which goes on from the last stream sequence seen: that delivers every later message,
+/// older revisions of later subjects included, not the last per subject; and a user may not
+/// delete consumers, which that recovery tries first.
 pub async fn for_each_last_per_subject(
     js: &jetstream::Context,
     stream_name: &str,
     filter: &str,
     headers_only: bool,
-    mut each: impl FnMut(jetstream::Message, u64) -> Result<(), StateError>,
+    mut each: impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<(), StateError> {
     let stream: stream::Stream = js
         .get_stream(stream_name)
         .await
         .map_err(stream_lookup_error)?;
+    let mut why = String::new();
+    for attempt in 0..READ_ATTEMPTS {
+        if attempt > 0 {
+            tracing::warn!("reading {stream_name} starts over: {why}");
+            each(Delivery::StartOver)?;
+        }
+        match read_last_per_subject(&stream, filter, headers_only, &mut each).await? {
+            Read::Done => return Ok(()),
+            Read::Lost(reason) => why = reason,
+        }
+    }
+    Err(StateError::JetStream(format!(
+        "reading {stream_name}: {why} ({READ_ATTEMPTS} tries)"
+    )))
+}
+
+/// How one read of [`for_each_last_per_subject`] ended.
+enum Read {
+    Done,
+    /// The consumer stopped delivering, or was replaced: start over.
+    Lost(String),
+}
+
+async fn read_last_per_subject(
+    stream: &stream::Stream,
+    filter: &str,
+    headers_only: bool,
+    each: &mut impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<Read, StateError> {
     let consumer = create_reader("reading the latest records", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
@@ -126,18 +182,35 @@ pub async fn for_each_last_per_subject(
     .await?;
     // The answer to the creation already says how many messages wait: no second round trip.
     if consumer.cached_info().num_pending == 0 {
-        return Ok(());
+        return Ok(Read::Done);
     }
-    let mut messages = consumer.messages().await.map_err(StateError::jetstream)?;
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(StateError::jetstream)?;
-        let left = message.info().map_err(StateError::jetstream)?.pending;
-        each(message, left)?;
+    let mut messages = match consumer.messages().await {
+        Ok(messages) => messages,
+        Err(err) => return Ok(Read::Lost(err.to_string())),
+    };
+    // async-nats replaces a lost ordered consumer by itself, and the replacement numbers its
+    // deliveries from 1 again: a number out of turn means this read's consumer is gone.
+    let mut expected = 1;
+    loop {
+        let message = match tokio::time::timeout(READ_STALL, messages.next()).await {
+            Err(_) => return Ok(Read::Lost(format!("no message for {READ_STALL:?}"))),
+            Ok(None) => return Ok(Read::Lost("the consumer ended".to_owned())),
+            Ok(Some(Err(err))) => return Ok(Read::Lost(err.to_string())),
+            Ok(Some(Ok(message))) => message,
+        };
+        let info = message.info().map_err(StateError::jetstream)?;
+        let (sequence, left) = (info.consumer_sequence, info.pending);
+        if sequence != expected {
+            return Ok(Read::Lost(format!(
+                "the consumer was replaced (delivery {sequence}, {expected} expected)"
+            )));
+        }
+        expected += 1;
+        each(Delivery::Message(message, left))?;
         if left == 0 {
-            break;
+            return Ok(Read::Done);
         }
     }
-    Ok(())
 }
 
 fn is_deletion(message: &jetstream::Message) -> bool {
@@ -198,7 +271,14 @@ async fn recorded_jobs(
         subjects::JOBS_BUCKET_STREAM,
         &format!("$KV.{}.>", subjects::JOBS_BUCKET),
         false,
-        |message, left| {
+        |delivery| {
+            let (message, left) = match delivery {
+                Delivery::Message(message, left) => (message, left),
+                Delivery::StartOver => {
+                    jobs.clear();
+                    return Ok(());
+                }
+            };
             if is_deletion(&message) {
                 return Ok(());
             }

@@ -510,6 +510,117 @@ fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
     });
 }
 
+/// A read of the latest record per subject whose consumer is lost partway starts over with a
+/// new one, and hands each subject's latest message once. (async-nats's own recovery would go
+/// on from the last sequence seen, and deliver the older revisions stored after it.)
+#[test]
+fn a_latest_records_read_that_loses_its_consumer_starts_over() {
+    use async_nats::jetstream::{self, stream};
+    use mgpu_shared::records::{Delivery, for_each_last_per_subject};
+    use std::collections::BTreeMap;
+
+    // Over one pull's batch (500), so the read still needs the consumer after its loss.
+    const SUBJECTS: usize = 2000;
+    let cluster = Cluster::server_only(&[]);
+    let runtime = runtime_for_a_reader();
+    let _in_runtime = runtime.enter();
+    let client = runtime.block_on(cluster.connect(&cluster.server_url(), &cluster.admin_creds()));
+    let js = jetstream::new(client);
+    runtime.block_on(async {
+        js.create_stream(stream::Config {
+            name: "LATEST".to_owned(),
+            subjects: vec!["latest.>".to_owned()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("creating the stream: {e}"));
+        // Every subject once, then the even ones again: the latest of an odd subject comes
+        // before older revisions of even ones in the stream.
+        let mut acks = Vec::new();
+        let revisions = (0..SUBJECTS)
+            .map(|n| (n, "v1"))
+            .chain((0..SUBJECTS).step_by(2).map(|n| (n, "v2")));
+        for (n, revision) in revisions {
+            let ack = js
+                .publish(format!("latest.{n}"), revision.into())
+                .await
+                .unwrap_or_else(|e| panic!("publishing: {e}"));
+            acks.push(ack);
+        }
+        for ack in acks {
+            ack.await.unwrap_or_else(|e| panic!("not stored: {e}"));
+        }
+    });
+
+    let mut delivered: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut started_over = 0;
+    let mut consumer_deleted = false;
+    runtime
+        .block_on(for_each_last_per_subject(
+            &js,
+            "LATEST",
+            "latest.>",
+            false,
+            |delivery| {
+                match delivery {
+                    Delivery::StartOver => {
+                        started_over += 1;
+                        delivered.clear();
+                    }
+                    Delivery::Message(message, _) => {
+                        delivered
+                            .entry(message.subject.to_string())
+                            .or_default()
+                            .push(String::from_utf8_lossy(&message.payload).into_owned());
+                    }
+                }
+                if !consumer_deleted {
+                    consumer_deleted = true;
+                    // As when the server holding it dies: the consumer is gone mid-read.
+                    tokio::task::block_in_place(|| {
+                        tokio::runtime::Handle::current().block_on(delete_every_consumer(&js))
+                    });
+                }
+                Ok(())
+            },
+        ))
+        .unwrap_or_else(|e| panic!("reading the latest records: {e}"));
+
+    assert_eq!(delivered.len(), SUBJECTS);
+    for (subject, revisions) in &delivered {
+        let n: usize = subject
+            .trim_start_matches("latest.")
+            .parse()
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+        let latest = if n.is_multiple_of(2) { "v2" } else { "v1" };
+        assert_eq!(revisions, &[latest], "{subject}");
+    }
+    assert!(
+        started_over >= 1,
+        "the read never noticed its lost consumer"
+    );
+}
+
+async fn delete_every_consumer(js: &async_nats::jetstream::Context) {
+    use futures::TryStreamExt as _;
+    let stream = js
+        .get_stream("LATEST")
+        .await
+        .unwrap_or_else(|e| panic!("the stream: {e}"));
+    let names: Vec<String> = stream
+        .consumer_names()
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| panic!("listing consumers: {e}"));
+    assert!(!names.is_empty(), "the read has no consumer");
+    for name in names {
+        stream
+            .delete_consumer(&name)
+            .await
+            .unwrap_or_else(|e| panic!("deleting consumer {name}: {e}"));
+    }
+}
+
 /// The runtime a pull story reads on, kept across its steps (a kill in between): the pull's
 /// background task and the acknowledgements need it running while the story waits.
 fn runtime_for_a_reader() -> tokio::runtime::Runtime {
