@@ -424,3 +424,105 @@ fn interactive_jobs_stream_live_and_ctrl_c_detaches_without_stopping_the_job() {
         "the job keeps running after a detach"
     );
 }
+
+/// A burst of short jobs does not write for every start and end: out-of-turn heartbeats come
+/// at most one per 100 ms (the periodic ones every 200 ms in these tests), and the scheduler
+/// stores its usage book at most once a second, yet soon.
+#[test]
+fn a_burst_of_short_jobs_writes_heartbeats_and_usage_at_a_bounded_rate() {
+    use mgpu_shared::subjects;
+
+    const JOBS: usize = 100;
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "8x24GiB")]);
+    let stored = |stream_name: &'static str| {
+        cluster.with_nats(&cluster.admin_creds(), |client| async move {
+            let js = async_nats::jetstream::new(client);
+            let mut stream = js
+                .get_stream(stream_name)
+                .await
+                .unwrap_or_else(|e| panic!("stream {stream_name}: {e}"));
+            stream
+                .info()
+                .await
+                .unwrap_or_else(|e| panic!("stream {stream_name} info: {e}"))
+                .state
+                .last_sequence
+        })
+    };
+    let heartbeats_stored = || stored(subjects::NODES_STREAM);
+    // Only the usage book is written to the cluster bucket while jobs run.
+    let usage_writes = || stored(subjects::CLUSTER_BUCKET_STREAM);
+
+    let before = heartbeats_stored();
+    let usage_before = usage_writes();
+    let began = Instant::now();
+    let submitted = cluster.submit_json(&["--array", &format!("0-{}", JOBS - 1)], "true");
+    let ids: Vec<String> = submitted["ids"]
+        .as_array()
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|id| id.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids.len(), JOBS, "{submitted}");
+    let burst = wait_for(
+        "every job of the burst to succeed",
+        Duration::from_secs(120),
+        || {
+            let queue: Value =
+                serde_json::from_str(&cluster.mgpu_ok(&["queue", "--all", "--json"]))
+                    .unwrap_or_else(|e| panic!("queue --json: {e}"));
+            let done: Vec<Value> = queue["jobs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|j| {
+                    ids.iter().any(|id| j["id"] == id.as_str()) && j["state"] == "succeeded"
+                })
+                .collect();
+            (done.len() == JOBS).then_some(done)
+        },
+    );
+    let took = began.elapsed();
+    let sent = heartbeats_stored() - before;
+    let usage_written = usage_writes() - usage_before;
+
+    // Every 200 ms, plus at most one out of turn every 100 ms, plus the slack of a second.
+    let bound = (took.as_millis() / 200 + took.as_millis() / 100) as u64 + 15;
+    assert!(
+        sent <= bound,
+        "{sent} heartbeats for {JOBS} jobs in {took:?} (at most {bound} expected)"
+    );
+    let bound = took.as_secs() + 2;
+    assert!(
+        usage_written <= bound,
+        "the usage book written {usage_written} times in {took:?} (at most {bound} expected)"
+    );
+    // The GPU time of the whole burst, the last jobs' included, is stored within a second or so.
+    let burst_gpu_seconds: f64 = burst
+        .iter()
+        .map(|j| (time_of(j, "ended_at") - time_of(j, "started_at")).num_milliseconds() as f64)
+        .sum::<f64>()
+        / 1000.0;
+    wait_for(
+        "the burst's GPU time to be stored",
+        Duration::from_secs(10),
+        || {
+            let usage = cluster.with_nats(&cluster.admin_creds(), |client| async move {
+                let js = async_nats::jetstream::new(client);
+                mgpu_shared::records::usage(&js)
+                    .await
+                    .unwrap_or_else(|e| panic!("reading usage: {e}"))
+            });
+            let stored = usage
+                .users
+                .get("alice")
+                .map(|u| u.gpu_seconds)
+                .unwrap_or(0.0);
+            // Usage decays (a half-life of days): a second of it is far below 1 %.
+            (stored >= 0.99 * burst_gpu_seconds).then_some(())
+        },
+    );
+}

@@ -37,6 +37,12 @@ const BATCH: usize = 512;
 const TRIM_AFTER_CHANGES: usize = 10_000;
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 
+/// The least time between two writes of the usage book. Every pass that saw a job end wrote
+/// it, a round trip inside the pass; in a burst of short jobs that is most passes. A scheduler
+/// killed between two writes loses at most this much of its users' accounted GPU time (a
+/// stopped one stores it before it exits).
+const USAGE_SAVE_EVERY: Duration = Duration::from_secs(1);
+
 pub struct Scheduler {
     pub(crate) js: jetstream::Context,
     /// Where job events and audit records go out, off the hot path.
@@ -48,6 +54,8 @@ pub struct Scheduler {
     pub(crate) policy: Policy,
     pub(crate) usage: UsageBook,
     pub(crate) usage_dirty: bool,
+    /// When the usage book was last stored (see [`USAGE_SAVE_EVERY`]).
+    pub(crate) usage_saved_at: Option<tokio::time::Instant>,
     pub(crate) status: watch::Sender<Status>,
     pub(crate) passes: u64,
     /// When the next time slice of a running job ends (the loop wakes up then).
@@ -127,6 +135,7 @@ pub async fn run(
         policy,
         usage,
         usage_dirty: false,
+        usage_saved_at: None,
         status: status_tx,
         passes: 0,
         next_slice_end: None,
@@ -211,7 +220,11 @@ pub async fn run(
             tokio::time::Instant::now() + wait + Duration::from_millis(5)
         });
         tokio::select! {
-            _ = shutdown.changed() => break,
+            _ = shutdown.changed() => {
+                scheduler.save_usage(true).await;
+                break;
+            }
+            // Not stored after losing the lease: the replica that took it keeps the book now.
             _ = lease_lost.changed() => {
                 tracing::error!("lost the scheduler lease: no longer active");
                 break;
@@ -223,6 +236,8 @@ pub async fn run(
                 while let Some(Some(message)) = heartbeats.next().now_or_never() {
                     changed |= scheduler.on_heartbeat(&message.subject, &message.payload).await;
                 }
+                // A change no pass stored since (they come too often for that) is stored here.
+                scheduler.save_usage(false).await;
                 if !scheduler.check_liveness().await && !changed {
                     continue;
                 }
@@ -365,6 +380,29 @@ impl Scheduler {
         }
     }
 
+    /// Stores the usage book if it changed: at once when `now_anyway` (shutting down) or when
+    /// the last write is [`USAGE_SAVE_EVERY`] old, else at a later pass or liveness tick.
+    pub(crate) async fn save_usage(&mut self, now_anyway: bool) {
+        if !self.usage_dirty
+            || (!now_anyway
+                && self
+                    .usage_saved_at
+                    .is_some_and(|at| at.elapsed() < USAGE_SAVE_EVERY))
+        {
+            return;
+        }
+        match serde_json::to_vec(&self.usage) {
+            Ok(bytes) => match self.cluster.put(subjects::USAGE_KEY, bytes.into()).await {
+                Ok(_) => {
+                    self.usage_dirty = false;
+                    self.usage_saved_at = Some(tokio::time::Instant::now());
+                }
+                Err(err) => tracing::warn!(%err, "storing usage"),
+            },
+            Err(err) => tracing::warn!(%err, "encoding usage"),
+        }
+    }
+
     /// One scheduling pass: ask the core, then carry out what it decided.
     pub(crate) async fn pass(&mut self) {
         let began = std::time::Instant::now();
@@ -405,15 +443,7 @@ impl Scheduler {
             drop(queue);
             sample.changes = self.carry_out_all(decisions, now).await;
         }
-        if self.usage_dirty {
-            match serde_json::to_vec(&self.usage) {
-                Ok(bytes) => match self.cluster.put(subjects::USAGE_KEY, bytes.into()).await {
-                    Ok(_) => self.usage_dirty = false,
-                    Err(err) => tracing::warn!(%err, "storing usage"),
-                },
-                Err(err) => tracing::warn!(%err, "encoding usage"),
-            }
-        }
+        self.save_usage(false).await;
         self.passes += 1;
         sample.total_us = micros(began.elapsed());
         if self.recent_passes.len() >= RECENT_PASSES {
