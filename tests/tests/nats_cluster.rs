@@ -448,14 +448,11 @@ fn pull_across_a_lost_leader(reader_on_leader: bool) {
 /// after the 30 s acknowledgement wait.
 #[test]
 fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
-    use async_nats::jetstream::{self, AckKind, consumer, stream};
+    use async_nats::jetstream::{AckKind, consumer, stream};
     use mgpu_shared::pull::Pull;
 
-    let cluster = Cluster::server_only(&[]);
-    let runtime = runtime_for_a_reader();
+    let (_cluster, runtime, js) = single_server_with_an_admin_context();
     let _in_runtime = runtime.enter();
-    let client = runtime.block_on(cluster.connect(&cluster.server_url(), &cluster.admin_creds()));
-    let js = jetstream::new(client);
     runtime.block_on(async {
         let stream = js
             .create_stream(stream::Config {
@@ -515,17 +512,14 @@ fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
 /// on from the last sequence seen, and deliver the older revisions stored after it.)
 #[test]
 fn a_latest_records_read_that_loses_its_consumer_starts_over() {
-    use async_nats::jetstream::{self, stream};
+    use async_nats::jetstream::stream;
     use mgpu_shared::records::{Delivery, for_each_last_per_subject};
     use std::collections::BTreeMap;
 
     // Over one pull's batch (500), so the read still needs the consumer after its loss.
     const SUBJECTS: usize = 2000;
-    let cluster = Cluster::server_only(&[]);
-    let runtime = runtime_for_a_reader();
+    let (_cluster, runtime, js) = single_server_with_an_admin_context();
     let _in_runtime = runtime.enter();
-    let client = runtime.block_on(cluster.connect(&cluster.server_url(), &cluster.admin_creds()));
-    let js = jetstream::new(client);
     runtime.block_on(async {
         js.create_stream(stream::Config {
             name: "LATEST".to_owned(),
@@ -619,6 +613,24 @@ async fn delete_every_consumer(js: &async_nats::jetstream::Context) {
             .await
             .unwrap_or_else(|e| panic!("deleting consumer {name}: {e}"));
     }
+}
+
+/// A lone nats-server (no mgpu service), the runtime a story reads on, and a JetStream context
+/// with admin rights on that server.
+fn single_server_with_an_admin_context() -> (
+    Cluster,
+    tokio::runtime::Runtime,
+    async_nats::jetstream::Context,
+) {
+    let cluster = Cluster::server_only(&[]);
+    let runtime = runtime_for_a_reader();
+    let js = runtime.block_on(async {
+        let client = cluster
+            .connect(&cluster.server_url(), &cluster.admin_creds())
+            .await;
+        async_nats::jetstream::new(client)
+    });
+    (cluster, runtime, js)
 }
 
 /// The runtime a pull story reads on, kept across its steps (a kill in between): the pull's
