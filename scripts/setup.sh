@@ -69,6 +69,12 @@ if [ "$build" = 1 ]; then
   # the final crate needs the flag: the libc link attributes are resolved where it is linked.
   # The services stay dynamic, since the agent loads NVML with dlopen. A plain `cargo build`
   # makes a dynamically linked `mgpu` that works the same.
-  cargo rustc -p mgpu-cli --bin mgpu "${flags[@]}" -- \
-    -C target-feature=+crt-static -C relocation-model=static
+  # Static linking needs the static C library (libc6-dev has it; Fedora's is glibc-static):
+  # without it, say so and link dynamically.
+  mkdir -p target
+  if ! cargo rustc -p mgpu-cli --bin mgpu "${flags[@]}" -- \
+      -C target-feature=+crt-static -C relocation-model=static 2> target/static-link.log; then
+    say "could not link mgpu statically (see target/static-link.log); linking it dynamically"
+    cargo build -p mgpu-cli "${flags[@]}"
+  fi
 fi
