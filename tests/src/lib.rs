@@ -731,14 +731,15 @@ impl Cluster {
 /// How many warning and error lines [`Cluster::dump_logs`] repeats at the end.
 const MAX_COMPLAINTS_SHOWN: usize = 150;
 
-/// A log line without its terminal colour codes (`ESC [ … m`).
-fn without_colours(line: &str) -> String {
+/// A log line without its terminal escape sequences (colour codes: `ESC [ … m`).
+pub fn without_colours(line: &str) -> String {
     let mut plain = String::with_capacity(line.len());
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
         if c == '\u{1b}' {
+            // A sequence ends with its first letter.
             for c in chars.by_ref() {
-                if c == 'm' {
+                if c.is_ascii_alphabetic() {
                     break;
                 }
             }
@@ -777,5 +778,19 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod log_line_tests {
+    #[test]
+    fn colour_codes_are_taken_out_of_log_lines() {
+        assert_eq!(
+            super::without_colours(
+                "\u{1b}[2m2026-11-23T20:00:00Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m x"
+            ),
+            "2026-11-23T20:00:00Z  WARN x"
+        );
+        assert_eq!(super::without_colours("plain"), "plain");
     }
 }

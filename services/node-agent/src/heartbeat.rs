@@ -1,7 +1,7 @@
 //! The node's heartbeat on `nodes.heartbeat.<node>`: GPUs, running jobs, address, and the
-//! thresholds above which a GPU busy with others' work is not offered. Published at
-//! start, every interval, soon after a job starts or ends (at most one in [`OUT_OF_TURN_GAP`]), and a
-//! last time at shutdown.
+//! thresholds above which a GPU busy with others' work is not offered. Published at start,
+//! every interval, soon after a job starts or ends (at most one per [`OUT_OF_TURN_GAP`]), and
+//! a last time at shutdown.
 //!
 //! JetStream keeps the last one per node (stream `MGPU_NODES`), which exists only once the
 //! scheduler or `mgpu admin setup` created the streams; until then failures are logged sparingly

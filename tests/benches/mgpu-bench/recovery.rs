@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow};
 use chrono::{DateTime, Utc};
 use mgpu_shared::job::JobSpec;
-use mgpu_tests::Cluster;
+use mgpu_tests::{Cluster, without_colours};
 use serde_json::json;
 
 use crate::common::*;
@@ -118,29 +118,11 @@ fn last_time_of(log: &str, text: &str, since: DateTime<Utc>) -> Option<DateTime<
         .filter(|l| l.contains(text))
         .find_map(|line| {
             // Lines start with an RFC 3339 time, possibly wrapped in colour codes.
-            let plain: String = strip_ansi(line);
+            let plain = without_colours(line);
             let stamp = plain.split_whitespace().next()?;
             let at = DateTime::parse_from_rfc3339(stamp)
                 .ok()?
                 .with_timezone(&Utc);
             (at >= since).then_some(at)
         })
-}
-
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // Skip to the end of the escape sequence (a letter).
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
