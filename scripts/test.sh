@@ -11,8 +11,12 @@ step "setup (nats-server, build)"
 scripts/setup.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path services/job-guard/Cargo.toml -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+  cargo clippy --manifest-path services/job-guard/Cargo.toml --target-dir target --quiet -- -D warnings
+fi
 step "cargo test (unit, property and end-to-end against a real nats-server)"
 export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo test --workspace -- "$@"

@@ -118,10 +118,17 @@ pub fn bin_dir() -> PathBuf {
         .and_then(Path::parent)
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    for bin in ["mgpu", "mgpu-scheduler", "mgpu-node"] {
+    // The job guard is its own workspace (services/job-guard), which scripts/setup.sh builds
+    // on Linux x86_64; the stories run jobs under it, as a deployed agent does.
+    let guard: &[&str] = if cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+        &["mgpu-job-guard"]
+    } else {
+        &[]
+    };
+    for bin in ["mgpu", "mgpu-scheduler", "mgpu-node"].iter().chain(guard) {
         assert!(
             dir.join(bin).exists(),
-            "{} is missing: build the workspace first (`cargo build --workspace`; scripts/test.sh does it)",
+            "{} is missing: build first with scripts/setup.sh (scripts/test.sh does it)",
             dir.join(bin).display()
         );
     }

@@ -526,3 +526,109 @@ fn a_burst_of_short_jobs_writes_heartbeats_and_usage_at_a_bounded_rate() {
         },
     );
 }
+
+/// Every job starts under its guard: `mgpu-job-guard` where it is installed beside the agent
+/// (as scripts/setup.sh does), else the agent's built-in one (`--job-guard builtin`). Both
+/// run a simple command without a shell, and end the way the job ended.
+#[test]
+fn both_job_guards_run_jobs_and_end_the_way_the_job_ended() {
+    for (guard, agent_args, comm) in [
+        ("slim", &[][..], "mgpu-job-guard"),
+        ("builtin", &["--job-guard", "builtin"][..], "mgpu-node"),
+    ] {
+        let mut cluster =
+            Cluster::start(&[NodeSpec::new("node001", "1x24GiB").agent_args(agent_args)]);
+        let logs = |id: &str| {
+            let out = cluster.mgpu(&["logs", id]);
+            (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+
+        // A shell job: its parent is the guard, and its exit code is the job's.
+        let id = cluster.submit(&[], "cat /proc/$PPID/comm; exit 3");
+        let job = cluster.wait_finished(&id, T);
+        assert_eq!(
+            (&job["state"], &job["exit_code"]),
+            (&"failed".into(), &3.into()),
+            "{guard}: {job}"
+        );
+        assert_eq!(
+            logs(&id).0,
+            format!("{comm}\n"),
+            "{guard}: the job's parent"
+        );
+
+        // A simple command runs without a shell, in its directory, with PWD set as a shell would.
+        let id = cluster.submit(&[], "env");
+        assert_eq!(
+            cluster.wait_finished(&id, T)["state"],
+            "succeeded",
+            "{guard}"
+        );
+        let (env, _) = logs(&id);
+        let workdir = cluster.dir.path().display().to_string();
+        assert!(
+            env.lines().any(|l| l == format!("PWD={workdir}")),
+            "{guard}: {env}"
+        );
+        // A shell would have counted itself in SHLVL (the submitter's, captured at submit).
+        let shlvl: Vec<&str> = env.lines().filter(|l| l.starts_with("SHLVL=")).collect();
+        let submitters = std::env::var("SHLVL").map(|level| format!("SHLVL={level}"));
+        assert_eq!(
+            shlvl,
+            submitters.as_deref().into_iter().collect::<Vec<_>>(),
+            "{guard}: no shell ran"
+        );
+
+        // A command that is not there: 127 and the shell's sentence.
+        let id = cluster.submit(&[], "no-such-command-here --flag");
+        let job = cluster.wait_finished(&id, T);
+        assert_eq!(job["exit_code"], 127, "{guard}: {job}");
+        assert_eq!(
+            logs(&id).1,
+            "mgpu: no-such-command-here: command not found\n",
+            "{guard}"
+        );
+
+        // A script without `#!` runs under /bin/sh, as a shell would run it.
+        let script = cluster.dir.path().join("no-shebang");
+        mgpu_tests::write_executable(&script, "echo ran with \"$1\"\n");
+        let id = cluster.submit(&[], &format!("{} word", script.display()));
+        assert_eq!(
+            cluster.wait_finished(&id, T)["state"],
+            "succeeded",
+            "{guard}"
+        );
+        assert_eq!(logs(&id).0, "ran with word\n", "{guard}");
+
+        // A job killed by a signal: the guard dies the same way and the agent says so.
+        let id = cluster.submit(&[], "kill -USR1 $$");
+        let job = cluster.wait_finished(&id, T);
+        assert_eq!(job["state"], "failed", "{guard}: {job}");
+        assert!(
+            job.to_string().contains("signal 10") || job.to_string().contains("SIGUSR1"),
+            "{guard}: {job}"
+        );
+
+        // The agent dies: the guard stops the job's whole group.
+        let pid_file = cluster.dir.path().join("job.pid");
+        let id = cluster.submit(
+            &[],
+            &format!(
+                "echo $$ > {}.tmp && mv {0}.tmp {0} && exec sleep 60",
+                pid_file.display()
+            ),
+        );
+        let pid: i32 = wait_for(&format!("{guard}: job {id} to write its pid"), T, || {
+            std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+        });
+        cluster.kill_agent("node001");
+        wait_for(
+            &format!("{guard}: the job to stop when its agent died"),
+            T,
+            || (!mgpu_tests::process_running(pid)).then_some(()),
+        );
+    }
+}

@@ -110,6 +110,13 @@ pub struct Args {
     #[arg(long, env = "MGPU_ALLOW_ROOT_JOBS")]
     pub allow_root_jobs: bool,
 
+    /// The program every job starts under, which stops the job if this agent dies or loses
+    /// contact: the path of `mgpu-job-guard`, or `builtin` for this binary's own guard (the
+    /// same, but slower to start: about a millisecond of CPU per job). Default:
+    /// `mgpu-job-guard` beside this binary, else the built-in guard.
+    #[arg(long, env = "MGPU_JOB_GUARD", value_name = "PATH|builtin")]
+    pub job_guard: Option<String>,
+
     /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
     /// prefer nodes that share the value of the scheduler's topology label (`rack`).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]

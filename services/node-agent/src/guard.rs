@@ -1,8 +1,11 @@
 //! The job guard: the first process of every job, so a job never outlives its agent.
 //!
 //! The agent starts each job as
-//! `mgpu-node __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE SHELL -c SCRIPT`
-//! in a new process group. The guard asks the kernel for SIGTERM when the agent dies
+//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE PROGRAM [ARGS...]` (a small
+//! static binary installed beside the agent, `services/job-guard`), or where that is missing
+//! (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this module; both
+//! behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command itself (see
+//! `script::launch`). The guard asks the kernel for SIGTERM when the agent dies
 //! (`PR_SET_PDEATHSIG`), runs the shell as its child in the same group, and waits. If the agent
 //! dies (SIGKILL, crash) — or anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the
 //! whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
@@ -13,14 +16,16 @@
 //! when that is older than FENCE_MS (0: never) the guard stops the group the same way, since
 //! the scheduler may by then run the job elsewhere.
 //!
-//! Otherwise the guard is invisible: the shell inherits its standard streams, environment,
-//! directory and group, and the guard ends the way the shell ended (same exit code, or the
-//! same signal).
+//! Otherwise the guard is invisible: the job inherits its standard streams, environment,
+//! directory and group, and the guard ends the way the job ended (same exit code, or the
+//! same signal). A PROGRAM without `/` is looked up on the job's `PATH`; one that cannot be
+//! found ends the job with 127 and one that cannot be run with 126, as in a shell.
 //!
 //! PR_SET_PDEATHSIG fires when the *thread* that forked the guard ends; the agent spawns jobs
 //! from its async runtime's worker threads, which live as long as the agent.
 
 use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
@@ -48,7 +53,66 @@ pub struct GuardFence {
     pub contact_file: std::path::PathBuf,
 }
 
-/// The arguments that make the guard run `program args…` for the agent with pid `agent`.
+/// The name of the standalone guard, looked for beside the agent's binary.
+pub const SLIM_GUARD_NAME: &str = "mgpu-job-guard";
+
+/// The program every job starts under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuardProgram {
+    /// `mgpu-job-guard`: no C library, so it starts in microseconds.
+    Slim(PathBuf),
+    /// This agent's own binary in guard mode.
+    Builtin(PathBuf),
+}
+
+impl GuardProgram {
+    /// The guard `--job-guard` names: `builtin`, a path, or (None) `mgpu-job-guard` beside
+    /// `agent_exe` when it is there, else the built-in one.
+    pub fn choose(setting: Option<&str>, agent_exe: &Path) -> Result<Self, String> {
+        match setting {
+            Some("builtin") => Ok(GuardProgram::Builtin(agent_exe.to_owned())),
+            Some(path) => {
+                let path = PathBuf::from(path);
+                if path.is_file() {
+                    Ok(GuardProgram::Slim(path))
+                } else {
+                    Err(format!(
+                        "--job-guard {}: no such file (give the path of {SLIM_GUARD_NAME}, or \
+                         `builtin`)",
+                        path.display()
+                    ))
+                }
+            }
+            None => {
+                let beside = agent_exe.with_file_name(SLIM_GUARD_NAME);
+                Ok(if beside.is_file() {
+                    GuardProgram::Slim(beside)
+                } else {
+                    GuardProgram::Builtin(agent_exe.to_owned())
+                })
+            }
+        }
+    }
+
+    /// The binary to run and the arguments that come before [`guard_args`].
+    pub fn program(&self) -> (&Path, &'static [&'static str]) {
+        match self {
+            GuardProgram::Slim(path) => (path, &[]),
+            GuardProgram::Builtin(path) => (path, &[GUARD_ARG]),
+        }
+    }
+
+    /// For the agent's log.
+    pub fn describe(&self) -> String {
+        match self {
+            GuardProgram::Slim(path) => path.display().to_string(),
+            GuardProgram::Builtin(path) => format!("{} {GUARD_ARG} (built in)", path.display()),
+        }
+    }
+}
+
+/// The arguments (after [`GuardProgram::program`]'s) that make the guard run `program` for
+/// the agent with pid `agent`; the program's own arguments follow.
 pub fn guard_args(
     agent: u32,
     grace: Duration,
@@ -63,7 +127,6 @@ pub fn guard_args(
         None => ("0".to_owned(), "-".to_owned()),
     };
     vec![
-        GUARD_ARG.to_owned(),
         agent.to_string(),
         grace.as_millis().to_string(),
         fence_ms,
@@ -141,11 +204,14 @@ fn guard(args: &[String]) -> Result<ExitCode, String> {
         return Err("the agent is gone; not starting the job".into());
     }
 
-    // Handlers do not survive exec: the shell starts with default dispositions.
-    let child = std::process::Command::new(program)
-        .args(rest)
-        .spawn()
-        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    // Handlers do not survive exec: the job starts with default dispositions.
+    let child = match start_program(program, rest) {
+        Ok(child) => child,
+        Err((code, message)) => {
+            eprintln!("mgpu: {program}: {message}");
+            return Ok(ExitCode::from(code));
+        }
+    };
     let child = Pid::from_raw(child.id() as i32);
     // Not reaped yet, so the pid is still this child's.
     let exit_signal = pidfd_of(child);
@@ -183,6 +249,32 @@ fn guard(args: &[String]) -> Result<ExitCode, String> {
         } else if let Some(every) = check_every {
             pause_until_exit(exit_signal.as_ref(), every);
         }
+    }
+}
+
+/// Starts `program args` (looked up on this process's `PATH`, which is the job's); a file
+/// the kernel cannot run (a script without `#!`) runs under `/bin/sh`, as `execvp` does.
+/// The error is the exit code and message a shell would give.
+fn start_program(program: &str, args: &[String]) -> Result<std::process::Child, (u8, String)> {
+    match std::process::Command::new(program).args(args).spawn() {
+        Ok(child) => Ok(child),
+        // `sh -c 'exec "$0" "$@"'` finds the file again and, since the kernel cannot run
+        // it, the shell reads it as a script.
+        Err(err) if err.raw_os_error() == Some(Errno::ENOEXEC as i32) => {
+            std::process::Command::new("/bin/sh")
+                .args(["-c", r#"exec "$0" "$@""#, program])
+                .args(args)
+                .spawn()
+                .map_err(|err| (126, format!("cannot be run ({err})")))
+        }
+        Err(err) => Err(match err.kind() {
+            std::io::ErrorKind::NotFound if program.contains('/') => {
+                (127, "No such file or directory".to_owned())
+            }
+            std::io::ErrorKind::NotFound => (127, "command not found".to_owned()),
+            std::io::ErrorKind::PermissionDenied => (126, "Permission denied".to_owned()),
+            _ => (126, format!("cannot be run ({err})")),
+        }),
     }
 }
 
@@ -226,7 +318,7 @@ mod tests {
     #[test]
     fn guard_arguments_round_trip() {
         let args = guard_args(42, Duration::from_millis(1500), None, "/bin/bash");
-        assert_eq!(args, vec![GUARD_ARG, "42", "1500", "0", "-", "/bin/bash"]);
+        assert_eq!(args, vec!["42", "1500", "0", "-", "/bin/bash"]);
         let fence = GuardFence {
             after: Duration::from_millis(700),
             contact_file: "/state/n1.contact".into(),
@@ -234,14 +326,7 @@ mod tests {
         let args = guard_args(42, Duration::from_millis(1500), Some(&fence), "/bin/sh");
         assert_eq!(
             args,
-            vec![
-                GUARD_ARG,
-                "42",
-                "1500",
-                "700",
-                "/state/n1.contact",
-                "/bin/sh"
-            ]
+            vec!["42", "1500", "700", "/state/n1.contact", "/bin/sh"]
         );
         assert!(guard(&["x".into()]).is_err());
     }

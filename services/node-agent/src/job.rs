@@ -25,7 +25,7 @@ use crate::input::InputForwarder;
 use crate::output::{OutputPipeline, output_headers};
 use crate::reports::Reporter;
 use crate::running::{AttemptKey, RunningTable, StopReason, StopRequests};
-use crate::script::{RankInfo, build_script, job_environment};
+use crate::script::{Launch, RankInfo, job_environment, launch};
 use crate::state_file::{self, RecordedAttempt, StateFile};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
@@ -45,6 +45,8 @@ pub struct JobContext {
     pub state: StateFile,
     /// Notified when the set of running jobs changed, so the heartbeat says so at once.
     pub heartbeat_now: Arc<Notify>,
+    /// The program every job starts under.
+    pub guard: crate::guard::GuardProgram,
     /// Given to every job's guard, which stops the job if this agent loses contact or freezes.
     pub guard_fence: Option<crate::guard::GuardFence>,
     /// Whose account jobs run under.
@@ -116,23 +118,27 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         rank,
         hostfile: path,
     });
-    let shell = shell_program();
-    // The job runs under a guard (this same binary) that stops it if the agent dies.
-    let agent_exe = std::env::current_exe()
-        .map_err(|err| format!("cannot find the agent's own binary on {node}: {err}"))?;
-    let mut command = Command::new(agent_exe);
+    let (program, program_args) = match launch(spec, &gpus) {
+        Launch::Shell(script) => (shell_program().to_owned(), vec!["-c".to_owned(), script]),
+        Launch::Direct(mut words) => (words.remove(0), words),
+    };
+    // The job runs under a guard that stops it if the agent dies.
+    let (guard, guard_prefix) = ctx.guard.program();
+    let mut command = Command::new(guard);
     command
+        .args(guard_prefix)
         .args(crate::guard::guard_args(
             std::process::id(),
             ctx.kill_grace,
             ctx.guard_fence.as_ref(),
-            shell,
+            &program,
         ))
-        .arg("-c")
-        .arg(build_script(spec, &gpus))
+        .args(program_args)
         .env_clear()
         .envs(job_environment(spec, &key, node, &gpus, ranks.as_ref()))
         .envs(account.iter().flat_map(|a| a.environment()))
+        // As a shell would set it (a job started without one still sees it).
+        .env("PWD", &spec.workdir)
         .current_dir(&spec.workdir)
         // Its own process group, so a kill reaches everything the job started.
         .process_group(0)
@@ -150,9 +156,13 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             command.pre_exec(move || account.switch());
         }
     }
-    let mut child = command
-        .spawn()
-        .map_err(|err| format!("cannot start {shell} in {} on {node}: {err}", spec.workdir))?;
+    let mut child = command.spawn().map_err(|err| {
+        format!(
+            "cannot start the job's guard {} in {} on {node}: {err}",
+            guard.display(),
+            spec.workdir
+        )
+    })?;
 
     // A freshly spawned child has its pid and the pipes asked for; the checks below only keep
     // a broken invariant from becoming a panic.

@@ -44,6 +44,144 @@ pub fn build_script(spec: &JobSpec, gpus: &[u32]) -> String {
     lines.join("\n")
 }
 
+/// How a job's command starts under its guard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// `SHELL -c SCRIPT`, the script of [`build_script`].
+    Shell(String),
+    /// The program and its arguments, run as they are (the program looked up on the job's
+    /// `PATH`): a simple command, which a shell would only have looked up and run itself. A
+    /// shell's start costs more than the rest of a short job's start put together.
+    Direct(Vec<String>),
+}
+
+/// Shell builtins and reserved words that are plain words: a command starting with one of
+/// these needs the shell. `true`, `false`, `echo`, `printf`, `test` and `kill` are missing on
+/// purpose: their programs in `/usr/bin` do what the builtins do. (`pwd` is not: the program
+/// prints the physical path, the builtin the logical one.)
+const SHELL_ONLY: &[&str] = &[
+    ".",
+    ":",
+    "alias",
+    "bg",
+    "bind",
+    "break",
+    "builtin",
+    "caller",
+    "case",
+    "cd",
+    "command",
+    "compgen",
+    "complete",
+    "compopt",
+    "continue",
+    "coproc",
+    "declare",
+    "dirs",
+    "disown",
+    "do",
+    "done",
+    "elif",
+    "else",
+    "enable",
+    "esac",
+    "eval",
+    "exec",
+    "exit",
+    "export",
+    "fc",
+    "fg",
+    "fi",
+    "for",
+    "function",
+    "getopts",
+    "hash",
+    "help",
+    "history",
+    "if",
+    "in",
+    "jobs",
+    "let",
+    "local",
+    "logout",
+    "mapfile",
+    "popd",
+    "pushd",
+    "pwd",
+    "read",
+    "readarray",
+    "readonly",
+    "return",
+    "select",
+    "set",
+    "shift",
+    "shopt",
+    "source",
+    "suspend",
+    "then",
+    "time",
+    "times",
+    "trap",
+    "type",
+    "typeset",
+    "ulimit",
+    "umask",
+    "unalias",
+    "unset",
+    "until",
+    "wait",
+    "while",
+];
+
+/// How the job starts: [`Launch::Direct`] when the command is a simple command (one line of
+/// plain words, or several elements, which are literal words) with no environment setup or
+/// conda environment, whose first word is no assignment, shell builtin, reserved word or
+/// exported shell function; [`Launch::Shell`] otherwise, so the shell keeps its meaning
+/// wherever it would do more than run a program.
+pub fn launch(spec: &JobSpec, gpus: &[u32]) -> Launch {
+    let shell = || Launch::Shell(build_script(spec, gpus));
+    let has_setup = spec
+        .env_setup_cmd
+        .as_deref()
+        .is_some_and(|setup| !setup.trim().is_empty());
+    if has_setup || spec.conda_env.is_some() {
+        return shell();
+    }
+    let gpu_list = gpu_list(gpus);
+    let filled: Vec<String> = spec
+        .command
+        .iter()
+        .map(|arg| arg.replace(GPUS_PLACEHOLDER, &gpu_list))
+        .collect();
+    let words = match filled.as_slice() {
+        [line] => {
+            let simple = line
+                .split([' ', '\t'])
+                .all(|word| word.is_empty() || mgpu_shared::job::is_plain_word(word));
+            if !simple {
+                return shell();
+            }
+            line.split([' ', '\t'])
+                .filter(|word| !word.is_empty())
+                .map(str::to_owned)
+                .collect()
+        }
+        _ => filled,
+    };
+    let Some(program) = words.first() else {
+        return shell();
+    };
+    let exported_function = spec.env.contains_key(&format!("BASH_FUNC_{program}%%"));
+    if program.is_empty()
+        || program.contains('=')
+        || SHELL_ONLY.contains(&program.as_str())
+        || exported_function
+    {
+        return shell();
+    }
+    Launch::Direct(words)
+}
+
 /// The line activating a conda environment. `conda shell.bash hook` defines the `conda` shell
 /// function that `activate` needs (a non-interactive shell never read the user's `.bashrc`);
 /// when conda is missing altogether, the hook prints nothing and `conda activate` fails, which
@@ -169,6 +307,114 @@ mod tests {
         AttemptKey {
             job_id: JobId::random(),
             attempt,
+        }
+    }
+
+    fn direct(words: &[&str]) -> Launch {
+        Launch::Direct(words.iter().map(|w| (*w).to_owned()).collect())
+    }
+
+    #[test]
+    fn a_simple_command_runs_without_a_shell() {
+        assert_eq!(launch(&spec(&["true"]), &[]), direct(&["true"]));
+        assert_eq!(
+            launch(
+                &spec(&["python  train.py\t--lr=0.1 --gpus {gpus}"]),
+                &[0, 2]
+            ),
+            direct(&["python", "train.py", "--lr=0.1", "--gpus", "0,2"])
+        );
+        // Several elements are literal words: quoting them for a shell changes nothing.
+        assert_eq!(
+            launch(&spec(&["./run me", "a b", "$HOME", "*"]), &[]),
+            direct(&["./run me", "a b", "$HOME", "*"])
+        );
+        assert_eq!(launch(&spec(&["echo", "hi"]), &[]), direct(&["echo", "hi"]));
+    }
+
+    #[test]
+    fn anything_a_shell_would_do_more_with_keeps_the_shell() {
+        let shell = |command: &[&str]| {
+            let spec = spec(command);
+            assert_eq!(
+                launch(&spec, &[1]),
+                Launch::Shell(build_script(&spec, &[1])),
+                "{command:?}"
+            );
+        };
+        for line in [
+            "echo $HOME",
+            "ls *.txt",
+            "a && b",
+            "a | b",
+            "a; b",
+            "a\nb",
+            "echo 'quoted'",
+            "cd /tmp",
+            "source venv/bin/activate",
+            "exit 3",
+            "FOO=1 env",
+            "~/bin/run",
+            "echo {a,b}",
+            "cmd > out",
+            "cmd # comment",
+            "",
+            "   ",
+        ] {
+            shell(&[line]);
+        }
+        shell(&["cd", "/tmp"]);
+        shell(&["A=b", "env"]);
+        shell(&["", "x"]);
+        let mut with_setup = spec(&["true"]);
+        with_setup.env_setup_cmd = Some("source venv/bin/activate".into());
+        assert!(matches!(launch(&with_setup, &[]), Launch::Shell(_)));
+        let mut with_conda = spec(&["true"]);
+        with_conda.conda_env = Some("llm".into());
+        assert!(matches!(launch(&with_conda, &[]), Launch::Shell(_)));
+        // A function exported from the submitter's shell would replace the program.
+        let mut with_function = spec(&["python", "x.py"]);
+        with_function
+            .env
+            .insert("BASH_FUNC_python%%".into(), "() { echo no; }".into());
+        assert!(matches!(launch(&with_function, &[]), Launch::Shell(_)));
+        // An empty setup is no setup.
+        let mut empty_setup = spec(&["true"]);
+        empty_setup.env_setup_cmd = Some("  ".into());
+        assert_eq!(launch(&empty_setup, &[]), direct(&["true"]));
+    }
+
+    /// Each direct launch runs what bash runs for the same job: same argv, same exit code.
+    #[test]
+    fn a_direct_launch_runs_what_the_shell_would() {
+        if !std::path::Path::new("/bin/bash").exists() {
+            return;
+        }
+        let argv_of = |program: &str, args: &[String]| {
+            let out = std::process::Command::new(program)
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("{program}: {e}"));
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        for command in [
+            &["printf", "[%s]", "a b", "$HOME", "*", "{gpus}"][..],
+            &["printf %s. x=1 --flag=a,b {gpus}"][..],
+            &["false"][..],
+        ] {
+            let spec = spec(command);
+            let Launch::Direct(words) = launch(&spec, &[3]) else {
+                panic!("{command:?} should run directly");
+            };
+            let script = build_script(&spec, &[3]);
+            assert_eq!(
+                argv_of(&words[0], &words[1..]),
+                argv_of("/bin/bash", &["-c".to_owned(), script]),
+                "{command:?}"
+            );
         }
     }
 

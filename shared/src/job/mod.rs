@@ -546,13 +546,18 @@ pub fn command_line(words: &[String]) -> String {
     }
 }
 
-/// Quotes a word for a POSIX shell, leaving plain words as they are.
-pub fn shell_quote(word: &str) -> String {
-    let plain = !word.is_empty()
+/// Whether a POSIX shell reads `word` as itself: letters, digits and `-_./=:,+@%` only
+/// (nothing it would expand, split or treat as syntax).
+pub fn is_plain_word(word: &str) -> bool {
+    !word.is_empty()
         && word
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
-    if plain {
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+}
+
+/// Quotes a word for a POSIX shell, leaving plain words as they are.
+pub fn shell_quote(word: &str) -> String {
+    if is_plain_word(word) {
         word.to_owned()
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))

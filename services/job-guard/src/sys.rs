@@ -1,0 +1,381 @@
+//! The Linux system calls the guard makes, as raw `syscall` instructions (x86_64), and the
+//! little of the C runtime that compiled Rust code still expects (`memcpy` and friends).
+//!
+//! Every call returns the kernel's answer unchanged: a non-negative result, or `-errno`.
+
+use core::arch::{asm, global_asm};
+
+pub const EINTR: isize = 4;
+pub const ENOENT: isize = 2;
+pub const ENOEXEC: isize = 8;
+pub const EACCES: isize = 13;
+pub const ENOTDIR: isize = 20;
+
+pub const SIGHUP: i32 = 1;
+pub const SIGINT: i32 = 2;
+pub const SIGKILL: i32 = 9;
+pub const SIGTERM: i32 = 15;
+
+const SYS_WRITE: usize = 1;
+const SYS_RT_SIGACTION: usize = 13;
+const SYS_RT_SIGPROCMASK: usize = 14;
+const SYS_GETPID: usize = 39;
+const SYS_FORK: usize = 57;
+const SYS_EXECVE: usize = 59;
+const SYS_WAIT4: usize = 61;
+const SYS_KILL: usize = 62;
+const SYS_GETPPID: usize = 110;
+const SYS_GETPGRP: usize = 111;
+const SYS_PRCTL: usize = 157;
+const SYS_CLOCK_GETTIME: usize = 228;
+const SYS_EXIT_GROUP: usize = 231;
+const SYS_NEWFSTATAT: usize = 262;
+const SYS_PPOLL: usize = 271;
+const SYS_PIDFD_OPEN: usize = 434;
+
+const SA_RESTORER: u64 = 0x0400_0000;
+const SIG_DFL: usize = 0;
+const SIG_SETMASK: usize = 2;
+const PR_SET_PDEATHSIG: usize = 1;
+const WNOHANG: usize = 1;
+const AT_FDCWD: isize = -100;
+const POLLIN: i16 = 1;
+pub const CLOCK_REALTIME: usize = 0;
+pub const CLOCK_MONOTONIC: usize = 1;
+
+/// # Safety
+/// The arguments must be what system call `number` expects (pointers valid for it).
+unsafe fn syscall6(number: usize, args: [usize; 6]) -> isize {
+    let result: isize;
+    // SAFETY: the caller vouches for the arguments; `syscall` clobbers rcx and r11 only.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") number as isize => result,
+            in("rdi") args[0],
+            in("rsi") args[1],
+            in("rdx") args[2],
+            in("r10") args[3],
+            in("r8") args[4],
+            in("r9") args[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    result
+}
+
+/// A system call whose arguments are plain numbers: it reads and writes no memory of ours.
+fn plain(number: usize, a: usize, b: usize, c: usize) -> isize {
+    // SAFETY: only called (below) for calls that take no pointers.
+    unsafe { syscall6(number, [a, b, c, 0, 0, 0]) }
+}
+
+pub fn write(fd: i32, bytes: &[u8]) -> isize {
+    // SAFETY: the kernel reads `bytes.len()` bytes from a live slice.
+    unsafe {
+        syscall6(
+            SYS_WRITE,
+            [fd as usize, bytes.as_ptr() as usize, bytes.len(), 0, 0, 0],
+        )
+    }
+}
+
+pub fn exit(code: i32) -> ! {
+    plain(SYS_EXIT_GROUP, code as usize, 0, 0);
+    // exit_group does not return; the loop only satisfies the type.
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+pub fn getpid() -> i32 {
+    plain(SYS_GETPID, 0, 0, 0) as i32
+}
+
+pub fn getppid() -> i32 {
+    plain(SYS_GETPPID, 0, 0, 0) as i32
+}
+
+pub fn getpgrp() -> i32 {
+    plain(SYS_GETPGRP, 0, 0, 0) as i32
+}
+
+/// `kill(pid, signal)`; a negative pid names a process group.
+pub fn kill(pid: i32, signal: i32) -> isize {
+    plain(SYS_KILL, pid as isize as usize, signal as usize, 0)
+}
+
+pub fn set_parent_death_signal(signal: i32) -> isize {
+    plain(SYS_PRCTL, PR_SET_PDEATHSIG, signal as usize, 0)
+}
+
+/// A copy of this process; 0 in the child, the child's pid in the parent.
+pub fn fork() -> isize {
+    plain(SYS_FORK, 0, 0, 0)
+}
+
+/// # Safety
+/// `path` must be NUL-terminated; `argv` and `envp` NULL-terminated arrays of such strings.
+pub unsafe fn execve(path: *const u8, argv: *const *const u8, envp: *const *const u8) -> isize {
+    // SAFETY: as the caller promised.
+    unsafe {
+        syscall6(
+            SYS_EXECVE,
+            [path as usize, argv as usize, envp as usize, 0, 0, 0],
+        )
+    }
+}
+
+/// `wait4(pid, &status, WNOHANG)`: the pid once it ended (with its wait status), 0 while it
+/// runs, or `-errno`.
+pub fn wait_nohang(pid: i32, status: &mut i32) -> isize {
+    // SAFETY: the kernel writes one int into `status`.
+    unsafe {
+        syscall6(
+            SYS_WAIT4,
+            [pid as usize, status as *mut i32 as usize, WNOHANG, 0, 0, 0],
+        )
+    }
+}
+
+pub fn pidfd_open(pid: i32) -> isize {
+    plain(SYS_PIDFD_OPEN, pid as usize, 0, 0)
+}
+
+/// Nanoseconds on `clock`.
+pub fn clock_ns(clock: usize) -> i128 {
+    let mut time = [0i64; 2];
+    // SAFETY: the kernel writes one `struct timespec` (two longs).
+    unsafe {
+        syscall6(
+            SYS_CLOCK_GETTIME,
+            [clock, time.as_mut_ptr() as usize, 0, 0, 0, 0],
+        );
+    }
+    time[0] as i128 * 1_000_000_000 + time[1] as i128
+}
+
+/// The x86_64 `struct stat`, of which the guard reads the modification time.
+#[repr(C)]
+struct Stat {
+    before_mtime: [u64; 11],
+    mtime_sec: i64,
+    mtime_nsec: i64,
+    after: [u64; 5],
+}
+
+/// The modification time of the NUL-terminated `path` in nanoseconds since the epoch.
+pub fn modified_ns(path: &[u8]) -> Option<i128> {
+    if path.last() != Some(&0) {
+        return None;
+    }
+    let mut stat = Stat {
+        before_mtime: [0; 11],
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        after: [0; 5],
+    };
+    // SAFETY: `path` is NUL-terminated; the kernel writes one `struct stat`.
+    let result = unsafe {
+        syscall6(
+            SYS_NEWFSTATAT,
+            [
+                AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                &mut stat as *mut Stat as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    (result == 0).then(|| stat.mtime_sec as i128 * 1_000_000_000 + stat.mtime_nsec as i128)
+}
+
+/// Sets the blocked signals to `mask` (bit `n - 1` for signal `n`).
+pub fn set_signal_mask(mask: u64) {
+    // SAFETY: the kernel reads one 8-byte mask.
+    unsafe {
+        syscall6(
+            SYS_RT_SIGPROCMASK,
+            [SIG_SETMASK, &mask as *const u64 as usize, 0, 8, 0, 0],
+        );
+    }
+}
+
+pub const fn signal_bit(signal: i32) -> u64 {
+    1 << (signal - 1)
+}
+
+/// The kernel's `struct sigaction` on x86_64.
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+unsafe extern "C" {
+    /// Returns from a signal handler (defined below): x86_64 needs one from user space.
+    fn mgpu_guard_restore_rt();
+}
+
+global_asm!(
+    ".globl mgpu_guard_restore_rt",
+    "mgpu_guard_restore_rt:",
+    "mov rax, 15",
+    "syscall",
+);
+
+/// Runs `handler` on `signal`, with every signal blocked while it runs; None restores the
+/// default disposition.
+pub fn set_signal_handler(signal: i32, handler: Option<extern "C" fn(i32)>) -> isize {
+    let action = KernelSigaction {
+        handler: handler.map_or(SIG_DFL, |h| h as *const () as usize),
+        flags: SA_RESTORER,
+        restorer: mgpu_guard_restore_rt as *const () as usize,
+        mask: u64::MAX,
+    };
+    // SAFETY: the kernel reads one `struct sigaction`; the handler and the restorer are
+    // functions of this program.
+    unsafe {
+        syscall6(
+            SYS_RT_SIGACTION,
+            [
+                signal as usize,
+                &action as *const KernelSigaction as usize,
+                0,
+                8,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+/// Waits until `fd` (when there is one) is readable, `timeout_ns` passed (None: no limit) or a
+/// signal arrived, with the blocked signals set to `mask` while it waits (atomically, so a
+/// signal that comes just before the wait still ends it).
+pub fn wait_readable(fd: Option<i32>, timeout_ns: Option<i128>, mask: u64) {
+    #[repr(C)]
+    struct PollFd {
+        fd: i32,
+        events: i16,
+        revents: i16,
+    }
+    let mut poll = PollFd {
+        fd: fd.unwrap_or(-1),
+        events: POLLIN,
+        revents: 0,
+    };
+    let timeout = timeout_ns.map(|ns| {
+        let ns = ns.max(0);
+        [(ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64]
+    });
+    let timeout_ptr = timeout.as_ref().map_or(0, |t| t.as_ptr() as usize);
+    // SAFETY: one pollfd (a negative fd is ignored by the kernel), an optional timespec and
+    // an 8-byte mask, all alive across the call.
+    unsafe {
+        syscall6(
+            SYS_PPOLL,
+            [
+                &mut poll as *mut PollFd as usize,
+                1,
+                timeout_ptr,
+                &mask as *const u64 as usize,
+                8,
+                0,
+            ],
+        );
+    }
+}
+
+// The compiler lowers copies and comparisons to these; with no C library, the guard brings
+// them. `rep movsb` / `rep stosb` are not loops the compiler could turn back into calls.
+
+/// # Safety
+/// As C's `memcpy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memcpy(dest: *mut u8, src: *const u8, n: usize) -> *mut u8 {
+    // SAFETY: the caller passes valid, non-overlapping regions of `n` bytes.
+    unsafe {
+        asm!("rep movsb", inout("rcx") n => _, inout("rdi") dest => _, inout("rsi") src => _,
+             options(nostack, preserves_flags));
+    }
+    dest
+}
+
+/// # Safety
+/// As C's `memmove`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memmove(dest: *mut u8, src: *const u8, n: usize) -> *mut u8 {
+    if (dest as usize) <= (src as usize) || (dest as usize) >= (src as usize).wrapping_add(n) {
+        // SAFETY: a forward copy never overwrites bytes it has still to read here.
+        return unsafe { memcpy(dest, src, n) };
+    }
+    // SAFETY: copying backwards (direction flag set, then cleared as the ABI requires).
+    unsafe {
+        asm!("std", "rep movsb", "cld",
+             inout("rcx") n => _,
+             inout("rdi") dest.add(n - 1) => _,
+             inout("rsi") src.add(n - 1) => _,
+             options(nostack));
+    }
+    dest
+}
+
+/// # Safety
+/// As C's `memset`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memset(dest: *mut u8, value: i32, n: usize) -> *mut u8 {
+    // SAFETY: the caller passes a valid region of `n` bytes.
+    unsafe {
+        asm!("rep stosb", inout("rcx") n => _, inout("rdi") dest => _, in("al") value as u8,
+             options(nostack, preserves_flags));
+    }
+    dest
+}
+
+/// # Safety
+/// As C's `memcmp`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    let mut i = 0;
+    while i < n {
+        // SAFETY: both regions hold `n` bytes; volatile keeps this a loop, not a call.
+        let (x, y) = unsafe { (a.add(i).read_volatile(), b.add(i).read_volatile()) };
+        if x != y {
+            return x as i32 - y as i32;
+        }
+        i += 1;
+    }
+    0
+}
+
+/// # Safety
+/// As C's `strlen`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strlen(text: *const u8) -> usize {
+    let mut len = 0;
+    // SAFETY: the caller passes a NUL-terminated string; volatile keeps this a loop.
+    while unsafe { text.add(len).read_volatile() } != 0 {
+        len += 1;
+    }
+    len
+}
+
+/// # Safety
+/// As C's `bcmp`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    // SAFETY: as the caller promised.
+    unsafe { memcmp(a, b, n) }
+}
+
+/// The unwinder's entry point, which the precompiled `core` names. The guard is built with
+/// `panic = "abort"`: nothing ever unwinds, so nothing ever calls it.
+#[unsafe(no_mangle)]
+pub extern "C" fn rust_eh_personality() {}
