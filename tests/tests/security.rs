@@ -282,6 +282,9 @@ impl Account {
                 "/tmp",
                 "--shell",
                 "/bin/sh",
+                // A supplementary group, which the job must have too.
+                "--groups",
+                "users",
                 &name,
             ])
             .status()
@@ -302,7 +305,16 @@ fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_roo
         eprintln!("skipped: needs root and useradd to create a Unix account");
         return;
     };
-    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB").jobs_as_owners()]);
+    // mgpu-job-guard switches to the account itself; the built-in guard is switched by the
+    // agent before it starts.
+    runs_jobs_as_owners(&account, &[]);
+    runs_jobs_as_owners(&account, &["--job-guard", "builtin"]);
+}
+
+fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")
+        .agent_args(agent_args)
+        .jobs_as_owners()]);
     let auth_dir = auth_dir(&cluster);
     let dir = auth_dir.display().to_string();
     // Mapped while the scheduler runs: it re-reads the principals file.
@@ -332,10 +344,32 @@ fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_roo
     );
     std::thread::sleep(Duration::from_millis(1500));
 
-    let id = cluster.submit(&[], "echo \"$(id -un) $USER $HOME\"");
+    // The job and its guard (its parent, which switched to the account) run as the account,
+    // with its groups.
+    let id = cluster.submit(
+        &[],
+        "echo \"$(id -un) $USER $HOME\"; id -G; awk '/^Uid/ { print $2 }' /proc/$PPID/status",
+    );
     cluster.finished_as(&id, "succeeded", T);
     let logs = cluster.mgpu_ok(&["logs", &id]);
-    assert_eq!(logs.trim(), format!("{} {} /tmp", account.0, account.0));
+    let id_of = |flag: &str| {
+        let out = std::process::Command::new("id")
+            .args([flag, &account.0])
+            .output()
+            .unwrap_or_else(|e| panic!("id: {e}"));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let groups = id_of("-G");
+    assert!(groups.contains(' '), "a supplementary group: {groups}");
+    assert_eq!(
+        logs.trim(),
+        format!(
+            "{} {} /tmp\n{groups}\n{}",
+            account.0,
+            account.0,
+            id_of("-u")
+        )
+    );
 
     let as_root =
         cluster.mgpu_ok_with(&cluster.user_creds("bob"), &["submit", "-q", "--", "id -u"]);

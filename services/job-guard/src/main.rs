@@ -2,8 +2,12 @@
 //! its agent.
 //!
 //! The agent starts each job as
-//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE PROGRAM [ARGS...]`
-//! in a new process group. The guard asks the kernel for SIGTERM when the agent dies
+//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]`
+//! in a new process group. ACCOUNT is `-` (stay as started) or `UID:GID:GROUPS` (GROUPS a
+//! comma-separated list, maybe empty): an agent running as root starts the guard as root, and
+//! the guard becomes the job's account before anything else, so the agent can start it without
+//! copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel for
+//! SIGTERM when the agent dies
 //! (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same group (looked up on the job's
 //! `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
 //! the guard SIGTERM, SIGINT or SIGHUP, it stops the whole group: SIGTERM, the grace period,
@@ -47,6 +51,8 @@ global_asm!(
 const NOT_FOUND: i32 = 127;
 /// Exit code for a program found but not runnable (as a shell says).
 const NOT_RUNNABLE: i32 = 126;
+/// Supplementary groups an account may have here; more is refused.
+const MAX_GROUPS: usize = 1024;
 /// Where a program is looked up when the job has no `PATH`.
 const DEFAULT_PATH: &[u8] = b"/usr/local/bin:/usr/bin:/bin";
 const MS: i128 = 1_000_000;
@@ -147,13 +153,23 @@ fn fail(reason: &[u8]) -> i32 {
 /// # Safety
 /// As for [`entry`].
 unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i32 {
-    if argc < 6 {
+    if argc < 7 {
         return fail(
-            b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE PROGRAM [ARGS...]",
+            b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]",
         );
     }
     // SAFETY: indices below argc.
-    let [agent, grace, fence, contact] = unsafe { [1, 2, 3, 4].map(|i| arg(argv, i)) };
+    let [agent, grace, fence, contact, account] = unsafe { [1, 2, 3, 4, 5].map(|i| arg(argv, i)) };
+    // First of all: nothing below runs with more rights than the job has.
+    if account.to_bytes() != b"-" {
+        let mut groups = [0u32; MAX_GROUPS];
+        let Some((uid, gid, count)) = parse_account(account.to_bytes(), &mut groups) else {
+            return fail(b"bad account (UID:GID:GROUPS)");
+        };
+        if sys::switch_account(uid, gid, &groups[..count]) < 0 {
+            return fail(b"cannot switch to the job's account");
+        }
+    }
     let Some(agent) = number(agent).and_then(|pid| i32::try_from(pid).ok()) else {
         return fail(b"bad agent pid");
     };
@@ -191,7 +207,7 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
                 sys::set_signal_handler(signal, None);
             }
             sys::set_signal_mask(0);
-            // SAFETY: argv from index 5 is PROGRAM, ARGS and the NULL; envp as given.
+            // SAFETY: argv from index 6 is PROGRAM, ARGS and the NULL; envp as given.
             unsafe { run_program(argv, envp) }
         }
         pid if pid > 0 => pid as i32,
@@ -250,6 +266,20 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
     }
 }
 
+/// `UID:GID:G1,G2,...` into (uid, gid, number of groups written to `groups`).
+fn parse_account(text: &[u8], groups: &mut [u32; MAX_GROUPS]) -> Option<(u32, u32, usize)> {
+    let text = core::str::from_utf8(text).ok()?;
+    let mut parts = text.splitn(3, ':');
+    let uid = parts.next()?.parse().ok()?;
+    let gid = parts.next()?.parse().ok()?;
+    let mut count = 0;
+    for group in parts.next()?.split(',').filter(|g| !g.is_empty()) {
+        *groups.get_mut(count)? = group.parse().ok()?;
+        count += 1;
+    }
+    Some((uid, gid, count))
+}
+
 /// Ends this process the way the job ended (wait status `status`): same exit code, or the same
 /// signal, so the agent reports the same thing.
 fn ended_like(status: i32) -> i32 {
@@ -264,16 +294,16 @@ fn ended_like(status: i32) -> i32 {
     128 + signal
 }
 
-/// The job's process: runs PROGRAM (argv index 5) with its arguments and the guard's
+/// The job's process: runs PROGRAM (argv index 6) with its arguments and the guard's
 /// environment, looked up on `PATH` like a shell does; a file the kernel cannot run (a script
 /// without `#!`) runs under `/bin/sh`, as `execvp` does. Ends with 127 or 126 and a message if
 /// nothing can run.
 ///
 /// # Safety
-/// As for [`entry`], with argc above 5.
+/// As for [`entry`], with argc above 6.
 unsafe fn run_program(argv: *mut *const u8, envp: *const *const u8) -> ! {
-    // SAFETY: index 5 is below argc.
-    let program = unsafe { arg(argv, 5) };
+    // SAFETY: index 6 is below argc.
+    let program = unsafe { arg(argv, 6) };
     let name = program.to_bytes();
     if name.contains(&b'/') || name.is_empty() {
         // SAFETY: as the caller promised.
@@ -325,24 +355,24 @@ unsafe fn run_program(argv: *mut *const u8, envp: *const *const u8) -> ! {
     sys::exit(code)
 }
 
-/// Runs `path` with argv from index 5 (under `/bin/sh` if the kernel cannot run it); returns
+/// Runs `path` with argv from index 6 (under `/bin/sh` if the kernel cannot run it); returns
 /// only when `path` cannot be run, with `-errno`.
 ///
 /// # Safety
 /// `path` NUL-terminated; argv and envp as for [`run_program`].
 unsafe fn try_run(path: *const u8, argv: *mut *const u8, envp: *const *const u8) -> isize {
     // SAFETY: as the caller promised.
-    let err = unsafe { sys::execve(path, argv.add(5), envp) };
+    let err = unsafe { sys::execve(path, argv.add(6), envp) };
     if err != -sys::ENOEXEC {
         return err;
     }
-    // `sh PATH ARGS...`: the two slots before ARGS are the guard's own (CONTACT_FILE and
+    // `sh PATH ARGS...`: the two slots before ARGS are the guard's own (ACCOUNT and
     // PROGRAM), which this process no longer needs.
-    // SAFETY: indices 4 and 5 exist (argc > 5); the strings are NUL-terminated.
+    // SAFETY: indices 5 and 6 exist (argc > 6); the strings are NUL-terminated.
     unsafe {
-        *argv.add(4) = c"/bin/sh".as_ptr() as *const u8;
-        *argv.add(5) = path;
-        sys::execve(*argv.add(4), argv.add(4), envp);
+        *argv.add(5) = c"/bin/sh".as_ptr() as *const u8;
+        *argv.add(6) = path;
+        sys::execve(*argv.add(5), argv.add(5), envp);
     }
     // argv no longer names the program: no other candidate can be tried.
     Message::new()

@@ -24,8 +24,11 @@ const SYS_FORK: usize = 57;
 const SYS_EXECVE: usize = 59;
 const SYS_WAIT4: usize = 61;
 const SYS_KILL: usize = 62;
+const SYS_SETUID: usize = 105;
+const SYS_SETGID: usize = 106;
 const SYS_GETPPID: usize = 110;
 const SYS_GETPGRP: usize = 111;
+const SYS_SETGROUPS: usize = 116;
 const SYS_PRCTL: usize = 157;
 const SYS_CLOCK_GETTIME: usize = 228;
 const SYS_EXIT_GROUP: usize = 231;
@@ -105,6 +108,27 @@ pub fn getpgrp() -> i32 {
 /// `kill(pid, signal)`; a negative pid names a process group.
 pub fn kill(pid: i32, signal: i32) -> isize {
     plain(SYS_KILL, pid as isize as usize, signal as usize, 0)
+}
+
+/// Switches this process (its only thread: the kernel call, unlike the C library's, changes
+/// the calling thread alone) to supplementary groups `groups`, group `gid`, user `uid`, in the
+/// order that works when dropping root. The first failure's `-errno`.
+pub fn switch_account(uid: u32, gid: u32, groups: &[u32]) -> isize {
+    // SAFETY: the kernel reads `groups.len()` gids from a live slice.
+    let result = unsafe {
+        syscall6(
+            SYS_SETGROUPS,
+            [groups.len(), groups.as_ptr() as usize, 0, 0, 0, 0],
+        )
+    };
+    if result < 0 {
+        return result;
+    }
+    let result = plain(SYS_SETGID, gid as usize, 0, 0);
+    if result < 0 {
+        return result;
+    }
+    plain(SYS_SETUID, uid as usize, 0, 0)
 }
 
 pub fn set_parent_death_signal(signal: i32) -> isize {

@@ -1,11 +1,14 @@
 //! The job guard: the first process of every job, so a job never outlives its agent.
 //!
 //! The agent starts each job as
-//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE PROGRAM [ARGS...]` (a small
-//! static binary installed beside the agent, `services/job-guard`), or where that is missing
-//! (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this module; both
-//! behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command itself (see
-//! `script::launch`). The guard asks the kernel for SIGTERM when the agent dies
+//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]` (a
+//! small static binary installed beside the agent, `services/job-guard`), or where that is
+//! missing (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this
+//! module; both behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command
+//! itself (see `script::launch`). ACCOUNT is `UID:GID:GROUPS` for `mgpu-job-guard` to switch
+//! to first thing, or `-`: this module never switches (started as root, a dynamically linked
+//! program would load libraries under the job's `LD_LIBRARY_PATH`), so for it the agent
+//! switches the child before the exec. The guard asks the kernel for SIGTERM when the agent dies
 //! (`PR_SET_PDEATHSIG`), runs the shell as its child in the same group, and waits. If the agent
 //! dies (SIGKILL, crash) — or anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the
 //! whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
@@ -94,6 +97,11 @@ impl GuardProgram {
         }
     }
 
+    /// Whether the guard switches to the job's account itself ([`guard_args`]' ACCOUNT).
+    pub fn switches_accounts(&self) -> bool {
+        matches!(self, GuardProgram::Slim(_))
+    }
+
     /// The binary to run and the arguments that come before [`guard_args`].
     pub fn program(&self) -> (&Path, &'static [&'static str]) {
         match self {
@@ -112,11 +120,13 @@ impl GuardProgram {
 }
 
 /// The arguments (after [`GuardProgram::program`]'s) that make the guard run `program` for
-/// the agent with pid `agent`; the program's own arguments follow.
+/// the agent with pid `agent`, as `account` (`UID:GID:GROUPS`; None: as the guard was
+/// started); the program's own arguments follow.
 pub fn guard_args(
     agent: u32,
     grace: Duration,
     fence: Option<&GuardFence>,
+    account: Option<String>,
     program: &str,
 ) -> Vec<String> {
     let (fence_ms, contact) = match fence {
@@ -131,6 +141,7 @@ pub fn guard_args(
         grace.as_millis().to_string(),
         fence_ms,
         contact,
+        account.unwrap_or_else(|| "-".to_owned()),
         program.to_owned(),
     ]
 }
@@ -162,12 +173,24 @@ pub fn run_if_guard() -> Option<ExitCode> {
 }
 
 fn guard(args: &[String]) -> Result<ExitCode, String> {
-    let [agent, grace_ms, fence_ms, contact, program, rest @ ..] = args else {
+    let [
+        agent,
+        grace_ms,
+        fence_ms,
+        contact,
+        account,
+        program,
+        rest @ ..,
+    ] = args
+    else {
         return Err(
-            "usage: __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE PROGRAM [ARGS...]"
+            "usage: __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE - PROGRAM [ARGS...]"
                 .into(),
         );
     };
+    if account != "-" {
+        return Err("the built-in guard does not switch accounts (the agent does)".into());
+    }
     let fence_after = match fence_ms
         .parse::<u64>()
         .map_err(|_| format!("bad fence {fence_ms}"))?
@@ -317,17 +340,34 @@ mod tests {
 
     #[test]
     fn guard_arguments_round_trip() {
-        let args = guard_args(42, Duration::from_millis(1500), None, "/bin/bash");
-        assert_eq!(args, vec!["42", "1500", "0", "-", "/bin/bash"]);
+        let args = guard_args(42, Duration::from_millis(1500), None, None, "/bin/bash");
+        assert_eq!(args, vec!["42", "1500", "0", "-", "-", "/bin/bash"]);
         let fence = GuardFence {
             after: Duration::from_millis(700),
             contact_file: "/state/n1.contact".into(),
         };
-        let args = guard_args(42, Duration::from_millis(1500), Some(&fence), "/bin/sh");
+        let args = guard_args(
+            42,
+            Duration::from_millis(1500),
+            Some(&fence),
+            Some("1000:1000:1000,27".into()),
+            "/bin/sh",
+        );
         assert_eq!(
             args,
-            vec!["42", "1500", "700", "/state/n1.contact", "/bin/sh"]
+            vec![
+                "42",
+                "1500",
+                "700",
+                "/state/n1.contact",
+                "1000:1000:1000,27",
+                "/bin/sh"
+            ]
         );
         assert!(guard(&["x".into()]).is_err());
+        let switching: Vec<String> = ["1", "0", "0", "-", "0:0:", "true"]
+            .map(str::to_owned)
+            .to_vec();
+        assert!(guard(&switching).is_err_and(|e| e.contains("does not switch")));
     }
 }

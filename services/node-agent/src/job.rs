@@ -122,7 +122,13 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         Launch::Shell(script) => (shell_program().to_owned(), vec!["-c".to_owned(), script]),
         Launch::Direct(mut words) => (words.remove(0), words),
     };
-    // The job runs under a guard that stops it if the agent dies.
+    // The job runs under a guard that stops it if the agent dies. `mgpu-job-guard` switches
+    // to the job's account itself; otherwise the child is switched between fork and exec.
+    let switch_in_guard = ctx.guard.switches_accounts();
+    let guard_account = account
+        .as_ref()
+        .filter(|_| switch_in_guard)
+        .map(|a| a.guard_spec());
     let (guard, guard_prefix) = ctx.guard.program();
     let mut command = Command::new(guard);
     command
@@ -131,6 +137,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             std::process::id(),
             ctx.kill_grace,
             ctx.guard_fence.as_ref(),
+            guard_account,
             &program,
         ))
         .args(program_args)
@@ -149,7 +156,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(account) = account.clone() {
+    if let Some(account) = account.clone().filter(|_| !switch_in_guard) {
         // SAFETY: between fork and exec the closure makes only system calls (setgroups,
         // setgid, setuid) on data prepared before the fork; it allocates nothing.
         unsafe {

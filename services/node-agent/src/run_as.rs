@@ -57,6 +57,12 @@ impl Account {
         ])
     }
 
+    /// The account as `mgpu-job-guard` takes it: `UID:GID:GROUPS`, GROUPS comma-separated.
+    pub fn guard_spec(&self) -> String {
+        let groups: Vec<String> = self.groups.iter().map(|g| g.as_raw().to_string()).collect();
+        format!("{}:{}:{}", self.uid, self.gid, groups.join(","))
+    }
+
     /// Switches the calling process to this account: supplementary groups, group, then user
     /// (the order that works when dropping root). Meant for the child between fork and exec,
     /// so it makes plain system calls only.
