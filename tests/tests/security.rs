@@ -266,6 +266,24 @@ fn a_replayed_hold_changes_nothing() {
     cluster.finished_as(&waiting, "succeeded", T);
 }
 
+/// Maps mgpu user `user` to Unix account `unix_user` while the scheduler runs (it re-reads
+/// the principals file; give it a moment).
+fn map_user(cluster: &Cluster, user: &str, unix_user: &str) {
+    let dir = auth_dir(cluster).display().to_string();
+    cluster.mgpu_ok_with(
+        &cluster.admin_creds(),
+        &[
+            "admin",
+            "add-user",
+            user,
+            "--unix-user",
+            unix_user,
+            "--dir",
+            &dir,
+        ],
+    );
+}
+
 /// Creates a throwaway Unix account (root only), removed when dropped.
 struct Account(String);
 
@@ -315,33 +333,8 @@ fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
     let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")
         .agent_args(agent_args)
         .jobs_as_owners()]);
-    let auth_dir = auth_dir(&cluster);
-    let dir = auth_dir.display().to_string();
-    // Mapped while the scheduler runs: it re-reads the principals file.
-    cluster.mgpu_ok_with(
-        &cluster.admin_creds(),
-        &[
-            "admin",
-            "add-user",
-            "alice",
-            "--unix-user",
-            &account.0,
-            "--dir",
-            &dir,
-        ],
-    );
-    cluster.mgpu_ok_with(
-        &cluster.admin_creds(),
-        &[
-            "admin",
-            "add-user",
-            "bob",
-            "--unix-user",
-            "root",
-            "--dir",
-            &dir,
-        ],
-    );
+    map_user(&cluster, "alice", &account.0);
+    map_user(&cluster, "bob", "root");
     std::thread::sleep(Duration::from_millis(1500));
 
     // The job and its guard (its parent, which switched to the account) run as the account,
@@ -384,6 +377,49 @@ fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
     assert!(nodes.contains(mgpu_shared::node::RUNS_AS_OWNER), "{nodes}");
     let human = cluster.mgpu_ok(&["nodes"]);
     assert!(human.contains("runs jobs as each job's owner"), "{human}");
+}
+
+/// A root agent's state directory is usually one the jobs' accounts cannot enter (under
+/// `/root`; here made mode 0700): the guard, which watches the contact file there, opens it
+/// before it becomes the job's account, and still fences.
+#[test]
+fn a_frozen_root_agents_job_is_stopped_by_its_guard_where_its_owner_cannot_read_the_state_dir() {
+    let Some(account) = Account::create() else {
+        eprintln!("skipped: needs root and useradd to create a Unix account");
+        return;
+    };
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB").jobs_as_owners()]);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let state_dir = cluster.state_dir();
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o700))
+            .unwrap_or_else(|e| panic!("{}: {e}", state_dir.display()));
+    }
+    map_user(&cluster, "alice", &account.0);
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid_file = format!("/tmp/{}.pid", account.0);
+    let id = cluster.submit(
+        &["--workdir", "/tmp"],
+        &format!("echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 60"),
+    );
+    let pid: i32 = wait_for(&format!("job {id} to write its pid"), T, || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    let _ = std::fs::remove_file(&pid_file);
+    cluster.signal_agent("node001", nix::sys::signal::Signal::SIGSTOP);
+    // The agents of these stories fence after 2 s; the guard half a heartbeat interval later.
+    // Well before the job's own end (60 s), and with the agent frozen throughout.
+    wait_for(
+        "the guard to stop the job of its frozen agent",
+        Duration::from_secs(15),
+        || (!mgpu_tests::process_running(pid)).then_some(()),
+    );
+    cluster.signal_agent("node001", nix::sys::signal::Signal::SIGCONT);
+    let logs = cluster.mgpu_ok(&["logs", &id]);
+    assert!(logs.is_empty(), "{logs}");
+    let out = cluster.mgpu(&["logs", &id]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("(fenced)"), "the guard says why: {stderr}");
 }
 
 #[test]

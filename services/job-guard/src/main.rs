@@ -5,8 +5,9 @@
 //! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]`
 //! in a new process group. ACCOUNT is `-` (stay as started) or `UID:GID:GROUPS` (GROUPS a
 //! comma-separated list, maybe empty): an agent running as root starts the guard as root, and
-//! the guard becomes the job's account before anything else, so the agent can start it without
-//! copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel for
+//! the guard becomes the job's account once it has opened CONTACT_FILE (in a directory the
+//! job's account usually cannot enter), before anything else; so the agent can start it
+//! without copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel for
 //! SIGTERM when the agent dies
 //! (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same group (looked up on the job's
 //! `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
@@ -160,16 +161,6 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
     }
     // SAFETY: indices below argc.
     let [agent, grace, fence, contact, account] = unsafe { [1, 2, 3, 4, 5].map(|i| arg(argv, i)) };
-    // First of all: nothing below runs with more rights than the job has.
-    if account.to_bytes() != b"-" {
-        let mut groups = [0u32; MAX_GROUPS];
-        let Some((uid, gid, count)) = parse_account(account.to_bytes(), &mut groups) else {
-            return fail(b"bad account (UID:GID:GROUPS)");
-        };
-        if sys::switch_account(uid, gid, &groups[..count]) < 0 {
-            return fail(b"cannot switch to the job's account");
-        }
-    }
     let Some(agent) = number(agent).and_then(|pid| i32::try_from(pid).ok()) else {
         return fail(b"bad agent pid");
     };
@@ -182,6 +173,22 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
         Some(ms) => Some(ms as i128 * MS),
     };
     let contact = contact.to_bytes_with_nul();
+    // Opened while the guard may still be root: a root agent's state directory is usually one
+    // the job's account cannot enter. The agent touches this same file (it never replaces it).
+    let contact_fd = match fence_ns.map(|_| sys::open_read(contact)) {
+        Some(fd) if fd >= 0 => Some(fd as i32),
+        _ => None,
+    };
+    // From here on nothing runs with more rights than the job has.
+    if account.to_bytes() != b"-" {
+        let mut groups = [0u32; MAX_GROUPS];
+        let Some((uid, gid, count)) = parse_account(account.to_bytes(), &mut groups) else {
+            return fail(b"bad account (UID:GID:GROUPS)");
+        };
+        if sys::switch_account(uid, gid, &groups[..count]) < 0 {
+            return fail(b"cannot switch to the job's account");
+        }
+    }
     // Checked this often while fencing; the agent's heartbeat margin covers the delay.
     let check_every = fence_ns.map(|fence| (fence / 8).clamp(20 * MS, 100 * MS));
 
@@ -228,7 +235,11 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
             err if err == -sys::EINTR => {}
             _ => return fail(b"lost track of the job"),
         }
-        let fenced = match (fence_ns, sys::modified_ns(contact)) {
+        let touched = match contact_fd {
+            Some(fd) => sys::modified_ns_of(fd),
+            None => sys::modified_ns(contact),
+        };
+        let fenced = match (fence_ns, touched) {
             (Some(after), Some(touched)) => sys::clock_ns(sys::CLOCK_REALTIME) - touched > after,
             // A contact file that cannot be read keeps the job: fencing on a missing file would
             // turn an operator's mistake into lost work.

@@ -17,6 +17,7 @@ pub const SIGKILL: i32 = 9;
 pub const SIGTERM: i32 = 15;
 
 const SYS_WRITE: usize = 1;
+const SYS_FSTAT: usize = 5;
 const SYS_RT_SIGACTION: usize = 13;
 const SYS_RT_SIGPROCMASK: usize = 14;
 const SYS_GETPID: usize = 39;
@@ -34,6 +35,7 @@ const SYS_CLOCK_GETTIME: usize = 228;
 const SYS_EXIT_GROUP: usize = 231;
 const SYS_NEWFSTATAT: usize = 262;
 const SYS_PPOLL: usize = 271;
+const SYS_OPENAT: usize = 257;
 const SYS_PIDFD_OPEN: usize = 434;
 
 const SA_RESTORER: u64 = 0x0400_0000;
@@ -42,6 +44,7 @@ const SIG_SETMASK: usize = 2;
 const PR_SET_PDEATHSIG: usize = 1;
 const WNOHANG: usize = 1;
 const AT_FDCWD: isize = -100;
+const O_RDONLY_CLOEXEC: usize = 0o2_000_000;
 const POLLIN: i16 = 1;
 pub const CLOCK_REALTIME: usize = 0;
 pub const CLOCK_MONOTONIC: usize = 1;
@@ -190,17 +193,61 @@ struct Stat {
     after: [u64; 5],
 }
 
+impl Stat {
+    fn new() -> Self {
+        Stat {
+            before_mtime: [0; 11],
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            after: [0; 5],
+        }
+    }
+
+    fn mtime_ns(&self) -> i128 {
+        self.mtime_sec as i128 * 1_000_000_000 + self.mtime_nsec as i128
+    }
+}
+
+/// Opens the NUL-terminated `path` for reading (closed on exec): the descriptor, or `-errno`.
+pub fn open_read(path: &[u8]) -> isize {
+    if path.last() != Some(&0) {
+        return -ENOENT;
+    }
+    // SAFETY: `path` is NUL-terminated.
+    unsafe {
+        syscall6(
+            SYS_OPENAT,
+            [
+                AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                O_RDONLY_CLOEXEC,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+/// The modification time of the file open as `fd`, in nanoseconds since the epoch.
+pub fn modified_ns_of(fd: i32) -> Option<i128> {
+    let mut stat = Stat::new();
+    // SAFETY: the kernel writes one `struct stat`.
+    let result = unsafe {
+        syscall6(
+            SYS_FSTAT,
+            [fd as usize, &mut stat as *mut Stat as usize, 0, 0, 0, 0],
+        )
+    };
+    (result == 0).then(|| stat.mtime_ns())
+}
+
 /// The modification time of the NUL-terminated `path` in nanoseconds since the epoch.
 pub fn modified_ns(path: &[u8]) -> Option<i128> {
     if path.last() != Some(&0) {
         return None;
     }
-    let mut stat = Stat {
-        before_mtime: [0; 11],
-        mtime_sec: 0,
-        mtime_nsec: 0,
-        after: [0; 5],
-    };
+    let mut stat = Stat::new();
     // SAFETY: `path` is NUL-terminated; the kernel writes one `struct stat`.
     let result = unsafe {
         syscall6(
@@ -215,7 +262,7 @@ pub fn modified_ns(path: &[u8]) -> Option<i128> {
             ],
         )
     };
-    (result == 0).then(|| stat.mtime_sec as i128 * 1_000_000_000 + stat.mtime_nsec as i128)
+    (result == 0).then(|| stat.mtime_ns())
 }
 
 /// Sets the blocked signals to `mask` (bit `n - 1` for signal `n`).
