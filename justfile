@@ -15,7 +15,9 @@ test *ARGS:
 # Formatting and lints only.
 lint:
     cargo fmt --all -- --check
+    cargo fmt --manifest-path services/job-guard/Cargo.toml -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then cargo clippy --manifest-path services/job-guard/Cargo.toml --target-dir target -- -D warnings; fi
 
 # Benchmarks (release build): one JSON line per scenario, also in bench/results/.
 bench *ARGS:

@@ -6,10 +6,10 @@
 //! missing (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this
 //! module; both behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command
 //! itself (see `script::launch`). ACCOUNT is `UID:GID:GROUPS` for `mgpu-job-guard` to switch
-//! to first thing, or `-`: this module never switches (started as root, a dynamically linked
+//! to once it has opened CONTACT_FILE, or `-`: this module never switches (started as root, a dynamically linked
 //! program would load libraries under the job's `LD_LIBRARY_PATH`), so for it the agent
 //! switches the child before the exec. The guard asks the kernel for SIGTERM when the agent dies
-//! (`PR_SET_PDEATHSIG`), runs the shell as its child in the same group, and waits. If the agent
+//! (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same group, and waits. If the agent
 //! dies (SIGKILL, crash) — or anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the
 //! whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
 //! would keep running while the scheduler already runs its next attempt elsewhere.
@@ -337,6 +337,28 @@ fn die_like(signal: Signal) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slim_guard_is_used_where_it_is_beside_the_agent() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let agent = dir.path().join("mgpu-node");
+        let builtin = GuardProgram::Builtin(agent.clone());
+        assert_eq!(GuardProgram::choose(None, &agent), Ok(builtin.clone()));
+        let slim = dir.path().join(SLIM_GUARD_NAME);
+        std::fs::write(&slim, b"").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            GuardProgram::choose(None, &agent),
+            Ok(GuardProgram::Slim(slim.clone()))
+        );
+        assert_eq!(GuardProgram::choose(Some("builtin"), &agent), Ok(builtin));
+        let elsewhere = slim.display().to_string();
+        assert_eq!(
+            GuardProgram::choose(Some(&elsewhere), Path::new("/nowhere/mgpu-node")),
+            Ok(GuardProgram::Slim(slim))
+        );
+        let missing = GuardProgram::choose(Some("/no/such/guard"), &agent);
+        assert!(missing.is_err_and(|e| e.contains("no such file")));
+    }
 
     #[test]
     fn guard_arguments_round_trip() {

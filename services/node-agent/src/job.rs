@@ -120,7 +120,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     });
     let (program, program_args) = match launch(spec, &gpus) {
         Launch::Shell(script) => (shell_program().to_owned(), vec!["-c".to_owned(), script]),
-        Launch::Direct(mut words) => (words.remove(0), words),
+        Launch::Direct { program, args } => (program, args),
     };
     // The job runs under a guard that stops it if the agent dies. `mgpu-job-guard` switches
     // to the job's account itself; otherwise the child is switched between fork and exec.

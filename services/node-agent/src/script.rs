@@ -52,7 +52,7 @@ pub enum Launch {
     /// The program and its arguments, run as they are (the program looked up on the job's
     /// `PATH`): a simple command, which a shell would only have looked up and run itself. A
     /// shell's start costs more than the rest of a short job's start put together.
-    Direct(Vec<String>),
+    Direct { program: String, args: Vec<String> },
 }
 
 /// Shell builtins and reserved words that are plain words: a command starting with one of
@@ -168,7 +168,7 @@ pub fn launch(spec: &JobSpec, gpus: &[u32]) -> Launch {
         }
         _ => filled,
     };
-    let Some(program) = words.first() else {
+    let Some((program, args)) = words.split_first() else {
         return shell();
     };
     let exported_function = spec.env.contains_key(&format!("BASH_FUNC_{program}%%"));
@@ -179,7 +179,10 @@ pub fn launch(spec: &JobSpec, gpus: &[u32]) -> Launch {
     {
         return shell();
     }
-    Launch::Direct(words)
+    Launch::Direct {
+        program: program.clone(),
+        args: args.to_vec(),
+    }
 }
 
 /// The line activating a conda environment. `conda shell.bash hook` defines the `conda` shell
@@ -311,7 +314,11 @@ mod tests {
     }
 
     fn direct(words: &[&str]) -> Launch {
-        Launch::Direct(words.iter().map(|w| (*w).to_owned()).collect())
+        let owned = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect();
+        Launch::Direct {
+            program: words[0].to_owned(),
+            args: owned(&words[1..]),
+        }
     }
 
     #[test]
@@ -406,12 +413,12 @@ mod tests {
             &["false"][..],
         ] {
             let spec = spec(command);
-            let Launch::Direct(words) = launch(&spec, &[3]) else {
+            let Launch::Direct { program, args } = launch(&spec, &[3]) else {
                 panic!("{command:?} should run directly");
             };
             let script = build_script(&spec, &[3]);
             assert_eq!(
-                argv_of(&words[0], &words[1..]),
+                argv_of(&program, &args),
                 argv_of("/bin/bash", &["-c".to_owned(), script]),
                 "{command:?}"
             );

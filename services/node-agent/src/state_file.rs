@@ -8,7 +8,7 @@
 //!
 //! An attempt is recorded as soon as its process is spawned (before the assignment is
 //! acknowledged) and removed once its exit report is stored. Every change rewrites the whole
-//! file atomically (write a temporary file, rename it over), so an agent killed mid-write
+//! file atomically (write a temporary file, swap it into place), so an agent killed mid-write
 //! leaves either the old list or the new one, never half of one.
 //!
 //! Nothing is fsynced: the file guards against the agent's death, not the host's. The page
