@@ -27,6 +27,12 @@
 #![no_std]
 #![no_main]
 
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+compile_error!(
+    "mgpu-job-guard speaks to Linux on x86_64 only; elsewhere the agent uses its built-in \
+     guard (scripts/setup.sh does not build this crate there)"
+);
+
 mod sys;
 
 use core::arch::global_asm;
