@@ -75,15 +75,13 @@ impl GuardProgram {
         match setting {
             Some("builtin") => Ok(GuardProgram::Builtin(agent_exe.to_owned())),
             Some(path) => {
-                let path = PathBuf::from(path);
-                if path.is_file() {
-                    Ok(GuardProgram::Slim(path))
-                } else {
-                    Err(format!(
-                        "--job-guard {}: no such file (give the path of {SLIM_GUARD_NAME}, or \
-                         `builtin`)",
-                        path.display()
-                    ))
+                // Absolute: the guard is started in the job's directory.
+                match std::fs::canonicalize(path) {
+                    Ok(path) if path.is_file() => Ok(GuardProgram::Slim(path)),
+                    _ => Err(format!(
+                        "--job-guard {path}: no such file (give the path of {SLIM_GUARD_NAME}, \
+                         or `builtin`)"
+                    )),
                 }
             }
             None => {
@@ -352,12 +350,28 @@ mod tests {
         );
         assert_eq!(GuardProgram::choose(Some("builtin"), &agent), Ok(builtin));
         let elsewhere = slim.display().to_string();
+        let absolute = std::fs::canonicalize(&slim).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             GuardProgram::choose(Some(&elsewhere), Path::new("/nowhere/mgpu-node")),
-            Ok(GuardProgram::Slim(slim))
+            Ok(GuardProgram::Slim(absolute.clone()))
+        );
+        // A relative path is made absolute: the guard starts in the job's directory.
+        let here = std::env::current_dir().unwrap_or_else(|e| panic!("{e}"));
+        let relative = pathdiff(&absolute, &here);
+        assert_eq!(
+            GuardProgram::choose(Some(&relative), &agent),
+            Ok(GuardProgram::Slim(absolute))
         );
         let missing = GuardProgram::choose(Some("/no/such/guard"), &agent);
         assert!(missing.is_err_and(|e| e.contains("no such file")));
+    }
+
+    /// `path` relative to `base`, through `..` (both absolute).
+    fn pathdiff(path: &Path, base: &Path) -> String {
+        let ups = base.components().count().saturating_sub(1);
+        let mut relative = "../".repeat(ups);
+        relative.push_str(&path.display().to_string()[1..]);
+        relative
     }
 
     #[test]
