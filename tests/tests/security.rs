@@ -388,7 +388,15 @@ fn a_frozen_root_agents_job_is_stopped_by_its_guard_where_its_owner_cannot_read_
         eprintln!("skipped: needs root and useradd to create a Unix account");
         return;
     };
-    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB").jobs_as_owners()]);
+    // mgpu-job-guard opens the file before it switches; the built-in guard inherits it open.
+    fences_where_the_owner_cannot_read_the_state_dir(&account, &[]);
+    fences_where_the_owner_cannot_read_the_state_dir(&account, &["--job-guard", "builtin"]);
+}
+
+fn fences_where_the_owner_cannot_read_the_state_dir(account: &Account, agent_args: &[&str]) {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")
+        .agent_args(agent_args)
+        .jobs_as_owners()]);
     {
         use std::os::unix::fs::PermissionsExt;
         let state_dir = cluster.state_dir();
@@ -400,12 +408,20 @@ fn a_frozen_root_agents_job_is_stopped_by_its_guard_where_its_owner_cannot_read_
     let pid_file = format!("/tmp/{}.pid", account.0);
     let id = cluster.submit(
         &["--workdir", "/tmp"],
-        &format!("echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 60"),
+        &format!(
+            "ls -l /proc/$$/fd; echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 60"
+        ),
     );
     let pid: i32 = wait_for(&format!("job {id} to write its pid"), T, || {
         std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
     });
     let _ = std::fs::remove_file(&pid_file);
+    // The guard's way to the contact file is not handed on to the job.
+    let descriptors = cluster.mgpu_ok(&["logs", &id]);
+    assert!(
+        descriptors.contains("/dev/null") && !descriptors.contains(".contact"),
+        "{agent_args:?}: {descriptors}"
+    );
     cluster.signal_agent("node001", nix::sys::signal::Signal::SIGSTOP);
     // The agents of these stories fence after 2 s; the guard half a heartbeat interval later.
     // Well before the job's own end (60 s), and with the agent frozen throughout.
@@ -415,11 +431,12 @@ fn a_frozen_root_agents_job_is_stopped_by_its_guard_where_its_owner_cannot_read_
         || (!mgpu_tests::process_running(pid)).then_some(()),
     );
     cluster.signal_agent("node001", nix::sys::signal::Signal::SIGCONT);
-    let logs = cluster.mgpu_ok(&["logs", &id]);
-    assert!(logs.is_empty(), "{logs}");
     let out = cluster.mgpu(&["logs", &id]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("(fenced)"), "the guard says why: {stderr}");
+    assert!(
+        stderr.contains("(fenced)"),
+        "{agent_args:?}: the guard says why: {stderr}"
+    );
 }
 
 #[test]

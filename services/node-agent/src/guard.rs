@@ -6,12 +6,13 @@
 //! missing (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this
 //! module; both behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command
 //! itself (see `script::launch`). ACCOUNT is `UID:GID:GROUPS` for `mgpu-job-guard` to switch
-//! to once it has opened CONTACT_FILE, or `-`: this module never switches (started as root, a dynamically linked
-//! program would load libraries under the job's `LD_LIBRARY_PATH`), so for it the agent
-//! switches the child before the exec. The guard asks the kernel for SIGTERM when the agent dies
-//! (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same group, and waits. If the agent
-//! dies (SIGKILL, crash) — or anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the
-//! whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
+//! to once it has opened CONTACT_FILE, or `-`: this module never switches (started as root, a
+//! dynamically linked program would load libraries under the job's `LD_LIBRARY_PATH`), so for
+//! it the agent switches the child before the exec, and passes CONTACT_FILE as an inherited
+//! descriptor, `/proc/self/fd/N` ([`inheritable_contact`]). The guard asks the kernel for
+//! SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
+//! group, and waits. If the agent dies (SIGKILL, crash) — or anyone sends the guard SIGTERM,
+//! SIGINT or SIGHUP — it stops the whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
 //! would keep running while the scheduler already runs its next attempt elsewhere.
 //!
 //! The guard also fences the job when the agent is alive but cut off or frozen (SIGSTOP, a
@@ -27,13 +28,14 @@
 //! PR_SET_PDEATHSIG fires when the *thread* that forked the guard ends; the agent spawns jobs
 //! from its async runtime's worker threads, which live as long as the agent.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, FdFlag};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -54,6 +56,17 @@ extern "C" fn on_stop_signal(signal: nix::libc::c_int) {
 pub struct GuardFence {
     pub after: Duration,
     pub contact_file: std::path::PathBuf,
+}
+
+/// Opens `contact` for reading as a descriptor that every guard inherits (no close-on-exec),
+/// held for the agent's whole life: the built-in guard runs as the job's account, which
+/// usually cannot enter a root agent's state directory, but reads the file through
+/// `/proc/self/fd/N` whatever the directory's permissions. The guard keeps it from the job.
+pub fn inheritable_contact(contact: &Path) -> std::io::Result<PathBuf> {
+    let fd = OwnedFd::from(std::fs::File::open(contact)?);
+    nix::fcntl::fcntl(&fd, FcntlArg::F_SETFD(FdFlag::empty()))?;
+    // Never closed: it serves every job this agent starts.
+    Ok(PathBuf::from(format!("/proc/self/fd/{}", fd.into_raw_fd())))
 }
 
 /// The name of the standalone guard, looked for beside the agent's binary.
@@ -188,6 +201,15 @@ fn guard(args: &[String]) -> Result<ExitCode, String> {
     };
     if account != "-" {
         return Err("the built-in guard does not switch accounts (the agent does)".into());
+    }
+    // A contact file handed down as a descriptor (`inheritable_contact`) is the guard's alone.
+    if let Some(fd) = contact
+        .strip_prefix("/proc/self/fd/")
+        .and_then(|n| n.parse::<RawFd>().ok())
+    {
+        // SAFETY: inherited from the agent for this guard, and open for its whole life.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let _ = nix::fcntl::fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
     }
     let fence_after = match fence_ms
         .parse::<u64>()

@@ -195,6 +195,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
             guard::SLIM_GUARD_NAME
         ),
     }
+    let guard_fence = match guard_fence {
+        Some(fence) if run_as_policy.as_owner && !guard.switches_accounts() => {
+            let contact_file = guard::inheritable_contact(&fence.contact_file)
+                .with_context(|| format!("opening {}", fence.contact_file.display()))?;
+            Some(guard::GuardFence {
+                contact_file,
+                ..fence
+            })
+        }
+        other => other,
+    };
     let memory = Memory {
         state,
         left,
