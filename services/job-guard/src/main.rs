@@ -7,10 +7,9 @@
 //! comma-separated list, maybe empty): an agent running as root starts the guard as root, and
 //! the guard becomes the job's account once it has opened CONTACT_FILE (in a directory the
 //! job's account usually cannot enter), before anything else; so the agent can start it
-//! without copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel for
-//! SIGTERM when the agent dies
-//! (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same group (looked up on the job's
-//! `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
+//! without copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel
+//! for SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
+//! group (looked up on the job's `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
 //! the guard SIGTERM, SIGINT or SIGHUP, it stops the whole group: SIGTERM, the grace period,
 //! SIGKILL. When FENCE_MS is not 0 it also stops the group once CONTACT_FILE (touched by the
 //! agent whenever JetStream stored its heartbeat) is older than that: the agent is alive but
