@@ -317,22 +317,34 @@ impl Drop for Account {
     }
 }
 
-#[test]
-fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_root() {
+/// Runs `story` with a throwaway Unix account (root only), once under mgpu-job-guard and once
+/// under the built-in guard (given the agent's flags).
+fn under_both_guards_with_an_account(story: impl Fn(&Account, &[&str])) {
     let Some(account) = Account::create() else {
         eprintln!("skipped: needs root and useradd to create a Unix account");
         return;
     };
+    for agent_args in [&[][..], &["--job-guard", "builtin"][..]] {
+        story(&account, agent_args);
+    }
+}
+
+/// One node whose agent (root, as the tests run) runs each job as its owner's account.
+fn owners_cluster(agent_args: &[&str]) -> Cluster {
+    Cluster::start(&[NodeSpec::new("node001", "1x24GiB")
+        .agent_args(agent_args)
+        .jobs_as_owners()])
+}
+
+#[test]
+fn an_agent_running_as_root_runs_each_job_as_its_owners_account_and_never_as_root() {
     // mgpu-job-guard switches to the account itself; the built-in guard is switched by the
     // agent before it starts.
-    runs_jobs_as_owners(&account, &[]);
-    runs_jobs_as_owners(&account, &["--job-guard", "builtin"]);
+    under_both_guards_with_an_account(runs_jobs_as_owners);
 }
 
 fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
-    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")
-        .agent_args(agent_args)
-        .jobs_as_owners()]);
+    let cluster = owners_cluster(agent_args);
     map_user(&cluster, "alice", &account.0);
     map_user(&cluster, "bob", "root");
     std::thread::sleep(Duration::from_millis(1500));
@@ -384,19 +396,12 @@ fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
 /// before it becomes the job's account, and still fences.
 #[test]
 fn a_frozen_root_agents_job_is_stopped_by_its_guard_where_its_owner_cannot_read_the_state_dir() {
-    let Some(account) = Account::create() else {
-        eprintln!("skipped: needs root and useradd to create a Unix account");
-        return;
-    };
     // mgpu-job-guard opens the file before it switches; the built-in guard inherits it open.
-    fences_where_the_owner_cannot_read_the_state_dir(&account, &[]);
-    fences_where_the_owner_cannot_read_the_state_dir(&account, &["--job-guard", "builtin"]);
+    under_both_guards_with_an_account(fences_where_the_owner_cannot_read_the_state_dir);
 }
 
 fn fences_where_the_owner_cannot_read_the_state_dir(account: &Account, agent_args: &[&str]) {
-    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")
-        .agent_args(agent_args)
-        .jobs_as_owners()]);
+    let cluster = owners_cluster(agent_args);
     {
         use std::os::unix::fs::PermissionsExt;
         let state_dir = cluster.state_dir();
