@@ -65,14 +65,6 @@ if [ "$build" = 1 ]; then
   say "building ($profile)"
   flags=(--quiet); [ "$profile" = release ] && flags+=(--release)
   cargo build --workspace --exclude mgpu-cli "${flags[@]}"
-  # Every `mgpu` command is a new process, and a dynamically linked one first spends about
-  # 0.5 ms (measured on the 2-core machine) loading and binding libc, libm and libgcc_s. Only
-  # the final crate needs the flag: the libc link attributes are resolved where it is linked.
-  # The services stay dynamic, since the agent loads NVML with dlopen. A plain `cargo build`
-  # makes a dynamically linked `mgpu` that works the same.
-  # Static linking needs the static C library (libc6-dev has it; Fedora's is glibc-static):
-  # without it, say so and link dynamically.
-  mkdir -p target
   # The job guard (services/job-guard) is its own workspace: it is built without the standard
   # library, which needs panic = "abort". It speaks to Linux on x86_64 directly; elsewhere
   # the agents use their built-in guard, which works the same but starts slower.
@@ -81,6 +73,14 @@ if [ "$build" = 1 ]; then
   else
     say "no mgpu-job-guard for $(uname -s) $(uname -m): agents use their built-in guard"
   fi
+  # Every `mgpu` command is a new process, and a dynamically linked one first spends about
+  # 0.5 ms (measured on the 2-core machine) loading and binding libc, libm and libgcc_s. Only
+  # the final crate needs the flag: the libc link attributes are resolved where it is linked.
+  # The services stay dynamic, since the agent loads NVML with dlopen. A plain `cargo build`
+  # makes a dynamically linked `mgpu` that works the same.
+  # Static linking needs the static C library (libc6-dev has it; Fedora's is glibc-static):
+  # without it, say so and link dynamically.
+  mkdir -p target
   if ! cargo rustc -p mgpu-cli --bin mgpu "${flags[@]}" -- \
       -C target-feature=+crt-static -C relocation-model=static 2> target/static-link.log; then
     say "could not link mgpu statically (see target/static-link.log); linking it dynamically"
