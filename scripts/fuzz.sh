@@ -20,7 +20,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-packages=(-p mgpu-shared -p mgpu-scheduler -p mgpu-node)
+packages=(-p mgpu-protocol -p mgpu-scheduler -p mgpu-node)
 echo "==> building the fuzz targets"
 cargo test "${packages[@]}" --no-run --quiet
 

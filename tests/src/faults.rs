@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use mgpu_shared::subjects;
+use mgpu_protocol::subjects;
 use serde_json::Value;
 
 use crate::{Cluster, process_alive};

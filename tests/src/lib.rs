@@ -29,11 +29,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use mgpu_shared::auth::{Registry, Role, render_server_conf};
-use mgpu_shared::connect::read_seed;
-use mgpu_shared::node::{NodeAdmin, NodeHeartbeat};
-use mgpu_shared::tls::{ensure_certificates, server_hosts};
-use mgpu_shared::{records, subjects};
+use mgpu_cli::setup::auth::{Registry, RegistryFiles, Role, render_server_conf};
+use mgpu_cli::setup::tls::{ensure_certificates, server_hosts};
+use mgpu_nats::connect::read_seed;
+use mgpu_nats::records;
+use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat};
+use mgpu_protocol::subjects;
 use serde_json::Value;
 
 mod cli;
@@ -381,7 +382,7 @@ impl Cluster {
             .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
             .env(
                 "MGPU_PRINCIPALS",
-                self.auth_dir.join(mgpu_shared::auth::REGISTRY_FILE),
+                self.auth_dir.join(mgpu_protocol::principals::REGISTRY_FILE),
             )
             .env("RUST_LOG", "info")
             .stdout(self.log(name))
@@ -492,12 +493,12 @@ impl Cluster {
             .map(|pair| pair.public_key())
             .unwrap_or_else(|e| panic!("{e}"));
         let mut options = async_nats::ConnectOptions::with_nkey(seed)
-            .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key));
+            .custom_inbox_prefix(mgpu_protocol::principals::inbox_prefix(&public_key));
         if let Some(ca) = &self.ca {
             options = options.require_tls(true).add_root_certificates(ca.clone());
         }
         options
-            .connect(mgpu_shared::connect::server_list(urls))
+            .connect(mgpu_nats::connect::server_list(urls))
             .await
             .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()))
     }

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use mgpu_shared::auth::{CLUSTER_NAME, ClusterMember, render_cluster_server_conf};
-use mgpu_shared::subjects;
+use mgpu_cli::setup::auth::{CLUSTER_NAME, ClusterMember, render_cluster_server_conf};
+use mgpu_protocol::subjects;
 
 use crate::{Cluster, NodeSpec, free_port, nats_server_bin, wait_for};
 

@@ -440,9 +440,9 @@ fn agents_cut_off_from_nats_stop_their_jobs_which_run_again_once_it_is_back() {
 /// message says and when it is sent.
 #[test]
 fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
-    use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
-    use mgpu_shared::ids::JobId;
-    use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
+    use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
 
     let cluster = start(&[NodeSpec::without_agent("ghost01")], &[]);
     let beat = |sent_at, running: Vec<RunningJob>| NodeHeartbeat {
@@ -471,7 +471,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         fence_after_ms: None,
         kill_grace_ms: 0,
     };
-    cluster.publish_heartbeat(&beat(mgpu_shared::now(), Vec::new()));
+    cluster.publish_heartbeat(&beat(mgpu_protocol::now(), Vec::new()));
     cluster.wait_nodes_online(1);
     let id = cluster.submit(&[], "true");
     cluster.wait_state(&id, "running", T);
@@ -480,14 +480,14 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         let event = JobEvent {
             job_id: job.clone(),
             attempt: 1,
-            at: mgpu_shared::now(),
+            at: mgpu_protocol::now(),
             source: EventSource::Node("ghost01".into()),
             kind,
         };
         let payload = serde_json::to_vec(&event).unwrap_or_else(|e| panic!("{e}"));
-        let subject = mgpu_shared::subjects::events(&job);
+        let subject = mgpu_protocol::subjects::events(&job);
         cluster.with_nats(
-            &cluster.creds(mgpu_shared::auth::Role::Node, "ghost01"),
+            &cluster.creds(mgpu_protocol::principals::Role::Node, "ghost01"),
             |client| async move {
                 async_nats::jetstream::new(client)
                     .publish(subject, payload.into())
@@ -507,7 +507,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
     };
     report(JobEventKind::Started { pid: 4242 });
     // The beat is taken while the job runs; the job exits; the beat arrives last.
-    let taken_while_running = mgpu_shared::now();
+    let taken_while_running = mgpu_protocol::now();
     std::thread::sleep(Duration::from_millis(50));
     report(JobEventKind::Exited {
         exit_code: 0,
@@ -522,7 +522,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
     // Beats are handled in order: once a later beat's kill of an attempt nobody knows is
     // logged, the early beat was handled too.
     let unknown = JobId::random();
-    cluster.publish_heartbeat(&beat(mgpu_shared::now(), running(&unknown)));
+    cluster.publish_heartbeat(&beat(mgpu_protocol::now(), running(&unknown)));
     let log = cluster.log_path("scheduler");
     let kills = |of: &JobId| {
         std::fs::read_to_string(&log)
@@ -539,7 +539,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
     assert_eq!(kills(&job), 0, "the beat taken before the exit got a kill");
 
     // Taken after the end and still listing the attempt: that one was left running.
-    cluster.publish_heartbeat(&beat(mgpu_shared::now(), running(&job)));
+    cluster.publish_heartbeat(&beat(mgpu_protocol::now(), running(&job)));
     wait_for("the kill of the attempt left running", T, || {
         (kills(&job) > 0).then_some(())
     });

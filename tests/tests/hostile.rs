@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use mgpu_shared::auth::Role;
-use mgpu_shared::subjects;
+use mgpu_protocol::principals::Role;
+use mgpu_protocol::subjects;
 use mgpu_tests::{Cluster, NodeSpec};
 use serde_json::{Value, json};
 
@@ -113,10 +113,10 @@ fn garbage_on_every_subject_changes_nothing() {
     let cancel = json!({"user": "alice", "reason": "why"});
     let hold = json!({"user": "alice"});
     let admin = json!({"action": "pause_gpu", "node": "node001", "index": 0, "by": "admin"});
-    let beat = json!({"node": "node001", "sent_at": mgpu_shared::now(), "interval_ms": 2000,
+    let beat = json!({"node": "node001", "sent_at": mgpu_protocol::now(), "interval_ms": 2000,
         "gpu_source": "declared", "gpus": [], "running": [], "address": "h",
         "runs_jobs_as": "u", "agent_version": "0", "mem_threshold": 0.8, "fence_after_ms": 1000});
-    let event = json!({"job_id": running, "attempt": 1, "at": mgpu_shared::now(),
+    let event = json!({"job_id": running, "attempt": 1, "at": mgpu_protocol::now(),
         "source": {"kind": "node", "name": "node001"}, "event": "exited", "exit_code": 1});
     let assign = json!({"job_id": running, "attempt": 1, "user": "alice",
         "spec": {"command": ["true"], "workdir": "/tmp"},

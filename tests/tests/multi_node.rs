@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::StreamExt;
-use mgpu_shared::{output, subjects};
+use mgpu_protocol::{output, subjects};
 use mgpu_tests::{Cluster, NodeSpec, process_alive, wait_for};
 use serde_json::Value;
 

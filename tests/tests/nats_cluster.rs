@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mgpu_shared::auth::Role;
-use mgpu_shared::subjects;
+use mgpu_protocol::principals::Role;
+use mgpu_protocol::subjects;
 use mgpu_tests::{Cluster, NodeSpec, bin_dir, wait_for};
 use serde_json::Value;
 
@@ -317,7 +317,7 @@ fn a_pull_whose_server_dies_with_the_leaders_resumes_soon_after_the_election() {
 /// request would have expired (half a minute with async-nats's defaults).
 fn pull_across_a_lost_leader(reader_on_leader: bool) {
     use async_nats::jetstream::{self, AckKind, consumer, stream};
-    use mgpu_shared::pull::Pull;
+    use mgpu_nats::pull::Pull;
 
     const STREAM: &str = "PULL_TEST";
     const CONSUMER: &str = "pull-test";
@@ -449,7 +449,7 @@ fn pull_across_a_lost_leader(reader_on_leader: bool) {
 #[test]
 fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
     use async_nats::jetstream::{AckKind, consumer, stream};
-    use mgpu_shared::pull::Pull;
+    use mgpu_nats::pull::Pull;
 
     let (_cluster, runtime, js) = single_server_with_an_admin_context();
     let _in_runtime = runtime.enter();
@@ -513,7 +513,7 @@ fn messages_pulled_and_handed_back_go_to_the_next_reader_at_once() {
 #[test]
 fn a_latest_records_read_that_loses_its_consumer_starts_over() {
     use async_nats::jetstream::stream;
-    use mgpu_shared::records::{Delivery, for_each_last_per_subject};
+    use mgpu_nats::records::{Delivery, for_each_last_per_subject};
     use std::collections::BTreeMap;
 
     // Over one pull's batch (500), so the read still needs the consumer after its loss.

@@ -45,7 +45,7 @@ fn two_one_gpu_jobs_on_a_one_gpu_node_the_second_waits_then_runs() {
     // among them.
     let status: Value = cluster.with_nats(&cluster.admin_creds(), |client| async move {
         let answer = client
-            .request(mgpu_shared::subjects::SCHEDULER_STATUS, "".into())
+            .request(mgpu_protocol::subjects::SCHEDULER_STATUS, "".into())
             .await
             .unwrap_or_else(|e| panic!("status request: {e}"));
         serde_json::from_slice(&answer.payload).unwrap_or_else(|e| panic!("status: {e}"))
@@ -430,7 +430,7 @@ fn interactive_jobs_stream_live_and_ctrl_c_detaches_without_stopping_the_job() {
 /// stores its usage book at most once a second, yet soon.
 #[test]
 fn a_burst_of_short_jobs_writes_heartbeats_and_usage_at_a_bounded_rate() {
-    use mgpu_shared::subjects;
+    use mgpu_protocol::subjects;
 
     const JOBS: usize = 100;
     let cluster = Cluster::start(&[NodeSpec::new("node001", "8x24GiB")]);
@@ -512,7 +512,7 @@ fn a_burst_of_short_jobs_writes_heartbeats_and_usage_at_a_bounded_rate() {
         || {
             let usage = cluster.with_nats(&cluster.admin_creds(), |client| async move {
                 let js = async_nats::jetstream::new(client);
-                mgpu_shared::records::usage(&js)
+                mgpu_nats::records::usage(&js)
                     .await
                     .unwrap_or_else(|e| panic!("reading usage: {e}"))
             });

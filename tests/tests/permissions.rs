@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use async_nats::{ConnectOptions, Event, ServerError};
-use mgpu_shared::auth::Role;
-use mgpu_shared::connect::read_seed;
-use mgpu_shared::subjects;
+use mgpu_nats::connect::read_seed;
+use mgpu_protocol::principals::Role;
+use mgpu_protocol::subjects;
 use mgpu_tests::{Cluster, NodeSpec};
 use tokio::sync::mpsc;
 
@@ -85,7 +85,7 @@ async fn roles_are_held_to_their_subjects() {
         .map(|pair| pair.public_key())
         .unwrap_or_else(|e| panic!("{e}"));
     let client = ConnectOptions::with_nkey(seed)
-        .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key))
+        .custom_inbox_prefix(mgpu_protocol::principals::inbox_prefix(&public_key))
         .connect(cluster.server_url())
         .await
         .unwrap_or_else(|e| panic!("{e}"));

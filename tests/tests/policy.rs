@@ -8,8 +8,8 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use mgpu_shared::job::WaitReason;
-use mgpu_shared::node::{ForeignProcess, GpuSource, GpuStatus, NodeHeartbeat};
+use mgpu_protocol::job::WaitReason;
+use mgpu_protocol::node::{ForeignProcess, GpuSource, GpuStatus, NodeHeartbeat};
 use mgpu_tests::{Cluster, NodeSpec, bin_dir, gpus_of, time_of, wait_for, write_executable};
 use serde_json::Value;
 
@@ -678,7 +678,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
     };
     NodeHeartbeat {
         node: "busy01".into(),
-        sent_at: mgpu_shared::now(),
+        sent_at: mgpu_protocol::now(),
         interval_ms: 600_000,
         gpu_source: GpuSource::Nvml,
         gpu_note: None,

@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use mgpu_shared::auth::Role;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{CancelRequest, HoldRequest, JobSpec, SubmitRequest};
-use mgpu_shared::{signing, subjects};
+use mgpu_nats::signing;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{CancelRequest, HoldRequest, JobSpec, SubmitRequest};
+use mgpu_protocol::principals::Role;
+use mgpu_protocol::subjects;
 use mgpu_tests::{Cluster, NodeSpec, wait_for};
 use serde_json::Value;
 
@@ -21,8 +22,8 @@ fn cluster() -> Cluster {
 
 /// The nkey of `role`/`name`, read from its seed file.
 fn key_of(cluster: &Cluster, role: Role, name: &str) -> nkeys::KeyPair {
-    let seed = mgpu_shared::connect::read_seed(&cluster.creds(role, name))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let seed =
+        mgpu_nats::connect::read_seed(&cluster.creds(role, name)).unwrap_or_else(|e| panic!("{e}"));
     nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -49,7 +50,7 @@ fn signed_by(
     key: &nkeys::KeyPair,
     subject: &str,
     payload: &[u8],
-    at: mgpu_shared::Timestamp,
+    at: mgpu_protocol::Timestamp,
 ) -> HeaderMap {
     let mut headers = HeaderMap::new();
     signing::sign(key, subject, payload, at, &mut headers).unwrap_or_else(|e| panic!("{e}"));
@@ -111,7 +112,7 @@ fn submissions_signed_by_no_user_or_unsigned_are_refused_and_nothing_runs() {
                 &nkeys::KeyPair::new_user(),
                 subjects::SUBMIT,
                 &payload,
-                mgpu_shared::now(),
+                mgpu_protocol::now(),
             )
         } else {
             HeaderMap::new()
@@ -188,7 +189,7 @@ fn users_cancel_and_hold_only_their_own_jobs_and_admins_any() {
         &key_of(&cluster, Role::User, "bob"),
         &subject,
         &payload,
-        mgpu_shared::now(),
+        mgpu_protocol::now(),
     );
     publish(
         &cluster,
@@ -202,7 +203,7 @@ fn users_cancel_and_hold_only_their_own_jobs_and_admins_any() {
     assert_eq!(cluster.state(&alices), "running");
 
     // Signed by alice but ten minutes ago (a captured message): stale.
-    let old = mgpu_shared::now() - chrono::Duration::minutes(10);
+    let old = mgpu_protocol::now() - chrono::Duration::minutes(10);
     let headers = signed_by(
         &key_of(&cluster, Role::User, "alice"),
         &subject,
@@ -245,7 +246,7 @@ fn a_replayed_hold_changes_nothing() {
         &key_of(&cluster, Role::User, "alice"),
         &subject,
         &payload,
-        mgpu_shared::now(),
+        mgpu_protocol::now(),
     );
     publish(
         &cluster,
@@ -386,7 +387,10 @@ fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
     );
 
     let nodes = cluster.mgpu_ok(&["nodes", "--json"]);
-    assert!(nodes.contains(mgpu_shared::node::RUNS_AS_OWNER), "{nodes}");
+    assert!(
+        nodes.contains(mgpu_protocol::node::RUNS_AS_OWNER),
+        "{nodes}"
+    );
     let human = cluster.mgpu_ok(&["nodes"]);
     assert!(human.contains("runs jobs as each job's owner"), "{human}");
 }
@@ -456,7 +460,7 @@ fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
     let pull_subject = scheduler_pull.clone();
     cluster.with_nats(&cluster.user_creds("alice"), |client| async move {
         // Bob's reply inbox.
-        let inbox = format!("{}.>", mgpu_shared::auth::inbox_prefix(&bob_key));
+        let inbox = format!("{}.>", mgpu_protocol::principals::inbox_prefix(&bob_key));
         let _ = client.subscribe(inbox).await;
         // A pull from the scheduler's durable consumer of reports, which would take them.
         let _ = client.publish(pull_subject, "{\"batch\":1}".into()).await;
@@ -470,7 +474,7 @@ fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
             .any(|line| line.contains("Violation") && line.contains(what))
     };
     let bob_inbox =
-        mgpu_shared::auth::inbox_prefix(&key_of(&cluster, Role::User, "bob").public_key());
+        mgpu_protocol::principals::inbox_prefix(&key_of(&cluster, Role::User, "bob").public_key());
     assert!(
         refused(&bob_inbox),
         "subscribing to bob's inbox was not refused:\n{log}"

@@ -5,7 +5,7 @@
 
 use std::fmt::Display;
 
-use mgpu_shared::records;
+use mgpu_nats::records;
 
 /// An error as its display text only, without a source chain.
 pub fn plain(err: impl Display) -> anyhow::Error {

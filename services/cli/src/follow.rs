@@ -6,9 +6,10 @@ use std::io::Write;
 use anyhow::{Context as _, Result};
 use async_nats::jetstream::{self, consumer, kv};
 use futures::{Stream, StreamExt};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::JobRecord;
-use mgpu_shared::{output, records, subjects};
+use mgpu_nats::records;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobRecord;
+use mgpu_protocol::{output, subjects};
 
 use crate::errors::{lookup, plain};
 

@@ -3,8 +3,8 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-use mgpu_shared::Timestamp;
-use mgpu_shared::duration::format_duration;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::duration::format_duration;
 
 /// Writes one line to stderr. A closed stderr is not worth failing (or panicking) over.
 pub fn stderr_line(text: &str) {
@@ -49,10 +49,10 @@ pub fn mib_pair(used: u64, total: u64) -> String {
 }
 
 /// A job state as a sentence says it: `timed out` rather than the wire name `timed_out`.
-pub fn state_words(state: &mgpu_shared::job::JobState) -> &'static str {
+pub fn state_words(state: &mgpu_protocol::job::JobState) -> &'static str {
     match state {
-        mgpu_shared::job::JobState::TimedOut(_) => "timed out",
-        mgpu_shared::job::JobState::NodeFailed(_) => "lost with its node",
+        mgpu_protocol::job::JobState::TimedOut(_) => "timed out",
+        mgpu_protocol::job::JobState::NodeFailed(_) => "lost with its node",
         other => other.name(),
     }
 }
@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn ages_are_short() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let then = now - chrono::Duration::milliseconds(1_240);
         assert_eq!(age(then, now), "1.2s ago");
         let then = now - chrono::Duration::seconds(303);
@@ -83,11 +83,11 @@ mod tests {
 
     #[test]
     fn states_read_as_words_in_sentences() {
-        use mgpu_shared::job::{Ending, JobState};
+        use mgpu_protocol::job::{Ending, JobState};
         let ending = Ending {
             placement: None,
             started_at: None,
-            ended_at: mgpu_shared::now(),
+            ended_at: mgpu_protocol::now(),
             exit_code: None,
             signal: None,
             reason: None,

@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::ids::validate_node_name;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::ids::validate_node_name;
 
 /// `--gpu-ids 0,2` or `0-3` or `0-1,4`: physical GPU indices, in the order given.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use mgpu_shared::gpu_amount::GpuAmount;
+use mgpu_protocol::gpu_amount::GpuAmount;
 use serde::Deserialize;
 
 /// The file name seed 004 uses, looked for in the current directory and `~/.config/mgpu/`.

@@ -7,9 +7,9 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use async_nats::header;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishAckFuture, PublishErrorKind};
-use mgpu_shared::error::StateError;
-use mgpu_shared::job::{MAX_SUBMIT_BYTES, SubmitRequest};
-use mgpu_shared::subjects;
+use mgpu_nats::error::StateError;
+use mgpu_protocol::job::{MAX_SUBMIT_BYTES, SubmitRequest};
+use mgpu_protocol::subjects;
 
 use crate::errors::plain;
 use crate::session::Session;

@@ -3,7 +3,7 @@
 use anyhow::{Result, anyhow};
 use async_nats::jetstream;
 use async_nats::{ConnectOptions, Event, ServerError};
-use mgpu_shared::connect::{ConnectTarget, connect_with};
+use mgpu_nats::connect::{ConnectTarget, connect_with};
 use tokio::sync::mpsc;
 
 use crate::cli::GlobalArgs;
@@ -20,14 +20,14 @@ pub struct Session {
 }
 
 impl Session {
-    /// Signature headers for a request of `payload` on `subject` (see `mgpu_shared::signing`).
+    /// Signature headers for a request of `payload` on `subject` (see `mgpu_nats::signing`).
     pub fn sign(&self, subject: &str, payload: &[u8]) -> Result<async_nats::HeaderMap> {
         let mut headers = async_nats::HeaderMap::new();
-        mgpu_shared::signing::sign(
+        mgpu_nats::signing::sign(
             &self.key,
             subject,
             payload,
-            mgpu_shared::now(),
+            mgpu_protocol::now(),
             &mut headers,
         )
         .map_err(|e| anyhow!(e))?;
@@ -74,7 +74,7 @@ impl Session {
             )
         })?;
         let user = current_user();
-        let seed = mgpu_shared::connect::read_seed(&creds).map_err(plain)?;
+        let seed = mgpu_nats::connect::read_seed(&creds).map_err(plain)?;
         let key = nkeys::KeyPair::from_seed(&seed)
             .map_err(|e| anyhow!("{}: not a valid nkey seed: {e}", creds.display()))?;
         let target = ConnectTarget {

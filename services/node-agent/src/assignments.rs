@@ -1,7 +1,7 @@
 //! The node's inbox: the durable pull consumer `node-<node>` on `MGPU_ASSIGN`, filtered to
 //! `nodes.assign.<node>` and `nodes.control.<node>`. Assignments start jobs; controls stop them.
 //!
-//! Messages are taken through a continuous pull ([`mgpu_shared::pull::start`]), which keeps a
+//! Messages are taken through a continuous pull ([`mgpu_nats::pull::start`]), which keeps a
 //! request waiting at the server, so an assignment reaches the agent as soon as it is stored:
 //! no polling anywhere on the submit → start path. Its short idle heartbeat notices within
 //! seconds that the server holding that request died, and the pull is set up again. A bad message is logged, terminated (so it is not
@@ -15,10 +15,10 @@ use async_nats::jetstream::{
     context::GetStreamErrorKind,
 };
 use futures::StreamExt;
-use mgpu_shared::assign::{Assignment, NodeControl};
-use mgpu_shared::error::InvalidInput;
-use mgpu_shared::event::JobEventKind;
-use mgpu_shared::{subjects, wire};
+use mgpu_protocol::assign::{Assignment, NodeControl};
+use mgpu_protocol::error::InvalidInput;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::{subjects, wire};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
@@ -67,7 +67,7 @@ impl Dispatcher {
         while let Some(consumer) = self.consumer(&shutdown).await {
             let messages = tokio::select! {
                 () = shutdown.fired() => break,
-                messages = mgpu_shared::pull::start(&consumer) => messages,
+                messages = mgpu_nats::pull::start(&consumer) => messages,
             };
             match messages {
                 Ok(messages) => {
@@ -207,7 +207,7 @@ impl Dispatcher {
                         // (just created in a NATS cluster), or the server leading it died
                         // while this agent is connected to another one. Set it up again
                         // rather than wait on a pull nobody will answer.
-                        let fatal = mgpu_shared::pull::must_restart(err.kind());
+                        let fatal = mgpu_nats::pull::must_restart(err.kind());
                         let text = format!("assignment consumer: {err}");
                         if let Verdict::Log { suppressed } = self.stream_failures.failure(&text) {
                             warn!(suppressed, "{text}");
@@ -395,10 +395,10 @@ mod tests {
     mod fuzz {
         use std::collections::BTreeMap;
 
-        use mgpu_shared::fuzzing::payloads;
-        use mgpu_shared::gpu_amount::GpuAmount;
-        use mgpu_shared::ids::JobId;
-        use mgpu_shared::job::{GpuShare, JobSpec, Placement};
+        use mgpu_protocol::fuzzing::payloads;
+        use mgpu_protocol::gpu_amount::GpuAmount;
+        use mgpu_protocol::ids::JobId;
+        use mgpu_protocol::job::{GpuShare, JobSpec, Placement};
         use proptest::prelude::*;
 
         use super::super::*;

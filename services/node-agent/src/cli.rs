@@ -76,7 +76,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "SHARE",
-        default_value_t = mgpu_shared::node::DEFAULT_THRESHOLD,
+        default_value_t = mgpu_protocol::node::DEFAULT_THRESHOLD,
         value_parser = parse_threshold
     )]
     pub mem_threshold: f64,
@@ -86,7 +86,7 @@ pub struct Args {
     #[arg(
         long,
         value_name = "SHARE",
-        default_value_t = mgpu_shared::node::DEFAULT_THRESHOLD,
+        default_value_t = mgpu_protocol::node::DEFAULT_THRESHOLD,
         value_parser = parse_threshold
     )]
     pub load_threshold: f64,
@@ -169,7 +169,7 @@ pub fn parse_label(text: &str) -> Result<(String, String), String> {
     Ok((key.to_owned(), value.to_owned()))
 }
 
-/// A duration as `mgpu_shared::duration::parse_duration` reads it (`2s`, `10m`, `1h30m`, `90`),
+/// A duration as `mgpu_protocol::duration::parse_duration` reads it (`2s`, `10m`, `1h30m`, `90`),
 /// or in milliseconds (`200ms`), which agent timings need and job time limits do not.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
@@ -180,7 +180,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
             Err(_) => Err(format!("`{text}` is not a number of milliseconds")),
         };
     }
-    mgpu_shared::duration::parse_duration(trimmed).map_err(|err| err.to_string())
+    mgpu_protocol::duration::parse_duration(trimmed).map_err(|err| err.to_string())
 }
 
 /// A share for `--mem-threshold` / `--load-threshold`: a number from 0.0 to 1.0 (`0.8`, `1`).
@@ -249,10 +249,10 @@ pub fn current_user() -> String {
 pub fn print_gpus(probe: &mut dyn GpuProbe) -> anyhow::Result<()> {
     #[derive(Serialize)]
     struct Inventory {
-        gpu_source: mgpu_shared::node::GpuSource,
+        gpu_source: mgpu_protocol::node::GpuSource,
         #[serde(skip_serializing_if = "Option::is_none")]
         gpu_note: Option<String>,
-        gpus: Vec<mgpu_shared::node::GpuStatus>,
+        gpus: Vec<mgpu_protocol::node::GpuStatus>,
     }
     let inventory = Inventory {
         gpu_source: probe.source(),
@@ -361,8 +361,8 @@ mod tests {
         let Ok(args) = Args::try_parse_from(base) else {
             panic!("defaults did not parse");
         };
-        assert_eq!(args.mem_threshold, mgpu_shared::node::DEFAULT_THRESHOLD);
-        assert_eq!(args.load_threshold, mgpu_shared::node::DEFAULT_THRESHOLD);
+        assert_eq!(args.mem_threshold, mgpu_protocol::node::DEFAULT_THRESHOLD);
+        assert_eq!(args.load_threshold, mgpu_protocol::node::DEFAULT_THRESHOLD);
         let flags = base
             .into_iter()
             .chain(["--mem-threshold", "0.5", "--load-threshold", "0.9"]);

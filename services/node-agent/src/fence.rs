@@ -112,7 +112,7 @@ pub async fn watch(contact: Contact, fence_after: Duration, table: RunningTable,
 mod tests {
     use super::*;
     use crate::running::AttemptKey;
-    use mgpu_shared::ids::JobId;
+    use mgpu_protocol::ids::JobId;
 
     #[tokio::test(start_paused = true)]
     async fn jobs_are_stopped_once_heartbeats_fail_for_the_fence_time() {

@@ -4,7 +4,7 @@
 //! rules.
 
 use anyhow::bail;
-use mgpu_shared::node::{GpuSource, GpuStatus};
+use mgpu_protocol::node::{GpuSource, GpuStatus};
 use tracing::{info, warn};
 
 use crate::gpu_spec::DeclaredSpec;

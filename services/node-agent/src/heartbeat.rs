@@ -13,8 +13,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use async_nats::jetstream::{self, context::PublishErrorKind};
 use bytes::Bytes;
-use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat};
-use mgpu_shared::subjects;
+use mgpu_protocol::node::{GpuSource, GpuStatus, NodeHeartbeat};
+use mgpu_protocol::subjects;
 use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
 use tracing::{info, warn};
@@ -149,7 +149,7 @@ impl Heartbeater {
         }
         let heartbeat = NodeHeartbeat {
             node: self.identity.node.clone(),
-            sent_at: mgpu_shared::now(),
+            sent_at: mgpu_protocol::now(),
             interval_ms: u64::try_from(self.identity.interval.as_millis()).unwrap_or(u64::MAX),
             gpu_source: self.source,
             gpu_note: self.note.clone(),

@@ -7,7 +7,7 @@
 
 use async_nats::Subscriber;
 use futures::StreamExt;
-use mgpu_shared::signing::{self, Nonces};
+use mgpu_nats::signing::{self, Nonces};
 use tokio::io::AsyncWriteExt;
 use tokio::process::ChildStdin;
 use tokio::sync::oneshot;
@@ -109,7 +109,7 @@ fn accepted(
     allowed: &[String],
     nonces: &mut Nonces,
 ) -> Result<(), String> {
-    let now = mgpu_shared::now();
+    let now = mgpu_protocol::now();
     let signed = signing::verify(
         message.headers.as_ref(),
         message.subject.as_str(),
@@ -149,7 +149,7 @@ mod tests {
 
     fn signed(key: &nkeys::KeyPair, subject: &str, payload: &[u8]) -> async_nats::HeaderMap {
         let mut headers = async_nats::HeaderMap::new();
-        let _ = signing::sign(key, subject, payload, mgpu_shared::now(), &mut headers);
+        let _ = signing::sign(key, subject, payload, mgpu_protocol::now(), &mut headers);
         headers
     }
 

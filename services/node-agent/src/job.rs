@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
-use mgpu_shared::assign::Assignment;
-use mgpu_shared::event::JobEventKind;
-use mgpu_shared::job::Placement;
-use mgpu_shared::{output, subjects};
+use mgpu_protocol::assign::Assignment;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::job::Placement;
+use mgpu_protocol::{output, subjects};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -200,7 +200,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             job_id: key.job_id.clone(),
             attempt: key.attempt,
             pid,
-            started_at: mgpu_shared::now(),
+            started_at: mgpu_protocol::now(),
             boot_id: state_file::boot_id(),
             start_ticks: state_file::start_ticks(pid),
         })
@@ -501,7 +501,7 @@ mod tests {
     async fn stop_a_sleeping_job(reason: StopReason) -> Ending {
         let table = RunningTable::default();
         let key = AttemptKey {
-            job_id: mgpu_shared::ids::JobId::random(),
+            job_id: mgpu_protocol::ids::JobId::random(),
             attempt: 1,
         };
         let mut child = Command::new("sleep")

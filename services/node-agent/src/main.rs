@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
-use mgpu_shared::connect::{ConnectTarget, connect_with};
+use mgpu_nats::connect::{ConnectTarget, connect_with};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
@@ -99,7 +99,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(node) => node,
         None => cli::short_hostname().context("cannot tell this host's name; pass --node NAME")?,
     };
-    mgpu_shared::ids::validate_node_name(&node).map_err(|err| anyhow!("--node: {err}"))?;
+    mgpu_protocol::ids::validate_node_name(&node).map_err(|err| anyhow!("--node: {err}"))?;
     let mut probe = gpu::choose_probe(&node, args.gpus.as_ref(), args.fallback_gpus.as_ref())?;
     if args.print_gpus {
         return cli::print_gpus(probe.as_mut());
@@ -166,7 +166,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             cli::Fence::Off => None,
             cli::Fence::After(after) => Some(after),
             cli::Fence::Default => Some(
-                (args.heartbeat_interval * mgpu_shared::node::MISSED_HEARTBEATS_OFFLINE)
+                (args.heartbeat_interval * mgpu_protocol::node::MISSED_HEARTBEATS_OFFLINE)
                     .max(cli::MIN_DEFAULT_FENCE),
             ),
         },

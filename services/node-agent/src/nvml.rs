@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use anyhow::Context;
-use mgpu_shared::node::{ForeignProcess, GpuSource, GpuStatus};
+use mgpu_protocol::node::{ForeignProcess, GpuSource, GpuStatus};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;

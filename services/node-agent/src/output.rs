@@ -10,8 +10,8 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, context::PublishError};
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
-use mgpu_shared::output;
-use mgpu_shared::subjects;
+use mgpu_protocol::output;
+use mgpu_protocol::subjects;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -131,7 +131,7 @@ async fn read_pipe(
     }
 }
 
-/// Headers of an output message; see [`mgpu_shared::output`].
+/// Headers of an output message; see [`mgpu_protocol::output`].
 pub fn output_headers(stream: &str, seq: u64, attempt: u32, rank: u32) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(output::STREAM, stream);

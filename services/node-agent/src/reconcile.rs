@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use mgpu_shared::event::JobEventKind;
+use mgpu_protocol::event::JobEventKind;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::time::Instant;
@@ -293,7 +293,7 @@ fn signal_group(pgid: u32, signal: Signal, key: &AttemptKey) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::ids::JobId;
+    use mgpu_protocol::ids::JobId;
     use std::os::unix::process::CommandExt as _;
     use std::process::{Command, Stdio};
 
@@ -302,7 +302,7 @@ mod tests {
             job_id: JobId::random(),
             attempt: 1,
             pid,
-            started_at: mgpu_shared::now(),
+            started_at: mgpu_protocol::now(),
             boot_id: state_file::boot_id(),
             start_ticks: state_file::start_ticks(pid),
         }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
-use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
-use mgpu_shared::subjects;
+use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_protocol::subjects;
 use tracing::{error, info, warn};
 
 use crate::running::AttemptKey;
@@ -39,7 +39,7 @@ impl Reporter {
         let event = JobEvent {
             job_id: key.job_id.clone(),
             attempt: key.attempt,
-            at: mgpu_shared::now(),
+            at: mgpu_protocol::now(),
             source: EventSource::Node(self.node.clone()),
             kind,
         };

@@ -30,7 +30,7 @@ impl RunAsPolicy {
     /// What heartbeats say about it (`mgpu nodes`).
     pub fn describe(&self) -> String {
         if self.as_owner {
-            mgpu_shared::node::RUNS_AS_OWNER.to_owned()
+            mgpu_protocol::node::RUNS_AS_OWNER.to_owned()
         } else {
             crate::cli::current_user()
         }

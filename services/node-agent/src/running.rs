@@ -9,8 +9,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use mgpu_shared::ids::JobId;
-use mgpu_shared::node::RunningJob;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::node::RunningJob;
 use tokio::sync::watch;
 
 /// One run of one job: attempts of the same job are distinct.

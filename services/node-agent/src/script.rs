@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mgpu_shared::job::{GPUS_PLACEHOLDER, JobSpec, Placement, shell_quote};
+use mgpu_protocol::job::{GPUS_PLACEHOLDER, JobSpec, Placement, shell_quote};
 
 use crate::running::AttemptKey;
 
@@ -157,7 +157,7 @@ pub fn launch(spec: &JobSpec, gpus: &[u32]) -> Launch {
         [line] => {
             let simple = line
                 .split([' ', '\t'])
-                .all(|word| word.is_empty() || mgpu_shared::job::is_plain_word(word));
+                .all(|word| word.is_empty() || mgpu_protocol::job::is_plain_word(word));
             if !simple {
                 return shell();
             }
@@ -204,7 +204,7 @@ fn command_line(command: &[String], gpu_list: &str) -> String {
         .iter()
         .map(|arg| arg.replace(GPUS_PLACEHOLDER, gpu_list))
         .collect();
-    mgpu_shared::job::command_line(&filled)
+    mgpu_protocol::job::command_line(&filled)
 }
 
 /// Whether a variable from the submitter's captured environment is passed on. The agent sets
@@ -299,8 +299,8 @@ fn rank_environment(env: &mut BTreeMap<String, String>, info: &RankInfo<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::ids::JobId;
-    use mgpu_shared::job::ArrayMember;
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::job::ArrayMember;
 
     fn spec(command: &[&str]) -> JobSpec {
         JobSpec::new(command.iter().map(|s| (*s).to_owned()).collect(), "/tmp")
@@ -638,8 +638,8 @@ fi
 
     #[test]
     fn a_distributed_rank_gets_the_torchrun_variables() {
-        use mgpu_shared::gpu_amount::GpuAmount;
-        use mgpu_shared::job::{GpuShare, Launch, NodeShare};
+        use mgpu_protocol::gpu_amount::GpuAmount;
+        use mgpu_protocol::job::{GpuShare, Launch, NodeShare};
         let share = |index| GpuShare {
             index,
             amount: GpuAmount::ONE,

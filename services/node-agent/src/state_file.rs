@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{Context, anyhow};
-use mgpu_shared::Timestamp;
-use mgpu_shared::ids::JobId;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::ids::JobId;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -286,7 +286,7 @@ mod tests {
             job_id: JobId::random(),
             attempt: n,
             pid: 4000 + n,
-            started_at: mgpu_shared::now(),
+            started_at: mgpu_protocol::now(),
             boot_id: Some("boot".into()),
             start_ticks: Some(77),
         }

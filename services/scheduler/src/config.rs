@@ -16,8 +16,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use mgpu_shared::duration::parse_duration;
-use mgpu_shared::priority::{PlacementPolicy, Policy};
+use mgpu_protocol::duration::parse_duration;
+use mgpu_protocol::priority::{PlacementPolicy, Policy};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

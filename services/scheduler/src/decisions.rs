@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use anyhow::Result;
 use futures::StreamExt;
 
-use mgpu_shared::Timestamp;
-use mgpu_shared::assign::NodeControl;
-use mgpu_shared::event::JobEventKind;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::assign::NodeControl;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{
     Ending, JobRecord, JobState, Launch, OnTimeout, Placement, Run, WaitReason,
 };
 

@@ -1,4 +1,4 @@
-//! Who sent a request: the signature on every user request (see `mgpu_shared::signing`) is
+//! Who sent a request: the signature on every user request (see `mgpu_nats::signing`) is
 //! checked against the principals file (`--principals`, the `principals.json` that `mgpu admin`
 //! keeps), re-read when it changes, so users added or removed take effect without a restart.
 //! A request that is unsigned, forged, replayed or signed by no known user is refused, and
@@ -10,12 +10,12 @@ use std::time::SystemTime;
 use anyhow::{Context, Result};
 use async_nats::jetstream;
 
-use mgpu_shared::audit::AuditRecord;
-use mgpu_shared::auth::{Principal, Registry, Role};
-use mgpu_shared::event::JobEventKind;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::signing::{self, SignatureError};
-use mgpu_shared::{Timestamp, now, subjects};
+use mgpu_nats::signing::{self, SignatureError};
+use mgpu_protocol::audit::AuditRecord;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::principals::{Principal, Registry, Role};
+use mgpu_protocol::{Timestamp, now, subjects};
 
 use crate::service::Scheduler;
 

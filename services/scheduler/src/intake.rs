@@ -5,9 +5,9 @@
 use async_nats::jetstream;
 use bytes::Bytes;
 
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::SubmitRequest;
-use mgpu_shared::{now, subjects};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::SubmitRequest;
+use mgpu_protocol::{now, subjects};
 
 use crate::service::Scheduler;
 

@@ -12,7 +12,7 @@ use anyhow::{Result, anyhow};
 use async_nats::jetstream::{self, kv};
 use tokio::sync::watch;
 
-use mgpu_shared::subjects;
+use mgpu_protocol::subjects;
 
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 const RETRY_EVERY: Duration = Duration::from_millis(500);

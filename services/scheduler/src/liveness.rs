@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
 
-use mgpu_shared::assign::NodeControl;
-use mgpu_shared::event::JobEventKind;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{Ending, JobState, Placement, WaitReason, Waiting};
-use mgpu_shared::node::NodeHeartbeat;
-use mgpu_shared::{Timestamp, now, subjects};
+use mgpu_protocol::assign::NodeControl;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{Ending, JobState, Placement, WaitReason, Waiting};
+use mgpu_protocol::node::NodeHeartbeat;
+use mgpu_protocol::{Timestamp, now, subjects};
 
 use crate::service::Scheduler;
 

@@ -37,8 +37,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use tokio::sync::watch;
 
-use mgpu_shared::connect::{ConnectTarget, connect};
-use mgpu_shared::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings};
+use mgpu_nats::connect::{ConnectTarget, connect};
+use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -73,7 +73,7 @@ struct Args {
     config: Option<PathBuf>,
     /// Where jobs go when several nodes fit: fill_first (pack) or spread.
     #[arg(long, value_parser = parse_placement)]
-    placement: Option<mgpu_shared::priority::PlacementPolicy>,
+    placement: Option<mgpu_protocol::priority::PlacementPolicy>,
     /// Cluster-wide time limit (`12h`, `90`, `1-00:00:00`); a time slice for jobs that requeue.
     #[arg(long, value_parser = parse_seconds)]
     max_job_time: Option<u64>,
@@ -85,12 +85,12 @@ struct Args {
     max_attempts: Option<u32>,
 }
 
-fn parse_placement(text: &str) -> Result<mgpu_shared::priority::PlacementPolicy, String> {
+fn parse_placement(text: &str) -> Result<mgpu_protocol::priority::PlacementPolicy, String> {
     match text {
         "fill_first" | "fill-first" | "pack" => {
-            Ok(mgpu_shared::priority::PlacementPolicy::FillFirst)
+            Ok(mgpu_protocol::priority::PlacementPolicy::FillFirst)
         }
-        "spread" => Ok(mgpu_shared::priority::PlacementPolicy::Spread),
+        "spread" => Ok(mgpu_protocol::priority::PlacementPolicy::Spread),
         other => Err(format!(
             "`{other}` is not a placement policy: fill_first or spread"
         )),
@@ -98,7 +98,7 @@ fn parse_placement(text: &str) -> Result<mgpu_shared::priority::PlacementPolicy,
 }
 
 fn parse_seconds(text: &str) -> Result<u64, String> {
-    mgpu_shared::duration::parse_duration(text)
+    mgpu_protocol::duration::parse_duration(text)
         .map(|d| d.as_secs())
         .map_err(|e| e.to_string())
 }
@@ -166,7 +166,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // 10005). Both are worth waiting for, not dying of.
     let mut tries = 0u32;
     loop {
-        match mgpu_shared::streams::ensure(&js, &settings).await {
+        match mgpu_nats::streams::ensure(&js, &settings).await {
             Ok(()) => break,
             Err(err) if is_cluster_still_forming(&err.to_string()) && tries < 60 => {
                 tries += 1;
@@ -189,7 +189,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "host".into()),
         std::process::id(),
-        &mgpu_shared::ids::JobId::random().as_str()[..6]
+        &mgpu_protocol::ids::JobId::random().as_str()[..6]
     );
     // Read once here, so a missing or broken file stops the scheduler at once.
     let principals = identity::Principals::load(&args.principals)?;

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use mgpu_shared::Timestamp;
-use mgpu_shared::node::{NodeAdmin, NodeHeartbeat, NodeLiveness};
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat, NodeLiveness};
 
 use crate::core::{GpuView, NodeView};
 
@@ -24,7 +24,7 @@ impl NodeTable {
     pub fn new(beats: Vec<NodeHeartbeat>, admin: BTreeMap<String, NodeAdmin>, missed: u32) -> Self {
         // The stream keeps whatever was published: a stored heartbeat is checked like a
         // live one (an absurd one would otherwise sit in the table until the node beats again).
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let beats = beats.into_iter().filter(|beat| match beat.validate(now) {
             Ok(()) => true,
             Err(invalid) => {
@@ -155,7 +155,7 @@ impl NodeTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::node::GpuSource;
+    use mgpu_protocol::node::GpuSource;
 
     fn beat(node: &str, sent_at: Timestamp) -> NodeHeartbeat {
         NodeHeartbeat {
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn a_silent_node_is_lost_once_per_outage() {
-        let start = mgpu_shared::now();
+        let start = mgpu_protocol::now();
         let mut table = NodeTable::new(vec![beat("n1", start)], BTreeMap::new(), 3);
         assert!(
             table
@@ -205,16 +205,16 @@ mod tests {
     mod fuzz {
         use super::*;
         use crate::core::{self, CoreSettings, QueuedJob};
-        use mgpu_shared::fuzzing::payloads;
-        use mgpu_shared::gpu_amount::GpuAmount;
-        use mgpu_shared::ids::JobId;
-        use mgpu_shared::node::{ForeignProcess, GpuStatus, RunningJob};
-        use mgpu_shared::priority::PlacementPolicy;
-        use mgpu_shared::wire;
+        use mgpu_protocol::fuzzing::payloads;
+        use mgpu_protocol::gpu_amount::GpuAmount;
+        use mgpu_protocol::ids::JobId;
+        use mgpu_protocol::node::{ForeignProcess, GpuStatus, RunningJob};
+        use mgpu_protocol::priority::PlacementPolicy;
+        use mgpu_protocol::wire;
         use proptest::prelude::*;
 
         fn sample() -> serde_json::Value {
-            let mut b = beat("node001", mgpu_shared::now());
+            let mut b = beat("node001", mgpu_protocol::now());
             b.gpus = (0..2)
                 .map(|index| GpuStatus {
                     index,
@@ -244,7 +244,7 @@ mod tests {
         /// sum panicked on these.
         #[test]
         fn huge_intervals_neither_panic_nor_pass() {
-            let now = mgpu_shared::now();
+            let now = mgpu_protocol::now();
             let mut b = beat("n1", now);
             b.interval_ms = u64::MAX;
             b.fence_after_ms = Some(u64::MAX);
@@ -276,7 +276,7 @@ mod tests {
         proptest! {
             #[test]
             fn fuzz_heartbeat(payload in payloads(sample())) {
-                let now = mgpu_shared::now();
+                let now = mgpu_protocol::now();
                 let Ok(beat) = wire::decode::<NodeHeartbeat>("heartbeat", &payload, wire::MAX_HEARTBEAT_BYTES) else {
                     return Ok(());
                 };

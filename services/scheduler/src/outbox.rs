@@ -7,11 +7,11 @@ use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bytes::Bytes;
 
-use mgpu_shared::assign::{Assignment, NodeControl};
-use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobState, OnTimeout, Placement};
-use mgpu_shared::{now, subjects};
+use mgpu_protocol::assign::{Assignment, NodeControl};
+use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState, OnTimeout, Placement};
+use mgpu_protocol::{now, subjects};
 
 use crate::service::Scheduler;
 

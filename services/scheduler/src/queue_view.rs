@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 
-use mgpu_shared::Timestamp;
-use mgpu_shared::job::{JobRecord, JobSpec, JobState, OnTimeout, Run, Waiting};
-use mgpu_shared::priority::{effective_priority, effective_priority_after};
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState, OnTimeout, Run, Waiting};
+use mgpu_protocol::priority::{effective_priority, effective_priority_after};
 
 use crate::core::{Dependencies, QueuedJob, RunningJob};
 use crate::service::Scheduler;

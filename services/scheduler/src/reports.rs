@@ -7,10 +7,10 @@
 
 use anyhow::Result;
 
-use mgpu_shared::assign::NodeControl;
-use mgpu_shared::event::{JobEvent, JobEventKind};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{Ending, JobState, Placement, WaitReason, Waiting};
+use mgpu_protocol::assign::NodeControl;
+use mgpu_protocol::event::{JobEvent, JobEventKind};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{Ending, JobState, Placement, WaitReason, Waiting};
 
 use crate::service::Scheduler;
 

@@ -7,17 +7,17 @@
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
 
-use mgpu_shared::assign::NodeControl;
-use mgpu_shared::error::InvalidInput;
-use mgpu_shared::event::JobEventKind;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{
+use mgpu_protocol::assign::NodeControl;
+use mgpu_protocol::error::InvalidInput;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{
     CancelRequest, Ending, HoldRequest, JobRecord, JobState, MAX_SUBMIT_BYTES, SubmitRequest,
     WaitReason, Waiting,
 };
-use mgpu_shared::node::{AdminMark, AdminRequest};
-use mgpu_shared::wire::{self, MAX_REQUEST_BYTES};
-use mgpu_shared::{now, subjects};
+use mgpu_protocol::node::{AdminMark, AdminRequest};
+use mgpu_protocol::wire::{self, MAX_REQUEST_BYTES};
+use mgpu_protocol::{now, subjects};
 
 use crate::identity::Identity;
 use crate::service::Scheduler;
@@ -349,7 +349,7 @@ impl Scheduler {
             | AdminRequest::PauseGpu { node, .. }
             | AdminRequest::ResumeGpu { node, .. } => node.clone(),
         };
-        if mgpu_shared::ids::validate_node_name(&node).is_err() {
+        if mgpu_protocol::ids::validate_node_name(&node).is_err() {
             tracing::warn!(node, "admin request for an invalid node name");
             return Ok(());
         }

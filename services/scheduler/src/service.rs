@@ -15,13 +15,14 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::watch;
 
-use mgpu_shared::event::{EventSource, JobEvent};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::JobSpec;
-use mgpu_shared::node::NodeHeartbeat;
-use mgpu_shared::priority::{Policy, UsageBook};
-use mgpu_shared::pull::Pull;
-use mgpu_shared::{Timestamp, now, records, subjects, wire};
+use mgpu_nats::pull::Pull;
+use mgpu_nats::records;
+use mgpu_protocol::event::{EventSource, JobEvent};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobSpec;
+use mgpu_protocol::node::NodeHeartbeat;
+use mgpu_protocol::priority::{Policy, UsageBook};
+use mgpu_protocol::{Timestamp, now, subjects, wire};
 
 use crate::core::{self, CoreSettings, QueuedJob, RunningJob};
 use crate::nodes::NodeTable;
@@ -77,7 +78,7 @@ pub struct Scheduler {
     /// Who may sign requests.
     pub(crate) principals: crate::identity::Principals,
     /// Request nonces seen lately, to refuse replays.
-    pub(crate) nonces: mgpu_shared::signing::Nonces,
+    pub(crate) nonces: mgpu_nats::signing::Nonces,
     /// The core's view of each queued job, with the record revision it was built from:
     /// kept between passes so a pass over 100 000 waiting jobs does not copy each request.
     pub(crate) queue_views: Vec<QueueView>,
@@ -147,7 +148,7 @@ pub async fn run(
         last_repair: None,
         events_consumer: None,
         principals,
-        nonces: mgpu_shared::signing::Nonces::default(),
+        nonces: mgpu_nats::signing::Nonces::default(),
         queue_views: Vec::new(),
         queue_slots: HashMap::new(),
         running_views: HashMap::new(),

@@ -11,9 +11,10 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobState};
-use mgpu_shared::{records, subjects};
+use mgpu_nats::records;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::subjects;
 
 /// A record and the KV revision it was read or written at.
 #[derive(Clone, Debug)]

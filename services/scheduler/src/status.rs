@@ -7,7 +7,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use mgpu_shared::subjects;
+use mgpu_protocol::subjects;
 
 /// What `mgpu.scheduler.status` answers.
 #[derive(Clone, Debug, Default, Serialize)]

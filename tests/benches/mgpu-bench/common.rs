@@ -199,7 +199,7 @@ pub fn read_ns(file: &Path) -> Result<Option<i128>> {
     }
 }
 
-/// Submits `specs` as `user` the way a program linking mgpu-shared would: each request signed
+/// Submits `specs` as `user` the way a program linking mgpu-nats would: each request signed
 /// with the user's key like the CLI signs it, published to `jobs.submit` with the job id as
 /// message id, and a window of acknowledgements in flight. Returns the ids and the wall time
 /// from the first publish to the last acknowledgement.
@@ -207,10 +207,10 @@ pub async fn submit_pipelined(
     js: &async_nats::jetstream::Context,
     key: &nkeys::KeyPair,
     user: &str,
-    specs: Vec<mgpu_shared::job::JobSpec>,
+    specs: Vec<mgpu_protocol::job::JobSpec>,
     window: usize,
-) -> Result<(Vec<mgpu_shared::ids::JobId>, Duration)> {
-    use mgpu_shared::job::SubmitRequest;
+) -> Result<(Vec<mgpu_protocol::ids::JobId>, Duration)> {
+    use mgpu_protocol::job::SubmitRequest;
     use std::collections::VecDeque;
     let started = Instant::now();
     let mut ids = Vec::with_capacity(specs.len());
@@ -222,23 +222,23 @@ pub async fn submit_pipelined(
             finish_ack(ack).await?;
         }
         let request = SubmitRequest {
-            id: mgpu_shared::ids::JobId::random(),
+            id: mgpu_protocol::ids::JobId::random(),
             user: user.to_owned(),
             spec,
         };
         let payload = serde_json::to_vec(&request)?;
         let mut headers = async_nats::HeaderMap::new();
-        mgpu_shared::signing::sign(
+        mgpu_nats::signing::sign(
             key,
-            mgpu_shared::subjects::SUBMIT,
+            mgpu_protocol::subjects::SUBMIT,
             &payload,
-            mgpu_shared::now(),
+            mgpu_protocol::now(),
             &mut headers,
         )
         .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
         headers.insert(async_nats::header::NATS_MESSAGE_ID, request.id.as_str());
         let ack = js
-            .publish_with_headers(mgpu_shared::subjects::SUBMIT, headers, payload.into())
+            .publish_with_headers(mgpu_protocol::subjects::SUBMIT, headers, payload.into())
             .await
             .with_context(|| format!("publishing submission {index}"))?;
         in_flight.push_back(ack);
@@ -260,7 +260,7 @@ async fn finish_ack(ack: async_nats::jetstream::context::PublishAckFuture) -> Re
 
 /// The user key in a credentials file the harness wrote.
 pub fn user_key(creds: &Path) -> Result<nkeys::KeyPair> {
-    let seed = mgpu_shared::connect::read_seed(creds)?;
+    let seed = mgpu_nats::connect::read_seed(creds)?;
     nkeys::KeyPair::from_seed(&seed).context("reading the seed")
 }
 
@@ -280,13 +280,13 @@ pub fn keep_log(cluster: &Cluster, name: &str, group: &str) {
 /// A NATS client with `creds`, on the caller's runtime (the harness's `with_nats` runs its own
 /// single-threaded one), replying on the inbox mgpu clients use.
 pub async fn connect(cluster: &Cluster, creds: &Path) -> Result<async_nats::Client> {
-    let seed = mgpu_shared::connect::read_seed(creds)?;
+    let seed = mgpu_nats::connect::read_seed(creds)?;
     let public_key = nkeys::KeyPair::from_seed(&seed)
         .context("reading the seed")?
         .public_key();
     async_nats::ConnectOptions::with_nkey(seed)
-        .custom_inbox_prefix(mgpu_shared::auth::inbox_prefix(&public_key))
-        .connect(mgpu_shared::connect::server_list(&cluster.server_url()))
+        .custom_inbox_prefix(mgpu_protocol::principals::inbox_prefix(&public_key))
+        .connect(mgpu_nats::connect::server_list(&cluster.server_url()))
         .await
         .with_context(|| format!("connecting with {}", creds.display()))
 }
@@ -320,7 +320,7 @@ pub async fn wait_for_status(
     loop {
         let answer = tokio::time::timeout(
             Duration::from_secs(5),
-            client.request(mgpu_shared::subjects::SCHEDULER_STATUS, "".into()),
+            client.request(mgpu_protocol::subjects::SCHEDULER_STATUS, "".into()),
         )
         .await;
         if let Ok(Ok(message)) = answer {

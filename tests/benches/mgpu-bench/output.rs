@@ -234,7 +234,7 @@ fn output_chunks(cluster: &Cluster, id: &str) -> Result<u64> {
     cluster.with_nats(&cluster.user_creds("alice"), |client| async move {
         let js = async_nats::jetstream::new(client);
         let stream = js
-            .get_stream(mgpu_shared::subjects::OUTPUT_STREAM)
+            .get_stream(mgpu_protocol::subjects::OUTPUT_STREAM)
             .await
             .context("looking up the output stream")?;
         let eof = stream
@@ -243,7 +243,7 @@ fn output_chunks(cluster: &Cluster, id: &str) -> Result<u64> {
             .context("reading the end-of-output marker")?;
         let next: u64 = eof
             .headers
-            .get(mgpu_shared::output::SEQ)
+            .get(mgpu_protocol::output::SEQ)
             .and_then(|seq| seq.as_str().parse().ok())
             .ok_or_else(|| anyhow!("the last output message has no sequence number"))?;
         Ok(next.saturating_sub(1))
@@ -336,7 +336,7 @@ fn line_latency(ctx: &Run, cluster: &Cluster, sizes: &Sizes) -> Result<()> {
         // Subscribed before the job exists, so its first line cannot be missed; the id is
         // known only after the submit, so every job's output comes and others' is skipped.
         let mut subscription = client
-            .subscribe(mgpu_shared::subjects::ALL_OUTPUT)
+            .subscribe(mgpu_protocol::subjects::ALL_OUTPUT)
             .await
             .context("subscribing to job output")?;
         client.flush().await.context("flushing the subscription")?;

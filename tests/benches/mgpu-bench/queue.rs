@@ -22,10 +22,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use mgpu_shared::auth::Role;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobSpec, JobState, WaitReason, Waiting};
-use mgpu_shared::subjects;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState, WaitReason, Waiting};
+use mgpu_protocol::principals::Role;
+use mgpu_protocol::subjects;
 use mgpu_tests::Cluster;
 use serde_json::{Value, json};
 
@@ -189,7 +189,7 @@ fn record_jobs(cluster: &Cluster, count: usize) -> Result<Duration> {
                 user: "alice".to_owned(),
                 user_key: Some(alice.clone()),
                 spec,
-                submitted_at: mgpu_shared::now(),
+                submitted_at: mgpu_protocol::now(),
                 attempt: 1,
                 state: JobState::Queued(Waiting::new(WaitReason::Resources)),
             };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use chrono::{DateTime, Utc};
-use mgpu_shared::job::JobSpec;
+use mgpu_protocol::job::JobSpec;
 use mgpu_tests::{Cluster, without_colours};
 use serde_json::json;
 
@@ -83,7 +83,7 @@ pub fn run(ctx: &Run) -> Result<()> {
                 "median": round3(since_kill.median),
                 "max": round3(since_kill.max),
             },
-            "lease_ttl_s": mgpu_shared::subjects::LEADER_LEASE_TTL_SECS,
+            "lease_ttl_s": mgpu_protocol::subjects::LEADER_LEASE_TTL_SECS,
         }),
     );
     Ok(())

@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
-use mgpu_shared::assign::{Assignment, NodeControl};
-use mgpu_shared::event::{EventSource, JobEvent, JobEventKind};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::JobSpec;
-use mgpu_shared::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
-use mgpu_shared::subjects;
+use mgpu_protocol::assign::{Assignment, NodeControl};
+use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobSpec;
+use mgpu_protocol::node::{GpuSource, GpuStatus, NodeHeartbeat, RunningJob};
+use mgpu_protocol::subjects;
 use mgpu_tests::Cluster;
 use serde_json::json;
 
@@ -382,7 +382,7 @@ async fn heartbeats(
 fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
     NodeHeartbeat {
         node: name.to_owned(),
-        sent_at: mgpu_shared::now(),
+        sent_at: mgpu_protocol::now(),
         interval_ms: HEARTBEAT_EVERY.as_millis() as u64,
         gpu_source: GpuSource::Declared,
         gpu_note: None,
@@ -401,8 +401,8 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
         address: name.to_owned(),
         runs_jobs_as: "nobody".into(),
         agent_version: "bench".into(),
-        mem_threshold: mgpu_shared::node::DEFAULT_THRESHOLD,
-        load_threshold: mgpu_shared::node::DEFAULT_THRESHOLD,
+        mem_threshold: mgpu_protocol::node::DEFAULT_THRESHOLD,
+        load_threshold: mgpu_protocol::node::DEFAULT_THRESHOLD,
         fence_after_ms: None,
         kill_grace_ms: 0,
         labels: Default::default(),
@@ -537,7 +537,7 @@ async fn report(
     let event = JobEvent {
         job_id: job_id.clone(),
         attempt,
-        at: mgpu_shared::now(),
+        at: mgpu_protocol::now(),
         source: EventSource::Node(node.to_owned()),
         kind,
     };

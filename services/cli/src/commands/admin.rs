@@ -8,10 +8,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, anyhow};
 use clap::{Args, Subcommand};
-use mgpu_shared::audit::AuditRecord;
-use mgpu_shared::auth::{self, Registry, Role};
-use mgpu_shared::streams::{self, Replicas, StreamSettings};
-use mgpu_shared::tls;
+use mgpu_cli::setup::auth::{self, Registry, RegistryFiles, Role};
+use mgpu_cli::setup::tls;
+use mgpu_nats::streams::{self, Replicas, StreamSettings};
+use mgpu_protocol::audit::AuditRecord;
 
 use crate::cli::GlobalArgs;
 use crate::commands::{print, print_json, println};
@@ -375,7 +375,7 @@ async fn record_in_audit(global: &GlobalArgs, dir: &Path, target: &str, detail: 
                 .ok()
                 .and_then(|registry| registry.by_key(&key).map(|p| p.name.clone()));
             let record = AuditRecord {
-                at: mgpu_shared::now(),
+                at: mgpu_protocol::now(),
                 action: "admin".into(),
                 by,
                 key: Some(key),
@@ -386,7 +386,7 @@ async fn record_in_audit(global: &GlobalArgs, dir: &Path, target: &str, detail: 
             let payload = serde_json::to_vec(&record)?;
             session
                 .js
-                .publish(mgpu_shared::subjects::audit("admin"), payload.into())
+                .publish(mgpu_protocol::subjects::audit("admin"), payload.into())
                 .await?
                 .await?;
             Ok::<(), anyhow::Error>(())
@@ -524,8 +524,8 @@ fn reload_servers(dir: &Path) -> Result<()> {
 async fn audit(global: &GlobalArgs, args: &AuditArgs) -> Result<()> {
     use async_nats::jetstream::consumer;
     use futures::StreamExt;
-    let since = mgpu_shared::duration::parse_duration(&args.since).map_err(plain)?;
-    let start = mgpu_shared::now()
+    let since = mgpu_protocol::duration::parse_duration(&args.since).map_err(plain)?;
+    let start = mgpu_protocol::now()
         - chrono::Duration::from_std(since).unwrap_or_else(|_| chrono::Duration::days(1));
     let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(
         start.timestamp_nanos_opt().unwrap_or(0),
@@ -534,10 +534,10 @@ async fn audit(global: &GlobalArgs, args: &AuditArgs) -> Result<()> {
     let session = Session::connect(global).await?;
     let stream = session
         .js
-        .get_stream(mgpu_shared::subjects::AUDIT_STREAM)
+        .get_stream(mgpu_protocol::subjects::AUDIT_STREAM)
         .await
         .map_err(crate::errors::lookup)?;
-    let consumer = mgpu_shared::records::create_reader("reading the audit trail", || {
+    let consumer = mgpu_nats::records::create_reader("reading the audit trail", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
             deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time },
             ..Default::default()

@@ -11,11 +11,11 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow};
 use bytes::Bytes;
 use futures::StreamExt;
-use mgpu_shared::duration::format_duration;
-use mgpu_shared::event::{JobEvent, JobEventKind};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobState, WaitReason};
-use mgpu_shared::subjects;
+use mgpu_protocol::duration::format_duration;
+use mgpu_protocol::event::{JobEvent, JobEventKind};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState, WaitReason};
+use mgpu_protocol::subjects;
 use tokio::time::Instant;
 
 use crate::errors::{lookup, plain};
@@ -157,7 +157,7 @@ async fn open_events(
         .get_stream(subjects::EVENTS_STREAM)
         .await
         .map_err(lookup)?;
-    let consumer = mgpu_shared::records::create_reader("reading the job's events", || {
+    let consumer = mgpu_nats::records::create_reader("reading the job's events", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
             filter_subject: subjects::events(id),
             deliver_policy: consumer::DeliverPolicy::All,
@@ -357,7 +357,7 @@ async fn forward_stdin(
         // Signed, so the agent takes input only from the job's owner (or an admin).
         let mut headers = async_nats::HeaderMap::new();
         if let Err(err) =
-            mgpu_shared::signing::sign(&key, &subject, &chunk, mgpu_shared::now(), &mut headers)
+            mgpu_nats::signing::sign(&key, &subject, &chunk, mgpu_protocol::now(), &mut headers)
         {
             human::stderr_line(&format!("mgpu: cannot sign input for the job: {err}"));
             return;

@@ -7,10 +7,11 @@ use anyhow::{Result, bail};
 use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
-use mgpu_shared::event::{JobEvent, JobEventKind};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::CancelRequest;
-use mgpu_shared::{records, subjects};
+use mgpu_nats::records;
+use mgpu_protocol::event::{JobEvent, JobEventKind};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::CancelRequest;
+use mgpu_protocol::subjects;
 
 use crate::cli::GlobalArgs;
 use crate::commands::println;

@@ -10,10 +10,11 @@ use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
-use mgpu_shared::event::{JobEvent, JobEventKind};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{HoldRequest, JobRecord, JobState};
-use mgpu_shared::{records, subjects};
+use mgpu_nats::records;
+use mgpu_protocol::event::{JobEvent, JobEventKind};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{HoldRequest, JobRecord, JobState};
+use mgpu_protocol::subjects;
 
 use crate::cli::GlobalArgs;
 use crate::commands::println;
@@ -232,7 +233,7 @@ fn settled_after(record: &JobRecord, action: Action) -> Result<Option<Outcome>> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::job::{Ending, JobSpec, WaitReason, Waiting};
+    use mgpu_protocol::job::{Ending, JobSpec, WaitReason, Waiting};
 
     fn record(state: JobState) -> JobRecord {
         JobRecord {
@@ -240,7 +241,7 @@ mod tests {
             user: "alice".into(),
             user_key: None,
             spec: JobSpec::new(vec!["true".into()], "/"),
-            submitted_at: mgpu_shared::now(),
+            submitted_at: mgpu_protocol::now(),
             attempt: 1,
             state,
         }
@@ -268,7 +269,7 @@ mod tests {
         let done = record(JobState::TimedOut(Ending {
             placement: None,
             started_at: None,
-            ended_at: mgpu_shared::now(),
+            ended_at: mgpu_protocol::now(),
             exit_code: None,
             signal: None,
             reason: Some("time limit".into()),

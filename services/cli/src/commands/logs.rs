@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow};
 use clap::Args;
 use futures::{FutureExt, StreamExt};
-use mgpu_shared::job::JobRecord;
-use mgpu_shared::records;
+use mgpu_nats::records;
+use mgpu_protocol::job::JobRecord;
 use tokio::time::Instant;
 
 use crate::cli::GlobalArgs;
@@ -51,7 +51,7 @@ pub async fn run(global: &GlobalArgs, args: &LogsArgs) -> Result<ExitCode> {
 }
 
 /// Prints what is stored now and returns.
-async fn print_stored(session: &Session, id: &mgpu_shared::ids::JobId) -> Result<()> {
+async fn print_stored(session: &Session, id: &mgpu_protocol::ids::JobId) -> Result<()> {
     let mut feed = follow::open_output(&session.js, id).await?;
     if feed.initially_pending == 0 {
         return Ok(());
@@ -70,7 +70,7 @@ async fn print_stored(session: &Session, id: &mgpu_shared::ids::JobId) -> Result
 }
 
 /// Prints everything, then new output as it comes, until the job's current attempt ended.
-async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Result<()> {
+async fn follow_output(session: &Session, id: &mgpu_protocol::ids::JobId) -> Result<()> {
     let mut out = OutputWriter::new()?;
     let result = follow_into(session, id, &mut out).await;
     // Whatever was read is printed, also when following failed.
@@ -80,7 +80,7 @@ async fn follow_output(session: &Session, id: &mgpu_shared::ids::JobId) -> Resul
 
 async fn follow_into(
     session: &Session,
-    id: &mgpu_shared::ids::JobId,
+    id: &mgpu_protocol::ids::JobId,
     out: &mut OutputWriter,
 ) -> Result<()> {
     let mut feed = follow::open_output(&session.js, id).await?;

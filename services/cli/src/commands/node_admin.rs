@@ -14,8 +14,9 @@ use anyhow::{Result, anyhow, bail};
 use async_nats::jetstream::kv;
 use clap::{Args, Subcommand};
 use futures::StreamExt;
-use mgpu_shared::node::{AdminMark, AdminRequest, NodeAdmin};
-use mgpu_shared::{records, subjects};
+use mgpu_nats::records;
+use mgpu_protocol::node::{AdminMark, AdminRequest, NodeAdmin};
+use mgpu_protocol::subjects;
 
 use crate::cli::GlobalArgs;
 use crate::commands::println;
@@ -307,7 +308,7 @@ mod tests {
     fn mark() -> AdminMark {
         AdminMark {
             by: "root".into(),
-            at: mgpu_shared::now(),
+            at: mgpu_protocol::now(),
             reason: Some("fan".into()),
         }
     }

@@ -9,10 +9,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use mgpu_shared::Timestamp;
-use mgpu_shared::job::JobRecord;
-use mgpu_shared::node::{AdminMark, NodeAdmin, NodeHeartbeat};
-use mgpu_shared::records;
+use mgpu_nats::records;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::job::JobRecord;
+use mgpu_protocol::node::{AdminMark, NodeAdmin, NodeHeartbeat};
 
 use crate::cli::GlobalArgs;
 use crate::commands::queue::{Cluster, NodeState, node_row, node_state_name, source_name};
@@ -42,7 +42,7 @@ pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
         async { records::list_jobs_for_listing(js).await.map_err(plain) },
         Cluster::read(js),
     )?;
-    let now = mgpu_shared::now();
+    let now = mgpu_protocol::now();
     let view = |node: &NodeHeartbeat| View {
         now,
         jobs: &jobs,
@@ -133,7 +133,7 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
     text.push_str(&format!(
         "  address {}  runs jobs as {}  agent {}\n",
         node.address,
-        if node.runs_jobs_as == mgpu_shared::node::RUNS_AS_OWNER {
+        if node.runs_jobs_as == mgpu_protocol::node::RUNS_AS_OWNER {
             "each job's owner"
         } else {
             node.runs_jobs_as.as_str()
@@ -161,8 +161,8 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
     }
     // NVML reads the GPUs; otherwise the operator declared them.
     let origin = match node.gpu_source {
-        mgpu_shared::node::GpuSource::Nvml => "detected",
-        mgpu_shared::node::GpuSource::Declared => "declared",
+        mgpu_protocol::node::GpuSource::Nvml => "detected",
+        mgpu_protocol::node::GpuSource::Declared => "declared",
     };
     let mut table = Table::new([
         "GPU",
@@ -197,8 +197,10 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::ids::JobId;
-    use mgpu_shared::node::{DEFAULT_THRESHOLD, ForeignProcess, GpuSource, GpuStatus, RunningJob};
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::node::{
+        DEFAULT_THRESHOLD, ForeignProcess, GpuSource, GpuStatus, RunningJob,
+    };
 
     fn heartbeat(sent_at: Timestamp) -> NodeHeartbeat {
         NodeHeartbeat {
@@ -233,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_node_block_lists_its_gpus() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let node = heartbeat(now - chrono::Duration::milliseconds(1_200));
         let view = |admin: NodeAdmin, missed: u32| View {
             now,
@@ -281,7 +283,7 @@ mod tests {
 
     #[test]
     fn states_follow_the_policys_missed_heartbeats_and_the_running_jobs() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let mut node = heartbeat(now - chrono::Duration::milliseconds(5_000));
         node.running = vec![RunningJob {
             id: JobId::random(),

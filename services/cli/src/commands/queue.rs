@@ -14,13 +14,13 @@ use std::process::ExitCode;
 use anyhow::Result;
 use async_nats::jetstream;
 use clap::Args;
-use mgpu_shared::Timestamp;
-use mgpu_shared::duration::format_duration;
-use mgpu_shared::error::StateError;
-use mgpu_shared::job::{JobRecord, JobState, JobSummary};
-use mgpu_shared::node::{GpuSource, NodeAdmin, NodeHeartbeat, NodeLiveness};
-use mgpu_shared::priority::{Policy, UsageBook, effective_priority};
-use mgpu_shared::records;
+use mgpu_nats::error::StateError;
+use mgpu_nats::records;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::duration::format_duration;
+use mgpu_protocol::job::{JobRecord, JobState, JobSummary};
+use mgpu_protocol::node::{GpuSource, NodeAdmin, NodeHeartbeat, NodeLiveness};
+use mgpu_protocol::priority::{Policy, UsageBook, effective_priority};
 use serde::Serialize;
 
 use crate::cli::GlobalArgs;
@@ -199,7 +199,7 @@ pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
         async { records::list_nodes(js).await.map_err(plain) },
         Cluster::read(js),
     )?;
-    let now = mgpu_shared::now();
+    let now = mgpu_protocol::now();
 
     // Node usage counts every running job, shown or not. Only running jobs hold GPUs, so the
     // nodes are matched against those few rather than against every record.
@@ -508,10 +508,10 @@ pub fn source_name(source: GpuSource) -> &'static str {
 mod tests {
     use super::*;
     use chrono::Duration;
-    use mgpu_shared::gpu_amount::GpuAmount;
-    use mgpu_shared::ids::JobId;
-    use mgpu_shared::job::{Ending, GpuShare, JobSpec, Placement, Run, WaitReason, Waiting};
-    use mgpu_shared::node::{AdminMark, DEFAULT_THRESHOLD, GpuStatus};
+    use mgpu_protocol::gpu_amount::GpuAmount;
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::job::{Ending, GpuShare, JobSpec, Placement, Run, WaitReason, Waiting};
+    use mgpu_protocol::node::{AdminMark, DEFAULT_THRESHOLD, GpuStatus};
 
     fn job(name: &str, state: JobState, priority: i32, submitted_secs_ago: i64) -> JobRecord {
         let mut spec = JobSpec::new(vec![name.to_owned()], "/tmp");
@@ -521,7 +521,7 @@ mod tests {
             user: "alice".into(),
             user_key: None,
             spec,
-            submitted_at: mgpu_shared::now() - Duration::seconds(submitted_secs_ago),
+            submitted_at: mgpu_protocol::now() - Duration::seconds(submitted_secs_ago),
             attempt: 1,
             state,
         }
@@ -545,8 +545,8 @@ mod tests {
     }
 
     fn running(node: &str, gpus: &[(u32, GpuAmount)]) -> JobState {
-        let mut run = Run::assigned(placement(node, gpus), mgpu_shared::now());
-        run.started_at = Some(mgpu_shared::now());
+        let mut run = Run::assigned(placement(node, gpus), mgpu_protocol::now());
+        run.started_at = Some(mgpu_protocol::now());
         run.pid = Some(1);
         JobState::Running(run)
     }
@@ -555,7 +555,7 @@ mod tests {
         JobState::Succeeded(Ending {
             placement: None,
             started_at: None,
-            ended_at: mgpu_shared::now() - Duration::seconds(secs_ago),
+            ended_at: mgpu_protocol::now() - Duration::seconds(secs_ago),
             exit_code: Some(0),
             signal: None,
             reason: None,
@@ -572,7 +572,7 @@ mod tests {
             job("low-new", queued(), 0, 5),
             job("run", running("n1", &[(0, GpuAmount::ONE)]), -3, 200),
         ];
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let listing = Cluster::default().listing(jobs, true, now);
         let names: Vec<String> = listing
             .iter()
@@ -593,7 +593,7 @@ mod tests {
 
     #[test]
     fn fair_share_and_requeues_reorder_equal_priorities() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let mut heavy = job("heavy", queued(), 0, 3_600);
         heavy.user = "bob".into();
         let light = job("light", queued(), 0, 60);
@@ -623,7 +623,7 @@ mod tests {
     fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         NodeHeartbeat {
             node: node.into(),
-            sent_at: mgpu_shared::now(),
+            sent_at: mgpu_protocol::now(),
             interval_ms: 2_000,
             gpu_source: GpuSource::Declared,
             gpu_note: None,
@@ -666,7 +666,7 @@ mod tests {
             job("d", queued(), 0, 1),
             job("e", finished(1), 0, 1),
         ];
-        let row = node_row(&heartbeat("n1", 4), &jobs, None, mgpu_shared::now(), 3);
+        let row = node_row(&heartbeat("n1", 4), &jobs, None, mgpu_protocol::now(), 3);
         assert_eq!((row.gpus_free, row.gpus_total), (1, 4));
         assert_eq!((row.mem_used_mib, row.mem_total_mib), (600, 4_000));
         assert_eq!(row.state, NodeState::Online);
@@ -678,12 +678,12 @@ mod tests {
     fn drained_nodes_and_paused_gpus_show() {
         let mark = AdminMark {
             by: "root".into(),
-            at: mgpu_shared::now(),
+            at: mgpu_protocol::now(),
             reason: None,
         };
         let mut admin = NodeAdmin::default();
         admin.paused_gpus.insert(1, mark.clone());
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let row = node_row(&heartbeat("n1", 4), &[], Some(&admin), now, 3);
         assert_eq!((row.gpus_free, row.gpus_paused), (3, 1));
         assert_eq!(node_state_name(&row), "online");
@@ -701,7 +701,7 @@ mod tests {
 
     #[test]
     fn a_silent_node_is_offline_after_the_policys_missed_heartbeats() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let mut beat = heartbeat("n1", 1);
         // Interval 2 s, last heard 5 s ago: two and a half heartbeats missed.
         beat.sent_at = now - Duration::milliseconds(5_000);
@@ -726,7 +726,7 @@ mod tests {
     #[test]
     fn rows_show_placement_and_reason() {
         let queued_job = job("train", queued(), 0, 90);
-        let cells = job_cells(&queued_job, Some(2), mgpu_shared::now());
+        let cells = job_cells(&queued_job, Some(2), mgpu_protocol::now());
         assert_eq!(cells[4], "2");
         assert_eq!(cells[6], "-");
         assert_eq!(cells[7], "1m30s");
@@ -737,7 +737,7 @@ mod tests {
             waiting.held_by = Some("bob".into());
         }
         assert_eq!(
-            job_cells(&held, Some(0), mgpu_shared::now())[8],
+            job_cells(&held, Some(0), mgpu_protocol::now())[8],
             "held by bob"
         );
         let running_job = job(
@@ -746,7 +746,7 @@ mod tests {
             0,
             1,
         );
-        let cells = job_cells(&running_job, None, mgpu_shared::now());
+        let cells = job_cells(&running_job, None, mgpu_protocol::now());
         assert_eq!((cells[4].as_str(), cells[6].as_str()), ("-", "node001:0,1"));
     }
 }

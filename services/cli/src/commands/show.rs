@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use clap::Args;
-use mgpu_shared::Timestamp;
-use mgpu_shared::duration::format_duration;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobState, OnTimeout};
-use mgpu_shared::records;
+use mgpu_nats::records;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::duration::format_duration;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState, OnTimeout};
 
 use crate::cli::GlobalArgs;
 use crate::commands::{print, print_json};
@@ -45,7 +45,7 @@ pub async fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<ExitCode> {
         }
         print_json(&value)?;
     } else {
-        print(&render(&record, mgpu_shared::now()))?;
+        print(&render(&record, mgpu_protocol::now()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -246,11 +246,11 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::job::{ArrayMember, Ending, JobSpec, WaitReason, Waiting};
+    use mgpu_protocol::job::{ArrayMember, Ending, JobSpec, WaitReason, Waiting};
 
     #[test]
     fn a_queued_job_shows_its_reason_aligned() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn new_fields_show_when_set() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let dependency = JobId::random();
         let array_id = JobId::random();
         let mut spec = JobSpec::new(vec!["python a.py --cuda {gpus}".into()], "/tmp");
@@ -323,7 +323,7 @@ mod tests {
 
     #[test]
     fn a_timed_out_job_shows_why() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let record = JobRecord {
             id: JobId::random(),
             user: "alice".into(),
@@ -350,7 +350,7 @@ mod tests {
 
     #[test]
     fn a_node_failed_job_says_why_it_was_not_requeued() {
-        let now = mgpu_shared::now();
+        let now = mgpu_protocol::now();
         let mut spec = JobSpec::new(vec!["send-mail".into()], "/tmp");
         spec.no_requeue = true;
         let record = JobRecord {

@@ -13,13 +13,13 @@ pub mod seed;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobSpec, OnTimeout};
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobSpec, OnTimeout};
 
 use crate::profiles::{self, LazyProfiles};
 
-pub use mgpu_shared::job::GPUS_PLACEHOLDER;
+pub use mgpu_protocol::job::GPUS_PLACEHOLDER;
 
 /// Which parser a file gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,9 +24,9 @@
 
 use std::collections::BTreeMap;
 
-use mgpu_shared::duration::parse_duration;
-use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::job::OnTimeout;
+use mgpu_protocol::duration::parse_duration;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::job::OnTimeout;
 use serde::Deserialize;
 use toml::{Spanned, Value};
 

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use mgpu_shared::job::shell_quote;
+use mgpu_protocol::job::shell_quote;
 
 use super::{Draft, Entry, GPUS_PLACEHOLDER};
 use crate::parse;

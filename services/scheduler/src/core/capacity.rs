@@ -1,8 +1,8 @@
 //! Free capacity of the online nodes during one pass, and fitting one job onto it.
 
-use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::job::{GpuShare, NodeShare, Placement};
-use mgpu_shared::priority::PlacementPolicy;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::job::{GpuShare, NodeShare, Placement};
+use mgpu_protocol::priority::PlacementPolicy;
 
 use super::{CoreSettings, FastHash, NodeView, QueuedJob, RunningJob};
 

@@ -3,7 +3,7 @@
 //! the service around it stays a thin adapter.
 //!
 //! # One pass
-//! Queued jobs are taken in order of effective priority (see `mgpu_shared::priority`), then
+//! Queued jobs are taken in order of effective priority (see `mgpu_protocol::priority`), then
 //! queue time, then id. For each job:
 //! 1. held → waits (`Held`); dependencies not met → waits (`Dependency`), or is rejected when
 //!    a dependency can no longer succeed; its array already runs `%N` tasks → `ArrayLimit`;
@@ -35,11 +35,11 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use mgpu_shared::Timestamp;
-use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{NodeGpuIds, Placement, WaitReason};
-use mgpu_shared::priority::PlacementPolicy;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{NodeGpuIds, Placement, WaitReason};
+use mgpu_protocol::priority::PlacementPolicy;
 
 pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use mgpu_shared::Timestamp;
-use mgpu_shared::job::Placement;
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::job::Placement;
 
 use super::capacity::Capacity;
 use super::{FastHash, NodeView, QueuedJob, RunningJob};
@@ -13,7 +13,7 @@ use super::{FastHash, NodeView, QueuedJob, RunningJob};
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Reservation {
     /// The waiting job the GPUs are held for.
-    pub job: mgpu_shared::ids::JobId,
+    pub job: mgpu_protocol::ids::JobId,
     /// (node, GPU index) of every GPU held, on one node or, for a multi-node job, several.
     pub gpus: Vec<(String, u32)>,
     /// When the GPUs are expected free; None when a job on them has no time limit.

@@ -7,7 +7,7 @@ use chrono::TimeZone;
 use proptest::prelude::*;
 
 use super::*;
-use mgpu_shared::job::{GpuShare, NodeGpuIds};
+use mgpu_protocol::job::{GpuShare, NodeGpuIds};
 
 fn t0() -> Timestamp {
     chrono::Utc

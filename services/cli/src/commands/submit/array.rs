@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, anyhow};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{ArrayMember, JobSpec, SubmitRequest};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{ArrayMember, JobSpec, SubmitRequest};
 use serde_json::json;
 
 use super::SubmitArgs;

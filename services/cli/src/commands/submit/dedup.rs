@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobRecord, JobSpec, JobState};
-use mgpu_shared::records;
+use mgpu_nats::records;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState};
 
 use crate::errors::plain;
 use crate::session::Session;
@@ -66,7 +66,7 @@ impl Existing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_shared::job::{Ending, WaitReason, Waiting};
+    use mgpu_protocol::job::{Ending, WaitReason, Waiting};
 
     fn record(user: &str, command: &str, state: JobState) -> JobRecord {
         JobRecord {
@@ -74,7 +74,7 @@ mod tests {
             user: user.into(),
             user_key: None,
             spec: JobSpec::new(vec![command.into()], "/w"),
-            submitted_at: mgpu_shared::now(),
+            submitted_at: mgpu_protocol::now(),
             attempt: 1,
             state,
         }
@@ -86,7 +86,7 @@ mod tests {
         let done = JobState::Succeeded(Ending {
             placement: None,
             started_at: None,
-            ended_at: mgpu_shared::now(),
+            ended_at: mgpu_protocol::now(),
             exit_code: Some(0),
             signal: None,
             reason: None,

@@ -19,8 +19,8 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, Result};
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::SubmitRequest;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::SubmitRequest;
 
 use super::dedup::Existing;
 use super::{SubmitArgs, capture_environment, resolve_ids, resolve_workdir};

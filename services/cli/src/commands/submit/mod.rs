@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
-use mgpu_shared::duration::parse_duration;
-use mgpu_shared::gpu_amount::GpuAmount;
-use mgpu_shared::ids::JobId;
-use mgpu_shared::job::{JobSpec, NodeGpuIds, OnTimeout, SubmitRequest};
-use mgpu_shared::records;
+use mgpu_nats::records;
+use mgpu_protocol::duration::parse_duration;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobSpec, NodeGpuIds, OnTimeout, SubmitRequest};
 use serde_json::json;
 
 use crate::cli::GlobalArgs;
@@ -311,7 +311,7 @@ fn per_node_gpus(asked: GpuAmount, node_gpu_ids: &[NodeGpuIds]) -> Result<GpuAmo
 pub struct NodeGpuIdList(pub Vec<NodeGpuIds>);
 
 fn parse_node_gpu_ids(text: &str) -> Result<NodeGpuIdList, String> {
-    mgpu_shared::job::parse_node_gpu_ids(text)
+    mgpu_protocol::job::parse_node_gpu_ids(text)
         .map(NodeGpuIdList)
         .map_err(|e| e.to_string())
 }

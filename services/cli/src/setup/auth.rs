@@ -1,5 +1,6 @@
-//! Principals (scheduler, nodes, users, admins), their nkeys, and the nats-server
-//! authorization that lets each role publish and subscribe only to what it needs.
+//! Principals' nkeys and the nats-server configuration: the authorization that lets each role
+//! publish and subscribe only to what it needs, and the server (or cluster) files that include it.
+//! The principals file itself is `mgpu_protocol::principals` (the scheduler reads it too).
 //!
 //! `mgpu admin init` and the test harness use this to write a directory like:
 //!
@@ -9,7 +10,7 @@
 //! DIR/keys/<role>-<name>.nk  each principal's seed, mode 0600 (a secret: git-ignored)
 //! DIR/server.conf            a nats-server configuration that includes auth.conf
 //! DIR/server-2.conf, …       the other members of a cluster (`mgpu admin init --servers N`)
-//! DIR/ca.pem, server-cert.pem, …  with `--tls`: the certificates (see [`crate::tls`])
+//! DIR/ca.pem, server-cert.pem, …  with `--tls`: the certificates (see [`super::tls`])
 //! ```
 
 use std::fs;
@@ -17,105 +18,33 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::error::InvalidInput;
-use crate::ids::validate_node_name;
-use crate::subjects;
-use crate::tls::{TlsFiles, render_tls_block};
+use mgpu_protocol::error::InvalidInput;
+pub use mgpu_protocol::principals::{
+    KEYS_DIR, Principal, REGISTRY_FILE, Registry, Role, inbox_prefix, validate_principal_name,
+};
+use mgpu_protocol::subjects;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Scheduler,
-    Node,
-    User,
-    Admin,
-}
+use super::tls::{TlsFiles, render_tls_block};
 
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Scheduler => "scheduler",
-            Role::Node => "node",
-            Role::User => "user",
-            Role::Admin => "admin",
-        }
-    }
-}
-
-/// One identity known to the server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Principal {
-    pub name: String,
-    pub role: Role,
-    /// The nkey's public key (`U…`); the seed never leaves the key file.
-    pub public_key: String,
-    /// The Unix account this user's jobs run as on agents running as root (`--unix-user`);
-    /// None: the account named like the user.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unix_user: Option<String>,
-}
-
-impl Principal {
-    /// Whether this principal may act on any user's jobs.
-    pub fn is_admin(&self) -> bool {
-        self.role == Role::Admin
-    }
-
-    /// The Unix account its jobs run as (see [`Principal::unix_user`]).
-    pub fn unix_account(&self) -> &str {
-        self.unix_user.as_deref().unwrap_or(&self.name)
-    }
-}
-
-impl Principal {
-    /// File name of this principal's seed under `keys/`.
-    pub fn key_file_name(&self) -> String {
-        format!("{}-{}.nk", self.role.as_str(), self.name)
-    }
-}
-
-/// The registry file: every principal, in the order they were added.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Registry {
-    pub principals: Vec<Principal>,
-}
-
-pub const REGISTRY_FILE: &str = "principals.json";
 pub const AUTH_CONF_FILE: &str = "auth.conf";
-pub const KEYS_DIR: &str = "keys";
 
-impl Registry {
-    pub fn load(dir: &Path) -> std::io::Result<Registry> {
-        let path = dir.join(REGISTRY_FILE);
-        if !path.exists() {
-            return Ok(Registry::default());
-        }
-        let text = fs::read_to_string(&path)?;
-        serde_json::from_str(&text).map_err(|e| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{}: {e}", path.display()),
-            )
-        })
-    }
+/// Writing the principals file and its key files, and rendering the server's `authorization`
+/// block from it: what `mgpu admin` does to a [`Registry`] (the scheduler only reads one).
+pub trait RegistryFiles {
+    /// Adds a principal with a fresh nkey, writes its seed (mode 0600) and returns the seed's
+    /// path. Adding one that exists returns the existing key file and changes nothing.
+    fn add(&mut self, dir: &Path, role: Role, name: &str) -> Result<PathBuf, AddError>;
+    /// Writes `principals.json` and `auth.conf` (each atomically: write, then rename).
+    fn save(&self, dir: &Path) -> std::io::Result<()>;
+    /// The nats-server `authorization` block: one nkey user per principal with its role's
+    /// permissions.
+    fn render_auth_conf(&self) -> String;
+}
 
-    /// The principal whose nkey is `public_key`.
-    pub fn by_key(&self, public_key: &str) -> Option<&Principal> {
-        self.principals.iter().find(|p| p.public_key == public_key)
-    }
-
-    pub fn find(&self, role: Role, name: &str) -> Option<&Principal> {
-        self.principals
-            .iter()
-            .find(|p| p.role == role && p.name == name)
-    }
-
-    /// Adds a principal with a fresh nkey, writes its seed (mode 0600) and returns the seed's path.
-    /// Adding one that exists returns the existing key file and changes nothing.
-    pub fn add(&mut self, dir: &Path, role: Role, name: &str) -> Result<PathBuf, AddError> {
+impl RegistryFiles for Registry {
+    fn add(&mut self, dir: &Path, role: Role, name: &str) -> Result<PathBuf, AddError> {
         validate_principal_name(name)?;
         let keys = dir.join(KEYS_DIR);
         if let Some(existing) = self.find(role, name) {
@@ -136,16 +65,14 @@ impl Registry {
         Ok(path)
     }
 
-    /// Writes `principals.json` and `auth.conf` (each atomically: write, then rename).
-    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+    fn save(&self, dir: &Path) -> std::io::Result<()> {
         fs::create_dir_all(dir)?;
         let registry = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         write_atomically(&dir.join(REGISTRY_FILE), &registry)?;
         write_atomically(&dir.join(AUTH_CONF_FILE), &self.render_auth_conf())
     }
 
-    /// The nats-server `authorization` block: one nkey user per principal with its role's permissions.
-    pub fn render_auth_conf(&self) -> String {
+    fn render_auth_conf(&self) -> String {
         let users: Vec<serde_json::Value> = self
             .principals
             .iter()
@@ -178,15 +105,6 @@ pub enum AddError {
     Io(#[from] std::io::Error),
 }
 
-/// Principal names become subject tokens and file names: the node-name rules apply.
-pub fn validate_principal_name(name: &str) -> Result<(), InvalidInput> {
-    validate_node_name(name).map_err(|_| {
-        InvalidInput::new(format!(
-            "`{name}` is not a valid name: use 1-64 letters, digits, `-` or `_`"
-        ))
-    })
-}
-
 /// What one principal may publish and subscribe to.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Permissions {
@@ -194,12 +112,6 @@ pub struct Permissions {
     pub subscribe: Vec<String>,
     /// Exceptions to `publish`.
     pub deny_publish: Vec<String>,
-}
-
-/// The inbox prefix of the principal with `public_key`: every mgpu client uses it for
-/// replies, and users may subscribe to theirs only.
-pub fn inbox_prefix(public_key: &str) -> String {
-    format!("_INBOX.{public_key}")
 }
 
 /// The server-side permissions of each role. Anything not listed is refused by the server.

@@ -6,10 +6,10 @@ use async_nats::jetstream::{self, consumer, kv, stream};
 use futures::StreamExt;
 
 use crate::error::StateError;
-use crate::ids::{JobId, is_job_id_prefix};
-use crate::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
-use crate::node::NodeHeartbeat;
-use crate::subjects;
+use mgpu_protocol::ids::{JobId, is_job_id_prefix};
+use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
+use mgpu_protocol::node::NodeHeartbeat;
+use mgpu_protocol::subjects;
 
 /// Header JetStream's KV layer puts on deletions.
 const KV_OPERATION: &str = "KV-Operation";
@@ -351,7 +351,7 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
                 user: request.user,
                 user_key: message
                     .headers
-                    .get(crate::signing::SIGNER)
+                    .get(mgpu_protocol::signing::SIGNER)
                     .map(|k| k.as_str().to_owned()),
                 spec: request.spec,
                 submitted_at: chrono::DateTime::from_timestamp_nanos(nanos),
@@ -473,14 +473,18 @@ async fn cluster_value<T: serde::de::DeserializeOwned>(
 }
 
 /// The scheduling policy the scheduler last ran with (defaults if it never ran).
-pub async fn policy(js: &jetstream::Context) -> Result<crate::priority::Policy, StateError> {
+pub async fn policy(
+    js: &jetstream::Context,
+) -> Result<mgpu_protocol::priority::Policy, StateError> {
     Ok(cluster_value(js, subjects::POLICY_KEY)
         .await?
         .unwrap_or_default())
 }
 
 /// Users' decayed GPU usage, for fair share.
-pub async fn usage(js: &jetstream::Context) -> Result<crate::priority::UsageBook, StateError> {
+pub async fn usage(
+    js: &jetstream::Context,
+) -> Result<mgpu_protocol::priority::UsageBook, StateError> {
     Ok(cluster_value(js, subjects::USAGE_KEY)
         .await?
         .unwrap_or_default())
@@ -489,7 +493,7 @@ pub async fn usage(js: &jetstream::Context) -> Result<crate::priority::UsageBook
 /// Drained nodes and paused GPUs, by node name.
 pub async fn node_admin(
     js: &jetstream::Context,
-) -> Result<std::collections::BTreeMap<String, crate::node::NodeAdmin>, StateError> {
+) -> Result<std::collections::BTreeMap<String, mgpu_protocol::node::NodeAdmin>, StateError> {
     let prefix = format!("$KV.{}.node.", subjects::CLUSTER_BUCKET);
     let messages = last_per_subject(
         js,

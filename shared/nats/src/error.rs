@@ -1,17 +1,7 @@
-//! Typed errors of the shared library. The binaries wrap them with context (anyhow).
+//! Typed errors of the NATS layer: reaching the server, and reading mgpu's state from
+//! JetStream. The binaries wrap them with context (anyhow).
 
 use thiserror::Error;
-
-/// Input that a person or a message got wrong; the text says what and how to fix it.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("{0}")]
-pub struct InvalidInput(pub String);
-
-impl InvalidInput {
-    pub fn new(message: impl Into<String>) -> Self {
-        InvalidInput(message.into())
-    }
-}
 
 /// Failure to reach or log in to NATS, phrased for the person at the terminal.
 #[derive(Debug, Error)]

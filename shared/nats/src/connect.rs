@@ -1,6 +1,6 @@
 //! Connecting to NATS with an nkey seed file, turning failures into one clear sentence.
 //!
-//! With a CA certificate (`--ca FILE` / `MGPU_CA`, see [`crate::tls`]) the connection must be
+//! With a CA certificate (`--ca FILE` / `MGPU_CA`, written by `mgpu admin init --tls`) the connection must be
 //! TLS and the server's certificate must be signed by that CA; the nkey login happens inside
 //! the encrypted connection. A `tls://` URL also insists on TLS, trusting the system's CAs
 //! unless a CA file is given.
@@ -80,7 +80,7 @@ pub async fn connect_with(
             path: target.creds.display().to_string(),
         })?;
     let options = options
-        .custom_inbox_prefix(crate::auth::inbox_prefix(&public_key))
+        .custom_inbox_prefix(mgpu_protocol::principals::inbox_prefix(&public_key))
         .reconnect_to_server_callback(|servers, _| async move { first_try(&servers) })
         .nkey(seed)
         .name(client_name)

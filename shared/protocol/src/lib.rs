@@ -1,33 +1,33 @@
-//! `mgpu-shared`: everything the mgpu programs agree on.
+//! `mgpu-protocol`: the contract between the mgpu programs.
 //!
 //! The scheduler, the node agent and the CLI never talk to each other directly, only through
-//! NATS subjects; this crate is the contract between them.
+//! NATS subjects; this crate says what travels on them and what is valid. It does no I/O on the
+//! network (no async runtime, no NATS client): the scheduler's pure core and job lifecycle
+//! depend on it alone. How messages get onto NATS is `mgpu-nats`.
 //!
 //! # Layout
 //! - [`subjects`]: every subject, stream, bucket and consumer name, in one place.
 //! - [`ids`]: job ids (one NATS token, typed by prefix) and node names.
 //! - [`gpu_amount`]: fixed-point GPU fractions (10 000 units per GPU).
 //! - [`duration`]: time limits as users type them (`90`, `10m`, `2h`, `1-00:00:00`).
-//! - [`job`]: what a user asks for ([`job::JobSpec`]) and what the scheduler records ([`job::JobRecord`]).
-//! - [`node`]: a node agent's heartbeat: its GPUs, its running jobs, its address.
+//! - [`job`]: what a user asks for ([`job::JobSpec`], [`job::SubmitRequest`],
+//!   [`job::CancelRequest`], [`job::HoldRequest`]) and what the scheduler records
+//!   ([`job::JobRecord`]).
+//! - [`node`]: a node agent's heartbeat (its GPUs, its running jobs, its address) and node
+//!   administration requests.
 //! - [`assign`]: scheduler → agent messages (run this job, kill that one).
-//! - [`event`]: job state transitions published on `jobs.<id>.events`.
+//! - [`event`]: job state transitions and agents' reports on `jobs.<id>.events`.
 //! - [`output`]: the headers of job output messages on `jobs.<id>.output`.
+//! - [`audit`]: the audit trail's records.
 //! - [`priority`]: effective priority (priority, age, fair share) and the scheduling policy.
-//! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
-//! - [`connect`]: connecting with an nkey, with errors a person can act on.
-//! - [`auth`]: nkeys for each role, and the nats-server authorization they get.
-//! - [`tls`]: the certificate authority and server certificate, and the server's `tls` blocks.
-//! - [`records`]: reading job records and node heartbeats straight from JetStream.
-//! - [`pull`]: continuous pulls from durable consumers that survive losing the consumer's leader.
+//! - [`principals`]: the principals file: who exists, in which role, with which public nkey.
+//! - [`signing`]: request signatures (what is signed, how it is checked, replay protection).
 //! - [`wire`]: strict decoding of inbound messages: size limits and the checks handlers share.
 //! - `fuzzing` (tests only): hostile payload generators for the fuzz targets.
-//! - [`error`]: the typed errors of this crate.
+//! - [`error`]: [`error::InvalidInput`], what every validation returns.
 
 pub mod assign;
 pub mod audit;
-pub mod auth;
-pub mod connect;
 pub mod duration;
 pub mod error;
 pub mod event;
@@ -38,19 +38,17 @@ pub mod ids;
 pub mod job;
 pub mod node;
 pub mod output;
+pub mod principals;
 pub mod priority;
-pub mod pull;
-pub mod records;
 pub mod signing;
-pub mod streams;
 pub mod subjects;
-pub mod tls;
 pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.
 pub type Timestamp = chrono::DateTime<chrono::Utc>;
 
-/// Wall-clock now, for the service layers (the scheduling core takes the clock as an argument).
+/// Wall-clock now, for the service layers (the scheduling core and the job lifecycle take the
+/// clock as an argument).
 pub fn now() -> Timestamp {
     chrono::Utc::now()
 }

@@ -7,10 +7,11 @@
 //! the plain JSON any NATS tool shows. A verifier rejects a message signed too long before it
 //! was stored or received ([`MAX_SKEW`]) and remembers nonces for that long, so a copied
 //! message cannot be replayed.
+//!
+//! This module knows the headers by name only; `mgpu_nats::signing` puts them on and reads them
+//! off a NATS message.
 
 use std::collections::HashMap;
-
-use async_nats::HeaderMap;
 
 use crate::Timestamp;
 
@@ -70,39 +71,36 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Signs `payload` for `subject` with `key`, adding the signature headers to `headers`.
+/// Signs `payload` for `subject` with `key`: the signature headers, as (name, value) pairs.
 pub fn sign(
     key: &nkeys::KeyPair,
     subject: &str,
     payload: &[u8],
     now: Timestamp,
-    headers: &mut HeaderMap,
-) -> Result<(), String> {
+) -> Result<[(&'static str, String); 4], String> {
     let at = now.timestamp_millis();
     let nonce = uuid::Uuid::new_v4().simple().to_string();
     let signature = key
         .sign(&signed_bytes(subject, at, &nonce, payload))
         .map_err(|e| format!("signing the request: {e}"))?;
-    headers.insert(SIGNER, key.public_key().as_str());
-    headers.insert(SIGNED_AT, at.to_string().as_str());
-    headers.insert(NONCE, nonce.as_str());
-    headers.insert(SIGNATURE, hex(&signature).as_str());
-    Ok(())
+    Ok([
+        (SIGNER, key.public_key()),
+        (SIGNED_AT, at.to_string()),
+        (NONCE, nonce),
+        (SIGNATURE, hex(&signature)),
+    ])
 }
 
-/// Checks the signature of a message on `subject` that arrived (or was stored) at `arrived`.
-/// Replays are caught by [`Nonces`], which the caller keeps.
+/// Checks the signature of a message on `subject` that arrived (or was stored) at `arrived`;
+/// `header` gives a header's value by name. Replays are caught by [`Nonces`], which the
+/// caller keeps.
 pub fn verify(
-    headers: Option<&HeaderMap>,
+    header: impl Fn(&str) -> Option<String>,
     subject: &str,
     payload: &[u8],
     arrived: Timestamp,
 ) -> Result<Signed, SignatureError> {
-    let header = |name: &str| {
-        headers
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().trim().to_owned())
-    };
+    let header = |name: &str| header(name).map(|v| v.trim().to_owned());
     let Some(signature) = header(SIGNATURE) else {
         return Err(SignatureError::Unsigned);
     };
@@ -167,18 +165,23 @@ impl Nonces {
 mod tests {
     use super::*;
 
-    fn signed(subject: &str, payload: &[u8], at: Timestamp) -> (HeaderMap, String) {
+    type Headers = HashMap<&'static str, String>;
+
+    fn signed(subject: &str, payload: &[u8], at: Timestamp) -> (Headers, String) {
         let key = nkeys::KeyPair::new_user();
-        let mut headers = HeaderMap::new();
-        assert!(sign(&key, subject, payload, at, &mut headers).is_ok());
-        (headers, key.public_key())
+        let headers = sign(&key, subject, payload, at).unwrap_or_else(|e| panic!("{e}"));
+        (headers.into_iter().collect(), key.public_key())
+    }
+
+    fn lookup(headers: Option<&Headers>) -> impl Fn(&str) -> Option<String> + '_ {
+        move |name| headers.and_then(|h| h.get(name).cloned())
     }
 
     #[test]
     fn a_signed_message_verifies_and_names_its_signer() {
         let now = crate::now();
         let (headers, public) = signed("jobs.submit", b"{}", now);
-        let ok = verify(Some(&headers), "jobs.submit", b"{}", now);
+        let ok = verify(lookup(Some(&headers)), "jobs.submit", b"{}", now);
         assert_eq!(ok.map(|s| s.signer), Ok(public));
     }
 
@@ -187,12 +190,17 @@ mod tests {
         let now = crate::now();
         let (headers, _) = signed("jobs.x.cancel", b"{\"user\":\"alice\"}", now);
         assert_eq!(
-            verify(Some(&headers), "jobs.x.cancel", b"{\"user\":\"bob\"}", now),
+            verify(
+                lookup(Some(&headers)),
+                "jobs.x.cancel",
+                b"{\"user\":\"bob\"}",
+                now
+            ),
             Err(SignatureError::Forged)
         );
         assert_eq!(
             verify(
-                Some(&headers),
+                lookup(Some(&headers)),
                 "jobs.y.cancel",
                 b"{\"user\":\"alice\"}",
                 now
@@ -201,13 +209,13 @@ mod tests {
             "a signature is bound to its subject"
         );
         assert_eq!(
-            verify(None, "jobs.x.cancel", b"{}", now),
+            verify(lookup(None), "jobs.x.cancel", b"{}", now),
             Err(SignatureError::Unsigned)
         );
         let later = now + chrono::Duration::minutes(10);
         assert!(matches!(
             verify(
-                Some(&headers),
+                lookup(Some(&headers)),
                 "jobs.x.cancel",
                 b"{\"user\":\"alice\"}",
                 later
@@ -216,7 +224,7 @@ mod tests {
         ));
         let mut nonces = Nonces::default();
         let first = verify(
-            Some(&headers),
+            lookup(Some(&headers)),
             "jobs.x.cancel",
             b"{\"user\":\"alice\"}",
             now,
@@ -230,13 +238,17 @@ mod tests {
     #[test]
     fn garbage_headers_are_malformed_not_a_panic() {
         let now = crate::now();
-        let mut headers = HeaderMap::new();
-        headers.insert(SIGNATURE, "zz");
-        headers.insert(SIGNER, "nope");
-        headers.insert(NONCE, "n");
-        headers.insert(SIGNED_AT, "99999999999999999999");
+        let headers: Headers = [
+            (SIGNATURE, "zz"),
+            (SIGNER, "nope"),
+            (NONCE, "n"),
+            (SIGNED_AT, "99999999999999999999"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name, value.to_owned()))
+        .collect();
         assert!(matches!(
-            verify(Some(&headers), "s", b"", now),
+            verify(lookup(Some(&headers)), "s", b"", now),
             Err(SignatureError::Malformed(_))
         ));
     }

@@ -1,0 +1,17 @@
+//! `mgpu-nats`: how the mgpu programs use NATS and JetStream. What travels is
+//! `mgpu-protocol`'s; this crate moves it.
+//!
+//! # Layout
+//! - [`connect`]: connecting with an nkey (and TLS), with errors a person can act on.
+//! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
+//! - [`records`]: reading job records and node heartbeats straight from JetStream.
+//! - [`pull`]: continuous pulls from durable consumers that survive losing the consumer's leader.
+//! - [`signing`]: request signatures put on and read off message headers.
+//! - [`error`]: the typed errors of this crate.
+
+pub mod connect;
+pub mod error;
+pub mod pull;
+pub mod records;
+pub mod signing;
+pub mod streams;
