@@ -10,11 +10,12 @@
 //! - [`ids`]: job ids (one NATS token, typed by prefix) and node names.
 //! - [`gpu_amount`]: fixed-point GPU fractions (10 000 units per GPU).
 //! - [`duration`]: time limits as users type them (`90`, `10m`, `2h`, `1-00:00:00`).
-//! - [`job`]: what a user asks for ([`job::JobSpec`], [`job::SubmitRequest`],
-//!   [`job::CancelRequest`], [`job::HoldRequest`]) and what the scheduler records
+//! - [`job`]: what a user asks for ([`job::JobSpec`]) and what the scheduler records
 //!   ([`job::JobRecord`]).
-//! - [`node`]: a node agent's heartbeat (its GPUs, its running jobs, its address) and node
-//!   administration requests.
+//! - [`request`]: every request to the scheduler, decoded once ([`request::Request`]), one
+//!   file each: [`submit`], [`cancel`], [`hold`] (and release), [`admin`].
+//! - [`report`]: an agent's report about one attempt's process ([`report::AgentReport`]).
+//! - [`node`]: a node agent's heartbeat: its GPUs, its running jobs, its address.
 //! - [`assign`]: scheduler → agent messages (run this job, kill that one).
 //! - [`event`]: job state transitions and agents' reports on `jobs.<id>.events`.
 //! - [`output`]: the headers of job output messages on `jobs.<id>.output`.
@@ -26,22 +27,28 @@
 //! - `fuzzing` (tests only): hostile payload generators for the fuzz targets.
 //! - [`error`]: [`error::InvalidInput`], what every validation returns.
 
+pub mod admin;
 pub mod assign;
 pub mod audit;
+pub mod cancel;
 pub mod duration;
 pub mod error;
 pub mod event;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod gpu_amount;
+pub mod hold;
 pub mod ids;
 pub mod job;
 pub mod node;
 pub mod output;
 pub mod principals;
 pub mod priority;
+pub mod report;
+pub mod request;
 pub mod signing;
 pub mod subjects;
+pub mod submit;
 pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.

@@ -6,14 +6,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::Timestamp;
+pub use crate::admin::AdminRequest;
 use crate::duration::MAX_TIME_LIMIT;
 use crate::error::InvalidInput;
 use crate::gpu_amount::GpuAmount;
 use crate::ids::{JobId, validate_node_name};
 use crate::job::MAX_GPU_MEMORY_MIB;
-use crate::wire::{
-    MAX_LINE_BYTES, MAX_USER_BYTES, check_count, check_line, check_text, check_user,
-};
+use crate::wire::{MAX_USER_BYTES, check_count, check_line, check_text, check_user};
 
 /// Where the agent's GPU list comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,60 +159,6 @@ pub struct AdminMark {
     pub at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-}
-
-/// Payload of `admin.requests` (admins only, enforced by the server's permissions).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
-pub enum AdminRequest {
-    DrainNode {
-        node: String,
-        by: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        reason: Option<String>,
-    },
-    ResumeNode {
-        node: String,
-        by: String,
-    },
-    PauseGpu {
-        node: String,
-        index: u32,
-        by: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        reason: Option<String>,
-    },
-    ResumeGpu {
-        node: String,
-        index: u32,
-        by: String,
-    },
-}
-
-impl AdminRequest {
-    /// Checks the node name (it becomes a KV key), the admin's name and the reason.
-    pub fn validate(&self) -> Result<(), InvalidInput> {
-        let (node, by, reason) = match self {
-            AdminRequest::DrainNode { node, by, reason }
-            | AdminRequest::PauseGpu {
-                node, by, reason, ..
-            } => (node, by, reason.as_deref()),
-            AdminRequest::ResumeNode { node, by } | AdminRequest::ResumeGpu { node, by, .. } => {
-                (node, by, None)
-            }
-        };
-        validate_node_name(node)?;
-        check_user("by", by)?;
-        if let Some(reason) = reason {
-            check_line("reason", reason, MAX_LINE_BYTES)?;
-        }
-        if let AdminRequest::PauseGpu { index, .. } | AdminRequest::ResumeGpu { index, .. } = self
-            && *index >= GpuAmount::MAX_GPUS
-        {
-            return Err(InvalidInput::new(format!("GPU index {index} is absurd")));
-        }
-        Ok(())
-    }
 }
 
 /// Heartbeats missed before a node counts as offline.

@@ -17,15 +17,13 @@ use crate::ids::JobId;
 
 mod listing;
 mod placement;
-mod request;
 mod state;
 
+pub use crate::cancel::CancelRequest;
+pub use crate::hold::HoldRequest;
+pub use crate::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
 pub use placement::{GpuShare, Launch, NodeShare, Placement};
-pub use request::{CancelRequest, HoldRequest, SubmitRequest};
 pub use state::{Ending, JobState, Run, WaitReason, Waiting};
-
-/// Largest accepted submission, headers aside: a command plus a captured environment fit easily.
-pub const MAX_SUBMIT_BYTES: usize = 256 * 1024;
 
 /// Everything a user asks for when submitting. Fields not given take their defaults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
