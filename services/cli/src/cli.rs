@@ -1,44 +1,24 @@
-//! The command line: global options and one subcommand per file under `commands/`.
+//! The command line: the connection options, one subcommand per module under `commands/`,
+//! and the dispatch from a parsed command to the module that runs it. Nothing imports this
+//! module but `main.rs`: the commands take their own arguments and [`ConnectionArgs`].
 
-use std::path::PathBuf;
+use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use anyhow::Result;
+use clap::{Parser, Subcommand};
 
 use crate::commands::{admin, cancel, hold, logs, node_admin, nodes, queue, show, submit};
+use crate::session::ConnectionArgs;
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
 #[derive(Debug, Parser)]
 #[command(name = "mgpu", version, propagate_version = true)]
 pub struct Cli {
     #[command(flatten)]
-    pub global: GlobalArgs,
+    pub connection: ConnectionArgs,
 
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Where the NATS server is and who we are to it. Accepted before or after the subcommand.
-#[derive(Clone, Debug, Args)]
-#[command(next_help_heading = "Connection")]
-pub struct GlobalArgs {
-    /// NATS server URL; several, comma-separated, for a cluster.
-    #[arg(
-        long,
-        global = true,
-        env = "MGPU_SERVER",
-        default_value = "nats://127.0.0.1:4222",
-        value_name = "URL[,URL…]"
-    )]
-    pub server: String,
-
-    /// File holding your nkey seed (written by `mgpu admin add-user`).
-    #[arg(long, global = true, env = "MGPU_CREDS", value_name = "FILE")]
-    pub creds: Option<PathBuf>,
-
-    /// CA certificate (PEM) the server's must be signed by: connect with TLS only (`ca.pem`
-    /// from `mgpu admin init --tls`).
-    #[arg(long, global = true, env = "MGPU_CA", value_name = "FILE")]
-    pub ca: Option<PathBuf>,
 }
 
 impl Cli {
@@ -56,15 +36,33 @@ impl Cli {
             .is_some_and(|first| first == "submit")
         {
             let SubmitCommandLine {
-                global,
+                connection,
                 command: SubmitOnly::Submit(args),
             } = SubmitCommandLine::parse();
             return Cli {
-                global,
+                connection,
                 command: Command::Submit(args),
             };
         }
         Cli::parse()
+    }
+
+    /// Runs the command; its exit status, or the error `main` prints.
+    pub async fn run(self) -> Result<ExitCode> {
+        let connection = &self.connection;
+        match &self.command {
+            Command::Submit(args) => submit::run(connection, args).await,
+            Command::Queue(args) => queue::run(connection, args).await,
+            Command::Cancel(args) => cancel::run(connection, args).await,
+            Command::Hold(args) => hold::run(connection, args, hold::Action::Hold).await,
+            Command::Release(args) => hold::run(connection, args, hold::Action::Release).await,
+            Command::Logs(args) => logs::run(connection, args).await,
+            Command::Show(args) => show::run(connection, args).await,
+            Command::Nodes(args) => nodes::run(connection, args).await,
+            Command::Node(args) => node_admin::run_node(connection, args).await,
+            Command::Gpu(args) => node_admin::run_gpu(connection, args).await,
+            Command::Admin(args) => admin::run(connection, args).await,
+        }
     }
 }
 
@@ -73,7 +71,7 @@ impl Cli {
 #[command(name = "mgpu", version, propagate_version = true)]
 struct SubmitCommandLine {
     #[command(flatten)]
-    global: GlobalArgs,
+    connection: ConnectionArgs,
 
     #[command(subcommand)]
     command: SubmitOnly,
@@ -154,7 +152,7 @@ mod tests {
             format!(
                 "{:?}",
                 Cli {
-                    global: line.global,
+                    connection: line.connection,
                     command: Command::Submit(args),
                 }
             )

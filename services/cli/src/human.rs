@@ -1,17 +1,9 @@
-//! Small formatting helpers for what people read: ages, times, sizes, and stderr notes.
+//! Small formatting helpers for what people read: ages, times, sizes, states and GPU lists.
 
-use std::io::Write as _;
 use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
-
-/// Writes one line to stderr. A closed stderr is not worth failing (or panicking) over.
-pub fn stderr_line(text: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{text}");
-    let _ = err.flush();
-}
 
 /// The time from `earlier` to `later`; zero when the clocks disagree about the order.
 pub fn elapsed(earlier: Timestamp, later: Timestamp) -> Duration {

@@ -6,6 +6,7 @@
 
 mod cli;
 mod commands;
+mod console;
 mod errors;
 mod follow;
 mod human;
@@ -34,7 +35,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(err) => return report(&anyhow::anyhow!("cannot start the async runtime: {err}")),
     };
-    let result = runtime.block_on(commands::run(cli));
+    let result = runtime.block_on(cli.run());
     runtime.shutdown_background();
 
     match result {
@@ -47,7 +48,7 @@ fn main() -> ExitCode {
 
 /// Prints the one-line error message every failure ends with, and the failing exit status.
 fn report(err: &anyhow::Error) -> ExitCode {
-    human::stderr_line(&format!("error: {err:#}"));
+    console::stderr_line(&format!("error: {err:#}"));
     ExitCode::FAILURE
 }
 

@@ -1,4 +1,7 @@
-//! Connecting to NATS as the current user, and who that user is.
+//! Connecting to NATS as the current user: the connection options every command accepts
+//! ([`ConnectionArgs`]), the live [`Session`] that signs requests, and who the user is.
+
+use std::path::PathBuf;
 
 use anyhow::{Result, anyhow};
 use async_nats::jetstream;
@@ -6,8 +9,31 @@ use async_nats::{ConnectOptions, Event, ServerError};
 use mgpu_nats::connect::{ConnectTarget, connect_with};
 use tokio::sync::mpsc;
 
-use crate::cli::GlobalArgs;
 use crate::errors::plain;
+
+/// Where the NATS server is and who we are to it. Accepted before or after the subcommand.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Connection")]
+pub struct ConnectionArgs {
+    /// NATS server URL; several, comma-separated, for a cluster.
+    #[arg(
+        long,
+        global = true,
+        env = "MGPU_SERVER",
+        default_value = "nats://127.0.0.1:4222",
+        value_name = "URL[,URL…]"
+    )]
+    pub server: String,
+
+    /// File holding your nkey seed (written by `mgpu admin add-user`).
+    #[arg(long, global = true, env = "MGPU_CREDS", value_name = "FILE")]
+    pub creds: Option<PathBuf>,
+
+    /// CA certificate (PEM) the server's must be signed by: connect with TLS only (`ca.pem`
+    /// from `mgpu admin init --tls`).
+    #[arg(long, global = true, env = "MGPU_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+}
 
 /// A live connection: the core client (for plain publishes) and its JetStream context.
 pub struct Session {
@@ -37,8 +63,8 @@ impl Session {
 
 impl Session {
     /// Connects with the credentials from `--creds` / `MGPU_CREDS`.
-    pub async fn connect(global: &GlobalArgs) -> Result<Session> {
-        Session::connect_with(global, ConnectOptions::new()).await
+    pub async fn connect(connection: &ConnectionArgs) -> Result<Session> {
+        Session::connect_with(connection, ConnectOptions::new()).await
     }
 
     /// Connects like [`Session::connect`], and reports the server's permission refusals.
@@ -48,7 +74,7 @@ impl Session {
     /// for Publish to "admin.requests"`) arrives on the returned channel, long before the
     /// acknowledgement would time out.
     pub async fn connect_watching_permissions(
-        global: &GlobalArgs,
+        connection: &ConnectionArgs,
     ) -> Result<(Session, mpsc::UnboundedReceiver<String>)> {
         let (sender, refusals) = mpsc::unbounded_channel();
         let options = ConnectOptions::new().event_callback(move |event| {
@@ -62,12 +88,12 @@ impl Session {
                 }
             }
         });
-        let session = Session::connect_with(global, options).await?;
+        let session = Session::connect_with(connection, options).await?;
         Ok((session, refusals))
     }
 
-    async fn connect_with(global: &GlobalArgs, options: ConnectOptions) -> Result<Session> {
-        let creds = global.creds.clone().ok_or_else(|| {
+    async fn connect_with(connection: &ConnectionArgs, options: ConnectOptions) -> Result<Session> {
+        let creds = connection.creds.clone().ok_or_else(|| {
             anyhow!(
                 "no credentials: pass --creds FILE or set MGPU_CREDS \
                  (scripts/dev-up.sh writes .mgpu/env to source)"
@@ -78,9 +104,9 @@ impl Session {
         let key = nkeys::KeyPair::from_seed(&seed)
             .map_err(|e| anyhow!("{}: not a valid nkey seed: {e}", creds.display()))?;
         let target = ConnectTarget {
-            server: global.server.clone(),
+            server: connection.server.clone(),
             creds,
-            ca: global.ca.clone(),
+            ca: connection.ca.clone(),
         };
         // The shared error is already one sentence a person can act on; adding context would
         // only repeat the server address.

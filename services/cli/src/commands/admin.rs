@@ -9,13 +9,13 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, anyhow};
 use clap::{Args, Subcommand};
 use mgpu_cli::setup::auth::{self, Registry, RegistryFiles, Role};
-use mgpu_cli::setup::tls;
+use mgpu_cli::setup::{files, tls};
 use mgpu_nats::streams::{self, Replicas, StreamSettings};
 use mgpu_protocol::audit::AuditRecord;
 
-use crate::cli::GlobalArgs;
-use crate::commands::{print, print_json, println};
+use crate::console::{print, print_json, println};
 use crate::errors::plain;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 use crate::tables::Table;
 
@@ -158,7 +158,7 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
+pub async fn run(connection: &ConnectionArgs, args: &AdminArgs) -> Result<ExitCode> {
     match &args.command {
         AdminCommand::Init(init_args) => init(&args.dir, init_args)?,
         AdminCommand::AddUser(add) => {
@@ -169,13 +169,13 @@ pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
             }
             reload_servers(&args.dir)?;
             let what = format!("added {} {}", role.as_str(), add.name);
-            record_in_audit(global, &args.dir, &add.name, what).await;
+            record_in_audit(connection, &args.dir, &add.name, what).await;
         }
         AdminCommand::AddNode(add) => {
             add_principal(&args.dir, Role::Node, &add.name, add.out.as_deref())?;
             reload_servers(&args.dir)?;
             record_in_audit(
-                global,
+                connection,
                 &args.dir,
                 &add.name,
                 format!("added node {}", add.name),
@@ -187,10 +187,10 @@ pub async fn run(global: &GlobalArgs, args: &AdminArgs) -> Result<ExitCode> {
             remove(&args.dir, remove_args)?;
             reload_servers(&args.dir)?;
             let what = format!("removed {}", remove_args.name);
-            record_in_audit(global, &args.dir, &remove_args.name, what).await;
+            record_in_audit(connection, &args.dir, &remove_args.name, what).await;
         }
-        AdminCommand::Audit(audit_args) => audit(global, audit_args).await?,
-        AdminCommand::Setup(setup_args) => setup(global, setup_args).await?,
+        AdminCommand::Audit(audit_args) => audit(connection, audit_args).await?,
+        AdminCommand::Setup(setup_args) => setup(connection, setup_args).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -308,7 +308,7 @@ fn write_server_confs(
 ) -> Result<Vec<(PathBuf, PathBuf)>> {
     if args.servers <= 1 {
         let conf = dir.join("server.conf");
-        auth::write_atomically(
+        files::write_atomically(
             &conf,
             &auth::render_server_conf(args.port, store_dir, &args.server_name, tls),
         )
@@ -327,7 +327,7 @@ fn write_server_confs(
         let text = auth::render_cluster_server_conf(auth::CLUSTER_NAME, &members, index, tls)
             .ok_or_else(|| anyhow!("no cluster member {index}"))?;
         let conf = dir.join(auth::cluster_conf_file_name(index));
-        auth::write_atomically(&conf, &text)
+        files::write_atomically(&conf, &text)
             .with_context(|| format!("cannot write {}", conf.display()))?;
         written.push((conf, member.store_dir.clone()));
     }
@@ -351,7 +351,7 @@ fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Resu
     if let Some(out) = out {
         let seed = std::fs::read_to_string(&key)
             .with_context(|| format!("cannot read {}", key.display()))?;
-        auth::write_secret(out, &seed)
+        files::write_secret(out, &seed)
             .with_context(|| format!("cannot write {}", out.display()))?;
         println(&format!("Copied the key to {} (mode 0600)", out.display()))?;
     }
@@ -360,15 +360,15 @@ fn add_principal(dir: &Path, role: Role, name: &str, out: Option<&Path>) -> Resu
 
 /// Adds a credentials change to the audit trail when a server is reachable with these
 /// credentials (the change itself needs none: it is made in files). Says so when it is not.
-async fn record_in_audit(global: &GlobalArgs, dir: &Path, target: &str, detail: String) {
-    if global.creds.is_none() {
+async fn record_in_audit(connection: &ConnectionArgs, dir: &Path, target: &str, detail: String) {
+    if connection.creds.is_none() {
         let _ = println("(not in the audit trail: no credentials to reach an mgpu server)");
         return;
     }
     // A fresh connection can miss a server busy reloading its configuration: a few tries.
     for attempt in 0..3 {
         let recorded = async {
-            let session = Session::connect(global).await?;
+            let session = Session::connect(connection).await?;
             let key = session.key.public_key();
             // The signer's name as the credentials directory knows it.
             let by = Registry::load(dir)
@@ -521,7 +521,7 @@ fn reload_servers(dir: &Path) -> Result<()> {
 }
 
 /// Prints the audit records of the last `--since`.
-async fn audit(global: &GlobalArgs, args: &AuditArgs) -> Result<()> {
+async fn audit(connection: &ConnectionArgs, args: &AuditArgs) -> Result<()> {
     use async_nats::jetstream::consumer;
     use futures::StreamExt;
     let since = mgpu_protocol::duration::parse_duration(&args.since).map_err(plain)?;
@@ -531,7 +531,7 @@ async fn audit(global: &GlobalArgs, args: &AuditArgs) -> Result<()> {
         start.timestamp_nanos_opt().unwrap_or(0),
     ))
     .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    let session = Session::connect(global).await?;
+    let session = Session::connect(connection).await?;
     let stream = session
         .js
         .get_stream(mgpu_protocol::subjects::AUDIT_STREAM)
@@ -614,10 +614,10 @@ fn list(dir: &Path, args: &ListArgs) -> Result<()> {
     Ok(())
 }
 
-async fn setup(global: &GlobalArgs, args: &SetupArgs) -> Result<()> {
-    let session = Session::connect(global).await?;
+async fn setup(connection: &ConnectionArgs, args: &SetupArgs) -> Result<()> {
+    let session = Session::connect(connection).await?;
     let settings = StreamSettings {
-        replicas: args.replicas.resolve(&global.server),
+        replicas: args.replicas.resolve(&connection.server),
         ..StreamSettings::default()
     };
     streams::ensure(&session.js, &settings)

@@ -13,12 +13,12 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::CancelRequest;
 use mgpu_protocol::subjects;
 
-use crate::cli::GlobalArgs;
-use crate::commands::println;
+use crate::console::{self, println};
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
 use crate::publish::publish_error;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 
 /// How long to watch a cancelled job stop before leaving it to finish on its own.
@@ -37,8 +37,8 @@ enum Outcome {
     StillStopping(JobId),
 }
 
-pub async fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<ExitCode> {
-    let session = Session::connect(global).await?;
+pub async fn run(connection: &ConnectionArgs, args: &CancelArgs) -> Result<ExitCode> {
+    let session = Session::connect(connection).await?;
     // All jobs are cancelled at once, so ten jobs take one wait, not ten.
     let outcomes = join_all(args.ids.iter().map(|typed| cancel_one(&session, typed))).await;
     let mut failed = false;
@@ -51,7 +51,7 @@ pub async fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<ExitCode> {
             ))?,
             Err(err) => {
                 failed = true;
-                human::stderr_line(&format!("error: {err:#}"));
+                console::stderr_line(&format!("error: {err:#}"));
             }
         }
     }

@@ -16,12 +16,12 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{HoldRequest, JobRecord, JobState};
 use mgpu_protocol::subjects;
 
-use crate::cli::GlobalArgs;
-use crate::commands::println;
+use crate::console::{self, println};
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
 use crate::publish::publish_error;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 
 /// How long to wait for the scheduler to record the change.
@@ -88,8 +88,8 @@ impl Outcome {
     }
 }
 
-pub async fn run(global: &GlobalArgs, args: &HoldArgs, action: Action) -> Result<ExitCode> {
-    let session = Session::connect(global).await?;
+pub async fn run(connection: &ConnectionArgs, args: &HoldArgs, action: Action) -> Result<ExitCode> {
+    let session = Session::connect(connection).await?;
     // All at once, so ten jobs take one wait, not ten.
     let outcomes = join_all(args.ids.iter().map(|typed| one(&session, typed, action))).await;
     let mut failed = false;
@@ -98,7 +98,7 @@ pub async fn run(global: &GlobalArgs, args: &HoldArgs, action: Action) -> Result
             Ok(outcome) => println(&outcome.sentence())?,
             Err(err) => {
                 failed = true;
-                human::stderr_line(&format!("error: {err:#}"));
+                console::stderr_line(&format!("error: {err:#}"));
             }
         }
     }

@@ -13,9 +13,9 @@ use mgpu_nats::records;
 use mgpu_protocol::job::JobRecord;
 use tokio::time::Instant;
 
-use crate::cli::GlobalArgs;
 use crate::errors::plain;
 use crate::follow::{self, Chunk, OutputWriter};
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 
 /// When the record says the job ended but its end-of-output marker has not been read, how long
@@ -37,8 +37,8 @@ pub struct LogsArgs {
     pub follow: bool,
 }
 
-pub async fn run(global: &GlobalArgs, args: &LogsArgs) -> Result<ExitCode> {
-    let session = Session::connect(global).await?;
+pub async fn run(connection: &ConnectionArgs, args: &LogsArgs) -> Result<ExitCode> {
+    let session = Session::connect(connection).await?;
     let id = records::resolve_job(&session.js, &args.id)
         .await
         .map_err(plain)?;

@@ -18,12 +18,11 @@ use mgpu_nats::records;
 use mgpu_protocol::node::{AdminMark, AdminRequest, NodeAdmin};
 use mgpu_protocol::subjects;
 
-use crate::cli::GlobalArgs;
-use crate::commands::println;
+use crate::console::{self, println};
 use crate::errors::plain;
-use crate::human;
 use crate::parse::{self, NodeGpu};
 use crate::publish::publish_error;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 
 /// How long to wait for the scheduler to apply the change.
@@ -191,7 +190,7 @@ impl Change {
     }
 }
 
-pub async fn run_node(global: &GlobalArgs, args: &NodeArgs) -> Result<ExitCode> {
+pub async fn run_node(connection: &ConnectionArgs, args: &NodeArgs) -> Result<ExitCode> {
     let change = match &args.command {
         NodeCommand::Drain { node, reason } => Change::Drain {
             node: node.clone(),
@@ -199,10 +198,10 @@ pub async fn run_node(global: &GlobalArgs, args: &NodeArgs) -> Result<ExitCode> 
         },
         NodeCommand::Resume { node } => Change::ResumeNode { node: node.clone() },
     };
-    apply(global, &change).await
+    apply(connection, &change).await
 }
 
-pub async fn run_gpu(global: &GlobalArgs, args: &GpuArgs) -> Result<ExitCode> {
+pub async fn run_gpu(connection: &ConnectionArgs, args: &GpuArgs) -> Result<ExitCode> {
     let change = match &args.command {
         GpuCommand::Pause { gpu, reason } => Change::Pause {
             gpu: gpu.clone(),
@@ -210,11 +209,11 @@ pub async fn run_gpu(global: &GlobalArgs, args: &GpuArgs) -> Result<ExitCode> {
         },
         GpuCommand::Resume { gpu } => Change::ResumeGpu { gpu: gpu.clone() },
     };
-    apply(global, &change).await
+    apply(connection, &change).await
 }
 
-async fn apply(global: &GlobalArgs, change: &Change) -> Result<ExitCode> {
-    let (session, mut refusals) = Session::connect_watching_permissions(global).await?;
+async fn apply(connection: &ConnectionArgs, change: &Change) -> Result<ExitCode> {
+    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
     let node = change.node();
     let before = records::node_admin(&session.js)
         .await
@@ -251,7 +250,7 @@ async fn apply(global: &GlobalArgs, change: &Change) -> Result<ExitCode> {
     if let Ok(nodes) = records::list_nodes(&session.js).await
         && !nodes.iter().any(|n| n.node == node)
     {
-        human::stderr_line(&format!(
+        console::stderr_line(&format!(
             "warning: node {node} has never reported; the change applies once it does"
         ));
     }

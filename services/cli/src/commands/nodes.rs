@@ -14,11 +14,11 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::{AdminMark, NodeAdmin, NodeHeartbeat};
 
-use crate::cli::GlobalArgs;
 use crate::commands::queue::{Cluster, NodeState, node_row, node_state_name, source_name};
-use crate::commands::{print, print_json, println};
+use crate::console::{print, print_json, println};
 use crate::errors::plain;
 use crate::human;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 use crate::tables::Table;
 
@@ -30,8 +30,8 @@ pub struct NodesArgs {
     pub json: bool,
 }
 
-pub async fn run(global: &GlobalArgs, args: &NodesArgs) -> Result<ExitCode> {
-    let session = Session::connect(global).await?;
+pub async fn run(connection: &ConnectionArgs, args: &NodesArgs) -> Result<ExitCode> {
+    let session = Session::connect(connection).await?;
     let js = &session.js;
     // The records say which jobs run where (a job assigned but not started yet is not in the
     // heartbeat): a drained node is `draining` until they are done. Only their states are

@@ -23,9 +23,9 @@ use mgpu_protocol::node::{GpuSource, NodeAdmin, NodeHeartbeat, NodeLiveness};
 use mgpu_protocol::priority::{Policy, UsageBook, effective_priority};
 use serde::Serialize;
 
-use crate::cli::GlobalArgs;
 use crate::errors::plain;
 use crate::human;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 use crate::tables::Table;
 
@@ -190,8 +190,8 @@ fn held_by(job: &JobRecord) -> Option<&str> {
     }
 }
 
-pub async fn run(global: &GlobalArgs, args: &QueueArgs) -> Result<ExitCode> {
-    let session = Session::connect(global).await?;
+pub async fn run(connection: &ConnectionArgs, args: &QueueArgs) -> Result<ExitCode> {
+    let session = Session::connect(connection).await?;
     let js = &session.js;
     // Three independent reads: their round trips overlap.
     let (jobs, nodes, cluster) = tokio::try_join!(

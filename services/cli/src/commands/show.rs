@@ -11,10 +11,10 @@ use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, OnTimeout};
 
-use crate::cli::GlobalArgs;
-use crate::commands::{print, print_json};
+use crate::console::{print, print_json};
 use crate::errors::plain;
 use crate::human;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 
 #[derive(Debug, Args)]
@@ -28,8 +28,8 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
-pub async fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<ExitCode> {
-    let session = Session::connect(global).await?;
+pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCode> {
+    let session = Session::connect(connection).await?;
     let id = records::resolve_job(&session.js, &args.id)
         .await
         .map_err(plain)?;

@@ -14,8 +14,6 @@
 //! ```
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -26,6 +24,7 @@ pub use mgpu_protocol::principals::{
 };
 use mgpu_protocol::subjects;
 
+use super::files::{write_atomically, write_secret};
 use super::tls::{TlsFiles, render_tls_block};
 
 pub const AUTH_CONF_FILE: &str = "auth.conf";
@@ -222,25 +221,6 @@ pub fn permissions(role: Role, name: &str, public_key: &str) -> Permissions {
             }
         }
     }
-}
-
-/// Writes a file only its owner can read, never leaving it readable by others even briefly.
-pub fn write_secret(path: &Path, contents: &str) -> std::io::Result<()> {
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(contents.as_bytes())?;
-    file.sync_all()
-}
-
-/// Writes next to the target, then renames over it, so readers never see half a file.
-pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, contents)?;
-    fs::rename(&tmp, path)
 }
 
 /// A complete single-server nats-server configuration that includes `auth.conf`; with `tls`,

@@ -28,7 +28,7 @@ use rcgen::{
 };
 use serde_json::json;
 
-use super::auth::{write_atomically, write_secret};
+use super::files::{write_atomically, write_secret};
 
 pub const CA_CERT_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca-key.pem";

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::SubmitArgs;
 use super::dedup::{Existing, Match};
-use crate::commands::{print_json, println};
+use crate::console::{self, print_json, println};
 use crate::human;
 use crate::parse::ArraySpec;
 use crate::publish;
@@ -96,7 +96,7 @@ pub async fn submit(
         print_json(&value)?;
     } else if args.quiet {
         let ids: String = submitted.iter().map(|(_, id)| format!("{id}\n")).collect();
-        crate::commands::print(&ids)?;
+        crate::console::print(&ids)?;
     } else if let Some(text) = summary(&array_id, &submitted, array.max_running) {
         println(&text)?;
     }
@@ -109,7 +109,7 @@ pub async fn submit(
         );
         // Like a single duplicate: with -q, stdout keeps only ids.
         if args.quiet {
-            human::stderr_line(&sentence);
+            console::stderr_line(&sentence);
         } else {
             println(&sentence)?;
         }

@@ -24,21 +24,20 @@ use mgpu_protocol::job::SubmitRequest;
 
 use super::dedup::Existing;
 use super::{SubmitArgs, capture_environment, resolve_ids, resolve_workdir};
-use crate::cli::GlobalArgs;
-use crate::commands::println;
-use crate::human;
+use crate::console::{self, println};
 use crate::jobfile::{self, Defaults, Entry, FileError, Format};
 use crate::profiles::LazyProfiles;
 use crate::publish;
+use crate::session::ConnectionArgs;
 use crate::session::Session;
 
 /// How often a watched file is looked at.
 const POLL: Duration = Duration::from_secs(1);
 
-pub async fn run(global: &GlobalArgs, args: &SubmitArgs, path: &Path) -> Result<ExitCode> {
+pub async fn run(connection: &ConnectionArgs, args: &SubmitArgs, path: &Path) -> Result<ExitCode> {
     // A mistyped path fails before connecting.
     let text = read(path)?;
-    let session = Session::connect(global).await?;
+    let session = Session::connect(connection).await?;
     let defaults = Defaults {
         workdir: resolve_workdir(args.workdir.as_deref())?,
         env: capture_environment(),
@@ -69,7 +68,7 @@ pub async fn run(global: &GlobalArgs, args: &SubmitArgs, path: &Path) -> Result<
     }
     if args.watch {
         if !args.quiet {
-            human::stderr_line(&format!(
+            console::stderr_line(&format!(
                 "Watching {} for new jobs; Ctrl+C stops.",
                 run.name
             ));
@@ -156,7 +155,7 @@ impl FileRun {
             Ok(entries) => entries,
             Err(err) => {
                 if self.last_file_error.as_ref() != Some(&err) {
-                    human::stderr_line(&format!("{}:{}: {}", self.name, err.line, err.message));
+                    console::stderr_line(&format!("{}:{}: {}", self.name, err.line, err.message));
                     self.tally.bad += 1;
                     self.last_file_error = Some(err);
                 }
@@ -232,7 +231,7 @@ impl FileRun {
                         (Some(Ok(())), Some(id)) => self.submitted(line, id)?,
                         (Some(Err(err)), _) => {
                             self.tally.failed += 1;
-                            human::stderr_line(&format!(
+                            console::stderr_line(&format!(
                                 "{}:{line}: not submitted: {err:#}",
                                 self.name
                             ));
@@ -258,7 +257,7 @@ impl FileRun {
 
     fn bad(&mut self, line: usize, message: &str) {
         self.tally.bad += 1;
-        human::stderr_line(&format!("{}:{line}: {message}", self.name));
+        console::stderr_line(&format!("{}:{line}: {message}", self.name));
     }
 
     fn skipped(&mut self, line: usize, why: &str) -> Result<()> {
@@ -266,7 +265,7 @@ impl FileRun {
         let text = format!("{}:{line}: skipped: {why}", self.name);
         // With -q stdout carries only the ids of submitted jobs.
         if self.quiet {
-            human::stderr_line(&text);
+            console::stderr_line(&text);
         } else {
             println(&text)?;
         }
@@ -330,7 +329,7 @@ async fn watch(run: &mut FileRun, path: &Path, mut consumed: Consumed) -> Result
                 // lasting problem is reported, once.
                 let text = format!("{}: cannot read: {err}", run.name);
                 if unsettled && unreadable.as_deref() != Some(text.as_str()) {
-                    human::stderr_line(&text);
+                    console::stderr_line(&text);
                     unreadable = Some(text);
                 }
                 unsettled = true;
@@ -351,7 +350,7 @@ async fn watch(run: &mut FileRun, path: &Path, mut consumed: Consumed) -> Result
         let text = match read(path) {
             Ok(text) => text,
             Err(err) => {
-                human::stderr_line(&format!("{err:#}"));
+                console::stderr_line(&format!("{err:#}"));
                 continue;
             }
         };
@@ -359,7 +358,7 @@ async fn watch(run: &mut FileRun, path: &Path, mut consumed: Consumed) -> Result
             Some(skip) => skip,
             None => {
                 if !run.quiet {
-                    human::stderr_line(&format!(
+                    console::stderr_line(&format!(
                         "{} changed other than by appending: reading it again from the top",
                         run.name
                     ));

@@ -2,6 +2,7 @@
 //! JetStream, then (with `-i`) follow it.
 
 mod array;
+mod attach;
 mod dedup;
 mod file;
 
@@ -19,10 +20,10 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobSpec, NodeGpuIds, OnTimeout, SubmitRequest};
 use serde_json::json;
 
-use crate::cli::GlobalArgs;
-use crate::commands::{attach, print_json, println};
+use crate::session::ConnectionArgs;
+
+use crate::console::{self, print_json, println};
 use crate::errors::plain;
-use crate::human;
 use crate::parse::{self, ArraySpec, GpuIds};
 use crate::profiles::{self, LazyProfiles};
 use crate::publish;
@@ -210,15 +211,15 @@ fn parse_time_limit(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
 }
 
-pub async fn run(global: &GlobalArgs, args: &SubmitArgs) -> Result<ExitCode> {
+pub async fn run(connection: &ConnectionArgs, args: &SubmitArgs) -> Result<ExitCode> {
     check_flags(args)?;
     if let Some(path) = &args.file {
-        return file::run(global, args, path).await;
+        return file::run(connection, args, path).await;
     }
     // Mistakes in the request are reported before (and without) reaching the server.
     let mut profiles = LazyProfiles::new(args.profiles.clone());
     let mut spec = build_spec(args, &mut profiles)?;
-    let session = Session::connect(global).await?;
+    let session = Session::connect(connection).await?;
     spec.after = resolve_ids(&session, &args.after).await?;
     spec.after_any = resolve_ids(&session, &args.after_any).await?;
     spec.validate().map_err(plain)?;
@@ -246,7 +247,7 @@ pub async fn run(global: &GlobalArgs, args: &SubmitArgs) -> Result<ExitCode> {
     if args.interactive {
         if !args.quiet {
             // With -i stdout carries the job's own output, so our message goes to stderr.
-            human::stderr_line(&format!("Submitted job {id}"));
+            console::stderr_line(&format!("Submitted job {id}"));
         }
         return attach::follow(&session, &id, args.quiet).await;
     }
@@ -281,7 +282,7 @@ fn report_duplicate(args: &SubmitArgs, existing: &dedup::Match) -> Result<()> {
         print_json(&json!({ "id": null, "duplicate_of": existing.id }))
     } else if args.quiet {
         // Stdout stays empty, so `id=$(mgpu submit -q …)` holds no id that was not submitted.
-        human::stderr_line(&sentence);
+        console::stderr_line(&sentence);
         Ok(())
     } else {
         Ok(println(&sentence)?)
@@ -409,7 +410,7 @@ pub(crate) fn capture_environment() -> BTreeMap<String, String> {
             (Some(k), Some(v)) => {
                 env.insert(k.to_owned(), v.to_owned());
             }
-            _ => human::stderr_line(&format!(
+            _ => console::stderr_line(&format!(
                 "warning: not passing environment variable {} to the job: it is not valid UTF-8",
                 key.to_string_lossy()
             )),

@@ -18,6 +18,7 @@ use mgpu_protocol::job::{JobRecord, JobState, WaitReason};
 use mgpu_protocol::subjects;
 use tokio::time::Instant;
 
+use crate::console;
 use crate::errors::{lookup, plain};
 use crate::follow::{self, Chunk};
 use crate::human;
@@ -68,7 +69,7 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
                     continue;
                 }
                 status.finish();
-                human::stderr_line(&format!(
+                console::stderr_line(&format!(
                     "Detached from job {short}; it keeps running. Follow it with: mgpu logs -f {short}",
                     short = id.short()
                 ));
@@ -105,7 +106,7 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
                 };
                 let Some(record) = change? else {
                     status.finish();
-                    human::stderr_line(&format!("mgpu: job {} was removed", id.short()));
+                    console::stderr_line(&format!("mgpu: job {} was removed", id.short()));
                     return Ok(ExitCode::FAILURE);
                 };
                 if let Some(code) = watcher.update(record, &mut status, session) {
@@ -125,7 +126,7 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
                     serde_json::from_slice::<JobEvent>(&event.payload)
                 {
                     status.finish();
-                    human::stderr_line(&format!(
+                    console::stderr_line(&format!(
                         "mgpu: the scheduler rejected job {}: {reason}",
                         id.short()
                     ));
@@ -299,7 +300,7 @@ impl Watcher {
         };
         if let Some(what) = what {
             let reason = reason.map(|r| format!(": {r}")).unwrap_or_default();
-            human::stderr_line(&format!("mgpu: job {} {what}{reason}", self.id.short()));
+            console::stderr_line(&format!("mgpu: job {} {what}{reason}", self.id.short()));
         }
         if never_ran {
             return ExitCode::FAILURE;
@@ -347,7 +348,7 @@ async fn forward_stdin(
         .name("stdin".into())
         .spawn(move || read_stdin(&sender));
     if let Err(err) = reader {
-        human::stderr_line(&format!(
+        console::stderr_line(&format!(
             "mgpu: cannot read stdin, the job gets no input: {err}"
         ));
     }
@@ -359,14 +360,14 @@ async fn forward_stdin(
         if let Err(err) =
             mgpu_nats::signing::sign(&key, &subject, &chunk, mgpu_protocol::now(), &mut headers)
         {
-            human::stderr_line(&format!("mgpu: cannot sign input for the job: {err}"));
+            console::stderr_line(&format!("mgpu: cannot sign input for the job: {err}"));
             return;
         }
         if let Err(err) = client
             .publish_with_headers(subject.clone(), headers, chunk)
             .await
         {
-            human::stderr_line(&format!("mgpu: cannot send input to the job: {err}"));
+            console::stderr_line(&format!("mgpu: cannot send input to the job: {err}"));
             return;
         }
         if last {
@@ -384,7 +385,7 @@ fn read_stdin(sender: &tokio::sync::mpsc::Sender<Bytes>) {
             Ok(read) => read,
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(err) => {
-                human::stderr_line(&format!(
+                console::stderr_line(&format!(
                     "mgpu: reading stdin failed, closing the job's input: {err}"
                 ));
                 0
@@ -429,7 +430,7 @@ impl StatusLine {
             let _ = err.flush();
             self.open = true;
         } else {
-            human::stderr_line(text);
+            console::stderr_line(text);
         }
     }
 
@@ -439,14 +440,14 @@ impl StatusLine {
             return;
         }
         self.finish();
-        human::stderr_line(text);
+        console::stderr_line(text);
     }
 
     /// Ends a rewritable line so that what follows starts on a line of its own.
     fn finish(&mut self) {
         if self.open {
             self.open = false;
-            human::stderr_line("");
+            console::stderr_line("");
         }
     }
 }
