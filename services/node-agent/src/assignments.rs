@@ -402,8 +402,9 @@ mod tests {
         use proptest::prelude::*;
 
         use super::super::*;
+        use crate::environment::job_environment;
         use crate::running::AttemptKey;
-        use crate::script::{build_script, job_environment};
+        use crate::script::build_script;
 
         fn assignment() -> serde_json::Value {
             let mut spec = JobSpec::new(vec!["python".into(), "a.py".into()], "/tmp");

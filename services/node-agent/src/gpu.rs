@@ -1,14 +1,11 @@
-//! GPU discovery behind one small trait, [`GpuProbe`]: NVML where an NVIDIA driver is present
-//! ([`crate::nvml::NvmlProbe`]), a declared inventory ([`DeclaredProbe`]) where it is not or
-//! where the operator overrides it. [`choose_probe`] applies the `--gpus` / `--fallback-gpus`
-//! rules.
+//! GPU discovery behind one small trait, [`GpuProbe`], and the probe that needs no driver:
+//! [`DeclaredProbe`], the inventory the operator declared. The NVML probe implements the
+//! trait in `nvml.rs`; which probe an agent uses is decided in `gpu_choice.rs`. This module
+//! imports neither, so the probes depend on the trait and never the other way round.
 
-use anyhow::bail;
 use mgpu_protocol::node::{GpuSource, GpuStatus};
-use tracing::{info, warn};
 
 use crate::gpu_spec::DeclaredSpec;
-use crate::nvml::NvmlProbe;
 
 /// Something that can tell what the node's GPUs are doing now.
 ///
@@ -62,37 +59,6 @@ impl GpuProbe for DeclaredProbe {
     }
 }
 
-/// Picks the probe: `--gpus` always wins; otherwise NVML, and when NVML cannot start,
-/// `--fallback-gpus` (with a note saying why) or a startup error telling the operator what to pass.
-pub fn choose_probe(
-    node: &str,
-    declared: Option<&DeclaredSpec>,
-    fallback: Option<&DeclaredSpec>,
-) -> anyhow::Result<Box<dyn GpuProbe>> {
-    if let Some(spec) = declared {
-        info!(inventory = %spec, "using the declared GPU inventory (--gpus)");
-        return Ok(Box::new(DeclaredProbe::new(node, spec, None)));
-    }
-    match NvmlProbe::init() {
-        Ok(probe) => {
-            info!("reading GPUs through NVML");
-            Ok(Box::new(probe))
-        }
-        Err(nvml_error) => {
-            let Some(spec) = fallback else {
-                bail!(
-                    "NVML is not available on this host ({nvml_error}); declare its GPUs with \
-                     --gpus COUNTxSIZE (e.g. --gpus 2x24GiB), or pass --fallback-gpus to use a \
-                     declared inventory only where NVML is missing"
-                );
-            };
-            let note = format!("NVML unavailable ({nvml_error}); using declared inventory {spec}");
-            warn!("{note}");
-            Ok(Box::new(DeclaredProbe::new(node, spec, Some(note))))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,14 +79,5 @@ mod tests {
         assert_eq!(gpus[2].memory_used_mib, 0);
         assert_eq!(probe.source(), GpuSource::Declared);
         assert_eq!(probe.note(), None);
-    }
-
-    #[test]
-    fn declared_inventory_overrides_nvml_and_keeps_no_note() {
-        let Ok(spec) = parse_gpu_spec("2x24GiB") else {
-            panic!("spec did not parse");
-        };
-        let probe = choose_probe("n1", Some(&spec), None);
-        assert!(probe.is_ok_and(|p| p.source() == GpuSource::Declared && p.note().is_none()));
     }
 }

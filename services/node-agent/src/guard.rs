@@ -5,7 +5,7 @@
 //! small static binary installed beside the agent, `services/job-guard`), or where that is
 //! missing (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this
 //! module; both behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command
-//! itself (see `script::launch`). ACCOUNT is `UID:GID:GROUPS` for `mgpu-job-guard` to switch
+//! itself (see `launch.rs`). ACCOUNT is `UID:GID:GROUPS` for `mgpu-job-guard` to switch
 //! to once it has opened CONTACT_FILE, or `-`: this module never switches (started as root, a
 //! dynamically linked program would load libraries under the job's `LD_LIBRARY_PATH`), so for
 //! it the agent switches the child before the exec, and passes CONTACT_FILE as an inherited

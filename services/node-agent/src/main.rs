@@ -10,13 +10,17 @@
 mod address;
 mod assignments;
 mod cli;
+mod environment;
 mod fence;
 mod gpu;
+mod gpu_choice;
 mod gpu_spec;
 mod guard;
 mod heartbeat;
+mod hostfile;
 mod input;
 mod job;
+mod launch;
 mod nvml;
 mod output;
 mod reconcile;
@@ -27,6 +31,7 @@ mod script;
 mod shutdown;
 mod state_file;
 mod throttle;
+mod watch;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -100,7 +105,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         None => cli::short_hostname().context("cannot tell this host's name; pass --node NAME")?,
     };
     mgpu_protocol::ids::validate_node_name(&node).map_err(|err| anyhow!("--node: {err}"))?;
-    let mut probe = gpu::choose_probe(&node, args.gpus.as_ref(), args.fallback_gpus.as_ref())?;
+    let mut probe =
+        gpu_choice::choose_probe(&node, args.gpus.as_ref(), args.fallback_gpus.as_ref())?;
     if args.print_gpus {
         return cli::print_gpus(probe.as_mut());
     }

@@ -3,7 +3,7 @@
 //!
 //! A SIGKILLed agent leaves its jobs running (each leads its own process group), but their
 //! output pipes died with it, and the scheduler will run them again elsewhere. The next agent
-//! reads this file before taking work and stops those orphans ([`crate::reconcile`]), so no
+//! reads this file before taking work and stops those orphans (`reconcile.rs`), so no
 //! attempt keeps running where it is no longer wanted.
 //!
 //! An attempt is recorded as soon as its process is spawned (before the assignment is
