@@ -22,25 +22,27 @@
 //! The binaries come from the cargo target directory the tests run from; `scripts/test.sh`
 //! builds them first. The nats-server is `$MGPU_NATS_SERVER`, else `.tools/bin/nats-server`,
 //! else the one on PATH.
+//!
+//! This file owns the cluster's processes (starting, killing and reaping them) and the small
+//! helpers stories share; the principals' keys, the server configuration and NATS clients are
+//! in `auth.rs`, the components' logs in `logs.rs`, the CLI helpers in `cli.rs`, the failures
+//! stories cause in `faults.rs`, and clusters of several nats-servers in `nats_cluster.rs`.
 
-use std::collections::BTreeMap;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use mgpu_cli::setup::auth::{Registry, RegistryFiles, Role, render_server_conf};
-use mgpu_cli::setup::tls::{ensure_certificates, server_hosts};
-use mgpu_nats::connect::read_seed;
-use mgpu_nats::records;
-use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat};
-use mgpu_protocol::subjects;
+use mgpu_cli::setup::auth::Role;
 use serde_json::Value;
 
+mod auth;
 mod cli;
 mod faults;
+mod logs;
 mod nats_cluster;
 pub use faults::process_running;
+pub use logs::without_colours;
 
 /// Heartbeat interval the agents use in tests (short, so node changes are seen quickly).
 pub const HEARTBEAT: &str = "200ms";
@@ -262,30 +264,8 @@ impl Cluster {
     fn prepare(nodes: &[NodeSpec], tls: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let auth_dir = dir.path().join("auth");
-        let mut registry = Registry::default();
-        let add = |registry: &mut Registry, role, name: &str| {
-            registry
-                .add(&auth_dir, role, name)
-                .unwrap_or_else(|e| panic!("adding {name}: {e}"));
-        };
-        add(&mut registry, Role::Scheduler, "scheduler");
-        add(&mut registry, Role::Admin, "admin");
-        add(&mut registry, Role::User, "alice");
-        add(&mut registry, Role::User, "bob");
-        for node in nodes {
-            add(&mut registry, Role::Node, &node.name);
-        }
-        registry
-            .save(&auth_dir)
-            .unwrap_or_else(|e| panic!("saving auth: {e}"));
-        let certificates = tls.then(|| {
-            ensure_certificates(&auth_dir, &server_hosts(&[]))
-                .unwrap_or_else(|e| panic!("making certificates: {e}"))
-        });
-        let tls_files = certificates.as_ref().map(|c| &c.files);
-        let port = free_port();
-        let conf = render_server_conf(port, &dir.path().join("jetstream"), "mgpu-test", tls_files);
-        std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
+        auth::write_principals(&auth_dir, nodes);
+        let (port, ca) = auth::write_server_conf(&auth_dir, &dir.path().join("jetstream"), tls);
         std::fs::create_dir_all(dir.path().join("logs")).unwrap_or_else(|e| panic!("{e}"));
         Cluster {
             dir,
@@ -298,22 +278,8 @@ impl Cluster {
             scheduler_args: Vec::new(),
             cli_env: Vec::new(),
             nats_cluster: None,
-            ca: tls_files.map(|files| files.ca_file.clone()),
+            ca,
         }
-    }
-
-    /// The CA certificate clients must trust, when the server requires TLS.
-    pub fn ca(&self) -> Option<&Path> {
-        self.ca.as_deref()
-    }
-
-    /// Gives a component the CA when the server requires TLS, and otherwise makes sure an
-    /// `MGPU_CA` from the developer's shell (`source .mgpu/env`) does not leak into it.
-    fn set_ca_env(&self, command: &mut Command) {
-        match &self.ca {
-            Some(ca) => command.env("MGPU_CA", ca),
-            None => command.env_remove("MGPU_CA"),
-        };
     }
 
     /// Every server's URL, comma-separated, as the components are given it.
@@ -322,29 +288,6 @@ impl Cluster {
             return servers.urls();
         }
         format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// The seed file of a principal.
-    pub fn creds(&self, role: Role, name: &str) -> PathBuf {
-        self.auth_dir
-            .join("keys")
-            .join(format!("{}-{name}.nk", role.as_str()))
-    }
-
-    pub fn user_creds(&self, name: &str) -> PathBuf {
-        self.creds(Role::User, name)
-    }
-
-    pub fn admin_creds(&self) -> PathBuf {
-        self.creds(Role::Admin, "admin")
-    }
-
-    fn log(&self, name: &str) -> std::fs::File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("logs").join(format!("{name}.log")))
-            .unwrap_or_else(|e| panic!("log file: {e}"))
     }
 
     fn start_nats(&mut self) {
@@ -398,11 +341,6 @@ impl Cluster {
             .iter()
             .map(|(_, child)| child.id())
             .collect()
-    }
-
-    /// A component's log file (`scheduler`, `nats-server`, a node's name).
-    pub fn log_path(&self, name: &str) -> PathBuf {
-        self.dir.path().join("logs").join(format!("{name}.log"))
     }
 
     /// SIGKILLs every scheduler replica: no chance to clean up, as in a crash.
@@ -465,126 +403,6 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("starting agent {name}: {e}"));
         self.agents.push((name.to_owned(), child));
     }
-
-    /// Runs `work` with a NATS client connected with `creds`, on a runtime of its own: the
-    /// stories are synchronous, and a few speak NATS directly (as a node, as an admin).
-    pub fn with_nats<T, Fut>(&self, creds: &Path, work: impl FnOnce(async_nats::Client) -> Fut) -> T
-    where
-        Fut: std::future::Future<Output = T>,
-    {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("tokio runtime: {e}"));
-        runtime.block_on(async {
-            let client = self.connect(&self.server_url(), creds).await;
-            let result = work(client.clone()).await;
-            let _ = client.flush().await;
-            result
-        })
-    }
-
-    /// A NATS client connected with `creds` to `urls` (comma-separated), as mgpu's own
-    /// clients connect: for stories that keep one client across several steps.
-    pub async fn connect(&self, urls: &str, creds: &Path) -> async_nats::Client {
-        let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
-        // The inbox every mgpu client uses (users may subscribe to theirs only).
-        let public_key = nkeys::KeyPair::from_seed(&seed)
-            .map(|pair| pair.public_key())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut options = async_nats::ConnectOptions::with_nkey(seed)
-            .custom_inbox_prefix(mgpu_protocol::principals::inbox_prefix(&public_key));
-        if let Some(ca) = &self.ca {
-            options = options.require_tls(true).add_root_certificates(ca.clone());
-        }
-        options
-            .connect(mgpu_nats::connect::server_list(urls))
-            .await
-            .unwrap_or_else(|e| panic!("connecting with {}: {e}", creds.display()))
-    }
-
-    /// Publishes a heartbeat as its node would (with that node's credentials), so a test can
-    /// describe GPUs declared inventories never have: busy with processes mgpu did not start.
-    pub fn publish_heartbeat(&self, beat: &NodeHeartbeat) {
-        let payload = serde_json::to_vec(beat).unwrap_or_else(|e| panic!("{e}"));
-        let subject = subjects::heartbeat(&beat.node);
-        self.with_nats(&self.creds(Role::Node, &beat.node), |client| async move {
-            let js = async_nats::jetstream::new(client);
-            js.publish(subject, payload.into())
-                .await
-                .unwrap_or_else(|e| panic!("publishing a heartbeat: {e}"))
-                .await
-                .unwrap_or_else(|e| panic!("heartbeat not stored: {e}"));
-        });
-    }
-
-    /// Drained nodes and paused GPUs as the scheduler recorded them (empty until it did).
-    pub fn node_admin(&self) -> BTreeMap<String, NodeAdmin> {
-        self.with_nats(&self.admin_creds(), |client| async move {
-            let js = async_nats::jetstream::new(client);
-            records::node_admin(&js).await.unwrap_or_default()
-        })
-    }
-
-    /// Prints the component logs; call before failing to see what happened.
-    ///
-    /// The nats-servers' logs come first and mgpu's after them, and the warnings and errors
-    /// of every log are repeated at the very end: a CI report that keeps only the head and
-    /// the tail of a long output still shows what went wrong.
-    pub fn dump_logs(&self) {
-        let Ok(entries) = std::fs::read_dir(self.dir.path().join("logs")) else {
-            return;
-        };
-        let mut logs: Vec<(bool, PathBuf, String)> = entries
-            .flatten()
-            .map(|entry| {
-                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-                let is_nats = text.contains("Starting nats-server");
-                (!is_nats, entry.path(), text)
-            })
-            .collect();
-        logs.sort();
-        let mut complaints = Vec::new();
-        for (_, path, text) in &logs {
-            eprintln!("===== {} =====\n{text}", path.display());
-            let name = path.file_stem().map(|n| n.to_string_lossy().into_owned());
-            for line in text.lines().map(without_colours) {
-                if ["WARN", "ERROR", "[ERR]", "[WRN]"]
-                    .iter()
-                    .any(|w| line.contains(w))
-                {
-                    complaints.push(format!("{}: {line}", name.as_deref().unwrap_or("?")));
-                }
-            }
-        }
-        let skipped = complaints.len().saturating_sub(MAX_COMPLAINTS_SHOWN);
-        eprintln!("===== warnings and errors of every log ({skipped} earlier ones left out) =====");
-        for line in &complaints[skipped..] {
-            eprintln!("{line}");
-        }
-    }
-}
-
-/// How many warning and error lines [`Cluster::dump_logs`] repeats at the end.
-const MAX_COMPLAINTS_SHOWN: usize = 150;
-
-/// A log line without its terminal escape sequences (colour codes: `ESC [ … m`).
-pub fn without_colours(line: &str) -> String {
-    let mut plain = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // A sequence ends with its first letter.
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
-    plain
 }
 
 impl Drop for Cluster {
@@ -615,19 +433,5 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-}
-
-#[cfg(test)]
-mod log_line_tests {
-    #[test]
-    fn colour_codes_are_taken_out_of_log_lines() {
-        assert_eq!(
-            super::without_colours(
-                "\u{1b}[2m2026-11-23T20:00:00Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m x"
-            ),
-            "2026-11-23T20:00:00Z  WARN x"
-        );
-        assert_eq!(super::without_colours("plain"), "plain");
     }
 }

@@ -8,6 +8,8 @@
 //! 3. `drain_rate`: one-GPU `true` jobs submitted by the CLI loop of 1 to one agent with 8
 //!    declared GPUs, from the first submit to the latest `ended_at` once all succeeded.
 
+use std::collections::HashSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -169,32 +171,23 @@ fn latency_and_drain(ctx: &Run, sizes: &Sizes) -> Result<()> {
     let cluster = Cluster::start(&[NodeSpec::new("node001", "8x24GiB")]);
     let marks = cluster.dir.path().join("marks");
     std::fs::create_dir_all(&marks).with_context(|| format!("creating {}", marks.display()))?;
+    submit_to_start(ctx, &cluster, &marks, sizes.latency_samples)?;
+    drain(ctx, &cluster, sizes.drain_jobs)
+}
 
+/// Scenario 2: `samples` jobs submitted one at a time on the idle node, each timed from just
+/// before its CLI is spawned to the start time the job writes into `marks`.
+fn submit_to_start(ctx: &Run, cluster: &Cluster, marks: &Path, samples: usize) -> Result<()> {
     progress(&format!(
-        "(2) submit -> first instruction, {} samples",
-        sizes.latency_samples
+        "(2) submit -> first instruction, {samples} samples"
     ));
-    let mut samples = Vec::with_capacity(sizes.latency_samples);
-    for i in 0..sizes.latency_samples {
-        let file = marks.join(format!("{i}"));
-        let command = format!(
-            "date +%s%N > {tmp} && mv {tmp} {file}",
-            tmp = marks.join(format!("{i}.tmp")).display(),
-            file = file.display()
-        );
-        let t0 = now_ns()?;
-        run_mgpu(&cluster, &["submit", "-q", "--", &command])?;
-        let started: i128 = wait_until(
-            "the job to write its start time",
-            Duration::from_secs(30),
-            Duration::from_millis(1),
-            || read_ns(&file),
-        )?;
-        samples.push((started - t0) as f64 / 1e6);
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        latencies.push(one_submit_to_start(cluster, marks, i)?);
         // Let the job end so the next sample finds an idle cluster.
         std::thread::sleep(Duration::from_millis(100));
     }
-    let summary = summarize(&samples)?;
+    let summary = summarize(&latencies)?;
     ctx.report(
         "submit_to_start_latency",
         summary.median,
@@ -206,42 +199,39 @@ fn latency_and_drain(ctx: &Run, sizes: &Sizes) -> Result<()> {
         "ms from CLI spawn to the job's `date +%s%N`",
         json!({}),
     );
+    Ok(())
+}
 
+/// One sample of scenario 2, in ms: submits a job that writes `date +%s%N` to `marks/<i>`
+/// and waits for the file.
+fn one_submit_to_start(cluster: &Cluster, marks: &Path, i: usize) -> Result<f64> {
+    let file = marks.join(format!("{i}"));
+    let command = format!(
+        "date +%s%N > {tmp} && mv {tmp} {file}",
+        tmp = marks.join(format!("{i}.tmp")).display(),
+        file = file.display()
+    );
+    let t0 = now_ns()?;
+    run_mgpu(cluster, &["submit", "-q", "--", &command])?;
+    let started: i128 = wait_until(
+        "the job to write its start time",
+        Duration::from_secs(30),
+        Duration::from_millis(1),
+        || read_ns(&file),
+    )?;
+    Ok((started - t0) as f64 / 1e6)
+}
+
+/// Scenario 3: `jobs` one-GPU `true` jobs submitted by the CLI loop, from the first submit to
+/// the latest `ended_at` once all succeeded.
+fn drain(ctx: &Run, cluster: &Cluster, jobs: usize) -> Result<()> {
     progress(&format!(
-        "(3) drain: {} x `mgpu submit -- true` to 8 GPUs",
-        sizes.drain_jobs
+        "(3) drain: {jobs} x `mgpu submit -- true` to 8 GPUs"
     ));
     let first_submit = chrono::Utc::now();
-    let (ids, durations, submit_wall) = submit_loop(&cluster, sizes.drain_jobs)?;
-    let ids: std::collections::HashSet<String> = ids.into_iter().collect();
-    let last_end = wait_until(
-        "every drain job to succeed",
-        Duration::from_secs(600),
-        Duration::from_secs(1),
-        || {
-            let jobs = all_jobs(&cluster)?;
-            let mine: Vec<&Value> = jobs
-                .iter()
-                .filter(|j| j["id"].as_str().is_some_and(|id| ids.contains(id)))
-                .collect();
-            if let Some(bad) = mine.iter().find(|j| {
-                matches!(
-                    j["state"].as_str(),
-                    Some("failed" | "cancelled" | "timed_out" | "node_failed")
-                )
-            }) {
-                bail!("a drain job did not succeed: {bad}");
-            }
-            let done: Vec<chrono::DateTime<chrono::Utc>> = mine
-                .iter()
-                .filter(|j| j["state"] == "succeeded")
-                .filter_map(|j| j["ended_at"].as_str()?.parse().ok())
-                .collect();
-            Ok((done.len() == ids.len())
-                .then(|| done.into_iter().max())
-                .flatten())
-        },
-    )?;
+    let (ids, durations, submit_wall) = submit_loop(cluster, jobs)?;
+    let ids: HashSet<String> = ids.into_iter().collect();
+    let last_end = wait_drained(cluster, &ids)?;
     let span = (last_end - first_submit)
         .to_std()
         .context("the last job ended before the first submit")?;
@@ -263,4 +253,37 @@ fn latency_and_drain(ctx: &Run, sizes: &Sizes) -> Result<()> {
         }),
     );
     Ok(())
+}
+
+/// Waits until every job in `ids` succeeded (an error as soon as one did not); returns the
+/// latest `ended_at` among them.
+fn wait_drained(cluster: &Cluster, ids: &HashSet<String>) -> Result<chrono::DateTime<chrono::Utc>> {
+    wait_until(
+        "every drain job to succeed",
+        Duration::from_secs(600),
+        Duration::from_secs(1),
+        || {
+            let jobs = all_jobs(cluster)?;
+            let mine: Vec<&Value> = jobs
+                .iter()
+                .filter(|j| j["id"].as_str().is_some_and(|id| ids.contains(id)))
+                .collect();
+            if let Some(bad) = mine.iter().find(|j| {
+                matches!(
+                    j["state"].as_str(),
+                    Some("failed" | "cancelled" | "timed_out" | "node_failed")
+                )
+            }) {
+                bail!("a drain job did not succeed: {bad}");
+            }
+            let done: Vec<chrono::DateTime<chrono::Utc>> = mine
+                .iter()
+                .filter(|j| j["state"] == "succeeded")
+                .filter_map(|j| j["ended_at"].as_str()?.parse().ok())
+                .collect();
+            Ok((done.len() == ids.len())
+                .then(|| done.into_iter().max())
+                .flatten())
+        },
+    )
 }

@@ -5,11 +5,12 @@
 //! no timing.
 //!
 //! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `queue` (4 with 100 000 jobs waiting, see
-//! [`queue`]), `scale` (5, see [`scale`]), `output` (6: job output throughput and line
+//! [`queue`]), `scale` (5, see [`scale`], its simulated nodes in [`fleet`]), `output` (6: job output throughput and line
 //! latency, see [`output`]), `recovery` (7, see [`recovery`]).
 
 mod cli;
 mod common;
+mod fleet;
 mod output;
 mod queue;
 mod recovery;

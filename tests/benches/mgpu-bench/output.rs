@@ -89,77 +89,124 @@ struct Reading {
     slice_rates: Vec<f64>,
 }
 
+/// The output throughput scenario: `sizes.runs` jobs each writing `sizes.bytes`, each read by
+/// a `mgpu logs -f` while it runs.
 fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Path) -> Result<()> {
-    let mb = sizes.bytes as f64 / 1e6;
     progress(&format!(
         "(6) {} x a job writing {} MiB to stdout, read by `mgpu logs -f`",
         sizes.runs,
         sizes.bytes >> 20
     ));
-    let mut run_rates = Vec::with_capacity(sizes.runs);
-    let mut slice_rates = Vec::new();
-    let mut first_byte_ms = Vec::with_capacity(sizes.runs);
-    let mut rates_from_first_byte = Vec::with_capacity(sizes.runs);
-    let mut chunks = Vec::with_capacity(sizes.runs);
-    // CPU seconds of the cluster's processes and the reader over all runs, by program.
-    let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
+    let mut runs = ThroughputRuns {
+        run_rates: Vec::with_capacity(sizes.runs),
+        slice_rates: Vec::new(),
+        first_byte_ms: Vec::with_capacity(sizes.runs),
+        rates_from_first_byte: Vec::with_capacity(sizes.runs),
+        chunks: Vec::with_capacity(sizes.runs),
+        cpu: BTreeMap::new(),
+    };
     for run in 0..sizes.runs {
-        let started_file = marks.join(format!("output-{run}"));
-        let command = format!(
-            "sleep {START_DELAY}; date +%s%N > {tmp} && mv {tmp} {file}; yes '{LINE}' | head -c {bytes}",
-            tmp = marks.join(format!("output-{run}.tmp")).display(),
-            file = started_file.display(),
-            bytes = sizes.bytes,
-        );
-        let cpu_before = children_cpu()?;
-        let id = run_mgpu(cluster, &["submit", "-q", "--", &command])?
-            .trim()
-            .to_owned();
-        let mut reader = cluster
-            .mgpu_command(&cluster.user_creds("alice"), &["logs", "-f", &id])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting mgpu logs -f")?;
-        let reading = read_all(&mut reader, sizes.bytes)?;
-        // Before `wait`, while the exited reader is still our (zombie) child and counted.
-        let mut run_cpu = Vec::new();
-        for (name, after) in children_cpu()? {
-            let spent = after - cpu_before.get(&name).copied().unwrap_or(0.0);
-            *cpu.entry(name.clone()).or_insert(0.0) += spent;
-            if spent > 0.05 {
-                run_cpu.push(format!("{name} {spent:.2}"));
-            }
-        }
-        let status = reader.wait().context("waiting for mgpu logs -f")?;
-        if !status.success() {
-            bail!("mgpu logs -f {id} exited with {status}");
-        }
-        let job_start = wait_until(
-            "the job's start time",
-            Duration::from_secs(10),
-            Duration::from_millis(10),
-            || read_ns(&started_file),
-        )?;
-        if reading.first_ns < job_start {
-            bail!("the reader's first byte came before the job's start");
-        }
-        chunks.push(output_chunks(cluster, &id)?);
-        let seconds = (reading.last_ns - job_start) as f64 / 1e9;
-        let rate = mb / seconds;
-        progress(&format!(
-            "  run {run}: {rate:.1} MB/s over {seconds:.2} s; CPU s: {}",
-            run_cpu.join(", ")
-        ));
-        run_rates.push(rate);
-        first_byte_ms.push(round3((reading.first_ns - job_start) as f64 / 1e6));
-        rates_from_first_byte.push(round3(
-            mb / ((reading.last_ns - reading.first_ns) as f64 / 1e9),
-        ));
-        slice_rates.extend(reading.slice_rates);
+        throughput_run(cluster, sizes, marks, run, &mut runs)?;
     }
-    let median_run = summarize(&run_rates)?.median;
+    report_throughput(ctx, sizes, &runs)
+}
+
+/// What the throughput runs measured, run by run.
+struct ThroughputRuns {
+    /// MB/s from the job's start to the reader's last byte.
+    run_rates: Vec<f64>,
+    /// MB/s over each [`SLICE`] of reading, all runs together.
+    slice_rates: Vec<f64>,
+    first_byte_ms: Vec<f64>,
+    /// MB/s from the reader's first byte to its last.
+    rates_from_first_byte: Vec<f64>,
+    /// Output messages the agent published.
+    chunks: Vec<u64>,
+    /// CPU seconds of the cluster's processes and the reader over all runs, by program.
+    cpu: BTreeMap<String, f64>,
+}
+
+/// Run number `run`: submits the job, reads its output with `mgpu logs -f` and adds what was
+/// measured to `runs`.
+fn throughput_run(
+    cluster: &Cluster,
+    sizes: &Sizes,
+    marks: &std::path::Path,
+    run: usize,
+    runs: &mut ThroughputRuns,
+) -> Result<()> {
+    let mb = sizes.bytes as f64 / 1e6;
+    let started_file = marks.join(format!("output-{run}"));
+    let command = format!(
+        "sleep {START_DELAY}; date +%s%N > {tmp} && mv {tmp} {file}; yes '{LINE}' | head -c {bytes}",
+        tmp = marks.join(format!("output-{run}.tmp")).display(),
+        file = started_file.display(),
+        bytes = sizes.bytes,
+    );
+    let cpu_before = children_cpu()?;
+    let id = run_mgpu(cluster, &["submit", "-q", "--", &command])?
+        .trim()
+        .to_owned();
+    let mut reader = cluster
+        .mgpu_command(&cluster.user_creds("alice"), &["logs", "-f", &id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting mgpu logs -f")?;
+    let reading = read_all(&mut reader, sizes.bytes)?;
+    // Before `wait`, while the exited reader is still our (zombie) child and counted.
+    let run_cpu = add_cpu_since(&cpu_before, &mut runs.cpu)?;
+    let status = reader.wait().context("waiting for mgpu logs -f")?;
+    if !status.success() {
+        bail!("mgpu logs -f {id} exited with {status}");
+    }
+    let job_start = wait_until(
+        "the job's start time",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || read_ns(&started_file),
+    )?;
+    if reading.first_ns < job_start {
+        bail!("the reader's first byte came before the job's start");
+    }
+    runs.chunks.push(output_chunks(cluster, &id)?);
+    let seconds = (reading.last_ns - job_start) as f64 / 1e9;
+    let rate = mb / seconds;
+    progress(&format!(
+        "  run {run}: {rate:.1} MB/s over {seconds:.2} s; CPU s: {}",
+        run_cpu.join(", ")
+    ));
+    runs.run_rates.push(rate);
+    runs.first_byte_ms
+        .push(round3((reading.first_ns - job_start) as f64 / 1e6));
+    runs.rates_from_first_byte.push(round3(
+        mb / ((reading.last_ns - reading.first_ns) as f64 / 1e9),
+    ));
+    runs.slice_rates.extend(reading.slice_rates);
+    Ok(())
+}
+
+/// Adds the CPU seconds each child program spent since `before` to `cpu`; returns the
+/// programs that spent more than 0.05 s, for the progress line (`name seconds`).
+fn add_cpu_since(
+    before: &BTreeMap<String, f64>,
+    cpu: &mut BTreeMap<String, f64>,
+) -> Result<Vec<String>> {
+    let mut run_cpu = Vec::new();
+    for (name, after) in children_cpu()? {
+        let spent = after - before.get(&name).copied().unwrap_or(0.0);
+        *cpu.entry(name.clone()).or_insert(0.0) += spent;
+        if spent > 0.05 {
+            run_cpu.push(format!("{name} {spent:.2}"));
+        }
+    }
+    Ok(run_cpu)
+}
+
+/// Reports `output_throughput`: the median of the runs' rates, the slices as samples.
+fn report_throughput(ctx: &Run, sizes: &Sizes, runs: &ThroughputRuns) -> Result<()> {
+    let median_run = summarize(&runs.run_rates)?.median;
     ctx.report(
         "output_throughput",
         median_run,
@@ -171,18 +218,18 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
             sizes.bytes >> 20,
             sizes.runs
         )),
-        &summarize(&slice_rates)?,
+        &summarize(&runs.slice_rates)?,
         "MB/s over each 250 ms of reading (all runs)",
         json!({
             "bytes": sizes.bytes,
             "runs": sizes.runs,
-            "run_mb_per_s": run_rates.iter().map(|r| round3(*r)).collect::<Vec<_>>(),
-            "first_byte_ms_after_job_start": first_byte_ms,
-            "run_mb_per_s_from_first_byte": rates_from_first_byte,
-            "run_chunks": chunks,
+            "run_mb_per_s": runs.run_rates.iter().map(|r| round3(*r)).collect::<Vec<_>>(),
+            "first_byte_ms_after_job_start": runs.first_byte_ms,
+            "run_mb_per_s_from_first_byte": runs.rates_from_first_byte,
+            "run_chunks": runs.chunks,
             // CPU cost per GiB: what the throughput would be on an idle machine is bounded
             // by these, whatever else runs on it.
-            "cpu_s_per_gib": cpu
+            "cpu_s_per_gib": runs.cpu
                 .iter()
                 .filter(|(_, seconds)| **seconds > 0.0)
                 .map(|(name, seconds)| {
@@ -191,7 +238,7 @@ fn throughput(ctx: &Run, cluster: &Cluster, sizes: &Sizes, marks: &std::path::Pa
                 })
                 .collect::<serde_json::Map<_, _>>(),
             "mean_chunk_kib": round3(sizes.bytes as f64 * sizes.runs as f64
-                / chunks.iter().sum::<u64>().max(1) as f64 / 1024.0),
+                / runs.chunks.iter().sum::<u64>().max(1) as f64 / 1024.0),
         }),
     );
     Ok(())
@@ -322,6 +369,8 @@ fn read_all(reader: &mut Child, expected: u64) -> Result<Reading> {
     })
 }
 
+/// The line latency scenario: a job writing its clock every [`LINE_PAUSE`], timed by a raw
+/// NATS subscriber and by a `mgpu logs -f` at the same time.
 fn line_latency(ctx: &Run, cluster: &Cluster, sizes: &Sizes) -> Result<()> {
     progress(&format!(
         "(6) {} lines written {LINE_PAUSE} s apart, timed by a NATS subscriber and `mgpu logs -f`",
@@ -335,7 +384,7 @@ fn line_latency(ctx: &Run, cluster: &Cluster, sizes: &Sizes) -> Result<()> {
     let (nats_ms, logs_ms) = cluster.with_nats(&creds, |client| async move {
         // Subscribed before the job exists, so its first line cannot be missed; the id is
         // known only after the submit, so every job's output comes and others' is skipped.
-        let mut subscription = client
+        let subscription = client
             .subscribe(mgpu_protocol::subjects::ALL_OUTPUT)
             .await
             .context("subscribing to job output")?;
@@ -344,44 +393,8 @@ fn line_latency(ctx: &Run, cluster: &Cluster, sizes: &Sizes) -> Result<()> {
             .trim()
             .to_owned();
         let subject = format!("jobs.{id}.output");
-        // `mgpu logs -f` on a thread of its own, timing each line as it reads it.
-        let mut follower = cluster
-            .mgpu_command(&cluster.user_creds("alice"), &["logs", "-f", &id])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting mgpu logs -f")?;
-        let follower_out = follower.stdout.take().context("no stdout")?;
-        let timing = std::thread::spawn(move || -> Result<Vec<f64>> {
-            let mut samples = Vec::new();
-            for line in BufReader::new(follower_out).lines() {
-                let arrived = now_ns()?;
-                let written: i128 = line?.trim().parse().context("a line that is no time")?;
-                samples.push((arrived - written) as f64 / 1e6);
-            }
-            Ok(samples)
-        });
-
-        let mut samples = Vec::with_capacity(lines);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30 + lines as u64);
-        while samples.len() < lines {
-            let message = tokio::time::timeout_at(deadline, subscription.next())
-                .await
-                .map_err(|_| anyhow!("{} of {lines} lines came", samples.len()))?
-                .ok_or_else(|| anyhow!("the subscription ended"))?;
-            let arrived = now_ns()?;
-            if message.subject.as_str() != subject || message.payload.is_empty() {
-                continue;
-            }
-            // One read of the agent may hold several lines when the machine is busy; each
-            // counts from its own time.
-            let text = std::str::from_utf8(&message.payload).context("output not UTF-8")?;
-            for line in text.lines() {
-                let written: i128 = line.trim().parse().context("a line that is no time")?;
-                samples.push((arrived - written) as f64 / 1e6);
-            }
-        }
+        let (mut follower, timing) = follow_timed(cluster, &id)?;
+        let samples = subscriber_latencies(subscription, &subject, lines).await?;
         let status = tokio::task::spawn_blocking(move || follower.wait())
             .await
             .context("waiting for mgpu logs -f")??;
@@ -396,8 +409,68 @@ fn line_latency(ctx: &Run, cluster: &Cluster, sizes: &Sizes) -> Result<()> {
         }
         Ok::<_, anyhow::Error>((samples, logs))
     })?;
-    let summary = summarize(&nats_ms)?;
-    let logs = summarize(&logs_ms)?;
+    report_line_latency(ctx, lines, &nats_ms, &logs_ms)
+}
+
+/// Starts `mgpu logs -f ID` and, on a thread of its own, times each line as it reads it: the
+/// latencies in ms, once the reader's output ends.
+fn follow_timed(
+    cluster: &Cluster,
+    id: &str,
+) -> Result<(Child, std::thread::JoinHandle<Result<Vec<f64>>>)> {
+    let mut follower = cluster
+        .mgpu_command(&cluster.user_creds("alice"), &["logs", "-f", id])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting mgpu logs -f")?;
+    let follower_out = follower.stdout.take().context("no stdout")?;
+    let timing = std::thread::spawn(move || -> Result<Vec<f64>> {
+        let mut samples = Vec::new();
+        for line in BufReader::new(follower_out).lines() {
+            let arrived = now_ns()?;
+            let written: i128 = line?.trim().parse().context("a line that is no time")?;
+            samples.push((arrived - written) as f64 / 1e6);
+        }
+        Ok(samples)
+    });
+    Ok((follower, timing))
+}
+
+/// The latency in ms of each of the first `lines` lines arriving on `subject` (others'
+/// output is skipped), from the time written in the line to its arrival.
+async fn subscriber_latencies(
+    mut subscription: async_nats::Subscriber,
+    subject: &str,
+    lines: usize,
+) -> Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(lines);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30 + lines as u64);
+    while samples.len() < lines {
+        let message = tokio::time::timeout_at(deadline, subscription.next())
+            .await
+            .map_err(|_| anyhow!("{} of {lines} lines came", samples.len()))?
+            .ok_or_else(|| anyhow!("the subscription ended"))?;
+        let arrived = now_ns()?;
+        if message.subject.as_str() != subject || message.payload.is_empty() {
+            continue;
+        }
+        // One read of the agent may hold several lines when the machine is busy; each
+        // counts from its own time.
+        let text = std::str::from_utf8(&message.payload).context("output not UTF-8")?;
+        for line in text.lines() {
+            let written: i128 = line.trim().parse().context("a line that is no time")?;
+            samples.push((arrived - written) as f64 / 1e6);
+        }
+    }
+    Ok(samples)
+}
+
+/// Reports `output_line_latency`: the subscriber's latencies, `logs -f`'s beside them.
+fn report_line_latency(ctx: &Run, lines: usize, nats_ms: &[f64], logs_ms: &[f64]) -> Result<()> {
+    let summary = summarize(nats_ms)?;
+    let logs = summarize(logs_ms)?;
     ctx.report(
         "output_line_latency",
         summary.median,

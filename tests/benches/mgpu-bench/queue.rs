@@ -57,18 +57,7 @@ pub fn run(ctx: &Run) -> Result<()> {
         write_wall.as_secs_f64(),
         bytes as f64 / (1024.0 * 1024.0)
     ));
-
-    // One listing checks what the timed runs will list (and warms the server's caches).
-    let listing: Value = serde_json::from_str(&run_mgpu(&cluster, &["queue", "--json"])?)
-        .context("queue --json is not one JSON document")?;
-    let waiting = listing["jobs"]
-        .as_array()
-        .map(|jobs| jobs.iter().filter(|j| j["state"] == "queued").count())
-        .unwrap_or(0);
-    if waiting < jobs {
-        bail!("queue --json lists {waiting} queued jobs, {jobs} were written");
-    }
-    drop(listing);
+    let waiting = check_listing(&cluster, jobs)?;
 
     let suffix = if waiting >= FULL_JOBS {
         "100k".to_owned()
@@ -92,35 +81,10 @@ pub fn run(ctx: &Run) -> Result<()> {
             "{samples} x `mgpu {}` with {waiting} jobs waiting",
             args.join(" ")
         ));
-        let mut totals = Vec::with_capacity(samples);
-        let mut first_bytes = Vec::with_capacity(samples);
-        let mut first_jobs = Vec::with_capacity(samples);
-        let mut out_bytes = 0;
-        for _ in 0..samples {
-            let timing = timed_run(&cluster, &args)?;
-            totals.push(timing.total_ms);
-            first_bytes.push(timing.first_byte_ms);
-            first_jobs.push(timing.first_job_ms);
-            out_bytes = timing.bytes;
-        }
-        let summary = summarize(&totals)?;
-        let first_byte = summarize(&first_bytes)?;
-        let first_job = summarize(&first_jobs)?;
-        let mut extra = common.clone();
-        if let Some(extra) = extra.as_object_mut() {
-            extra.insert("output_bytes".into(), json!(out_bytes));
-            extra.insert(
-                "first_byte_ms_median".into(),
-                json!(round3(first_byte.median)),
-            );
-            extra.insert("first_byte_ms_max".into(), json!(round3(first_byte.max)));
-            // The first job id on stdout: in the table, after the header line.
-            extra.insert(
-                "first_job_ms_median".into(),
-                json!(round3(first_job.median)),
-            );
-            extra.insert("first_job_ms_max".into(), json!(round3(first_job.max)));
-        }
+        let timings = sample(&cluster, &args, samples)?;
+        let summary = summarize(&timings.totals)?;
+        let first_byte = summarize(&timings.first_bytes)?;
+        let first_job = summarize(&timings.first_jobs)?;
         ctx.report(
             &format!("{name}_{suffix}"),
             summary.median,
@@ -130,10 +94,78 @@ pub fn run(ctx: &Run) -> Result<()> {
             Some(target_text.clone()),
             &summary,
             "ms per queue process (spawn to exit, stdout to a pipe)",
-            extra,
+            with_first_output(&common, timings.out_bytes, &first_byte, &first_job),
         );
     }
     Ok(())
+}
+
+/// One untimed `mgpu queue --json` checks what the timed runs will list (and warms the
+/// server's caches); returns how many jobs it lists as queued, at least the `jobs` written.
+fn check_listing(cluster: &Cluster, jobs: usize) -> Result<usize> {
+    let listing: Value = serde_json::from_str(&run_mgpu(cluster, &["queue", "--json"])?)
+        .context("queue --json is not one JSON document")?;
+    let waiting = listing["jobs"]
+        .as_array()
+        .map(|jobs| jobs.iter().filter(|j| j["state"] == "queued").count())
+        .unwrap_or(0);
+    if waiting < jobs {
+        bail!("queue --json lists {waiting} queued jobs, {jobs} were written");
+    }
+    Ok(waiting)
+}
+
+/// The timings of `samples` runs of one command, in ms, and the size of its output.
+struct Samples {
+    totals: Vec<f64>,
+    first_bytes: Vec<f64>,
+    first_jobs: Vec<f64>,
+    /// Bytes on stdout (of the last run).
+    out_bytes: usize,
+}
+
+/// Runs `mgpu ARGS` `samples` times, one after another.
+fn sample(cluster: &Cluster, args: &[&str], samples: usize) -> Result<Samples> {
+    let mut timings = Samples {
+        totals: Vec::with_capacity(samples),
+        first_bytes: Vec::with_capacity(samples),
+        first_jobs: Vec::with_capacity(samples),
+        out_bytes: 0,
+    };
+    for _ in 0..samples {
+        let timing = timed_run(cluster, args)?;
+        timings.totals.push(timing.total_ms);
+        timings.first_bytes.push(timing.first_byte_ms);
+        timings.first_jobs.push(timing.first_job_ms);
+        timings.out_bytes = timing.bytes;
+    }
+    Ok(timings)
+}
+
+/// The fields every queue scenario reports (`common`), with one command's output size and
+/// times to its first byte and first job.
+fn with_first_output(
+    common: &Value,
+    out_bytes: usize,
+    first_byte: &Summary,
+    first_job: &Summary,
+) -> Value {
+    let mut extra = common.clone();
+    if let Some(extra) = extra.as_object_mut() {
+        extra.insert("output_bytes".into(), json!(out_bytes));
+        extra.insert(
+            "first_byte_ms_median".into(),
+            json!(round3(first_byte.median)),
+        );
+        extra.insert("first_byte_ms_max".into(), json!(round3(first_byte.max)));
+        // The first job id on stdout: in the table, after the header line.
+        extra.insert(
+            "first_job_ms_median".into(),
+            json!(round3(first_job.median)),
+        );
+        extra.insert("first_job_ms_max".into(), json!(round3(first_job.max)));
+    }
+    extra
 }
 
 /// A user environment of typical size: `mgpu submit` records the submitter's environment in
