@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
+use mgpu_protocol::node::GpuSource;
+
+use crate::model::nodes::{NodeRow, NodeState};
 
 /// The time from `earlier` to `later`; zero when the clocks disagree about the order.
 pub fn elapsed(earlier: Timestamp, later: Timestamp) -> Duration {
@@ -58,6 +61,23 @@ pub fn index_list(indices: &[u32]) -> String {
         .join(",")
 }
 
+/// A node's state as the tables show it: an offline node that is also drained says both,
+/// since the drain outlives the outage.
+pub fn node_state(row: &NodeRow) -> String {
+    match (row.state, row.admin.drained.is_some()) {
+        (NodeState::Offline, true) => "offline, drained".to_owned(),
+        (state, _) => state.name().to_owned(),
+    }
+}
+
+/// Where a node's GPU list comes from: NVML, or the operator's declaration.
+pub fn gpu_source(source: GpuSource) -> &'static str {
+    match source {
+        GpuSource::Nvml => "nvml",
+        GpuSource::Declared => "declared",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +119,28 @@ mod tests {
     fn index_lists_are_comma_separated() {
         assert_eq!(index_list(&[0, 1, 3]), "0,1,3");
         assert_eq!(index_list(&[]), "");
+    }
+
+    #[test]
+    fn an_offline_drained_node_says_both() {
+        use crate::fixtures::heartbeat;
+        use mgpu_protocol::node::{AdminMark, NodeAdmin};
+        let now = mgpu_protocol::now();
+        let mut beat = heartbeat("n1", 1);
+        beat.sent_at = now - chrono::Duration::seconds(60);
+        let drained = NodeAdmin {
+            drained: Some(AdminMark {
+                by: "root".into(),
+                at: now,
+                reason: None,
+            }),
+            ..NodeAdmin::default()
+        };
+        let row = |admin: &NodeAdmin, missed| NodeRow::new(&beat, &[], Some(admin), now, missed);
+        assert_eq!(node_state(&row(&drained, 3)), "offline, drained");
+        assert_eq!(node_state(&row(&NodeAdmin::default(), 3)), "offline");
+        beat.sent_at = now;
+        let fresh = NodeRow::new(&beat, &[], Some(&drained), now, 3);
+        assert_eq!(node_state(&fresh), "drained");
     }
 }

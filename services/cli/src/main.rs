@@ -8,9 +8,12 @@ mod cli;
 mod commands;
 mod console;
 mod errors;
+#[cfg(test)]
+mod fixtures;
 mod follow;
 mod human;
 mod jobfile;
+mod model;
 mod parse;
 mod profiles;
 mod publish;

@@ -17,6 +17,7 @@ use crate::console::{self, println};
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
+use crate::model::jobs;
 use crate::publish::publish_error;
 use crate::session::ConnectionArgs;
 use crate::session::Session;
@@ -63,9 +64,7 @@ pub async fn run(connection: &ConnectionArgs, args: &CancelArgs) -> Result<ExitC
 }
 
 async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
-    let id = records::resolve_job(&session.js, typed)
-        .await
-        .map_err(plain)?;
+    let id = jobs::resolve(&session.js, typed).await?;
     // Watching from before the request, so a quick stop cannot be missed.
     let mut changes = follow::watch_record(&session.js, &id).await?;
     if let Some(record) = records::get_job(&session.js, &id).await.map_err(plain)?

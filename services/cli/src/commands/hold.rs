@@ -10,7 +10,6 @@ use anyhow::{Result, anyhow, bail};
 use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
-use mgpu_nats::records;
 use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{HoldRequest, JobRecord, JobState};
@@ -20,6 +19,7 @@ use crate::console::{self, println};
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
+use crate::model::jobs;
 use crate::publish::publish_error;
 use crate::session::ConnectionArgs;
 use crate::session::Session;
@@ -110,13 +110,8 @@ pub async fn run(connection: &ConnectionArgs, args: &HoldArgs, action: Action) -
 }
 
 async fn one(session: &Session, typed: &str, action: Action) -> Result<Outcome> {
-    let id = records::resolve_job(&session.js, typed)
-        .await
-        .map_err(plain)?;
-    let record = records::get_job(&session.js, &id)
-        .await
-        .map_err(plain)?
-        .ok_or_else(|| anyhow!("job {} no longer exists", id.short()))?;
+    let record = jobs::find(&session.js, typed).await?;
+    let id = record.id.clone();
     if let Some(outcome) = settled_before(&record, action)? {
         return Ok(outcome);
     }

@@ -9,12 +9,12 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow};
 use clap::Args;
 use futures::{FutureExt, StreamExt};
-use mgpu_nats::records;
 use mgpu_protocol::job::JobRecord;
 use tokio::time::Instant;
 
 use crate::errors::plain;
 use crate::follow::{self, Chunk, OutputWriter};
+use crate::model::jobs;
 use crate::session::ConnectionArgs;
 use crate::session::Session;
 
@@ -39,9 +39,7 @@ pub struct LogsArgs {
 
 pub async fn run(connection: &ConnectionArgs, args: &LogsArgs) -> Result<ExitCode> {
     let session = Session::connect(connection).await?;
-    let id = records::resolve_job(&session.js, &args.id)
-        .await
-        .map_err(plain)?;
+    let id = jobs::resolve(&session.js, &args.id).await?;
     if args.follow {
         follow_output(&session, &id).await?;
     } else {

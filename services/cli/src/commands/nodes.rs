@@ -1,25 +1,23 @@
 //! `mgpu nodes`: every node that ever reported, from its last heartbeat, with its GPUs.
 //!
-//! A node's state (`online`, `draining`, `drained`, `offline`) is worked out here as the
-//! scheduler does: offline once more heartbeats are overdue than the policy's
-//! `missed_heartbeats`, read from the cluster bucket, so the listing agrees with the scheduler
-//! about which nodes it has given up on.
+//! A node's state (`online`, `draining`, `drained`, `offline`) is the read model's
+//! ([`crate::model::nodes`]), worked out as the scheduler does with the policy read from the
+//! cluster bucket, so the listing agrees with the scheduler about which nodes it has given up
+//! on. This module prints it: a block of text per node, or the heartbeats as JSON.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use mgpu_nats::records;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::JobRecord;
-use mgpu_protocol::node::{AdminMark, NodeAdmin, NodeHeartbeat};
+use mgpu_protocol::node::{AdminMark, GpuSource, NodeAdmin, NodeHeartbeat};
 
-use crate::commands::queue::{Cluster, NodeState, node_row, node_state_name, source_name};
 use crate::console::{print, print_json, println};
-use crate::errors::plain;
 use crate::human;
-use crate::session::ConnectionArgs;
-use crate::session::Session;
+use crate::model::nodes::{NodeRow, NodeState};
+use crate::model::snapshot::Snapshot;
+use crate::session::{ConnectionArgs, Session};
 use crate::tables::Table;
 
 #[derive(Debug, Args)]
@@ -32,16 +30,13 @@ pub struct NodesArgs {
 
 pub async fn run(connection: &ConnectionArgs, args: &NodesArgs) -> Result<ExitCode> {
     let session = Session::connect(connection).await?;
-    let js = &session.js;
     // The records say which jobs run where (a job assigned but not started yet is not in the
-    // heartbeat): a drained node is `draining` until they are done. Only their states are
-    // used, so they are read as for a listing (without each spec's environment); the three
-    // reads are independent and overlap.
-    let (nodes, jobs, cluster) = tokio::try_join!(
-        async { records::list_nodes(js).await.map_err(plain) },
-        async { records::list_jobs_for_listing(js).await.map_err(plain) },
-        Cluster::read(js),
-    )?;
+    // heartbeat): a drained node is `draining` until they are done.
+    let Snapshot {
+        jobs,
+        nodes,
+        cluster,
+    } = Snapshot::read(&session.js).await?;
     let now = mgpu_protocol::now();
     let view = |node: &NodeHeartbeat| View {
         now,
@@ -75,15 +70,21 @@ struct View<'a> {
     missed_heartbeats: u32,
 }
 
+impl View<'_> {
+    fn row(&self, node: &NodeHeartbeat) -> NodeRow {
+        NodeRow::new(
+            node,
+            self.jobs,
+            Some(&self.admin),
+            self.now,
+            self.missed_heartbeats,
+        )
+    }
+}
+
 /// The heartbeat as sent, with what the reader would otherwise compute.
 fn json_value(node: &NodeHeartbeat, view: &View<'_>) -> Result<serde_json::Value> {
-    let row = node_row(
-        node,
-        view.jobs,
-        Some(&view.admin),
-        view.now,
-        view.missed_heartbeats,
-    );
+    let row = view.row(node);
     let mut value = serde_json::to_value(node)?;
     if let Some(object) = value.as_object_mut() {
         object.insert("state".into(), serde_json::to_value(row.state)?);
@@ -104,26 +105,29 @@ fn mark_text(mark: &AdminMark) -> String {
 
 /// One node: a summary line, its details, then a table of its GPUs.
 fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
-    let admin = &view.admin;
-    let row = node_row(
-        node,
-        view.jobs,
-        Some(admin),
-        view.now,
-        view.missed_heartbeats,
-    );
-    let source = source_name(node.gpu_source);
+    let row = view.row(node);
+    let mut text = details(node, &row, view);
+    if node.gpus.is_empty() {
+        text.push_str("  no GPUs\n");
+    } else {
+        text.push_str(&gpu_table(node, &view.admin));
+    }
+    text
+}
+
+/// The summary line and the lines under it: note, drain, address, running jobs.
+fn details(node: &NodeHeartbeat, row: &NodeRow, view: &View<'_>) -> String {
     let mut text = format!(
         "{}  {}  last heartbeat {}  gpus {}\n",
         node.node,
-        node_state_name(&row),
+        human::node_state(row),
         human::age(node.sent_at, view.now),
-        source
+        human::gpu_source(node.gpu_source)
     );
     if let Some(note) = &node.gpu_note {
         text.push_str(&format!("  note: {}\n", note.replace(['\n', '\r'], " ")));
     }
-    if let Some(mark) = &admin.drained {
+    if let Some(mark) = &view.admin.drained {
         let running = match row.jobs_running {
             0 => String::new(),
             n => format!("; its {n} running job(s) finish first"),
@@ -155,14 +159,15 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
             running.join(", ")
         }
     ));
-    if node.gpus.is_empty() {
-        text.push_str("  no GPUs\n");
-        return text;
-    }
+    text
+}
+
+/// The node's GPUs, one row each, with the admins' pauses.
+fn gpu_table(node: &NodeHeartbeat, admin: &NodeAdmin) -> String {
     // NVML reads the GPUs; otherwise the operator declared them.
     let origin = match node.gpu_source {
-        mgpu_protocol::node::GpuSource::Nvml => "detected",
-        mgpu_protocol::node::GpuSource::Declared => "declared",
+        GpuSource::Nvml => "detected",
+        GpuSource::Declared => "declared",
     };
     let mut table = Table::new([
         "GPU",
@@ -190,17 +195,14 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
             paused,
         ]);
     }
-    text.push_str(&table.render());
-    text
+    table.render()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use mgpu_protocol::ids::JobId;
-    use mgpu_protocol::node::{
-        DEFAULT_THRESHOLD, ForeignProcess, GpuSource, GpuStatus, RunningJob,
-    };
+    use mgpu_protocol::node::{DEFAULT_THRESHOLD, ForeignProcess, GpuStatus, RunningJob};
 
     fn heartbeat(sent_at: Timestamp) -> NodeHeartbeat {
         NodeHeartbeat {

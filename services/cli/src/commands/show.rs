@@ -1,21 +1,22 @@
-//! `mgpu show`: everything the scheduler recorded about one job.
+//! `mgpu show`: everything the scheduler recorded about one job, as aligned `key: value` lines
+//! (what the job asked for, where it runs or ran, and its state's times) or as JSON.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use clap::Args;
-use mgpu_nats::records;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobRecord, JobState, OnTimeout};
+use mgpu_protocol::job::{
+    Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting,
+};
 
 use crate::console::{print, print_json};
-use crate::errors::plain;
 use crate::human;
-use crate::session::ConnectionArgs;
-use crate::session::Session;
+use crate::model::jobs;
+use crate::session::{ConnectionArgs, Session};
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
@@ -30,14 +31,7 @@ pub struct ShowArgs {
 
 pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCode> {
     let session = Session::connect(connection).await?;
-    let id = records::resolve_job(&session.js, &args.id)
-        .await
-        .map_err(plain)?;
-    let record = records::get_job(&session.js, &id)
-        .await
-        .map_err(plain)?
-        // Resolved a moment ago, so only a deletion in between gets here.
-        .ok_or_else(|| anyhow!("job {} no longer exists", id.short()))?;
+    let record = jobs::find(&session.js, &args.id).await?;
     if args.json {
         let mut value = serde_json::to_value(record.summary())?;
         if let Some(object) = value.as_object_mut() {
@@ -50,18 +44,45 @@ pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
+/// One line of the listing: its key and its value.
+type Line = (&'static str, String);
+
 /// Aligned `key: value` lines; lines that do not apply to the job's state are left out.
 fn render(record: &JobRecord, now: Timestamp) -> String {
-    let spec = &record.spec;
-    let mut lines: Vec<(&str, String)> = vec![
+    let mut lines: Vec<Line> = vec![
         ("id", record.id.to_string()),
-        ("name", spec.display_name()),
+        ("name", record.spec.display_name()),
         ("user", record.user.clone()),
         ("state", record.state.name().to_owned()),
-        ("command", spec.command_line()),
-        ("workdir", spec.workdir.clone()),
-        ("gpus requested", spec.gpus.to_string()),
     ];
+    request_lines(&record.spec, &mut lines);
+    launch_lines(&record.spec, &mut lines);
+    if let Some(placement) = record.state.placement() {
+        placement_lines(placement, &mut lines);
+    }
+    lines.push(("attempt", record.attempt.to_string()));
+    lines.push(("submitted", human::time_with_age(record.submitted_at, now)));
+    match &record.state {
+        JobState::Queued(waiting) => waiting_lines(waiting, record, now, &mut lines),
+        JobState::Running(run) => running_lines(run, now, &mut lines),
+        JobState::Succeeded(end)
+        | JobState::Failed(end)
+        | JobState::Cancelled(end)
+        | JobState::TimedOut(end)
+        | JobState::NodeFailed(end) => ending_lines(end, now, &mut lines),
+    }
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    lines
+        .iter()
+        .map(|(key, value)| format!("{:<width$} {}\n", format!("{key}:"), one_line(value)))
+        .collect()
+}
+
+/// What the job asked for: command, resources, limits, environment, dependencies.
+fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
+    lines.push(("command", spec.command_line()));
+    lines.push(("workdir", spec.workdir.clone()));
+    lines.push(("gpus requested", spec.gpus.to_string()));
     if let Some(ids) = &spec.gpu_ids {
         lines.push(("gpu ids pinned", human::index_list(ids)));
     }
@@ -107,6 +128,10 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
     if !spec.after_any.is_empty() {
         lines.push(("after any", id_list(&spec.after_any)));
     }
+}
+
+/// How the job is launched: its array, dedup and interactive flags, and the nodes asked for.
+fn launch_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     if let Some(member) = &spec.array {
         lines.push(("array", member.array_id.to_string()));
         lines.push(("array index", member.index.to_string()));
@@ -134,9 +159,11 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
     if !spec.exclude.is_empty() {
         lines.push(("exclude", spec.exclude.join(",")));
     }
-    if let Some(placement) = record.state.placement()
-        && placement.node_count() > 1
-    {
+}
+
+/// Where the job runs or ran: each rank's node and GPUs, or the one node and its GPU shares.
+fn placement_lines(placement: &Placement, lines: &mut Vec<Line>) {
+    if placement.node_count() > 1 {
         for (rank, node, shares) in placement.ranks() {
             let gpus: Vec<u32> = shares.iter().map(|g| g.index).collect();
             lines.push((
@@ -154,78 +181,68 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
                 ),
             ));
         }
-    } else if let Some(placement) = record.state.placement() {
-        lines.push(("node", placement.node.clone()));
-        let gpus = placement
-            .gpus
-            .iter()
-            .map(|g| {
-                if g.amount.is_whole() {
-                    g.index.to_string()
-                } else {
-                    format!("{} ({} of it)", g.index, g.amount)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        lines.push(("gpus", if gpus.is_empty() { "none".into() } else { gpus }));
+        return;
     }
-    lines.push(("attempt", record.attempt.to_string()));
-    lines.push(("submitted", human::time_with_age(record.submitted_at, now)));
-    match &record.state {
-        JobState::Queued(waiting) => {
-            let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
-            if waiting.enqueued_at.is_some() {
-                lines.push(("enqueued", human::time_with_age(queued_at, now)));
-            }
-            lines.push(("waiting", format_duration(human::elapsed(queued_at, now))));
-            lines.push(("reason", waiting.reason.describe().to_owned()));
-            if let Some(by) = &waiting.held_by {
-                lines.push(("held by", by.clone()));
-            }
-        }
-        JobState::Running(run) => {
-            lines.push(("assigned", human::time_with_age(run.assigned_at, now)));
-            if let Some(started) = run.started_at {
-                lines.push(("started", human::time_with_age(started, now)));
-                lines.push(("running for", format_duration(human::elapsed(started, now))));
-            }
-            if let Some(pid) = run.pid {
-                lines.push(("pid", pid.to_string()));
-            }
-            if let Some(by) = &run.cancel_requested_by {
-                lines.push(("cancel requested by", by.clone()));
-            }
-        }
-        JobState::Succeeded(end)
-        | JobState::Failed(end)
-        | JobState::Cancelled(end)
-        | JobState::TimedOut(end)
-        | JobState::NodeFailed(end) => {
-            if let Some(started) = end.started_at {
-                lines.push(("started", human::time_with_age(started, now)));
-            }
-            lines.push(("ended", human::time_with_age(end.ended_at, now)));
-            if let Some(started) = end.started_at {
-                let ran: Duration = human::elapsed(started, end.ended_at);
-                lines.push(("ran for", format_duration(ran)));
-            }
-            if let Some(code) = end.exit_code {
-                lines.push(("exit code", code.to_string()));
-            }
-            if let Some(signal) = end.signal {
-                lines.push(("signal", signal.to_string()));
-            }
-            if let Some(reason) = &end.reason {
-                lines.push(("reason", reason.clone()));
-            }
-        }
-    }
-    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
-    lines
+    lines.push(("node", placement.node.clone()));
+    let gpus = placement
+        .gpus
         .iter()
-        .map(|(key, value)| format!("{:<width$} {}\n", format!("{key}:"), one_line(value)))
-        .collect()
+        .map(|g| {
+            if g.amount.is_whole() {
+                g.index.to_string()
+            } else {
+                format!("{} ({} of it)", g.index, g.amount)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    lines.push(("gpus", if gpus.is_empty() { "none".into() } else { gpus }));
+}
+
+fn waiting_lines(waiting: &Waiting, record: &JobRecord, now: Timestamp, lines: &mut Vec<Line>) {
+    let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
+    if waiting.enqueued_at.is_some() {
+        lines.push(("enqueued", human::time_with_age(queued_at, now)));
+    }
+    lines.push(("waiting", format_duration(human::elapsed(queued_at, now))));
+    lines.push(("reason", waiting.reason.describe().to_owned()));
+    if let Some(by) = &waiting.held_by {
+        lines.push(("held by", by.clone()));
+    }
+}
+
+fn running_lines(run: &Run, now: Timestamp, lines: &mut Vec<Line>) {
+    lines.push(("assigned", human::time_with_age(run.assigned_at, now)));
+    if let Some(started) = run.started_at {
+        lines.push(("started", human::time_with_age(started, now)));
+        lines.push(("running for", format_duration(human::elapsed(started, now))));
+    }
+    if let Some(pid) = run.pid {
+        lines.push(("pid", pid.to_string()));
+    }
+    if let Some(by) = &run.cancel_requested_by {
+        lines.push(("cancel requested by", by.clone()));
+    }
+}
+
+fn ending_lines(end: &Ending, now: Timestamp, lines: &mut Vec<Line>) {
+    if let Some(started) = end.started_at {
+        lines.push(("started", human::time_with_age(started, now)));
+    }
+    lines.push(("ended", human::time_with_age(end.ended_at, now)));
+    if let Some(started) = end.started_at {
+        let ran: Duration = human::elapsed(started, end.ended_at);
+        lines.push(("ran for", format_duration(ran)));
+    }
+    if let Some(code) = end.exit_code {
+        lines.push(("exit code", code.to_string()));
+    }
+    if let Some(signal) = end.signal {
+        lines.push(("signal", signal.to_string()));
+    }
+    if let Some(reason) = &end.reason {
+        lines.push(("reason", reason.clone()));
+    }
 }
 
 /// Job ids in full: they are what `mgpu show` and `mgpu cancel` take.
@@ -246,7 +263,7 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_protocol::job::{ArrayMember, Ending, JobSpec, WaitReason, Waiting};
+    use mgpu_protocol::job::{ArrayMember, WaitReason};
 
     #[test]
     fn a_queued_job_shows_its_reason_aligned() {

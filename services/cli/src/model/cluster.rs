@@ -1,0 +1,48 @@
+//! What the scheduler keeps in the cluster bucket, read once per command: the policy and usage
+//! that effective priorities are computed from, and the admins' marks (drained nodes, paused
+//! GPUs).
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use async_nats::jetstream;
+use mgpu_nats::error::StateError;
+use mgpu_nats::records;
+use mgpu_protocol::node::NodeAdmin;
+use mgpu_protocol::priority::{Policy, UsageBook};
+
+use crate::errors::plain;
+
+/// The cluster bucket's contents, by what they are for.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    pub policy: Policy,
+    pub usage: UsageBook,
+    /// Each node's admin marks, by node name.
+    pub admin: BTreeMap<String, NodeAdmin>,
+}
+
+impl Cluster {
+    /// A server set up before the cluster bucket existed has none of it yet: defaults apply
+    /// (no node drained, nobody's usage counted), as the scheduler would assume.
+    pub async fn read(js: &jetstream::Context) -> Result<Cluster> {
+        fn missing_is_default<T: Default>(read: Result<T, StateError>) -> Result<T> {
+            match read {
+                Ok(value) => Ok(value),
+                Err(StateError::NotSetUp) => Ok(T::default()),
+                Err(err) => Err(plain(err)),
+            }
+        }
+        // Independent reads: their round trips overlap.
+        let (policy, usage, admin) = tokio::join!(
+            records::policy(js),
+            records::usage(js),
+            records::node_admin(js)
+        );
+        Ok(Cluster {
+            policy: missing_is_default(policy)?,
+            usage: missing_is_default(usage)?,
+            admin: missing_is_default(admin)?,
+        })
+    }
+}
