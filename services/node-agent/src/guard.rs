@@ -1,61 +1,34 @@
-//! The job guard: the first process of every job, so a job never outlives its agent.
+//! How the agent starts every job under a guard, the job's first process, so a job never
+//! outlives its agent: which guard program ([`GuardProgram`]) and the command line it gets
+//! ([`guard_args`]). The guard process itself is `builtin_guard.rs` (this binary in guard
+//! mode) or `mgpu-job-guard` (`services/job-guard`); both behave the same.
 //!
 //! The agent starts each job as
 //! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]` (a
-//! small static binary installed beside the agent, `services/job-guard`), or where that is
-//! missing (or `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`, this
-//! module; both behave the same. PROGRAM is the shell with `-c SCRIPT`, or a simple command
-//! itself (see `launch.rs`). ACCOUNT is `UID:GID:GROUPS` for `mgpu-job-guard` to switch
-//! to once it has opened CONTACT_FILE, or `-`: this module never switches (started as root, a
-//! dynamically linked program would load libraries under the job's `LD_LIBRARY_PATH`), so for
-//! it the agent switches the child before the exec, and passes CONTACT_FILE as an inherited
-//! descriptor, `/proc/self/fd/N` ([`inheritable_contact`]). The guard asks the kernel for
-//! SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
-//! group, and waits. If the agent dies (SIGKILL, crash) — or anyone sends the guard SIGTERM,
-//! SIGINT or SIGHUP — it stops the whole group: SIGTERM, the grace period, SIGKILL. Without it, a job whose agent was killed
-//! would keep running while the scheduler already runs its next attempt elsewhere.
-//!
-//! The guard also fences the job when the agent is alive but cut off or frozen (SIGSTOP, a
-//! stalled host): the agent touches CONTACT_FILE whenever JetStream stored a heartbeat, and
-//! when that is older than FENCE_MS (0: never) the guard stops the group the same way, since
-//! the scheduler may by then run the job elsewhere.
-//!
-//! Otherwise the guard is invisible: the job inherits its standard streams, environment,
-//! directory and group, and the guard ends the way the job ended (same exit code, or the
-//! same signal). A PROGRAM without `/` is looked up on the job's `PATH`; one that cannot be
-//! found ends the job with 127 and one that cannot be run with 126, as in a shell.
-//!
-//! PR_SET_PDEATHSIG fires when the *thread* that forked the guard ends; the agent spawns jobs
-//! from its async runtime's worker threads, which live as long as the agent.
+//! small static binary installed beside the agent), or where that is missing (or
+//! `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`. PROGRAM is the shell
+//! with `-c SCRIPT`, or a simple command itself (see `launch.rs`). ACCOUNT is `UID:GID:GROUPS`
+//! for `mgpu-job-guard` to switch to once it has opened CONTACT_FILE, or `-`: the built-in
+//! guard never switches (started as root, a dynamically linked program would load libraries
+//! under the job's `LD_LIBRARY_PATH`), so for it the agent switches the child before the
+//! exec, and passes CONTACT_FILE as an inherited descriptor, `/proc/self/fd/N`
+//! ([`inheritable_contact`]). The agent touches CONTACT_FILE whenever JetStream stored a
+//! heartbeat; a guard stops its job when that is older than FENCE_MS (0: never).
 
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, FdFlag};
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal, killpg};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, getpgrp, getppid};
 
 /// argv[1] that turns `mgpu-node` into a job guard.
 pub const GUARD_ARG: &str = "__mgpu-job-guard";
-
-/// The stop signal received, 0 while none.
-static STOP: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_stop_signal(signal: nix::libc::c_int) {
-    STOP.store(signal, Ordering::SeqCst);
-}
 
 /// How a guard fences its job: stop it once `contact_file` is older than `after`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GuardFence {
     pub after: Duration,
-    pub contact_file: std::path::PathBuf,
+    pub contact_file: PathBuf,
 }
 
 /// Opens `contact` for reading as a descriptor that every guard inherits (no close-on-exec),
@@ -157,203 +130,6 @@ pub fn guard_args(
     ]
 }
 
-/// How long ago `file` was last touched; None when it cannot be read (the guard then keeps
-/// the job: fencing on a missing file would turn an operator's mistake into lost work).
-fn age_of(file: &std::path::Path) -> Option<Duration> {
-    let modified = std::fs::metadata(file).ok()?.modified().ok()?;
-    Some(
-        std::time::SystemTime::now()
-            .duration_since(modified)
-            .unwrap_or(Duration::ZERO),
-    )
-}
-
-/// Runs as a job guard when argv says so; None otherwise (a normal agent start).
-pub fn run_if_guard() -> Option<ExitCode> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) != Some(GUARD_ARG) {
-        return None;
-    }
-    Some(match guard(&args[2..]) {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("mgpu job guard: {err}");
-            ExitCode::from(127)
-        }
-    })
-}
-
-fn guard(args: &[String]) -> Result<ExitCode, String> {
-    let [
-        agent,
-        grace_ms,
-        fence_ms,
-        contact,
-        account,
-        program,
-        rest @ ..,
-    ] = args
-    else {
-        return Err(
-            "usage: __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE - PROGRAM [ARGS...]"
-                .into(),
-        );
-    };
-    if account != "-" {
-        return Err("the built-in guard does not switch accounts (the agent does)".into());
-    }
-    // A contact file handed down as a descriptor (`inheritable_contact`) is the guard's alone.
-    if let Some(fd) = contact
-        .strip_prefix("/proc/self/fd/")
-        .and_then(|n| n.parse::<RawFd>().ok())
-    {
-        // SAFETY: inherited from the agent for this guard, and open for its whole life.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let _ = nix::fcntl::fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
-    }
-    let fence_after = match fence_ms
-        .parse::<u64>()
-        .map_err(|_| format!("bad fence {fence_ms}"))?
-    {
-        0 => None,
-        ms => Some(Duration::from_millis(ms)),
-    };
-    let contact = std::path::Path::new(contact);
-    // Checked this often while fencing; the agent's heartbeat margin covers the delay.
-    let check_every =
-        fence_after.map(|f| (f / 8).clamp(Duration::from_millis(20), Duration::from_millis(100)));
-    let agent: i32 = agent
-        .parse()
-        .map_err(|_| format!("bad agent pid {agent}"))?;
-    let grace = Duration::from_millis(
-        grace_ms
-            .parse()
-            .map_err(|_| format!("bad grace {grace_ms}"))?,
-    );
-
-    let action = SigAction::new(
-        SigHandler::Handler(on_stop_signal),
-        // No SA_RESTART: a stop signal must interrupt the wait below.
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
-    for stop in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { signal::sigaction(stop, &action) }.map_err(|e| format!("sigaction: {e}"))?;
-    }
-    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(|e| format!("prctl: {e}"))?;
-    // The agent may have died before the line above took effect: then nothing must start.
-    if getppid() != Pid::from_raw(agent) {
-        return Err("the agent is gone; not starting the job".into());
-    }
-
-    // Handlers do not survive exec: the job starts with default dispositions.
-    let child = match start_program(program, rest) {
-        Ok(child) => child,
-        Err((code, message)) => {
-            eprintln!("mgpu: {program}: {message}");
-            return Ok(ExitCode::from(code));
-        }
-    };
-    let child = Pid::from_raw(child.id() as i32);
-    // Not reaped yet, so the pid is still this child's.
-    let exit_signal = pidfd_of(child);
-
-    let mut stop_deadline: Option<Instant> = None;
-    loop {
-        let polling = stop_deadline.is_some() || fence_after.is_some();
-        let flags = polling.then_some(WaitPidFlag::WNOHANG);
-        match waitpid(child, flags) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitCode::from(code as u8)),
-            Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(die_like(signal)),
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(err) => return Err(format!("waiting for the job: {err}")),
-        }
-        let fenced =
-            fence_after.is_some_and(|after| age_of(contact).is_some_and(|age| age > after));
-        if stop_deadline.is_none() && fenced {
-            eprintln!(
-                "mgpu: this node has not reached the cluster for longer than {:?}; stopping \
-                 the job, which may already run elsewhere (fenced)",
-                fence_after.unwrap_or_default()
-            );
-        }
-        if stop_deadline.is_none() && (STOP.load(Ordering::SeqCst) != 0 || fenced) {
-            // Stop the whole group (this guard ignores its own copy: the handler is set).
-            let _ = killpg(getpgrp(), Signal::SIGTERM);
-            stop_deadline = Some(Instant::now() + grace);
-        }
-        if let Some(deadline) = stop_deadline {
-            if Instant::now() >= deadline {
-                // Takes this guard down too; the agent (if alive) sees signal 9.
-                let _ = killpg(getpgrp(), Signal::SIGKILL);
-            }
-            pause_until_exit(exit_signal.as_ref(), Duration::from_millis(20));
-        } else if let Some(every) = check_every {
-            pause_until_exit(exit_signal.as_ref(), every);
-        }
-    }
-}
-
-/// Starts `program args` (looked up on this process's `PATH`, which is the job's); a file
-/// the kernel cannot run (a script without `#!`) runs under `/bin/sh`, as `execvp` does.
-/// The error is the exit code and message a shell would give.
-fn start_program(program: &str, args: &[String]) -> Result<std::process::Child, (u8, String)> {
-    match std::process::Command::new(program).args(args).spawn() {
-        Ok(child) => Ok(child),
-        // `sh -c 'exec "$0" "$@"'` finds the file again and, since the kernel cannot run
-        // it, the shell reads it as a script.
-        Err(err) if err.raw_os_error() == Some(Errno::ENOEXEC as i32) => {
-            std::process::Command::new("/bin/sh")
-                .args(["-c", r#"exec "$0" "$@""#, program])
-                .args(args)
-                .spawn()
-                .map_err(|err| (126, format!("cannot be run ({err})")))
-        }
-        Err(err) => Err(match err.kind() {
-            std::io::ErrorKind::NotFound if program.contains('/') => {
-                (127, "No such file or directory".to_owned())
-            }
-            std::io::ErrorKind::NotFound => (127, "command not found".to_owned()),
-            std::io::ErrorKind::PermissionDenied => (126, "Permission denied".to_owned()),
-            _ => (126, format!("cannot be run ({err})")),
-        }),
-    }
-}
-
-/// A descriptor that becomes readable when `child` exits (Linux 5.3+); None where the kernel
-/// has no `pidfd_open`, and the guard then only sleeps between its checks.
-fn pidfd_of(child: Pid) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags, and returns a new descriptor or -1.
-    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, child.as_raw(), 0) };
-    let fd = RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
-    // SAFETY: the kernel just created this descriptor, and nothing else owns it.
-    Some(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Waits `at_most`, or less: until the child exits (when its pidfd is known) or a stop signal
-/// arrives. A job that ends at once is then reaped at once, not at the next fence check
-/// (up to 100 ms later, which capped a node at a few dozen short jobs per second per GPU).
-fn pause_until_exit(exit_signal: Option<&OwnedFd>, at_most: Duration) {
-    let Some(fd) = exit_signal else {
-        std::thread::sleep(at_most);
-        return;
-    };
-    let timeout = PollTimeout::try_from(at_most).unwrap_or(PollTimeout::MAX);
-    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
-    // Readable, timed out or interrupted by a stop signal: the caller checks everything again.
-    let _ = poll(&mut fds, timeout);
-}
-
-/// Ends this process by `signal`, as the shell ended, so the agent reports the same thing.
-fn die_like(signal: Signal) -> ExitCode {
-    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    // SAFETY: restoring the default disposition has no handler to be unsafe about.
-    let _ = unsafe { signal::sigaction(signal, &default) };
-    let _ = signal::raise(signal);
-    ExitCode::from(128u8.wrapping_add(signal as u8))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,10 +198,5 @@ mod tests {
                 "/bin/sh"
             ]
         );
-        assert!(guard(&["x".into()]).is_err());
-        let switching: Vec<String> = ["1", "0", "0", "-", "0:0:", "true"]
-            .map(str::to_owned)
-            .to_vec();
-        assert!(guard(&switching).is_err_and(|e| e.contains("does not switch")));
     }
 }

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::Subscriber;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use mgpu_protocol::assign::Assignment;
@@ -102,12 +103,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     check_workdir(&spec.workdir, node).await?;
     // Subscribed before the process starts, so input sent right after the start is not lost.
     let input = if spec.interactive {
-        let subscription = ctx
-            .client
-            .subscribe(subjects::input(&key.job_id))
-            .await
-            .map_err(|err| format!("cannot receive the job's standard input on {node}: {err}"))?;
-        Some(subscription)
+        Some(subscribe_input(ctx, &key).await?)
     } else {
         None
     };
@@ -165,6 +161,19 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             hostfile,
         },
     })
+}
+
+/// The subscription an interactive job's standard input arrives on.
+async fn subscribe_input(ctx: &JobContext, key: &AttemptKey) -> Result<Subscriber, String> {
+    ctx.client
+        .subscribe(subjects::input(&key.job_id))
+        .await
+        .map_err(|err| {
+            format!(
+                "cannot receive the job's standard input on {}: {err}",
+                ctx.node
+            )
+        })
 }
 
 /// The indices of the GPUs the placement gives this node (none when it names no GPU here).

@@ -9,6 +9,7 @@
 
 mod address;
 mod assignments;
+mod builtin_guard;
 mod cli;
 mod environment;
 mod fence;
@@ -61,8 +62,9 @@ const REPORT_MARGIN: Duration = Duration::from_secs(5);
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 fn main() -> ExitCode {
-    // Every job starts as this binary in guard mode (see `guard`), before anything else.
-    if let Some(code) = guard::run_if_guard() {
+    // A job whose guard is built in starts as this binary in guard mode (`builtin_guard`):
+    // checked before anything else.
+    if let Some(code) = builtin_guard::run_if_guard() {
         return code;
     }
     let args = Args::parse();
