@@ -1,0 +1,35 @@
+//! `mgpu admin setup [--replicas N]`: create (or update) mgpu's JetStream streams and
+//! buckets, with admin credentials.
+
+use anyhow::{Result, anyhow};
+use clap::Args;
+use mgpu_nats::streams::{self, Replicas, StreamSettings};
+
+use crate::console::println;
+use crate::errors::plain;
+use crate::session::{ConnectionArgs, Session};
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Copies of each stream and bucket: `auto` = min(3, distinct servers in --server), as
+    /// the scheduler does, or 1 to 5. Existing streams are updated to this count.
+    #[arg(long, default_value = "auto")]
+    pub replicas: Replicas,
+}
+
+pub async fn run(connection: &ConnectionArgs, args: &SetupArgs) -> Result<()> {
+    let session = Session::connect(connection).await?;
+    let settings = StreamSettings {
+        replicas: args.replicas.resolve(&connection.server),
+        ..StreamSettings::default()
+    };
+    streams::ensure(&session.js, &settings)
+        .await
+        .map_err(plain)
+        .map_err(|err| anyhow!("{err:#} (are these admin credentials?)"))?;
+    println(&format!(
+        "mgpu streams ready ({} replica(s) each)",
+        settings.replicas
+    ))?;
+    Ok(())
+}
