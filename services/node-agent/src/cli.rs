@@ -139,6 +139,23 @@ pub enum Fence {
 /// The shortest default fence: longer than a NATS cluster's leader election.
 pub const MIN_DEFAULT_FENCE: Duration = Duration::from_secs(10);
 
+impl Fence {
+    /// How long without a stored heartbeat before the agent stops its jobs (None: never). By
+    /// default when the scheduler's default offline detection (3 missed heartbeats) would
+    /// give up on this node, but not before a NATS leader election is over.
+    pub fn resolve(self, heartbeat_interval: Duration) -> Option<Duration> {
+        match self {
+            Fence::Off => None,
+            Fence::After(after) => Some(after),
+            Fence::Default => Some(
+                heartbeat_interval
+                    .saturating_mul(mgpu_protocol::node::MISSED_HEARTBEATS_OFFLINE)
+                    .max(MIN_DEFAULT_FENCE),
+            ),
+        }
+    }
+}
+
 fn parse_fence(text: &str) -> Result<Fence, String> {
     match text.trim() {
         "default" => Ok(Fence::Default),
@@ -305,6 +322,18 @@ mod tests {
             args.ok().and_then(|a| a.state_dir),
             Some(PathBuf::from("/tmp/s"))
         );
+    }
+
+    #[test]
+    fn the_default_fence_is_three_heartbeats_but_at_least_ten_seconds() {
+        let second = Duration::from_secs(1);
+        assert_eq!(Fence::Default.resolve(2 * second), Some(MIN_DEFAULT_FENCE));
+        assert_eq!(Fence::Default.resolve(5 * second), Some(15 * second));
+        assert_eq!(Fence::Off.resolve(5 * second), None);
+        assert_eq!(Fence::After(second).resolve(5 * second), Some(second));
+        assert_eq!(parse_fence("off"), Ok(Fence::Off));
+        assert_eq!(parse_fence("default"), Ok(Fence::Default));
+        assert!(parse_fence("0").is_err());
     }
 
     #[test]

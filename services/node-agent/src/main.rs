@@ -101,8 +101,11 @@ fn init_logging() {
         .init();
 }
 
+/// Startup in the order that keeps the agent safe: it learns its GPUs (or only prints them),
+/// opens its state file before connecting (an agent that cannot remember its jobs must not
+/// take any), connects, sets up the guards' fencing, then runs until SIGTERM or SIGINT.
 async fn run(args: Args) -> anyhow::Result<()> {
-    let node = match args.node {
+    let node = match args.node.clone() {
         Some(node) => node,
         None => cli::short_hostname().context("cannot tell this host's name; pass --node NAME")?,
     };
@@ -112,27 +115,53 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.print_gpus {
         return cli::print_gpus(probe.as_mut());
     }
-    let Some(creds) = args.creds else {
+    let Some(creds) = args.creds.clone() else {
         return Err(anyhow!("--creds FILE (or MGPU_CREDS) is required"));
     };
-    let state_dir = match args.state_dir {
+    let state_dir = match args.state_dir.clone() {
         Some(dir) => dir,
         None => cli::default_state_dir()?,
     };
-    // Opened before connecting: an agent that cannot remember its jobs must not take any.
     let (state, left) = StateFile::open(&state_dir, &node)?;
     info!(file = %state.path().display(), unreported = left.len(), "state file opened");
-    let address = match args.address {
+    let address = match args.address.clone() {
         Some(address) => address,
-        None => {
-            let servers = args.server.clone();
-            tokio::task::spawn_blocking(move || address::detect(&servers, cli::hostname))
-                .await
-                .context("detecting this node's address")?
-                .context("cannot tell this host's address; pass --address ADDR")?
-        }
+        None => detect_address(&args.server).await?,
     };
+    let client = connect(&args, creds, &node).await?;
+    info!(node, server = args.server, address, "mgpu-node connected");
 
+    let run_as = run_as::RunAsPolicy::new(args.jobs_as_agent_user, args.allow_root_jobs);
+    let identity = identity(&args, node, address, &run_as);
+    let guards = Guards::set_up(&args, &identity, &run_as, &state_dir)?;
+    let memory = Memory {
+        state,
+        left,
+        guards,
+        run_as,
+    };
+    let agent = start_loops(client, identity, probe, memory);
+    wait_for_stop_signal().await?;
+    agent.shut_down().await;
+    Ok(())
+}
+
+/// This node's address as other nodes reach it, found from the route to the NATS servers
+/// (which may block on name resolution, so off the async threads).
+async fn detect_address(servers: &str) -> anyhow::Result<String> {
+    let servers = servers.to_owned();
+    tokio::task::spawn_blocking(move || address::detect(&servers, cli::hostname))
+        .await
+        .context("detecting this node's address")?
+        .context("cannot tell this host's address; pass --address ADDR")
+}
+
+/// Connects to NATS as this node, logging connection events once each.
+async fn connect(
+    args: &Args,
+    creds: std::path::PathBuf,
+    node: &str,
+) -> anyhow::Result<async_nats::Client> {
     let target = ConnectTarget {
         server: args.server.clone(),
         creds,
@@ -149,100 +178,91 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ => warn!("NATS connection: {event}"),
         }
     });
-    let client = connect_with(&target, &format!("mgpu-node {node}"), options).await?;
-    info!(node, server = args.server, address, "mgpu-node connected");
+    Ok(connect_with(&target, &format!("mgpu-node {node}"), options).await?)
+}
 
-    let timings = Timings {
-        heartbeat_interval: args.heartbeat_interval,
-        kill_grace: args.kill_grace,
-    };
-    let run_as_policy = run_as::RunAsPolicy::new(args.jobs_as_agent_user, args.allow_root_jobs);
-    let identity = Identity {
+/// What the heartbeats say about this node.
+fn identity(args: &Args, node: String, address: String, run_as: &run_as::RunAsPolicy) -> Identity {
+    Identity {
         node,
         address,
-        runs_jobs_as: run_as_policy.describe(),
-        interval: timings.heartbeat_interval,
+        runs_jobs_as: run_as.describe(),
+        interval: args.heartbeat_interval,
         thresholds: Thresholds {
             mem: args.mem_threshold,
             load: args.load_threshold,
         },
-        labels: args.labels.into_iter().collect(),
-        // Off with `--fence-after off`; by default when the scheduler's default offline
-        // detection (3 missed heartbeats) would give up on this node, but not before a NATS
-        // leader election is over.
-        fence_after: match args.fence_after {
-            cli::Fence::Off => None,
-            cli::Fence::After(after) => Some(after),
-            cli::Fence::Default => Some(
-                (args.heartbeat_interval * mgpu_protocol::node::MISSED_HEARTBEATS_OFFLINE)
-                    .max(cli::MIN_DEFAULT_FENCE),
-            ),
-        },
+        labels: args.labels.iter().cloned().collect(),
+        fence_after: args.fence_after.resolve(args.heartbeat_interval),
         kill_grace: args.kill_grace,
-    };
-    let contact_file = state_dir.join(format!("{}.contact", identity.node));
-    let contact = fence::Contact::with_file(&contact_file)
-        .with_context(|| format!("creating the contact file {}", contact_file.display()))?;
-    // The guards fence half an interval after this agent would, so the agent normally stops
-    // (and reports) its jobs itself; a guard acts when the agent is frozen.
-    let guard_fence = identity.fence_after.map(|after| guard::GuardFence {
-        after: after + identity.interval / 2,
-        contact_file,
-    });
-    let agent_exe = std::env::current_exe().context("cannot find the agent's own binary")?;
-    let guard = guard::GuardProgram::choose(args.job_guard.as_deref(), &agent_exe)
-        .map_err(anyhow::Error::msg)?;
-    match &guard {
-        guard::GuardProgram::Slim(_) => {
-            info!(guard = guard.describe(), "jobs start under their guard")
-        }
-        guard::GuardProgram::Builtin(_) => info!(
-            guard = guard.describe(),
-            "jobs start under the built-in guard ({} not found beside this binary; each \
-             job's start then costs about a millisecond more CPU)",
-            guard::SLIM_GUARD_NAME
-        ),
     }
-    let guard_fence = match guard_fence {
-        Some(fence) if run_as_policy.as_owner && !guard.switches_accounts() => {
-            let contact_file = guard::inheritable_contact(&fence.contact_file)
-                .with_context(|| format!("opening {}", fence.contact_file.display()))?;
-            Some(guard::GuardFence {
-                contact_file,
-                ..fence
-            })
+}
+
+/// The contact file the agent touches after every stored heartbeat, and the guard every job
+/// starts under with the fencing it is told to do.
+struct Guards {
+    contact: fence::Contact,
+    program: guard::GuardProgram,
+    fence: Option<guard::GuardFence>,
+}
+
+impl Guards {
+    fn set_up(
+        args: &Args,
+        identity: &Identity,
+        run_as: &run_as::RunAsPolicy,
+        state_dir: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        let contact_file = state_dir.join(format!("{}.contact", identity.node));
+        let contact = fence::Contact::with_file(&contact_file)
+            .with_context(|| format!("creating the contact file {}", contact_file.display()))?;
+        // The guards fence half an interval after this agent would, so the agent normally
+        // stops (and reports) its jobs itself; a guard acts when the agent is frozen.
+        let fence = identity.fence_after.map(|after| guard::GuardFence {
+            after: after.saturating_add(identity.interval / 2),
+            contact_file,
+        });
+        let agent_exe = std::env::current_exe().context("cannot find the agent's own binary")?;
+        let program = guard::GuardProgram::choose(args.job_guard.as_deref(), &agent_exe)
+            .map_err(anyhow::Error::msg)?;
+        match &program {
+            guard::GuardProgram::Slim(_) => {
+                info!(guard = program.describe(), "jobs start under their guard")
+            }
+            guard::GuardProgram::Builtin(_) => info!(
+                guard = program.describe(),
+                "jobs start under the built-in guard ({} not found beside this binary; each \
+                 job's start then costs about a millisecond more CPU)",
+                guard::SLIM_GUARD_NAME
+            ),
         }
-        other => other,
-    };
-    let memory = Memory {
-        state,
-        left,
-        contact,
-        guard,
-        guard_fence,
-        run_as: run_as_policy,
-    };
-    let agent = start_loops(client, identity, probe, timings, memory);
-    wait_for_stop_signal().await?;
-    agent.shut_down().await;
-    Ok(())
+        // A built-in guard runs as the job's account, which may not enter the state directory:
+        // it reads the contact file through a descriptor the agent keeps open.
+        let fence = match fence {
+            Some(fence) if run_as.as_owner && !program.switches_accounts() => {
+                let contact_file = guard::inheritable_contact(&fence.contact_file)
+                    .with_context(|| format!("opening {}", fence.contact_file.display()))?;
+                Some(guard::GuardFence {
+                    contact_file,
+                    ..fence
+                })
+            }
+            other => other,
+        };
+        Ok(Guards {
+            contact,
+            program,
+            fence,
+        })
+    }
 }
 
-/// The agent's configurable durations.
-#[derive(Clone, Copy)]
-struct Timings {
-    heartbeat_interval: Duration,
-    kill_grace: Duration,
-}
-
-/// The state file and what a previous agent left in it, and the contact file the job guards
-/// watch for self-fencing.
+/// What the loops start from: the state file and what a previous agent left in it, the
+/// guards (with the contact file they watch for self-fencing) and whose account jobs run as.
 struct Memory {
     state: StateFile,
     left: Vec<RecordedAttempt>,
-    contact: fence::Contact,
-    guard: guard::GuardProgram,
-    guard_fence: Option<guard::GuardFence>,
+    guards: Guards,
     run_as: run_as::RunAsPolicy,
 }
 
@@ -252,10 +272,10 @@ fn start_loops(
     client: async_nats::Client,
     identity: Identity,
     probe: Box<dyn gpu::GpuProbe>,
-    timings: Timings,
     memory: Memory,
 ) -> Agent {
     let node = identity.node.clone();
+    let kill_grace = identity.kill_grace;
     let js = async_nats::jetstream::new(client.clone());
     let (stop_taking_work, shutdown) = shutdown::signal();
     let (stop_heartbeats, heartbeat_stop) = shutdown::signal();
@@ -265,7 +285,7 @@ fn start_loops(
 
     // Before the first heartbeat, so that it lists the jobs a previous agent left running.
     let leftovers = reconcile::survey(memory.left, &table);
-    let contact = memory.contact;
+    let contact = memory.guards.contact;
     if let Some(fence_after) = identity.fence_after {
         tokio::spawn(fence::watch(
             contact.clone(),
@@ -281,13 +301,13 @@ fn start_loops(
         client: client.clone(),
         js: js.clone(),
         node: node.clone(),
-        kill_grace: timings.kill_grace,
+        kill_grace,
         table: table.clone(),
         reporter: Reporter::new(js, node, give_up),
         state: memory.state,
         heartbeat_now,
-        guard: memory.guard,
-        guard_fence: memory.guard_fence,
+        guard: memory.guards.program,
+        guard_fence: memory.guards.fence,
         run_as: memory.run_as,
     };
     let dispatcher = tokio::spawn(async move {
@@ -304,7 +324,7 @@ fn start_loops(
     Agent {
         client,
         table,
-        kill_grace: timings.kill_grace,
+        kill_grace,
         stop_taking_work,
         stop_heartbeats,
         give_up_reports,
