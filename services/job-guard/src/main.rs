@@ -156,62 +156,127 @@ fn fail(reason: &[u8]) -> i32 {
     NOT_FOUND
 }
 
+/// The guard's life: read its command line, open the contact file, become the job's account,
+/// arrange to hear of the agent's death, start the job and see it through. Returns the exit
+/// code: the job's, or [`NOT_FOUND`] after the guard's own failure.
+///
 /// # Safety
 /// As for [`entry`].
 unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i32 {
-    if argc < 7 {
-        return fail(
-            b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]",
-        );
-    }
-    // SAFETY: indices below argc.
-    let [agent, grace, fence, contact, account] = unsafe { [1, 2, 3, 4, 5].map(|i| arg(argv, i)) };
-    let Some(agent) = number(agent).and_then(|pid| i32::try_from(pid).ok()) else {
-        return fail(b"bad agent pid");
+    // SAFETY: as the caller promised.
+    let settings = match unsafe { Settings::parse(argc, argv) } {
+        Ok(settings) => settings,
+        Err(reason) => return fail(reason),
     };
-    let Some(grace_ns) = number(grace).map(|ms| ms as i128 * MS) else {
-        return fail(b"bad grace");
-    };
-    let fence_ns = match number(fence) {
-        None => return fail(b"bad fence"),
-        Some(0) => None,
-        Some(ms) => Some(ms as i128 * MS),
-    };
-    let contact = contact.to_bytes_with_nul();
     // Opened while the guard may still be root: a root agent's state directory is usually one
     // the job's account cannot enter. The agent touches this same file (it never replaces it).
-    let contact_fd = match fence_ns.map(|_| sys::open_read(contact)) {
+    let contact_fd = match settings.fence_ns.map(|_| sys::open_read(settings.contact)) {
         Some(fd) if fd >= 0 => Some(fd as i32),
         _ => None,
     };
     // From here on nothing runs with more rights than the job has.
-    if account.to_bytes() != b"-" {
-        let mut groups = [0u32; MAX_GROUPS];
-        let Some((uid, gid, count)) = parse_account(account.to_bytes(), &mut groups) else {
-            return fail(b"bad account (UID:GID:GROUPS)");
-        };
-        if sys::switch_account(uid, gid, &groups[..count]) < 0 {
-            return fail(b"cannot switch to the job's account");
-        }
+    if let Err(reason) = become_account(settings.account) {
+        return fail(reason);
     }
-    // Checked this often while fencing; the agent's heartbeat margin covers the delay.
-    let check_every = fence_ns.map(|fence| (fence / 8).clamp(20 * MS, 100 * MS));
+    if let Err(reason) = prepare_for_agent_death(settings.agent) {
+        return fail(reason);
+    }
+    // SAFETY: as the caller promised (argc above 6, checked by the parse).
+    match unsafe { start_job(argv, envp) } {
+        Ok(child) => watch_job(child, &settings, contact_fd),
+        Err(reason) => fail(reason),
+    }
+}
 
+/// The guard's command line (PROGRAM and its arguments stay in argv, for the exec).
+struct Settings<'a> {
+    agent: i32,
+    grace_ns: i128,
+    /// None: never fence.
+    fence_ns: Option<i128>,
+    /// CONTACT_FILE with its NUL.
+    contact: &'a [u8],
+    /// `-` or `UID:GID:GROUPS`.
+    account: &'a [u8],
+}
+
+impl<'a> Settings<'a> {
+    /// `AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]`; the error is the
+    /// guard's message.
+    ///
+    /// # Safety
+    /// As for [`entry`].
+    unsafe fn parse(argc: usize, argv: *mut *const u8) -> Result<Self, &'static [u8]> {
+        if argc < 7 {
+            return Err(
+                b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]",
+            );
+        }
+        // SAFETY: indices below argc.
+        let [agent, grace, fence, contact, account] =
+            unsafe { [1, 2, 3, 4, 5].map(|i| arg(argv, i)) };
+        let Some(agent) = number(agent).and_then(|pid| i32::try_from(pid).ok()) else {
+            return Err(b"bad agent pid");
+        };
+        let Some(grace_ns) = number(grace).map(|ms| ms as i128 * MS) else {
+            return Err(b"bad grace");
+        };
+        let fence_ns = match number(fence) {
+            None => return Err(b"bad fence"),
+            Some(0) => None,
+            Some(ms) => Some(ms as i128 * MS),
+        };
+        Ok(Settings {
+            agent,
+            grace_ns,
+            fence_ns,
+            contact: contact.to_bytes_with_nul(),
+            account: account.to_bytes(),
+        })
+    }
+}
+
+/// Switches to `account` (`UID:GID:GROUPS`) unless it is `-`.
+fn become_account(account: &[u8]) -> Result<(), &'static [u8]> {
+    if account == b"-" {
+        return Ok(());
+    }
+    let mut groups = [0u32; MAX_GROUPS];
+    let Some((uid, gid, count)) = parse_account(account, &mut groups) else {
+        return Err(b"bad account (UID:GID:GROUPS)");
+    };
+    if sys::switch_account(uid, gid, &groups[..count]) < 0 {
+        return Err(b"cannot switch to the job's account");
+    }
+    Ok(())
+}
+
+/// Blocks the stop signals (see [`STOP_SIGNALS`]) and notes them instead of dying of them,
+/// asks for SIGTERM when the agent dies, and refuses to go on when the agent (pid `agent`)
+/// is already gone.
+fn prepare_for_agent_death(agent: i32) -> Result<(), &'static [u8]> {
     sys::set_signal_mask(STOP_SIGNALS);
     for signal in [SIGTERM, SIGINT, SIGHUP] {
         if sys::set_signal_handler(signal, Some(on_stop_signal)) < 0 {
-            return fail(b"cannot handle stop signals");
+            return Err(b"cannot handle stop signals");
         }
     }
     if sys::set_parent_death_signal(SIGTERM) < 0 {
-        return fail(b"cannot ask for a signal on the agent's death");
+        return Err(b"cannot ask for a signal on the agent's death");
     }
     // The agent may have died before the line above took effect: then nothing must start.
     if sys::getppid() != agent {
-        return fail(b"the agent is gone; not starting the job");
+        return Err(b"the agent is gone; not starting the job");
     }
+    Ok(())
+}
 
-    let child = match sys::fork() {
+/// Forks the job's process, which runs PROGRAM; returns its pid.
+///
+/// # Safety
+/// As for [`run_program`].
+unsafe fn start_job(argv: *mut *const u8, envp: *const *const u8) -> Result<i32, &'static [u8]> {
+    match sys::fork() {
         0 => {
             // A stop signal sent before the exec must stop the job, not reach the guard's
             // handler (in this copy of the guard) and vanish: default handling, then unblock.
@@ -222,15 +287,23 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
             // SAFETY: argv from index 6 is PROGRAM, ARGS and the NULL; envp as given.
             unsafe { run_program(argv, envp) }
         }
-        pid if pid > 0 => pid as i32,
-        _ => return fail(b"cannot start the job (fork failed)"),
-    };
+        pid if pid > 0 => Ok(pid as i32),
+        _ => Err(b"cannot start the job (fork failed)"),
+    }
+}
+
+/// Waits for the job to end and returns how to end the same way; stops its group on a stop
+/// signal or when fenced: SIGTERM, then SIGKILL once the grace has passed.
+fn watch_job(child: i32, settings: &Settings<'_>, contact_fd: Option<i32>) -> i32 {
     let exit_signal = match sys::pidfd_open(child) {
         fd if fd >= 0 => Some(fd as i32),
         // Kernels before 5.3: the guard sleeps between its checks instead.
         _ => None,
     };
-
+    // Checked this often while fencing; the agent's heartbeat margin covers the delay.
+    let check_every = settings
+        .fence_ns
+        .map(|fence| (fence / 8).clamp(20 * MS, 100 * MS));
     let mut stop_deadline: Option<i128> = None;
     loop {
         let mut status = 0;
@@ -240,27 +313,18 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
             err if err == -sys::EINTR => {}
             _ => return fail(b"lost track of the job"),
         }
-        let touched = match contact_fd {
-            Some(fd) => sys::modified_ns_of(fd),
-            None => sys::modified_ns(contact),
-        };
-        let fenced = match (fence_ns, touched) {
-            (Some(after), Some(touched)) => sys::clock_ns(sys::CLOCK_REALTIME) - touched > after,
-            // A contact file that cannot be read keeps the job: fencing on a missing file would
-            // turn an operator's mistake into lost work.
-            _ => false,
-        };
+        let fenced = fenced(settings, contact_fd);
         if stop_deadline.is_none() && fenced {
             Message::new()
                 .push(b"mgpu: this node has not reached the cluster for longer than ")
-                .number((fence_ns.unwrap_or(0) / MS) as u64)
+                .number((settings.fence_ns.unwrap_or(0) / MS) as u64)
                 .push(b" ms; stopping the job, which may already run elsewhere (fenced)\n")
                 .send();
         }
         if stop_deadline.is_none() && (STOP.load(Ordering::SeqCst) != 0 || fenced) {
             // Stop the whole group (this guard only notes its own copy: the handler is set).
             sys::kill(-sys::getpgrp(), SIGTERM);
-            stop_deadline = Some(sys::clock_ns(sys::CLOCK_MONOTONIC) + grace_ns);
+            stop_deadline = Some(sys::clock_ns(sys::CLOCK_MONOTONIC) + settings.grace_ns);
         }
         let now = sys::clock_ns(sys::CLOCK_MONOTONIC);
         let timeout = match stop_deadline {
@@ -279,6 +343,24 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
             None => Some(timeout.unwrap_or(100 * MS).min(100 * MS)),
         };
         sys::wait_readable(exit_signal, timeout, !STOP_SIGNALS);
+    }
+}
+
+/// Whether CONTACT_FILE (touched by the agent whenever JetStream stored its heartbeat) is
+/// older than the fence.
+fn fenced(settings: &Settings<'_>, contact_fd: Option<i32>) -> bool {
+    let Some(after) = settings.fence_ns else {
+        return false;
+    };
+    let touched = match contact_fd {
+        Some(fd) => sys::modified_ns_of(fd),
+        None => sys::modified_ns(settings.contact),
+    };
+    match touched {
+        Some(touched) => sys::clock_ns(sys::CLOCK_REALTIME) - touched > after,
+        // A contact file that cannot be read keeps the job: fencing on a missing file would
+        // turn an operator's mistake into lost work.
+        None => false,
     }
 }
 
