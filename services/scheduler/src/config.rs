@@ -1,4 +1,5 @@
-//! The scheduler's configuration: a TOML file (`--config`) and flags that override it.
+//! The scheduler's configuration: a TOML file (`--config`) and flags that override it, and
+//! what follows from it for one job (its time limit).
 //!
 //! ```toml
 //! placement = "fill_first"     # or "spread"
@@ -12,11 +13,13 @@
 //! ```
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
 use mgpu_protocol::duration::parse_duration;
+use mgpu_protocol::job::JobSpec;
 use mgpu_protocol::priority::{PlacementPolicy, Policy};
 
 #[derive(Debug, Default, Deserialize)]
@@ -79,6 +82,15 @@ pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
         policy.topology_label = label;
     }
     Ok(policy)
+}
+
+/// The time limit a job runs under: its own, capped by the cluster's `max_job_time`.
+pub fn effective_time_limit(policy: &Policy, spec: &JobSpec) -> Option<Duration> {
+    let cluster = policy.max_job_time_secs.map(Duration::from_secs);
+    match (spec.time_limit(), cluster) {
+        (Some(own), Some(max)) => Some(own.min(max)),
+        (own, max) => own.or(max),
+    }
 }
 
 #[cfg(test)]

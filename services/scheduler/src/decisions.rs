@@ -1,46 +1,41 @@
-//! Carrying out a pass's decisions: starts (recorded, then assignments sent), new wait
-//! reasons, rejections and preemptions; and ending jobs, with their GPU time accounted.
+//! Carrying out a pass's decisions through the job lifecycle: starts (recorded, then
+//! assignments sent), new wait reasons, rejections and preemptions. Starts and wait reasons,
+//! the bulk of a busy pass, are stored together (pipelined) and their assignments sent
+//! together; rejections and preemptions, rare, one by one.
 
 use std::collections::HashMap;
 
-use anyhow::Result;
 use futures::StreamExt;
 
 use mgpu_protocol::Timestamp;
-use mgpu_protocol::assign::NodeControl;
-use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{
-    Ending, JobRecord, JobState, Launch, OnTimeout, Placement, Run, WaitReason,
-};
+use mgpu_protocol::job::{JobState, Launch, OnTimeout, Placement, WaitReason};
 
+use crate::config::effective_time_limit;
 use crate::core::Decision;
+use crate::lifecycle::{self, Effect, Input};
 use crate::outbox::master_port;
 use crate::service::Scheduler;
+use crate::state::WRITE_CHUNK;
 
 /// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
 const ASSIGNMENTS_IN_FLIGHT: usize = 256;
 
 impl Scheduler {
-    /// Carries out a pass's decisions; returns how many changed something. Starts and new
-    /// wait reasons, the bulk of a busy pass, are written together (pipelined), then the
-    /// assignments sent together; rejections and preemptions, rare, one by one.
+    /// Carries out a pass's decisions; returns how many changed something.
     pub(crate) async fn carry_out_all(
         &mut self,
         decisions: Vec<Decision>,
         now: Timestamp,
     ) -> usize {
-        let mut starts: HashMap<JobId, Placement> = HashMap::new();
-        let mut start_order: Vec<JobId> = Vec::new();
-        let mut reasons: HashMap<JobId, WaitReason> = HashMap::new();
-        let mut reason_order: Vec<JobId> = Vec::new();
+        let mut starts: Vec<(JobId, Placement)> = Vec::new();
+        let mut waits: Vec<(JobId, WaitReason)> = Vec::new();
         let mut others = Vec::new();
         for decision in decisions {
             match decision {
                 Decision::Start { job, placement } => {
                     let placement = self.with_launch(&job, placement);
-                    start_order.push(job.clone());
-                    starts.insert(job, placement);
+                    starts.push((job, placement));
                 }
                 Decision::Wait { job, reason } => {
                     let unchanged = matches!(
@@ -48,116 +43,134 @@ impl Scheduler {
                         Some(JobState::Queued(w)) if w.reason == reason
                     );
                     if !unchanged {
-                        reason_order.push(job.clone());
-                        reasons.insert(job, reason);
+                        waits.push((job, reason));
                     }
                 }
                 other => others.push(other),
             }
         }
-        let mut changes = 0;
+        let mut changes = self.start_all(starts, now).await;
+        for chunk in waits.chunks(WRITE_CHUNK) {
+            changes += self.wait_all(chunk, now).await;
+        }
+        for decision in others {
+            let (job, input) = match decision {
+                Decision::Reject { job, reason } => (job, Input::Reject { reason }),
+                Decision::Preempt { job } => (job, Input::SliceEnd),
+                Decision::Start { .. } | Decision::Wait { .. } => continue,
+            };
+            let Some(record) = self.store.get(&job) else {
+                continue;
+            };
+            let transition = lifecycle::apply(record, input, now, &self.limits());
+            match self.carry_out(&job, transition, None).await {
+                Ok(()) => changes += 1,
+                Err(err) => tracing::error!(job = %job, "{err:#}"),
+            }
+        }
+        changes
+    }
 
-        // Recorded first, then sent: if we die in between, the restarted scheduler sees
-        // running jobs that never started and sends them again (the message id makes
-        // JetStream drop a copy that did go out).
-        let recorded = self
-            .store
-            .update_many(&start_order, |r| {
-                if let Some(placement) = starts.get(&r.id) {
-                    r.state = JobState::Running(Run::assigned(placement.clone(), now));
-                }
-            })
-            .await;
-        let mut started = Vec::with_capacity(recorded.len());
-        for result in recorded {
+    /// Records the started jobs as running, all writes pipelined, then sends their
+    /// assignments, many at once. Recorded first: if we die in between, the restarted
+    /// scheduler sees running jobs that never started and sends them again (the message id
+    /// makes JetStream drop a copy that did go out).
+    async fn start_all(&mut self, starts: Vec<(JobId, Placement)>, now: Timestamp) -> usize {
+        let limits = self.limits();
+        let mut records = Vec::with_capacity(starts.len());
+        let mut effects: HashMap<JobId, Vec<Effect>> = HashMap::with_capacity(starts.len());
+        for (job, placement) in starts {
+            let Some(record) = self.store.get(&job) else {
+                continue;
+            };
+            let transition = lifecycle::apply(record, Input::Start { placement }, now, &limits);
+            if let Some(record) = transition.record {
+                records.push(record);
+                effects.insert(job, transition.effects);
+            }
+        }
+        let order: Vec<JobId> = records.iter().map(|r| r.id.clone()).collect();
+        let written = self.store.write_many(records).await;
+        let mut started = Vec::with_capacity(order.len());
+        for (job, result) in order.into_iter().zip(written) {
             match result {
-                Ok(record) => started.push(record),
+                Ok(()) => {
+                    let todo = effects.remove(&job).unwrap_or_default();
+                    started.push((job, todo));
+                }
                 Err(err) => tracing::error!("recording a start: {err:#}"),
             }
         }
-        let sent: Vec<Result<()>> = futures::stream::iter(&started)
-            .map(|record| self.send_assignment(record))
+        let this = &*self;
+        let sent: Vec<(JobId, anyhow::Result<()>)> = futures::stream::iter(started)
+            .map(|(job, todo)| async move {
+                let outcome = this.carry_out_effects(&job, todo, None).await;
+                (job, outcome)
+            })
             .buffered(ASSIGNMENTS_IN_FLIGHT)
             .collect()
             .await;
-        for (record, outcome) in started.iter().zip(sent) {
-            if let Err(err) = outcome {
-                // Recorded as running: the repair timer sends it again.
-                tracing::error!("{err:#}");
-                continue;
-            }
-            changes += 1;
-            let JobState::Running(run) = &record.state else {
-                continue;
-            };
-            self.publish_event(
-                &record.id,
-                JobEventKind::Assigned {
-                    placement: run.placement.clone(),
-                },
-            );
-            if let Some(end) = self
-                .effective_time_limit(&record.spec)
-                .and_then(|l| chrono::Duration::from_std(l).ok())
-            {
-                let end = now + end;
-                if record.spec.on_timeout == OnTimeout::Requeue
-                    && self.next_slice_end.is_none_or(|next| end < next)
-                {
-                    self.next_slice_end = Some(end);
-                }
-            }
-        }
-
-        let written = self
-            .store
-            .update_many_quietly(&reason_order, |r| {
-                if let (JobState::Queued(waiting), Some(reason)) =
-                    (&mut r.state, reasons.get(&r.id))
-                {
-                    waiting.reason = *reason;
-                }
-            })
-            .await;
-        for (job, result) in reason_order.iter().zip(written) {
-            match result {
-                Ok(_) => {
+        let mut changes = 0;
+        for (job, outcome) in sent {
+            match outcome {
+                Ok(()) => {
                     changes += 1;
-                    if let Some(reason) = reasons.get(job) {
-                        self.publish_event(job, JobEventKind::Queued { reason: *reason });
-                    }
+                    self.arm_slice_timer(&job, now);
                 }
-                Err(err) => tracing::error!("recording a wait reason: {err:#}"),
-            }
-        }
-
-        for decision in others {
-            match self.carry_out(decision, now).await {
-                Ok(()) => changes += 1,
+                // Recorded as running: the repair timer sends it again.
                 Err(err) => tracing::error!("{err:#}"),
             }
         }
         changes
     }
 
-    /// Carries out a rejection or a preemption.
-    async fn carry_out(&mut self, decision: Decision, now: Timestamp) -> Result<()> {
-        match decision {
-            Decision::Start { .. } | Decision::Wait { .. } => Ok(()),
-            Decision::Reject { job, reason } => {
-                self.finish(&job, |_| {
-                    JobState::Failed(Ending {
-                        placement: None,
-                        started_at: None,
-                        ended_at: now,
-                        exit_code: None,
-                        signal: None,
-                        reason: Some(format!("cannot run: {reason}")),
-                    })
-                })
-                .await
+    /// Gives waiting jobs their new reasons, all writes pipelined.
+    async fn wait_all(&mut self, waits: &[(JobId, WaitReason)], now: Timestamp) -> usize {
+        let limits = self.limits();
+        let mut records = Vec::with_capacity(waits.len());
+        let mut effects = Vec::with_capacity(waits.len());
+        for (job, reason) in waits {
+            let Some(record) = self.store.get(job) else {
+                continue;
+            };
+            let transition =
+                lifecycle::apply(record, Input::Wait { reason: *reason }, now, &limits);
+            if let Some(record) = transition.record {
+                records.push(record);
+                effects.push((job.clone(), transition.effects));
             }
-            Decision::Preempt { job } => self.preempt(&job).await,
+        }
+        let written = self.store.write_many(records).await;
+        let mut changes = 0;
+        for ((job, todo), result) in effects.into_iter().zip(written) {
+            match result {
+                Ok(()) => {
+                    changes += 1;
+                    if let Err(err) = self.carry_out_effects(&job, todo, None).await {
+                        tracing::error!(job = %job, "{err:#}");
+                    }
+                }
+                Err(err) => tracing::error!("recording a wait reason: {err:#}"),
+            }
+        }
+        changes
+    }
+
+    /// Wakes the loop when a just-started job's time slice ends (jobs that requeue at their
+    /// time limit run in slices).
+    fn arm_slice_timer(&mut self, job: &JobId, now: Timestamp) {
+        let Some(record) = self.store.get(job) else {
+            return;
+        };
+        if record.spec.on_timeout != OnTimeout::Requeue {
+            return;
+        }
+        if let Some(end) = effective_time_limit(&self.policy, &record.spec)
+            .and_then(|l| chrono::Duration::from_std(l).ok())
+            .map(|limit| now + limit)
+            && self.next_slice_end.is_none_or(|next| end < next)
+        {
+            self.next_slice_end = Some(end);
         }
     }
 
@@ -178,76 +191,5 @@ impl Scheduler {
             });
         }
         placement
-    }
-
-    /// Stops a job whose time slice is over; it comes back to the queue when the agent reports.
-    async fn preempt(&mut self, job: &JobId) -> Result<()> {
-        let Some(record) = self.store.get(job).cloned() else {
-            return Ok(());
-        };
-        let JobState::Running(run) = &record.state else {
-            return Ok(());
-        };
-        if run.preempt_requested || run.cancel_requested_by.is_some() {
-            return Ok(());
-        }
-        self.store
-            .update(job, |r| {
-                if let JobState::Running(run) = &mut r.state {
-                    run.preempt_requested = true;
-                }
-            })
-            .await?;
-        let control = NodeControl::Kill {
-            job_id: job.clone(),
-            attempt: record.attempt,
-            reason: "time slice over while other jobs wait: back to the queue".into(),
-            requeue: true,
-        };
-        self.send_control_to_job(&run.placement, &control, None)
-            .await?;
-        tracing::info!(job = %job, nodes = %run.placement.nodes_label(), "time slice over; preempting");
-        Ok(())
-    }
-
-    /// Adds a finished run's GPU time to its user's fair-share usage.
-    pub(crate) fn account_usage(&mut self, record: &JobRecord, ended_at: Timestamp) {
-        let JobState::Running(run) = &record.state else {
-            return;
-        };
-        let Some(started) = run.started_at else {
-            return;
-        };
-        let seconds = (ended_at - started).num_milliseconds().max(0) as f64 / 1000.0;
-        let gpus = run.placement.total_gpus();
-        if gpus > 0.0 && seconds > 0.0 {
-            self.usage.add(
-                &record.user,
-                gpus * seconds,
-                ended_at,
-                self.policy.half_life_secs,
-            );
-            self.usage_dirty = true;
-        }
-    }
-
-    /// Moves a job to a finished state built by `ending` from its current record.
-    pub(crate) async fn finish(
-        &mut self,
-        job: &JobId,
-        ending: impl Fn(&JobRecord) -> JobState,
-    ) -> Result<()> {
-        let record = self.store.update(job, |r| r.state = ending(r)).await?;
-        let end = record.state.ending();
-        self.publish_event(
-            job,
-            JobEventKind::Finished {
-                state: record.state.name().to_owned(),
-                exit_code: end.and_then(|e| e.exit_code),
-                reason: end.and_then(|e| e.reason.clone()),
-            },
-        );
-        tracing::info!(job = %job, state = record.state.name(), "job finished");
-        Ok(())
     }
 }

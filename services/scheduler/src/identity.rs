@@ -1,8 +1,8 @@
 //! Who sent a request: the signature on every user request (see `mgpu_nats::signing`) is
 //! checked against the principals file (`--principals`, the `principals.json` that `mgpu admin`
 //! keeps), re-read when it changes, so users added or removed take effect without a restart.
-//! A request that is unsigned, forged, replayed or signed by no known user is refused, and
-//! every request, carried out or refused, goes to the audit stream.
+//! A request that is unsigned, forged, replayed or signed by no known user is refused (and
+//! audited: `outbox.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -10,14 +10,11 @@ use std::time::SystemTime;
 use anyhow::{Context, Result};
 use async_nats::jetstream;
 
-use mgpu_nats::signing::{self, SignatureError};
-use mgpu_protocol::audit::AuditRecord;
-use mgpu_protocol::event::JobEventKind;
-use mgpu_protocol::ids::JobId;
+use mgpu_nats::signing::{self, Nonces, SignatureError};
+use mgpu_protocol::Timestamp;
 use mgpu_protocol::principals::{Principal, Registry, Role};
-use mgpu_protocol::{Timestamp, now, subjects};
 
-use crate::service::Scheduler;
+use crate::lifecycle::{Requester, Signer};
 
 /// The principals file, re-read when it changes.
 #[derive(Clone)]
@@ -108,9 +105,20 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Whether this sender may act on a job owned by `owner`.
-    pub fn may_act_on(&self, owner: &str) -> bool {
-        self.admin || self.name == owner
+    /// This sender as the job lifecycle sees one who asks for a cancel, hold or release.
+    pub fn requester(&self) -> Requester {
+        Requester {
+            name: self.name.clone(),
+            admin: self.admin,
+        }
+    }
+
+    /// This sender as the signer of a submission.
+    pub fn signer(&self) -> Signer {
+        Signer {
+            name: self.name.clone(),
+            key: self.key.clone(),
+        }
     }
 }
 
@@ -121,10 +129,25 @@ pub struct Refusal {
     pub reason: String,
 }
 
-impl Scheduler {
+/// The gate every request passes: whose signature it carries, and whether it was seen before.
+pub struct Gate {
+    /// Who may sign requests.
+    pub principals: Principals,
+    /// Request nonces seen lately, to refuse replays.
+    nonces: Nonces,
+}
+
+impl Gate {
+    pub fn new(principals: Principals) -> Self {
+        Gate {
+            principals,
+            nonces: Nonces::default(),
+        }
+    }
+
     /// Checks a request's signature and who signed it. `stored_at` is when JetStream stored
     /// it, which a replayer cannot choose.
-    pub(crate) fn authenticate(
+    pub fn authenticate(
         &mut self,
         message: &jetstream::Message,
         stored_at: Timestamp,
@@ -157,64 +180,5 @@ impl Scheduler {
             name: principal.name,
             key: signed.signer,
         })
-    }
-
-    /// Records a request in the audit stream (the acknowledgement is awaited off the hot
-    /// path, as for events).
-    pub(crate) fn audit(
-        &self,
-        action: &str,
-        by: Option<&Identity>,
-        key: Option<String>,
-        target: Option<String>,
-        accepted: bool,
-        detail: String,
-    ) {
-        let record = AuditRecord {
-            at: now(),
-            action: action.to_owned(),
-            by: by.map(|i| i.name.clone()),
-            key: by.map(|i| i.key.clone()).or(key),
-            target,
-            accepted,
-            detail,
-        };
-        let Ok(payload) = serde_json::to_vec(&record) else {
-            return;
-        };
-        self.background
-            .publish(subjects::audit(action), payload, "an audit record");
-    }
-
-    /// Refuses a request about `job`: a log line, an event the requester's CLI shows, and an
-    /// audit record.
-    pub(crate) fn refuse(
-        &self,
-        action: &str,
-        job: Option<&JobId>,
-        by: Option<&Identity>,
-        key: Option<String>,
-        reason: String,
-    ) {
-        tracing::warn!(
-            action,
-            job = job.map(JobId::as_str),
-            by = by.map(|i| i.name.as_str()),
-            "request refused: {reason}"
-        );
-        if let Some(job) = job {
-            let kind = if action == "submit" {
-                JobEventKind::Rejected {
-                    reason: format!("permission denied: {reason}"),
-                }
-            } else {
-                JobEventKind::Refused {
-                    action: action.to_owned(),
-                    reason: format!("permission denied: {reason}"),
-                }
-            };
-            self.publish_event(job, kind);
-        }
-        self.audit(action, by, key, job.map(JobId::to_string), false, reason);
     }
 }

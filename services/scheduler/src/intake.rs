@@ -1,14 +1,18 @@
-//! Reading requests off the requests stream: each signature checked (a refused request is
-//! answered, audited and acknowledged at once), consecutive plain submissions recorded
-//! together, every other request carried out in order, each acknowledged once handled.
+//! Reading requests off the requests stream: each decoded once into a [`Request`] and its
+//! signature checked (a refused request is answered, audited and acknowledged at once);
+//! consecutive plain submissions recorded together; every other request handed, in order, to
+//! its handler (`submit.rs`, `cancel.rs`, `hold.rs`, `admin.rs`); each acknowledged once
+//! handled, or left for JetStream to deliver again when storing failed.
 
 use async_nats::jetstream;
-use bytes::Bytes;
 
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::SubmitRequest;
+use mgpu_protocol::request::{Action, Request};
 use mgpu_protocol::{now, subjects};
 
+use crate::identity::Identity;
+use crate::outbox::Sender;
 use crate::service::Scheduler;
 
 /// A request read from the requests stream.
@@ -16,86 +20,86 @@ pub(crate) type RequestMessage = jetstream::Message;
 
 /// A request whose signature checked out, ready to be carried out.
 struct Admitted {
-    message: jetstream::Message,
-    identity: crate::identity::Identity,
-    action: &'static str,
-    job: Option<String>,
+    message: RequestMessage,
+    identity: Identity,
+    request: Request,
 }
 
-/// Just enough of a submission to see whether it asks for `--dedup`.
-#[derive(serde::Deserialize)]
-struct DedupProbe {
-    spec: DedupFlag,
-}
-
-#[derive(serde::Deserialize)]
-struct DedupFlag {
-    #[serde(default)]
-    dedup: bool,
+/// A plain submission waiting to be recorded with the others of its batch.
+struct Pending {
+    message: RequestMessage,
+    identity: Identity,
+    request: SubmitRequest,
 }
 
 impl Scheduler {
-    /// Handles a batch of requests in order. Consecutive submissions are recorded together,
-    /// their writes pipelined; any other request (a cancel may name a job submitted just
-    /// before it), and a `--dedup` submission (it must see every job before it), first lets
-    /// the submissions before it be recorded.
+    /// Handles a batch of requests in order. Consecutive plain submissions are recorded
+    /// together, their writes pipelined; any other request (a cancel may name a job submitted
+    /// just before it), and a `--dedup` submission (it must see every job before it), first
+    /// lets the submissions before it be recorded.
     pub(crate) async fn on_requests(&mut self, batch: Vec<RequestMessage>) {
-        let mut submissions: Vec<Admitted> = Vec::new();
+        let mut submissions: Vec<Pending> = Vec::new();
         for message in batch {
             let Some(admitted) = self.admit(message).await else {
                 continue;
             };
-            let plain_submission = admitted.action == "submit"
-                && serde_json::from_slice::<DedupProbe>(&admitted.message.payload)
-                    .is_ok_and(|probe| !probe.spec.dedup);
-            if plain_submission {
-                submissions.push(admitted);
-                continue;
+            let Admitted {
+                message,
+                identity,
+                request,
+            } = admitted;
+            match request {
+                Request::Submit(request) if !request.spec.dedup => {
+                    submissions.push(Pending {
+                        message,
+                        identity,
+                        request: *request,
+                    });
+                }
+                request => {
+                    self.record_submissions(std::mem::take(&mut submissions))
+                        .await;
+                    self.carry_out_request(message, identity, request).await;
+                }
             }
-            self.record_submissions(std::mem::take(&mut submissions))
-                .await;
-            self.carry_out_request(admitted).await;
         }
         self.record_submissions(submissions).await;
     }
 
     /// Records plain submissions together and acknowledges those stored.
-    async fn record_submissions(&mut self, submissions: Vec<Admitted>) {
+    async fn record_submissions(&mut self, submissions: Vec<Pending>) {
         if submissions.is_empty() {
             return;
         }
-        let inputs: Vec<(Bytes, crate::identity::Identity)> = submissions
-            .iter()
-            .map(|a| (a.message.payload.clone(), a.identity.clone()))
-            .collect();
-        let results = self.on_submits(&inputs).await;
-        for (admitted, result) in submissions.iter().zip(results) {
+        let mut messages = Vec::with_capacity(submissions.len());
+        let mut identities = Vec::with_capacity(submissions.len());
+        let mut requests = Vec::with_capacity(submissions.len());
+        for pending in submissions {
+            messages.push(pending.message);
+            identities.push(pending.identity);
+            requests.push(pending.request);
+        }
+        let inputs = requests.into_iter().zip(identities.iter()).collect();
+        let results = self.on_submits(inputs).await;
+        for (message, result) in messages.iter().zip(results) {
             match result {
-                Ok(()) => {
-                    if let Err(err) = admitted.message.ack().await {
-                        tracing::warn!(%err, "acknowledging a request");
-                    }
-                }
+                Ok(()) => acknowledge(message).await,
                 // Unacknowledged: JetStream redelivers it.
                 Err(err) => tracing::error!("handling a submission: {err:#}"),
             }
         }
     }
 
-    /// Checks a request's signature; a refused one is answered, audited and acknowledged
-    /// here (None).
+    /// Decodes a request and checks its signature; a refused or malformed one is handled and
+    /// acknowledged here (None).
     async fn admit(&mut self, message: RequestMessage) -> Option<Admitted> {
         let subject = message.subject.to_string();
-        let job = subjects::job_id_of(&subject).map(str::to_owned);
-        let kind = subject.rsplit('.').next().unwrap_or("");
-        let action = match (subject.as_str(), kind) {
-            (subjects::SUBMIT, _) => "submit",
-            (subjects::ADMIN_REQUESTS, _) => "admin",
-            (_, "cancel") => "cancel",
-            (_, "hold") => "hold",
-            (_, "release") => "release",
-            _ => "unknown",
+        let Some(action) = Action::of_subject(&subject) else {
+            tracing::warn!(%subject, "ignoring a request on an unexpected subject");
+            acknowledge(&message).await;
+            return None;
         };
+        let decoded = Request::decode(&subject, &message.payload);
         // When JetStream stored it: the signature must be that recent (a replay is not).
         let stored_at = message
             .info()
@@ -105,62 +109,57 @@ impl Scheduler {
                 Some(chrono::DateTime::from_timestamp_nanos(nanos))
             })
             .unwrap_or_else(now);
-        let identity = match self.authenticate(&message, stored_at) {
+        let identity = match self.gate.authenticate(&message, stored_at) {
             Ok(identity) => identity,
             Err(refusal) => {
-                // The job a refused submission names, so its submitter hears why.
-                let about = job
-                    .as_deref()
+                // The job a refused request names, so its submitter hears why.
+                let about = subjects::job_id_of(&subject)
                     .and_then(|id| id.parse::<JobId>().ok())
-                    .or_else(|| {
-                        (action == "submit")
-                            .then(|| serde_json::from_slice::<SubmitRequest>(&message.payload).ok())
-                            .flatten()
-                            .map(|r| r.id)
-                    });
-                self.refuse(action, about.as_ref(), None, refusal.key, refusal.reason);
-                if let Err(err) = message.ack().await {
-                    tracing::warn!(%err, "acknowledging a request");
-                }
+                    .or_else(|| decoded.as_ref().ok().and_then(Request::job).cloned());
+                let sender = Sender::Unknown { key: refusal.key };
+                self.refuse(action, about.as_ref(), &sender, refusal.reason);
+                acknowledge(&message).await;
                 return None;
             }
         };
-        Some(Admitted {
-            message,
-            identity,
-            action,
-            job,
-        })
+        match decoded {
+            Ok(request) => Some(Admitted {
+                message,
+                identity,
+                request,
+            }),
+            Err(err) => {
+                tracing::warn!(%subject, %err, "refusing a malformed {action} request");
+                acknowledge(&message).await;
+                None
+            }
+        }
     }
 
     /// Carries out an admitted request and acknowledges it once handled.
-    async fn carry_out_request(&mut self, admitted: Admitted) {
-        let Admitted {
-            message,
-            identity,
-            action,
-            job,
-        } = admitted;
-        let subject = message.subject.to_string();
-        let handled = match (action, job) {
-            ("submit", _) => self.on_submit(&message.payload, &identity).await,
-            ("admin", _) => self.on_admin(&message.payload, &identity).await,
-            ("cancel", Some(id)) => self.on_cancel(&id, &message.payload, &identity).await,
-            ("hold", Some(id)) => self.on_hold(&id, &message.payload, true, &identity).await,
-            ("release", Some(id)) => self.on_hold(&id, &message.payload, false, &identity).await,
-            _ => {
-                tracing::warn!(%subject, "ignoring a request on an unexpected subject");
-                Ok(())
-            }
+    async fn carry_out_request(
+        &mut self,
+        message: RequestMessage,
+        identity: Identity,
+        request: Request,
+    ) {
+        let handled = match request {
+            Request::Submit(request) => self.on_submit(*request, &identity).await,
+            Request::Cancel { job, request } => self.on_cancel(&job, request, &identity).await,
+            Request::Hold { job, .. } => self.on_hold(&job, true, &identity).await,
+            Request::Release { job, .. } => self.on_hold(&job, false, &identity).await,
+            Request::Admin(request) => self.on_admin(request, &identity).await,
         };
         match handled {
-            Ok(()) => {
-                if let Err(err) = message.ack().await {
-                    tracing::warn!(%err, "acknowledging a request");
-                }
-            }
+            Ok(()) => acknowledge(&message).await,
             // A failure to persist leaves the request unacknowledged: JetStream redelivers it.
-            Err(err) => tracing::error!("handling {subject}: {err:#}"),
+            Err(err) => tracing::error!("handling {}: {err:#}", message.subject),
         }
+    }
+}
+
+async fn acknowledge(message: &RequestMessage) {
+    if let Err(err) = message.ack().await {
+        tracing::warn!(%err, "acknowledging a request");
     }
 }

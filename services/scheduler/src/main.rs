@@ -1,35 +1,56 @@
 //! `mgpu-scheduler`: the service that decides which queued job runs where.
 //!
 //! # Layout
-//! - [`core`]: the pure scheduling function (no I/O; unit and property tests live there).
-//! - [`config`]: the policy file (`--config`).
-//! - [`service`]: the event loop around it: consumers, heartbeats, one pass after each batch.
-//! - [`intake`]: requests read off the stream: signatures checked, submissions batched.
-//! - [`queue_view`]: the core's view of the queue, kept between passes.
-//! - [`decisions`]: carrying out a pass's decisions (starts, wait reasons, rejections).
-//! - [`requests`]: submissions and cancellations from users.
-//! - [`reports`]: what node agents report about the processes they run.
+//! Pure, no I/O (unit- and property-tested without NATS):
+//! - [`core`]: the scheduling function: which queued job runs where.
+//! - [`lifecycle`]: a job's lifecycle: `(record, input, now) -> (record, effects)`.
+//!
+//! The service, one file per kind of input, each named like the request it handles (the
+//! protocol type is `mgpu_protocol::<name>`, the CLI command `mgpu <name>`):
+//! - [`service`]: the event loop and the pass; [`Scheduler`](service::Scheduler) and its parts.
+//! - [`intake`]: requests read off the stream: decoded once, signatures checked, batched.
+//! - [`submit`], [`cancel`], [`hold`], [`admin`]: each request's handler.
+//! - [`report`]: agents' reports about the processes they run.
+//! - [`liveness`]: heartbeats, lost nodes, lost jobs and fencing of stale attempts.
+//! - [`decisions`]: carrying out a pass's decisions through the lifecycle.
+//! - [`effects`]: carrying out a lifecycle transition: the record stored, then its effects.
+//!
+//! The parts, each owning its data:
 //! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
 //! - [`nodes`]: the node table built from heartbeats.
-//! - [`status`]: the NATS micro service (`$SRV.PING`, `mgpu.scheduler.status`).
-//! - [`leader`]: the lease that makes exactly one replica active.
-//! - [`liveness`]: lost nodes, lost jobs and fencing of stale attempts.
+//! - [`outbox`]: what the scheduler publishes (assignments, kills, events, audit records).
+//! - [`identity`]: the principals file and the gate every request's signature passes.
+//! - [`usage`]: the fair-share usage ledger.
+//! - [`queue_view`]: the core's view of the queued and running jobs, kept between passes.
+//! - [`liveness_memory`]: what the liveness checks remember between runs.
+//! - [`passes`]: pass statistics and memory given back after bursts.
+//!
+//! Around them: [`config`] (the policy file), [`leader`] (the lease that makes exactly one
+//! replica active), [`status`] (the NATS micro service: `$SRV.PING`, `mgpu.scheduler.status`).
 
+mod admin;
+mod cancel;
 mod config;
 mod core;
 mod decisions;
+mod effects;
+mod hold;
 mod identity;
 mod intake;
 mod leader;
+mod lifecycle;
 mod liveness;
+mod liveness_memory;
 mod nodes;
 mod outbox;
+mod passes;
 mod queue_view;
-mod reports;
-mod requests;
+mod report;
 mod service;
 mod state;
 mod status;
+mod submit;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

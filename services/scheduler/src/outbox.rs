@@ -1,6 +1,9 @@
 //! What the scheduler publishes: assignments and control messages to agents (stored, retried
-//! while NATS elects a leader, sent again while unconfirmed), and job events and audit records
-//! for anyone watching (awaited off the hot path).
+//! while NATS elects a leader), and job events and audit records for anyone watching (awaited
+//! off the hot path). The [`Outbox`] only sends; what to send is decided elsewhere (the job
+//! lifecycle's effects, the liveness checks).
+
+use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use async_nats::HeaderMap;
@@ -8,14 +11,31 @@ use async_nats::jetstream;
 use bytes::Bytes;
 
 use mgpu_protocol::assign::{Assignment, NodeControl};
+use mgpu_protocol::audit::AuditRecord;
 use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, OnTimeout, Placement};
+use mgpu_protocol::request::Action;
 use mgpu_protocol::{now, subjects};
 
-use crate::service::Scheduler;
+use crate::identity::{Identity, Principals};
+use crate::state::Retry;
 
-impl Scheduler {
+/// The scheduler's way out to agents and watchers.
+pub(crate) struct Outbox {
+    js: jetstream::Context,
+    /// Where job events and audit records go out, off the hot path.
+    background: BackgroundPublisher,
+}
+
+impl Outbox {
+    pub(crate) fn new(js: jetstream::Context) -> Self {
+        Outbox {
+            background: BackgroundPublisher::start(js.clone()),
+            js,
+        }
+    }
+
     /// Sends `control` to every node where a process of the job runs, but `except`.
     pub(crate) async fn send_control_to_job(
         &self,
@@ -35,16 +55,38 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Tells `node` to kill an attempt that should not run there (fencing).
+    pub(crate) async fn send_stale_kill(
+        &self,
+        node: &str,
+        job: &JobId,
+        attempt: u32,
+    ) -> Result<()> {
+        let control = NodeControl::Kill {
+            job_id: job.clone(),
+            attempt,
+            reason: "stale attempt: this job was requeued or ended elsewhere".into(),
+            requeue: false,
+        };
+        self.publish_stored(
+            subjects::control(node),
+            HeaderMap::new(),
+            Bytes::from(serde_json::to_vec(&control)?),
+        )
+        .await
+        .map_err(|e| anyhow!("sending a fencing kill to {node}: {e:#}"))
+    }
+
     /// Publishes to a stream until JetStream stored it, retrying while NATS cannot answer (a
     /// server lost, a stream electing its leader) for up to [`crate::state::WRITE_RETRY_FOR`].
     /// Callers whose message may be stored twice give it a `Nats-Msg-Id`.
-    pub(crate) async fn publish_stored(
+    async fn publish_stored(
         &self,
         subject: String,
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<()> {
-        let mut retry = crate::state::Retry::new();
+        let mut retry = Retry::new();
         loop {
             let stored = async {
                 self.js
@@ -63,22 +105,29 @@ impl Scheduler {
         }
     }
 
-    pub(crate) async fn send_assignment(&self, record: &JobRecord) -> Result<()> {
+    /// Sends a running job's assignment to every node that runs one of its ranks. `limit` is
+    /// the time limit it runs under; `principals` say whose input it takes and which Unix
+    /// account it runs as.
+    pub(crate) async fn send_assignment(
+        &self,
+        record: &JobRecord,
+        limit: Option<Duration>,
+        principals: &Principals,
+    ) -> Result<()> {
         let JobState::Running(run) = &record.state else {
             return Ok(());
         };
         // The agent enforces hard limits only; time slices (requeue) are the scheduler's.
         let mut spec = record.spec.clone();
         spec.time_limit_secs = match spec.on_timeout {
-            OnTimeout::Fail => self.effective_time_limit(&spec).map(|l| l.as_secs().max(1)),
+            OnTimeout::Fail => limit.map(|l| l.as_secs().max(1)),
             OnTimeout::Requeue => None,
         };
         // Input is accepted from the owner's key and admins'; jobs run as the owner's account.
         let mut input_keys: Vec<String> = record.user_key.iter().cloned().collect();
-        input_keys.extend(self.principals.admin_keys());
+        input_keys.extend(principals.admin_keys());
         input_keys.dedup();
-        let unix_user = self
-            .principals
+        let unix_user = principals
             .user_by_name(&record.user)
             .map(|p| p.unix_account().to_owned());
         // Every rank that runs a process gets its own assignment; all are recorded before
@@ -112,38 +161,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// After a restart: assignments recorded but never confirmed by their agent go out again.
-    pub(crate) async fn resend_unconfirmed_assignments(&self) {
-        self.resend_assignments_older_than(chrono::Duration::zero())
-            .await;
-    }
-
-    /// Assignments recorded at least `age` ago and not confirmed go out again (the message id
-    /// lets JetStream drop a copy, and an agent never runs an attempt twice). A send that
-    /// failed for good, or an agent's report lost, is repaired this way.
-    pub(crate) async fn resend_assignments_older_than(&self, age: chrono::Duration) {
-        let now = now();
-        let unconfirmed: Vec<JobRecord> = self
-            .store
-            .running()
-            .filter(|r| {
-                matches!(&r.state, JobState::Running(run)
-                    if run.started_at.is_none() && now - run.assigned_at >= age)
-            })
-            .cloned()
-            .collect();
-        for record in unconfirmed {
-            tracing::info!(job = %record.id, "re-sending an unconfirmed assignment");
-            if let Err(err) = self.send_assignment(&record).await {
-                tracing::error!("{err:#}");
-            }
-        }
-    }
-
-    /// Publishes a state change. The acknowledgement is awaited off the hot path: events are
-    /// for watchers, the record in KV is the truth.
-    pub(crate) fn publish_event(&self, job: &JobId, kind: JobEventKind) {
-        let attempt = self.store.get(job).map(|r| r.attempt).unwrap_or(0);
+    /// Publishes a state change of `attempt` of `job`. The acknowledgement is awaited off the
+    /// hot path: events are for watchers, the record in KV is the truth.
+    pub(crate) fn publish_event(&self, job: &JobId, attempt: u32, kind: JobEventKind) {
         let event = JobEvent {
             job_id: job.clone(),
             attempt,
@@ -157,6 +177,83 @@ impl Scheduler {
         self.background
             .publish(subjects::events(job), payload, "a job event");
     }
+
+    /// Records a request in the audit stream: its `action`, its `sender`, the job or node it
+    /// was about, and its `outcome`: what was done, or why it was refused.
+    pub(crate) fn audit(
+        &self,
+        action: Action,
+        sender: &Sender<'_>,
+        target: Option<String>,
+        outcome: Result<String, String>,
+    ) {
+        let (by, key) = match sender {
+            Sender::Known(identity) => (Some(identity.name.clone()), Some(identity.key.clone())),
+            Sender::Unknown { key } => (None, key.clone()),
+        };
+        let accepted = outcome.is_ok();
+        let record = AuditRecord {
+            at: now(),
+            action: action.as_str().to_owned(),
+            by,
+            key,
+            target,
+            accepted,
+            detail: outcome.unwrap_or_else(|refused| refused),
+        };
+        let Ok(payload) = serde_json::to_vec(&record) else {
+            return;
+        };
+        self.background
+            .publish(subjects::audit(action.as_str()), payload, "an audit record");
+    }
+
+    /// Refuses a request about `job` (with its current attempt): a log line, an event the
+    /// requester's CLI shows, and an audit record.
+    pub(crate) fn refuse(
+        &self,
+        action: Action,
+        job: Option<(&JobId, u32)>,
+        sender: &Sender<'_>,
+        reason: String,
+    ) {
+        let by = match sender {
+            Sender::Known(identity) => Some(identity.name.as_str()),
+            Sender::Unknown { .. } => None,
+        };
+        tracing::warn!(
+            %action,
+            job = job.map(|(id, _)| id.as_str()),
+            by,
+            "request refused: {reason}"
+        );
+        if let Some((id, attempt)) = job {
+            let said = format!("permission denied: {reason}");
+            let kind = if action == Action::Submit {
+                JobEventKind::Rejected { reason: said }
+            } else {
+                JobEventKind::Refused {
+                    action: action.as_str().to_owned(),
+                    reason: said,
+                }
+            };
+            self.publish_event(id, attempt, kind);
+        }
+        self.audit(
+            action,
+            sender,
+            job.map(|(id, _)| id.to_string()),
+            Err(reason),
+        );
+    }
+}
+
+/// Who sent a request, as the audit trail records them.
+pub(crate) enum Sender<'a> {
+    /// Their signature checked out.
+    Known(&'a Identity),
+    /// Refused before they were known: the key the request presented, if any.
+    Unknown { key: Option<String> },
 }
 
 /// Job events and audit records on their way to JetStream: for watchers, so a pass does not
@@ -182,7 +279,7 @@ const BACKGROUND_IN_FLIGHT: usize = 1_024;
 
 impl BackgroundPublisher {
     /// Starts the publishing task; it ends once every clone is dropped and the queue is empty.
-    pub(crate) fn start(js: jetstream::Context) -> Self {
+    fn start(js: jetstream::Context) -> Self {
         let (queue, pending) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(publish_pending(js, pending));
         BackgroundPublisher { queue }

@@ -138,16 +138,9 @@ impl JobStore {
         }
     }
 
-    /// Puts a record just written at `revision` in the table, and gives it back.
-    fn keep(&mut self, record: JobRecord, revision: u64) -> JobRecord {
-        self.put(
-            record.id.clone(),
-            Tracked {
-                record: record.clone(),
-                revision,
-            },
-        );
-        record
+    /// Puts a record just written at `revision` in the table.
+    fn keep(&mut self, record: JobRecord, revision: u64) {
+        self.put(record.id.clone(), Tracked { record, revision });
     }
 
     /// Puts a record in the table, keeping the state indexes right.
@@ -222,7 +215,7 @@ impl JobStore {
         }
     }
 
-    /// Stores many new records at once, their writes pipelined (see [`JobStore::update_many`]).
+    /// Stores many new records at once, their writes pipelined (see [`JobStore::write_many`]).
     /// One result per record, in order: false for an id already recorded (a redelivered
     /// submission). A write that did not plainly succeed is redone alone with
     /// [`JobStore::create`], which recognises a write that landed without an answer.
@@ -262,76 +255,47 @@ impl JobStore {
             .collect()
     }
 
-    /// Changes many records with `change` (which sees each record, and so its id), all their
-    /// writes sent before any acknowledgement is awaited: a pass that starts a thousand jobs or
-    /// gives a thousand new jobs their wait reason costs about one round trip, not a thousand.
-    /// Each write is still a compare-and-set on the revision the table holds. A write that did
-    /// not plainly succeed (a conflict, a lost answer, NATS electing a leader) is redone alone
-    /// with [`JobStore::update`], which reloads, reads back and retries as needed; `change`
-    /// must therefore give the same result when applied to a record it already changed.
-    /// One result per id, in order. Written [`UPDATE_CHUNK`] records at a time, so what is
-    /// held at once (changed copies, their encoded payloads) stays bounded.
-    pub async fn update_many(
-        &mut self,
-        ids: &[JobId],
-        change: impl Fn(&mut JobRecord),
-    ) -> Vec<Result<JobRecord>> {
-        let mut results = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(UPDATE_CHUNK) {
-            results.extend(self.update_chunk(chunk, &change).await);
-        }
-        results
-    }
-
-    /// [`JobStore::update_many`] when only success matters: the changed records are not
-    /// handed back, so a pass that gives 100 000 new jobs their wait reason holds one chunk
-    /// of copies at a time, not all of them (which was most of the scheduler's peak memory).
-    pub async fn update_many_quietly(
-        &mut self,
-        ids: &[JobId],
-        change: impl Fn(&mut JobRecord),
-    ) -> Vec<Result<()>> {
-        let mut results = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(UPDATE_CHUNK) {
-            let written = self.update_chunk(chunk, &change).await;
-            results.extend(written.into_iter().map(|result| result.map(drop)));
-        }
-        results
-    }
-
-    async fn update_chunk(
-        &mut self,
-        ids: &[JobId],
-        change: &impl Fn(&mut JobRecord),
-    ) -> Vec<Result<JobRecord>> {
-        let mut results: Vec<Option<Result<JobRecord>>> = Vec::with_capacity(ids.len());
+    /// Stores many changed records (each a job the table holds), all their writes sent before
+    /// any acknowledgement is awaited: a pass that starts a thousand jobs or gives a thousand
+    /// new jobs their wait reason costs about one round trip, not a thousand. Each write is
+    /// still a compare-and-set on the revision the table holds. A write that did not plainly
+    /// succeed (a conflict, a lost answer, NATS electing a leader) is redone alone with
+    /// [`JobStore::write`], which reads back and retries as needed. One result per record, in
+    /// order. Callers pass a bounded number at a time ([`WRITE_CHUNK`]), so what is held at
+    /// once (changed copies, their encoded payloads) stays bounded.
+    pub async fn write_many(&mut self, records: Vec<JobRecord>) -> Vec<Result<()>> {
+        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(records.len());
         let mut writes = Vec::new();
-        let mut changed: Vec<Option<JobRecord>> = Vec::with_capacity(ids.len());
-        for (index, id) in ids.iter().enumerate() {
-            let Some(tracked) = self.jobs.get(id) else {
-                results.push(Some(Err(anyhow!("job {id} is not in the table"))));
-                changed.push(None);
+        for (index, record) in records.iter().enumerate() {
+            let Some(tracked) = self.jobs.get(&record.id) else {
+                results.push(Some(Err(anyhow!("job {} is not in the table", record.id))));
                 continue;
             };
-            let mut record = tracked.record.clone();
-            change(&mut record);
-            match serde_json::to_vec(&record) {
+            match serde_json::to_vec(record) {
                 Ok(payload) => {
-                    writes.push((index, id.clone(), Bytes::from(payload), tracked.revision));
+                    writes.push((
+                        index,
+                        record.id.clone(),
+                        Bytes::from(payload),
+                        tracked.revision,
+                    ));
                     results.push(None);
-                    changed.push(Some(record));
                 }
-                Err(err) => {
-                    results.push(Some(Err(err.into())));
-                    changed.push(None);
-                }
+                Err(err) => results.push(Some(Err(err.into()))),
             }
         }
         let outcomes = self.write_pipelined(&writes).await;
-        for ((index, id, ..), outcome) in writes.iter().zip(outcomes) {
-            let result = match (outcome, changed[*index].take()) {
-                (Some(revision), Some(record)) => Ok(self.keep(record, revision)),
-                _ => self.update(id, change).await,
+        let mut records: Vec<Option<JobRecord>> = records.into_iter().map(Some).collect();
+        for ((index, ..), outcome) in writes.iter().zip(outcomes) {
+            let Some(record) = records[*index].take() else {
+                continue;
+            };
+            let result = match outcome {
+                Some(revision) => {
+                    self.keep(record, revision);
+                    Ok(())
+                }
+                None => self.write(record).await,
             };
             results[*index] = Some(result);
         }
@@ -377,49 +341,48 @@ impl JobStore {
         outcomes
     }
 
-    /// Changes a record with `change` and writes it back with compare-and-set. On a revision
-    /// conflict the record is reloaded and the change applied once more to the fresh copy.
+    /// Stores `record` (a job the table holds) with compare-and-set on the revision the table
+    /// holds. On a revision conflict the stored record is reloaded and `record` written over
+    /// it, at most twice: the scheduler is the only writer, so a conflict means a write of its
+    /// own landed unseen, or another scheduler acted while this one held the lease.
     ///
     /// A write whose answer is lost (a NATS server died, a stream is electing its leader) is
     /// retried for [`WRITE_RETRY_FOR`]; first the record is read back, since the write may
-    /// have landed, and a change such as `attempt += 1` must not be applied twice.
-    pub async fn update(
-        &mut self,
-        id: &JobId,
-        change: impl Fn(&mut JobRecord),
-    ) -> Result<JobRecord> {
+    /// have landed.
+    pub async fn write(&mut self, record: JobRecord) -> Result<()> {
+        let id = record.id.clone();
+        let payload = Bytes::from(serde_json::to_vec(&record)?);
         let mut conflicts = 0;
         let mut retry = Retry::new();
-        // What the last unanswered try wrote, to recognise it when reading back.
-        let mut unanswered: Option<(Bytes, JobRecord)> = None;
+        let mut unanswered = false;
         loop {
-            if let Some((payload, record)) = unanswered.take() {
-                match self.landed(id, &payload).await {
+            if std::mem::take(&mut unanswered) {
+                match self.landed(&id, &payload).await {
                     Ok(Some(revision)) => {
-                        return Ok(self.keep(record, revision));
+                        self.keep(record, revision);
+                        return Ok(());
                     }
                     Ok(None) => {}
                     Err(err) => {
                         retry.wait(&format!("{err:#}")).await?;
-                        unanswered = Some((payload, record));
+                        unanswered = true;
                         continue;
                     }
                 }
             }
-            let tracked = self
+            let revision = self
                 .jobs
-                .get(id)
-                .with_context(|| format!("job {id} is not in the table"))?;
-            let mut record = tracked.record.clone();
-            change(&mut record);
-            let payload = Bytes::from(serde_json::to_vec(&record)?);
+                .get(&id)
+                .with_context(|| format!("job {id} is not in the table"))?
+                .revision;
             match self
                 .bucket
-                .update(id.as_str(), payload.clone(), tracked.revision)
+                .update(id.as_str(), payload.clone(), revision)
                 .await
             {
                 Ok(revision) => {
-                    return Ok(self.keep(record, revision));
+                    self.keep(record, revision);
+                    return Ok(());
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     conflicts += 1;
@@ -429,14 +392,14 @@ impl JobStore {
                         ));
                     }
                     tracing::warn!(job = %id, "job record changed under us; reloading it");
-                    self.reload(id).await?;
+                    self.reload(&id).await?;
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::InvalidKey => {
                     return Err(anyhow!("updating job {id}: {err}"));
                 }
                 Err(err) => {
                     retry.wait(&format!("updating job {id}: {err}")).await?;
-                    unanswered = Some((payload, record));
+                    unanswered = true;
                 }
             }
         }
@@ -487,11 +450,11 @@ impl JobStore {
     }
 }
 
-/// Records [`JobStore::update_many`] changes, encodes and writes at a time: twice the writes
-/// in flight, so the pipeline stays full, and a few MB of copies at most.
-const UPDATE_CHUNK: usize = 2 * WRITES_IN_FLIGHT;
+/// Records [`JobStore::write_many`] should be given at a time: twice the writes in flight,
+/// so the pipeline stays full, and a few MB of copies at most.
+pub const WRITE_CHUNK: usize = 2 * WRITES_IN_FLIGHT;
 
-/// Record writes awaiting their acknowledgement at once in [`JobStore::update_many`]: well
+/// Record writes awaiting their acknowledgement at once in [`JobStore::write_many`]: well
 /// under async-nats's 5 000 acknowledgement permits, and enough to keep the server busy.
 const WRITES_IN_FLIGHT: usize = 1_024;
 

@@ -1,0 +1,33 @@
+//! `jobs.<id>.cancel`: its owner or an admin stops a job. A queued job ends at once; a
+//! running one is killed on its nodes and ends when its agent reports so (the job
+//! lifecycle's `Cancel`).
+
+use anyhow::Result;
+
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::CancelRequest;
+use mgpu_protocol::now;
+
+use crate::identity::Identity;
+use crate::lifecycle::{self, Input};
+use crate::service::Scheduler;
+
+impl Scheduler {
+    pub(crate) async fn on_cancel(
+        &mut self,
+        job: &JobId,
+        request: CancelRequest,
+        identity: &Identity,
+    ) -> Result<()> {
+        let Some(record) = self.store.get(job) else {
+            tracing::warn!(job = %job, "cancel for an unknown job");
+            return Ok(());
+        };
+        let input = Input::Cancel {
+            by: identity.requester(),
+            reason: request.reason,
+        };
+        let transition = lifecycle::apply(record, input, now(), &self.limits());
+        self.carry_out(job, transition, Some(identity)).await
+    }
+}

@@ -1,0 +1,198 @@
+//! What people ask of a job: a submission makes its record; a cancel ends a queued job or
+//! stops a running one; a hold keeps a queued job from starting and a release lets it go.
+//! Only the job's owner or an admin may cancel, hold or release it.
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
+use mgpu_protocol::request::Action;
+
+use super::{Effect, Kill, Level, Requester, Transition, ended_unstarted, finish, log};
+
+/// Who signed a submission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signer {
+    pub name: String,
+    pub key: String,
+}
+
+/// The record a submission makes, signed by `signer` at `now`: queued, or failed when its
+/// spec is invalid or `duplicate_of` (`--dedup` found its twin). A submission whose sender
+/// field is not a user name makes no record; its submitter hears why from the event.
+/// The effects are for a record just created: a redelivered submission's are dropped.
+pub fn submit(
+    request: SubmitRequest,
+    signer: &Signer,
+    duplicate_of: Option<&JobId>,
+    now: Timestamp,
+) -> Transition {
+    if let Err(invalid) = request.validate_sender() {
+        return Transition {
+            record: None,
+            effects: vec![
+                log(Level::Warn, format!("refusing a submission: {invalid}")),
+                Effect::Publish(JobEventKind::Rejected {
+                    reason: format!("invalid submission: {invalid}"),
+                }),
+            ],
+        };
+    }
+    let state = match (request.spec.validate(), duplicate_of) {
+        (Err(invalid), _) => JobState::Failed(ended_unstarted(
+            now,
+            format!("invalid submission: {invalid}"),
+        )),
+        (Ok(()), Some(original)) => JobState::Failed(ended_unstarted(
+            now,
+            format!("not added: identical to job {} (--dedup)", original.short()),
+        )),
+        (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),
+    };
+    let mut effects = Vec::with_capacity(4);
+    if request.user != signer.name {
+        // The payload's name is only what the CLI believed; the signature decides.
+        effects.push(log(
+            Level::Debug,
+            format!(
+                "submission claims user {}, recorded under its signer {}",
+                request.user, signer.name
+            ),
+        ));
+    }
+    let rejection = state.ending().and_then(|e| e.reason.clone());
+    effects.push(log(
+        Level::Info,
+        format!("job submitted by {}", signer.name),
+    ));
+    effects.push(Effect::Audit {
+        action: Action::Submit,
+        detail: if rejection.is_some() {
+            "rejected"
+        } else {
+            "queued"
+        }
+        .into(),
+    });
+    effects.push(Effect::Publish(match rejection {
+        Some(reason) => JobEventKind::Rejected { reason },
+        None => JobEventKind::Queued {
+            reason: WaitReason::Submitted,
+        },
+    }));
+    let record = JobRecord {
+        id: request.id,
+        user: signer.name.clone(),
+        user_key: Some(signer.key.clone()),
+        spec: request.spec,
+        submitted_at: now,
+        attempt: 1,
+        state,
+    };
+    Transition {
+        record: Some(record),
+        effects,
+    }
+}
+
+/// The refusal of a request by someone who may not act on `current`.
+fn refused(current: &JobRecord, action: Action) -> Transition {
+    Transition {
+        record: None,
+        effects: vec![Effect::Refuse {
+            action,
+            reason: format!("job {} belongs to {}", current.id.short(), current.user),
+        }],
+    }
+}
+
+/// `by` cancels the job (`why`: the reason they gave): a queued job ends at once; a running
+/// one is marked and its processes are killed (it ends when its agent reports so).
+pub(super) fn cancel(
+    current: &JobRecord,
+    by: &Requester,
+    why: Option<&str>,
+    now: Timestamp,
+) -> Transition {
+    if !by.may_act_on(&current.user) {
+        return refused(current, Action::Cancel);
+    }
+    let audit = Effect::Audit {
+        action: Action::Cancel,
+        detail: format!("was {}", current.state.name()),
+    };
+    let reason = match why {
+        Some(why) => format!("cancelled by {}: {why}", by.name),
+        None => format!("cancelled by {}", by.name),
+    };
+    let mut transition = match &current.state {
+        JobState::Queued(_) => finish(current, JobState::Cancelled(ended_unstarted(now, reason))),
+        JobState::Running(run) if run.cancel_requested_by.is_none() => {
+            let mut record = current.clone();
+            if let JobState::Running(run) = &mut record.state {
+                run.cancel_requested_by = Some(by.name.clone());
+            }
+            let nodes = run.placement.nodes_label();
+            Transition {
+                record: Some(record),
+                effects: vec![
+                    Effect::Kill(Kill {
+                        attempt: current.attempt,
+                        placement: run.placement.clone(),
+                        except: None,
+                        reason,
+                        requeue: false,
+                        best_effort: false,
+                    }),
+                    log(Level::Info, format!("kill sent to {nodes}")),
+                ],
+            }
+        }
+        state => Transition::unchanged(
+            Level::Debug,
+            format!("cancel of a {} job: nothing to do", state.name()),
+        ),
+    };
+    transition.effects.insert(0, audit);
+    transition
+}
+
+/// `by` holds (`hold`) or releases the job: only a queued job changes.
+pub(super) fn hold(current: &JobRecord, by: &Requester, hold: bool) -> Transition {
+    let action = if hold { Action::Hold } else { Action::Release };
+    if !by.may_act_on(&current.user) {
+        return refused(current, action);
+    }
+    let JobState::Queued(waiting) = &current.state else {
+        return Transition {
+            record: None,
+            effects: vec![
+                Effect::Audit {
+                    action,
+                    detail: "not queued: nothing to do".into(),
+                },
+                log(
+                    Level::Info,
+                    format!("{action} of a job that is not queued: nothing to do"),
+                ),
+            ],
+        };
+    };
+    let mut waiting = waiting.clone();
+    waiting.held_by = hold.then(|| by.name.clone());
+    if hold {
+        waiting.reason = WaitReason::Held;
+    }
+    let mut record = current.clone();
+    record.state = JobState::Queued(waiting);
+    Transition {
+        record: Some(record),
+        effects: vec![
+            Effect::Audit {
+                action,
+                detail: "done".into(),
+            },
+            log(Level::Info, format!("{action}: hold state changed")),
+        ],
+    }
+}

@@ -1,0 +1,159 @@
+//! What the scheduler itself decides about a job: the core starts it, gives it a wait
+//! reason or rejects it; its time slice ends; its node is lost.
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, Run, WaitReason, Waiting};
+
+use super::{
+    Effect, Kill, Level, Limits, Transition, ended_unstarted, finish, log, stop_other_ranks,
+    usage_of,
+};
+
+/// The reason a preempted job's processes are given.
+pub const SLICE_OVER: &str = "time slice over while other jobs wait: back to the queue";
+
+/// A queued job is placed: recorded as running, then its assignment is sent, then watchers
+/// hear of it. Recorded first: a scheduler that dies before sending finds the job running and
+/// unconfirmed when it comes back, and sends it again.
+pub(super) fn start(current: &JobRecord, placement: Placement, now: Timestamp) -> Transition {
+    if !matches!(current.state, JobState::Queued(_)) {
+        return Transition::unchanged(
+            Level::Warn,
+            format!("start of a {} job ignored", current.state.name()),
+        );
+    }
+    let mut record = current.clone();
+    record.state = JobState::Running(Run::assigned(placement.clone(), now));
+    Transition {
+        record: Some(record),
+        effects: vec![
+            Effect::Assign,
+            Effect::Publish(JobEventKind::Assigned { placement }),
+        ],
+    }
+}
+
+/// A queued job keeps waiting, now for `reason`: stored and announced when it changed.
+pub(super) fn wait(current: &JobRecord, reason: WaitReason) -> Transition {
+    let JobState::Queued(waiting) = &current.state else {
+        return Transition::default();
+    };
+    if waiting.reason == reason {
+        return Transition::default();
+    }
+    let mut record = current.clone();
+    if let JobState::Queued(waiting) = &mut record.state {
+        waiting.reason = reason;
+    }
+    Transition {
+        record: Some(record),
+        effects: vec![Effect::Publish(JobEventKind::Queued { reason })],
+    }
+}
+
+/// A queued job that can never run ends failed, saying why.
+pub(super) fn reject(current: &JobRecord, reason: &str, now: Timestamp) -> Transition {
+    if !matches!(current.state, JobState::Queued(_)) {
+        return Transition::default();
+    }
+    finish(
+        current,
+        JobState::Failed(ended_unstarted(now, format!("cannot run: {reason}"))),
+    )
+}
+
+/// A running job's time slice is over while others wait: its processes are stopped, and it
+/// goes back to the queue when its agent reports them gone. Once per attempt; never for a job
+/// being cancelled.
+pub(super) fn slice_end(current: &JobRecord) -> Transition {
+    let JobState::Running(run) = &current.state else {
+        return Transition::default();
+    };
+    if run.preempt_requested || run.cancel_requested_by.is_some() {
+        return Transition::default();
+    }
+    let mut record = current.clone();
+    if let JobState::Running(run) = &mut record.state {
+        run.preempt_requested = true;
+    }
+    Transition {
+        record: Some(record),
+        effects: vec![
+            Effect::Kill(Kill {
+                attempt: current.attempt,
+                placement: run.placement.clone(),
+                except: None,
+                reason: SLICE_OVER.into(),
+                requeue: true,
+                best_effort: false,
+            }),
+            log(
+                Level::Info,
+                format!(
+                    "time slice over; preempting on {}",
+                    run.placement.nodes_label()
+                ),
+            ),
+        ],
+    }
+}
+
+/// A running job whose node lost it: back to the queue as the next attempt (keeping its
+/// place in line, not before `not_before`), or `node_failed` when it may not be requeued
+/// (`--no-requeue`, or `max_attempts` made).
+pub(super) fn node_lost(
+    current: &JobRecord,
+    why: &str,
+    at: Timestamp,
+    not_before: Option<Timestamp>,
+    limits: &Limits,
+) -> Transition {
+    let JobState::Running(run) = &current.state else {
+        return Transition::default();
+    };
+    let mut effects: Vec<Effect> = usage_of(current, at).into_iter().collect();
+    // The job's other ranks, where it has any, stop with it (fencing would, a heartbeat later).
+    effects.extend(stop_other_ranks(current, &run.placement, None, why));
+    let out_of_attempts = current.attempt >= limits.max_attempts;
+    let mut transition = if current.spec.no_requeue || out_of_attempts {
+        let reason = if current.spec.no_requeue {
+            format!("{why}; not requeued (--no-requeue)")
+        } else {
+            format!(
+                "{why}; not requeued: {} attempt(s) made, max_attempts is {}",
+                current.attempt, limits.max_attempts
+            )
+        };
+        finish(
+            current,
+            JobState::NodeFailed(Ending {
+                placement: Some(run.placement.clone()),
+                started_at: run.started_at,
+                ended_at: at,
+                exit_code: None,
+                signal: None,
+                reason: Some(reason),
+            }),
+        )
+    } else {
+        let mut record = current.clone();
+        record.attempt += 1;
+        let mut waiting = Waiting::new(WaitReason::Resources);
+        waiting.not_before = not_before.filter(|t| *t > at);
+        record.state = JobState::Queued(waiting);
+        let attempt = record.attempt;
+        Transition {
+            record: Some(record),
+            effects: vec![
+                Effect::Publish(JobEventKind::Queued {
+                    reason: WaitReason::Resources,
+                }),
+                log(Level::Warn, format!("{why}: requeued as attempt {attempt}")),
+            ],
+        }
+    };
+    effects.append(&mut transition.effects);
+    transition.effects = effects;
+    transition
+}

@@ -1,0 +1,164 @@
+//! What the liveness checks remember between runs: when they last looked (a long gap means
+//! the scheduler's own loop stalled, which is not the nodes' silence), when they last sent
+//! possibly lost messages again, and which kills went out when (so a heartbeat a second does
+//! not repeat a kill a second).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::ids::JobId;
+
+/// A kill for a stale attempt is repeated at most this often while heartbeats still list it.
+pub(crate) const KILL_REPEAT: Duration = Duration::from_secs(5);
+/// The liveness check runs every second; a longer gap means this loop was stalled.
+const LIVENESS_STALL: Duration = Duration::from_secs(3);
+/// How often assignments and kills that may have been lost are sent again.
+pub(crate) const REPAIR_EVERY: Duration = Duration::from_secs(5);
+
+/// One attempt of one job.
+pub(crate) type AttemptKey = (JobId, u32);
+
+#[derive(Default)]
+pub(crate) struct LivenessMemory {
+    /// When liveness was last checked.
+    last_check: Option<Instant>,
+    /// When possibly lost assignments and kills were last sent again.
+    last_repair: Option<Instant>,
+    /// The earliest moment a job held for fencing may start (the pass sets it).
+    pub(crate) next_release: Option<Timestamp>,
+    /// Stale attempts we told a node to kill, and when.
+    kills_sent: HashMap<AttemptKey, Instant>,
+    /// How many `kills_sent` kept at its last pruning.
+    kills_kept: usize,
+    /// When a cancel's or preemption's kill was last repeated, by attempt.
+    stops_sent: HashMap<AttemptKey, Instant>,
+}
+
+impl LivenessMemory {
+    /// Notes a check at `now`; true when the previous one is so long ago that this loop was
+    /// stalled in between.
+    pub(crate) fn stalled(&mut self, now: Instant) -> bool {
+        self.last_check
+            .replace(now)
+            .is_some_and(|last| now.saturating_duration_since(last) > LIVENESS_STALL)
+    }
+
+    /// Whether lost messages are due to be sent again at `now` (noted as done if so).
+    pub(crate) fn repair_due(&mut self, now: Instant) -> bool {
+        let due = self
+            .last_repair
+            .is_none_or(|last| now.saturating_duration_since(last) >= REPAIR_EVERY);
+        if due {
+            self.last_repair = Some(now);
+        }
+        due
+    }
+
+    /// Whether a kill for the stale attempt `key` should go out at `now`: not when one went
+    /// out less than [`KILL_REPEAT`] ago.
+    pub(crate) fn kill_due(&self, key: &AttemptKey, now: Instant) -> bool {
+        self.kills_sent
+            .get(key)
+            .is_none_or(|sent| now.saturating_duration_since(*sent) >= KILL_REPEAT)
+    }
+
+    /// Notes a kill for `key` sent at `now`. The memory is pruned once it doubled since the
+    /// last pruning: this runs for every heartbeat, and a thousand nodes heartbeat several
+    /// hundred times a second.
+    pub(crate) fn kill_sent(&mut self, key: AttemptKey, now: Instant) {
+        self.kills_sent.insert(key, now);
+        if self.kills_sent.len() > 2 * self.kills_kept.max(64) {
+            self.kills_sent
+                .retain(|_, sent| now.saturating_duration_since(*sent) < KILL_REPEAT * 12);
+            self.kills_kept = self.kills_sent.len();
+        }
+    }
+
+    /// Whether a cancel's or preemption's kill for `key` should be repeated at `now` (noted
+    /// as repeated if so).
+    pub(crate) fn stop_due(&mut self, key: AttemptKey, now: Instant) -> bool {
+        let due = self
+            .stops_sent
+            .get(&key)
+            .is_none_or(|sent| now.saturating_duration_since(*sent) >= REPAIR_EVERY);
+        if due {
+            self.stops_sent.insert(key, now);
+        }
+        due
+    }
+
+    /// Forgets repeated stops of jobs for which `still_running` is false.
+    pub(crate) fn forget_stops(&mut self, still_running: impl Fn(&JobId) -> bool) {
+        self.stops_sent.retain(|(job, _), _| still_running(job));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_of_more_than_three_seconds_between_checks_is_a_stall() {
+        let mut watch = LivenessMemory::default();
+        let start = Instant::now();
+        assert!(
+            !watch.stalled(start),
+            "the first check has nothing to compare"
+        );
+        assert!(!watch.stalled(start + Duration::from_secs(1)));
+        assert!(watch.stalled(start + Duration::from_secs(5)));
+        assert!(!watch.stalled(start + Duration::from_secs(6)));
+    }
+
+    #[test]
+    fn a_stale_attempt_is_killed_again_only_after_five_seconds() {
+        let mut watch = LivenessMemory::default();
+        let key = (JobId::random(), 2);
+        let start = Instant::now();
+        assert!(watch.kill_due(&key, start));
+        watch.kill_sent(key.clone(), start);
+        assert!(!watch.kill_due(&key, start + Duration::from_secs(4)));
+        assert!(watch.kill_due(&key, start + KILL_REPEAT));
+        assert!(
+            watch.kill_due(&(key.0.clone(), 3), start),
+            "another attempt is another kill"
+        );
+    }
+
+    #[test]
+    fn old_kills_are_pruned_and_recent_ones_kept() {
+        let mut watch = LivenessMemory::default();
+        let start = Instant::now();
+        let recent = (JobId::random(), 1);
+        for _ in 0..200 {
+            watch.kill_sent((JobId::random(), 1), start);
+        }
+        let later = start + KILL_REPEAT * 13;
+        watch.kill_sent(recent.clone(), later);
+        for _ in 0..200 {
+            watch.kill_sent((JobId::random(), 1), later);
+        }
+        assert!(
+            watch.kills_sent.len() < 300,
+            "{} kept",
+            watch.kills_sent.len()
+        );
+        assert!(!watch.kill_due(&recent, later));
+    }
+
+    #[test]
+    fn stops_and_repairs_repeat_every_five_seconds() {
+        let mut watch = LivenessMemory::default();
+        let key = (JobId::random(), 1);
+        let start = Instant::now();
+        assert!(watch.stop_due(key.clone(), start));
+        assert!(!watch.stop_due(key.clone(), start + Duration::from_secs(1)));
+        assert!(watch.stop_due(key.clone(), start + REPAIR_EVERY));
+        watch.forget_stops(|_| false);
+        assert!(watch.stop_due(key, start + REPAIR_EVERY));
+        assert!(watch.repair_due(start));
+        assert!(!watch.repair_due(start + Duration::from_secs(2)));
+        assert!(watch.repair_due(start + REPAIR_EVERY));
+    }
+}

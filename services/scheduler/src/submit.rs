@@ -1,0 +1,107 @@
+//! `jobs.submit`: a new job recorded. Plain submissions that arrive together are recorded
+//! together, their writes pipelined; a `--dedup` submission alone, after every job before it
+//! (it must see them to find its twin). The record and what follows from it are the job
+//! lifecycle's ([`lifecycle::submit`]).
+
+use anyhow::Result;
+
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest};
+use mgpu_protocol::now;
+
+use crate::identity::Identity;
+use crate::lifecycle::{self, Transition};
+use crate::service::Scheduler;
+
+impl Scheduler {
+    /// Records one submission, looking for its twin first when it asks for `--dedup`.
+    pub(crate) async fn on_submit(
+        &mut self,
+        request: SubmitRequest,
+        identity: &Identity,
+    ) -> Result<()> {
+        let twin = request
+            .spec
+            .dedup
+            .then(|| self.twin_of(&request, identity))
+            .flatten();
+        let id = request.id.clone();
+        let transition = lifecycle::submit(request, &identity.signer(), twin.as_ref(), now());
+        let Transition { record, effects } = transition;
+        let created = match record {
+            Some(record) => self.store.create(record).await?,
+            None => true,
+        };
+        self.after_submit(&id, created, effects, identity).await;
+        Ok(())
+    }
+
+    /// Records many submissions at once, their writes pipelined; one result per submission.
+    pub(crate) async fn on_submits(
+        &mut self,
+        submissions: Vec<(SubmitRequest, &Identity)>,
+    ) -> Vec<Result<()>> {
+        let at = now();
+        let mut records = Vec::with_capacity(submissions.len());
+        let mut followups = Vec::with_capacity(submissions.len());
+        for (request, identity) in submissions {
+            let id = request.id.clone();
+            let transition = lifecycle::submit(request, &identity.signer(), None, at);
+            let stored = transition.record.is_some();
+            records.extend(transition.record);
+            followups.push((id, stored, transition.effects, identity));
+        }
+        let mut created = self.store.create_many(records).await.into_iter();
+        let mut results = Vec::with_capacity(followups.len());
+        for (id, stored, effects, identity) in followups {
+            let outcome = if stored {
+                created
+                    .next()
+                    .unwrap_or_else(|| Err(anyhow::anyhow!("internal: {id} was not stored")))
+            } else {
+                Ok(true)
+            };
+            results.push(match outcome {
+                Ok(created) => {
+                    self.after_submit(&id, created, effects, identity).await;
+                    Ok(())
+                }
+                Err(err) => Err(err),
+            });
+        }
+        results
+    }
+
+    /// Carries out a submission's effects once its record is stored (`created`); a
+    /// redelivered submission, already recorded, only gets a log line.
+    async fn after_submit(
+        &mut self,
+        id: &JobId,
+        created: bool,
+        effects: Vec<lifecycle::Effect>,
+        identity: &Identity,
+    ) {
+        if !created {
+            tracing::debug!(job = %id, "submission already recorded");
+            return;
+        }
+        if let Err(err) = self.carry_out_effects(id, effects, Some(identity)).await {
+            tracing::error!(job = %id, "after a submission: {err:#}");
+        }
+    }
+
+    /// The queued or running job of the same user that `--dedup` finds identical.
+    fn twin_of(&self, request: &SubmitRequest, identity: &Identity) -> Option<JobId> {
+        let key = request.spec.dedup_key();
+        self.store
+            .queued()
+            .chain(self.store.running())
+            .find(|r: &&JobRecord| {
+                r.id != request.id
+                    && r.user == identity.name
+                    && matches!(r.state, JobState::Queued(_) | JobState::Running(_))
+                    && r.spec.dedup_key() == key
+            })
+            .map(|r| r.id.clone())
+    }
+}
