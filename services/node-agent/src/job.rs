@@ -1,7 +1,7 @@
 //! One job attempt's life on this node: [`start`] checks and spawns it under its guard (the
 //! launch from `launch.rs`, the environment from `environment.rs`, the hostfile of a
 //! multi-node job from `hostfile.rs`) in its own process group and records it; then
-//! [`StartedJob::supervise`] reports its start, lets `watch.rs` stop it when it must, flushes
+//! [`StartedJob::supervise`] reports its start, lets `stopping.rs` stop it when it must, flushes
 //! its output and reports how it ended.
 
 use std::collections::BTreeMap;
@@ -34,7 +34,7 @@ use crate::reports::Reporter;
 use crate::run_as::{Account, RunAsPolicy};
 use crate::running::{AttemptKey, RunningTable, StopRequests};
 use crate::state_file::{self, RecordedAttempt, StateFile};
-use crate::watch::{Ending, Watch, exit_code_of, signal_group};
+use crate::stopping::{Ending, Watch, exit_code_of, signal_group};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
 /// that escaped the group (a daemon) can hold the pipes open that long.

@@ -6,6 +6,22 @@
 //! connecting, reconciling what a previous agent left running, starting the loops) and the
 //! shutdown sequence: on SIGTERM or SIGINT the agent stops taking assignments, stops every job
 //! (each still reports its exit), sends a last heartbeat and drains its connection.
+//!
+//! The other modules, by concern; their imports form no cycle (no module imports one that
+//! imports it back, directly or through others):
+//!
+//! - startup: `cli` (flags, host facts), `address` (this node's address), `gpu_spec`
+//!   (`COUNTxSIZE`), `gpu` (the `GpuProbe` trait, declared GPUs), `nvml` (the NVML probe),
+//!   `gpu_choice` (which probe), `state_file` (attempts remembered on disk), `reconcile`
+//!   (what a previous agent left running);
+//! - loops: `heartbeat`, `fence` (self-fencing, the guards' contact file), `assignments` (the
+//!   node's inbox), `running` (the attempts running here), `reports` (events retried until
+//!   stored), `shutdown` (one-way signals), `throttle` (log throttling);
+//! - one job: `job` (start, supervise), `launch` (direct or through a shell), `script` (the
+//!   shell script), `environment` (its variables), `hostfile` (multi-node), `run_as` (whose
+//!   account), `guard` (the guard it starts under), `stopping` (time limit, kills), `output`
+//!   and `input` (its streams);
+//! - `builtin_guard`: this binary as a job's guard (`__mgpu-job-guard`).
 
 mod address;
 mod assignments;
@@ -31,8 +47,8 @@ mod running;
 mod script;
 mod shutdown;
 mod state_file;
+mod stopping;
 mod throttle;
-mod watch;
 
 use std::process::ExitCode;
 use std::sync::Arc;
