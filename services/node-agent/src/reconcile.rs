@@ -212,14 +212,16 @@ async fn stop_orphans(
 /// Waits until none of these process groups has a live process, or `limit` passed; returns
 /// those still live.
 async fn wait_gone(pgids: &[u32], limit: Duration) -> Vec<u32> {
-    let deadline = Instant::now() + limit;
+    // Checked: `Instant + Duration` panics on overflow, and the kill grace is the operator's
+    // (a grace too long for the clock never ends).
+    let deadline = Instant::now().checked_add(limit);
     loop {
         let live: Vec<u32> = pgids
             .iter()
             .copied()
             .filter(|&pgid| group_status(pgid) == Group::Live)
             .collect();
-        if live.is_empty() || Instant::now() >= deadline {
+        if live.is_empty() || deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return live;
         }
         tokio::time::sleep(POLL).await;
