@@ -152,19 +152,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         creds: args.creds.clone(),
         ca: args.ca.clone(),
     };
-    let mut policy = config::load_policy(args.config.as_deref())?;
-    if let Some(placement) = args.placement {
-        policy.placement = placement;
-    }
-    if let Some(max) = args.max_job_time {
-        policy.max_job_time_secs = Some(max);
-    }
-    if let Some(missed) = args.missed_heartbeats {
-        policy.missed_heartbeats = missed;
-    }
-    if let Some(attempts) = args.max_attempts {
-        policy.max_attempts = attempts;
-    }
+    let policy = policy_of(&args)?;
     let client = connect(&target, "mgpu-scheduler").await?;
     tracing::info!(server = %args.server, "connected");
     let replicas = args.replicas.resolve(&args.server);
@@ -181,42 +169,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
     let js = async_nats::jetstream::new(client.clone());
-    // A NATS cluster that just started elects its JetStream leader first (a few seconds):
-    // until then creating streams times out, and until every server has reported to that
-    // leader, replicated streams find "no suitable peers for placement" (JetStream error
-    // 10005). Both are worth waiting for, not dying of.
-    let mut tries = 0u32;
-    loop {
-        match mgpu_nats::streams::ensure(&js, &settings).await {
-            Ok(()) => break,
-            Err(err) if is_cluster_still_forming(&err.to_string()) && tries < 60 => {
-                tries += 1;
-                if tries == 1 || tries.is_multiple_of(10) {
-                    tracing::warn!(
-                        "creating streams: {err}; the NATS cluster may still be forming, retrying"
-                    );
-                }
-                tokio::select! {
-                    _ = shutdown_rx.changed() => return Ok(()),
-                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                }
-            }
-            Err(err) => return Err(err.into()),
-        }
+    if !ensure_streams(&js, &settings, &mut shutdown_rx).await? {
+        return Ok(());
     }
-    let holder = format!(
-        "{}-{}-{}",
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "host".into()),
-        std::process::id(),
-        &mgpu_protocol::ids::JobId::random().as_str()[..6]
-    );
     // Read once here, so a missing or broken file stops the scheduler at once.
     let principals = identity::Principals::load(&args.principals)?;
     // Stand by until this replica holds the lease; act while it does; stand by again if it
     // is lost (another replica took over while this one was stalled), or if acting failed
     // for a reason that may pass (NATS electing a leader while the state was loaded).
+    let holder = lease_holder_name();
     while let Some(lease) = leader::acquire(&js, &holder, &mut shutdown_rx).await? {
         let acted = service::run(
             client.clone(),
@@ -241,6 +202,67 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Flush what is still buffered (acks, last events) before leaving.
     let _ = client.drain().await;
     Ok(())
+}
+
+/// The policy file (if any) with the flags over it.
+fn policy_of(args: &Args) -> anyhow::Result<mgpu_protocol::priority::Policy> {
+    let mut policy = config::load_policy(args.config.as_deref())?;
+    if let Some(placement) = args.placement {
+        policy.placement = placement;
+    }
+    if let Some(max) = args.max_job_time {
+        policy.max_job_time_secs = Some(max);
+    }
+    if let Some(missed) = args.missed_heartbeats {
+        policy.missed_heartbeats = missed;
+    }
+    if let Some(attempts) = args.max_attempts {
+        policy.max_attempts = attempts;
+    }
+    Ok(policy)
+}
+
+/// Creates or updates the streams and buckets. A NATS cluster that just started elects its
+/// JetStream leader first (a few seconds): until then creating streams times out, and until
+/// every server has reported to that leader, replicated streams find "no suitable peers for
+/// placement" (JetStream error 10005). Both are worth waiting for, not dying of. False when
+/// asked to stop while waiting.
+async fn ensure_streams(
+    js: &async_nats::jetstream::Context,
+    settings: &StreamSettings,
+    shutdown: &mut watch::Receiver<bool>,
+) -> anyhow::Result<bool> {
+    let mut tries = 0u32;
+    loop {
+        match mgpu_nats::streams::ensure(js, settings).await {
+            Ok(()) => return Ok(true),
+            Err(err) if is_cluster_still_forming(&err.to_string()) && tries < 60 => {
+                tries += 1;
+                if tries == 1 || tries.is_multiple_of(10) {
+                    tracing::warn!(
+                        "creating streams: {err}; the NATS cluster may still be forming, retrying"
+                    );
+                }
+                tokio::select! {
+                    _ = shutdown.changed() => return Ok(false),
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                }
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// This replica's name in the lease: host, process and a random suffix.
+fn lease_holder_name() -> String {
+    format!(
+        "{}-{}-{}",
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "host".into()),
+        std::process::id(),
+        &mgpu_protocol::ids::JobId::random().as_str()[..6]
+    )
 }
 
 /// Whether creating the streams failed because JetStream is not ready yet: no meta leader

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::Placement;
 
-use super::capacity::Capacity;
+use super::capacity::{Capacity, FreeNode};
 use super::{FastHash, NodeView, QueuedJob, RunningJob};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -140,57 +140,30 @@ pub(super) fn reserve(
     if job.gpus.is_zero() {
         return None;
     }
-    let mem = job.mem_mib.unwrap_or(0);
-    // (node, its GPUs for the job, when they are all free) for every node that could hold a rank.
-    let mut ready: Vec<(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
-    for (position, node) in capacity
+    let mut ready: Vec<Ready<'_>> = capacity
         .nodes
         .iter()
         .enumerate()
         .filter(|(_, n)| n.offered && job.may_use_node(&n.name))
-    {
-        let Some(view) = nodes.get(node.view) else {
-            continue;
-        };
-        let wanted = job
-            .pinned_on(&node.name)
-            .map_or(job.gpus.gpu_count() as usize, <[u32]>::len);
-        // (index, when it is free) for every GPU the job could ever use here.
-        let mut candidates: Vec<(u32, Option<Timestamp>)> = node
-            .gpus
-            .iter()
-            .filter(|g| g.offered())
-            .filter(|g| !reserved.holds(position, g.index))
-            .filter(|g| job.may_use_gpu(&node.name, g.index))
-            .filter(|g| {
-                view.gpus.iter().any(|v| {
-                    v.index == g.index
-                        && v.memory_total_mib.saturating_sub(v.foreign_mem_mib) >= mem
-                })
-            })
-            .map(|g| (g.index, releases.of(position, g.index)))
-            .collect();
-        if candidates.len() < wanted {
-            continue;
-        }
-        candidates.sort_by_key(|(index, release)| (release_key(*release), *index));
-        let chosen = &candidates[..wanted];
-        let start = chosen
-            .iter()
-            .try_fold(now, |latest, (_, release)| release.map(|r| latest.max(r)));
-        ready.push((
-            node.name.as_str(),
-            chosen.iter().map(|(index, _)| *index).collect(),
-            start,
-        ));
-    }
+        .filter_map(|(position, node)| {
+            let view = nodes.get(node.view)?;
+            let offer = Offer {
+                position,
+                node,
+                view,
+                releases,
+                reserved,
+            };
+            offer.ready(job, now)
+        })
+        .collect();
     ready.sort_by(|a, b| release_key(a.2).cmp(&release_key(b.2)).then(a.0.cmp(b.0)));
-    let mut picked: Vec<&(&str, Vec<u32>, Option<Timestamp>)> = Vec::new();
+    let mut picked: Vec<&Ready<'_>> = Vec::new();
     for required in &job.required_nodes {
         picked.push(ready.iter().find(|(name, _, _)| name == required)?);
     }
     let missing = (job.nodes.max(1) as usize).saturating_sub(picked.len());
-    let others: Vec<&(&str, Vec<u32>, Option<Timestamp>)> = ready
+    let others: Vec<&Ready<'_>> = ready
         .iter()
         .filter(|(name, _, _)| !job.required_nodes.iter().any(|r| r == name))
         .take(missing)
@@ -210,4 +183,57 @@ pub(super) fn reserve(
             .collect(),
         start,
     })
+}
+
+/// A node that could hold one rank of a job: its name, the GPUs it would give the job, and
+/// when they are all free (None: not before some job without a time limit ends).
+type Ready<'a> = (&'a str, Vec<u32>, Option<Timestamp>);
+
+/// What one node can offer a waiting job.
+struct Offer<'a> {
+    position: usize,
+    node: &'a FreeNode,
+    view: &'a NodeView,
+    releases: &'a ReleaseTimes,
+    reserved: &'a ReservedGpus,
+}
+
+impl<'a> Offer<'a> {
+    /// The GPUs that free up first here, enough for one rank of `job`; None when the node
+    /// has too few it could ever use.
+    fn ready(&self, job: &QueuedJob, now: Timestamp) -> Option<Ready<'a>> {
+        let (node, view) = (self.node, self.view);
+        let mem = job.mem_mib.unwrap_or(0);
+        let wanted = job
+            .pinned_on(&node.name)
+            .map_or(job.gpus.gpu_count() as usize, <[u32]>::len);
+        // (index, when it is free) for every GPU the job could ever use here.
+        let mut candidates: Vec<(u32, Option<Timestamp>)> = node
+            .gpus
+            .iter()
+            .filter(|g| g.offered())
+            .filter(|g| !self.reserved.holds(self.position, g.index))
+            .filter(|g| job.may_use_gpu(&node.name, g.index))
+            .filter(|g| {
+                view.gpus.iter().any(|v| {
+                    v.index == g.index
+                        && v.memory_total_mib.saturating_sub(v.foreign_mem_mib) >= mem
+                })
+            })
+            .map(|g| (g.index, self.releases.of(self.position, g.index)))
+            .collect();
+        if candidates.len() < wanted {
+            return None;
+        }
+        candidates.sort_by_key(|(index, release)| (release_key(*release), *index));
+        let chosen = &candidates[..wanted];
+        let start = chosen
+            .iter()
+            .try_fold(now, |latest, (_, release)| release.map(|r| latest.max(r)));
+        Some((
+            node.name.as_str(),
+            chosen.iter().map(|(index, _)| *index).collect(),
+            start,
+        ))
+    }
 }
