@@ -11,11 +11,11 @@ mod errors;
 #[cfg(test)]
 mod fixtures;
 mod follow;
+mod gpu_profiles;
 mod human;
 mod jobfile;
 mod model;
 mod parse;
-mod profiles;
 mod publish;
 mod session;
 mod tables;

@@ -1,4 +1,4 @@
-//! Native job files: TOML with one `[[job]]` table per job.
+//! The TOML job format: one `[[job]]` table per job.
 //!
 //! ```toml
 //! [[job]]
@@ -30,7 +30,7 @@ use mgpu_protocol::job::OnTimeout;
 use serde::Deserialize;
 use toml::{Spanned, Value};
 
-use super::{Draft, Entry, FileError};
+use super::draft::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
@@ -101,6 +101,32 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// A problem and where it is (byte offset), when a key or value is to blame.
 type Problem = (Option<usize>, String);
 
+/// One `[[job]]` table's keys, read with their positions so a problem points at its value.
+struct JobTable<'a>(&'a Table);
+
+impl JobTable<'_> {
+    fn get(&self, key: &str) -> Option<&Spanned<Value>> {
+        self.0
+            .iter()
+            .find(|(k, _)| k.get_ref() == key)
+            .map(|(_, v)| v)
+    }
+
+    /// The key's value converted by `convert` (which names the key in its messages); None
+    /// when the key is absent.
+    fn read<T>(
+        &self,
+        key: &'static str,
+        convert: impl Fn(&str, &Value) -> Result<T, String>,
+    ) -> Result<Option<T>, Problem> {
+        self.get(key)
+            .map(|value| convert(key, value.get_ref()).map_err(|m| (Some(value.span().start), m)))
+            .transpose()
+    }
+}
+
+/// The draft a `[[job]]` table describes. Keys are checked in a fixed order, so a table with
+/// several mistakes always reports the same one.
 fn job(table: &Table) -> Result<Draft, Problem> {
     if let Some(key) = table.keys().find(|k| !KEYS.contains(&k.get_ref().as_str())) {
         return Err((
@@ -112,93 +138,71 @@ fn job(table: &Table) -> Result<Draft, Problem> {
             ),
         ));
     }
-    let get = |key: &str| {
-        table
-            .iter()
-            .find(|(k, _)| k.get_ref() == key)
-            .map(|(_, v)| v)
-    };
-    // Each conversion names its key and points at its value.
-    let field = |key: &'static str| -> Option<(&'static str, &Spanned<Value>)> {
-        get(key).map(|value| (key, value))
-    };
-    let at = |value: &Spanned<Value>, message: String| (Some(value.span().start), message);
-
-    let Some(command) = get("command") else {
+    let table = JobTable(table);
+    let Some(command) = table.read("command", |_, value| command_of(value))? else {
         return Err((None, "no `command`".into()));
     };
     let mut draft = Draft {
-        command: command_of(command.get_ref()).map_err(|m| at(command, m))?,
+        command,
         dedup: true,
         ..Draft::default()
     };
-    if let Some((key, value)) = field("name") {
-        draft.name = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("gpus") {
-        draft.gpus = Some(gpus(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("gpu_ids") {
-        draft.gpu_ids = Some(ids(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("allowed_gpus") {
-        let mut allowed = ids(key, value.get_ref()).map_err(|m| at(value, m))?;
+    draft.name = table.read("name", string)?;
+    draft.gpus = table.read("gpus", gpus)?;
+    draft.gpu_ids = table.read("gpu_ids", ids)?;
+    draft.allowed_gpus = table.read("allowed_gpus", ids)?.map(|mut allowed| {
         allowed.sort_unstable();
         allowed.dedup();
-        draft.allowed_gpus = Some(allowed);
+        allowed
+    });
+    draft.mem_mib = table.read("mem", mem)?;
+    if let Some(priority) = table.read("priority", priority)? {
+        draft.priority = priority;
     }
-    if let Some((key, value)) = field("mem") {
-        draft.mem_mib = Some(mem(key, value.get_ref()).map_err(|m| at(value, m))?);
+    draft.time_limit_secs = table.read("time_limit", time_limit)?;
+    draft.on_timeout = table.read("on_timeout", on_timeout)?;
+    draft.conda_env = table.read("conda", string)?;
+    draft.env_setup_cmd = table.read("env_setup_cmd", string)?;
+    draft.workdir = table.read("workdir", string)?;
+    draft.profile = table.read("profile", string)?;
+    if let Some(dedup) = table.read("dedup", boolean)? {
+        draft.dedup = dedup;
     }
-    if let Some((key, value)) = field("priority") {
-        draft.priority = match value.get_ref() {
-            Value::Integer(p) => {
-                i32::try_from(*p).map_err(|_| at(value, format!("`{key}` {p} is out of range")))?
-            }
-            other => return Err(at(value, expected(key, "a whole number", other))),
-        };
-    }
-    if let Some((key, value)) = field("time_limit") {
-        let text = match value.get_ref() {
-            Value::String(s) => s.clone(),
-            Value::Integer(secs) => secs.to_string(),
-            other => return Err(at(value, expected(key, "a duration like \"2h\"", other))),
-        };
-        let limit = parse_duration(&text).map_err(|e| at(value, format!("`{key}`: {e}")))?;
-        draft.time_limit_secs = Some(limit.as_secs());
-    }
-    if let Some((key, value)) = field("on_timeout") {
-        draft.on_timeout = Some(match value.get_ref() {
-            Value::String(s) if s == "requeue" => OnTimeout::Requeue,
-            Value::String(s) if s == "fail" => OnTimeout::Fail,
-            other => return Err(at(value, expected(key, "\"requeue\" or \"fail\"", other))),
-        });
-    }
-    if let Some((key, value)) = field("conda") {
-        draft.conda_env = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("env_setup_cmd") {
-        draft.env_setup_cmd = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("workdir") {
-        draft.workdir = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("profile") {
-        draft.profile = Some(string(key, value.get_ref()).map_err(|m| at(value, m))?);
-    }
-    if let Some((key, value)) = field("dedup") {
-        draft.dedup = match value.get_ref() {
-            Value::Boolean(b) => *b,
-            other => return Err(at(value, expected(key, "true or false", other))),
-        };
-    }
-    if let Some((key, value)) = field("no_requeue") {
-        draft.no_requeue = match value.get_ref() {
-            Value::Boolean(b) => Some(*b),
-            other => return Err(at(value, expected(key, "true or false", other))),
-        };
-    }
+    draft.no_requeue = table.read("no_requeue", boolean)?;
     Ok(draft)
+}
+
+fn priority(key: &str, value: &Value) -> Result<i32, String> {
+    match value {
+        Value::Integer(p) => i32::try_from(*p).map_err(|_| format!("`{key}` {p} is out of range")),
+        other => Err(expected(key, "a whole number", other)),
+    }
+}
+
+/// `"2h"`, `"1h30m"`, or seconds as a number.
+fn time_limit(key: &str, value: &Value) -> Result<u64, String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Integer(secs) => secs.to_string(),
+        other => return Err(expected(key, "a duration like \"2h\"", other)),
+    };
+    let limit = parse_duration(&text).map_err(|e| format!("`{key}`: {e}"))?;
+    Ok(limit.as_secs())
+}
+
+fn on_timeout(key: &str, value: &Value) -> Result<OnTimeout, String> {
+    match value {
+        Value::String(s) if s == "requeue" => Ok(OnTimeout::Requeue),
+        Value::String(s) if s == "fail" => Ok(OnTimeout::Fail),
+        other => Err(expected(key, "\"requeue\" or \"fail\"", other)),
+    }
+}
+
+fn boolean(key: &str, value: &Value) -> Result<bool, String> {
+    match value {
+        Value::Boolean(b) => Ok(*b),
+        other => Err(expected(key, "true or false", other)),
+    }
 }
 
 fn expected(key: &str, what: &str, found: &Value) -> String {

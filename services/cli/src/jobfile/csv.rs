@@ -1,4 +1,5 @@
-//! Seed 004's job lines: `priority,script_path,conda_env,arguments,allowed_gpus`.
+//! The CSV job format: one job per line,
+//! `priority,script_path,conda_env,arguments,allowed_gpus`.
 //!
 //! ```text
 //! # lower priority number runs first
@@ -13,9 +14,9 @@
 
 use std::path::Path;
 
-use mgpu_protocol::job::shell_quote;
+use mgpu_protocol::job::{GPUS_PLACEHOLDER, shell_quote};
 
-use super::{Draft, Entry, GPUS_PLACEHOLDER};
+use super::draft::{Draft, Entry};
 use crate::parse;
 
 /// The fields, for messages about a malformed line.
@@ -91,7 +92,7 @@ pub fn parse_line(line: &str) -> Result<Draft, String> {
         priority,
         conda_env,
         allowed_gpus,
-        // As in seed 004: a file resubmitted while its jobs wait does not queue them twice.
+        // A file resubmitted while its jobs wait does not queue them twice.
         dedup: true,
         ..Draft::default()
     })
@@ -143,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_example_lines_parse() {
+    fn the_example_lines_parse() {
         let train = draft("0,/path/to/train.py,pytorch_env,--llm qwen2.5-7b-inst --epochs 100,0-3");
         assert_eq!(
             train.command,

@@ -1,5 +1,5 @@
-//! GPU profiles: how many GPUs a model needs, read from seed 004's `llm_config.json`, accepted
-//! as is:
+//! GPU profiles: how many GPUs each model needs, read from a JSON profiles file mapping model
+//! names to GPU requirements (whole GPUs or shares of one), with a default for the others:
 //!
 //! ```json
 //! {"default_requirement": 1.0, "models": {"qwen2.5-3b-inst": 0.5, "qwen2.5-7b-inst": 1.0}}
@@ -17,10 +17,10 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use mgpu_protocol::gpu_amount::GpuAmount;
 use serde::Deserialize;
 
-/// The file name seed 004 uses, looked for in the current directory and `~/.config/mgpu/`.
+/// The profiles file's usual name, looked for in the current directory and `~/.config/mgpu/`.
 pub const FILE_NAME: &str = "llm_config.json";
 
-/// The file as written; other keys seed 004 may keep there are ignored.
+/// The file as written; other keys it may hold (settings of other tools) are ignored.
 #[derive(Debug, Deserialize)]
 struct ProfilesFile {
     #[serde(default = "one")]
@@ -88,8 +88,7 @@ impl Profiles {
         })
     }
 
-    /// The requirement of a model named with `--llm`: unlisted models get the default, as
-    /// seed 004 does.
+    /// The requirement of a model named with `--llm`: unlisted models get the file's default.
     pub fn for_llm(&self, name: &str) -> GpuAmount {
         self.models.get(name).copied().unwrap_or(self.default)
     }
@@ -231,13 +230,13 @@ pub fn choose_gpus(
 mod tests {
     use super::*;
 
-    const SEED: &str = r#"{
+    const EXAMPLE: &str = r#"{
         "default_requirement": 1.0,
         "models": {"qwen2.5-3b-inst": 0.5, "qwen2.5-7b-inst": 1.0, "qwen2.5-32b-inst": 4.0}
     }"#;
 
-    fn seed() -> Option<Profiles> {
-        Profiles::parse(Path::new("llm_config.json"), SEED).ok()
+    fn example() -> Option<Profiles> {
+        Profiles::parse(Path::new("llm_config.json"), EXAMPLE).ok()
     }
 
     fn loaded(profiles: Option<Profiles>) -> LazyProfiles {
@@ -249,8 +248,8 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_file_reads_as_is() {
-        let profiles = seed();
+    fn the_example_file_reads_as_is() {
+        let profiles = example();
         assert!(profiles.is_some());
         let Some(profiles) = profiles else { return };
         assert_eq!(profiles.default, GpuAmount::ONE);
@@ -282,7 +281,7 @@ mod tests {
         assert!(err(r#"{"models": {"m": 1.5}}"#).contains("model `m`"));
         assert!(err(r#"{"models": {"m": -1}}"#).contains("model `m`"));
         assert!(err(r#"{"default_requirement": "x"}"#).contains("not a profiles file"));
-        // Missing keys take defaults; extra keys are seed 004's business.
+        // Missing keys take defaults; extra keys belong to other tools.
         let minimal = Profiles::parse(path, r#"{"other": 1}"#).ok();
         assert_eq!(minimal.map(|p| p.default), Some(GpuAmount::ONE));
     }
@@ -326,31 +325,31 @@ mod tests {
         };
         // --llm in the command, with a profiles file.
         assert_eq!(
-            choose(None, None, None, seed()),
+            choose(None, None, None, example()),
             choice(half, Some("qwen2.5-3b-inst"))
         );
         // No profiles file: the default single GPU, no profile recorded.
         assert_eq!(choose(None, None, None, None), choice(GpuAmount::ONE, None));
         // Explicit --gpus wins over --llm.
         let two = GpuAmount::whole(2);
-        assert_eq!(choose(Some(two), None, None, seed()), choice(two, None));
+        assert_eq!(choose(Some(two), None, None, example()), choice(two, None));
         // Pinned ids say how many.
         assert_eq!(
-            choose(None, None, Some(3), seed()),
+            choose(None, None, Some(3), example()),
             choice(GpuAmount::whole(3), None)
         );
         // --profile sets the count; --gpus still wins on the count.
         let four = GpuAmount::whole(4);
         assert_eq!(
-            choose(None, Some("qwen2.5-32b-inst"), None, seed()),
+            choose(None, Some("qwen2.5-32b-inst"), None, example()),
             choice(four, Some("qwen2.5-32b-inst"))
         );
         assert_eq!(
-            choose(Some(two), Some("qwen2.5-32b-inst"), None, seed()),
+            choose(Some(two), Some("qwen2.5-32b-inst"), None, example()),
             choice(two, Some("qwen2.5-32b-inst"))
         );
         // Unknown --profile, or none without a file, are errors.
-        assert_eq!(choose(None, Some("nope"), None, seed()), None);
+        assert_eq!(choose(None, Some("nope"), None, example()), None);
         let err = choose_gpus(None, Some("x"), None, &cmd, &mut loaded(None))
             .err()
             .map(|e| e.to_string())
@@ -367,19 +366,19 @@ mod tests {
         assert!(std::fs::create_dir_all(&cwd).is_ok());
         assert!(std::fs::create_dir_all(&config).is_ok());
         assert_eq!(locate(None, &cwd, Some(&home)).ok(), Some(None));
-        assert!(std::fs::write(config.join(FILE_NAME), SEED).is_ok());
+        assert!(std::fs::write(config.join(FILE_NAME), EXAMPLE).is_ok());
         assert_eq!(
             locate(None, &cwd, Some(&home)).ok(),
             Some(Some(config.join(FILE_NAME)))
         );
-        assert!(std::fs::write(cwd.join(FILE_NAME), SEED).is_ok());
+        assert!(std::fs::write(cwd.join(FILE_NAME), EXAMPLE).is_ok());
         assert_eq!(
             locate(None, &cwd, Some(&home)).ok(),
             Some(Some(cwd.join(FILE_NAME)))
         );
         let explicit = dir.path().join("mine.json");
         assert!(locate(Some(&explicit), &cwd, Some(&home)).is_err());
-        assert!(std::fs::write(&explicit, SEED).is_ok());
+        assert!(std::fs::write(&explicit, EXAMPLE).is_ok());
         assert_eq!(
             locate(Some(&explicit), &cwd, Some(&home)).ok(),
             Some(Some(explicit))

@@ -1,0 +1,286 @@
+//! `mgpu submit`'s command line: every option, how clap parses the values, and the checks
+//! clap cannot make on its own.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::{Args, ValueEnum};
+use mgpu_protocol::duration::parse_duration;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::job::{NodeGpuIds, OnTimeout};
+
+use crate::parse::{self, ArraySpec, GpuIds};
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// GPUs to use: a whole number (2), a share of one GPU (0.5), or 0 for a CPU-only job.
+    /// Defaults to the --profile's requirement, the number of ids in --gpu-ids, the profile of
+    /// `--llm NAME` in the command (when a profiles file exists), or 1.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_gpus)]
+    pub gpus: Option<GpuAmount>,
+
+    /// Run on exactly these GPUs of a node: `0,2` or `0-3`.
+    #[arg(long, value_name = "LIST", value_parser = parse::gpu_ids)]
+    pub gpu_ids: Option<GpuIds>,
+
+    /// Nodes the job spans (gang-scheduled: all start together or none does). --gpus then
+    /// counts GPUs per node. Without --distributed the command runs once, on the first node,
+    /// with MGPU_HOSTFILE listing every node (for mpirun or ssh).
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
+
+    /// GPUs on each node of a multi-node job (the same as --gpus, said explicitly).
+    #[arg(long, value_name = "G", conflicts_with = "gpus")]
+    pub gpus_per_node: Option<u32>,
+
+    /// Run on these nodes (all of them, in this order: the first is rank 0); --nodes
+    /// defaults to their count and may ask for more, chosen by the scheduler.
+    #[arg(long, value_name = "NODE[,NODE…]", value_delimiter = ',')]
+    pub nodelist: Vec<String>,
+
+    /// Never run on these nodes.
+    #[arg(long, value_name = "NODE[,NODE…]", value_delimiter = ',')]
+    pub exclude: Vec<String>,
+
+    /// Exact GPUs on exact nodes, rank order: `node001:0,1;node002:0,1`. Sets --nodes and
+    /// --gpus from what it names.
+    #[arg(long, value_name = "NODE:IDS;…", value_parser = parse_node_gpu_ids,
+          conflicts_with_all = ["gpu_ids", "nodelist"])]
+    pub node_gpu_ids: Option<NodeGpuIdList>,
+
+    /// Run the command once per node, with MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK,
+    /// GPUS_PER_NODE and WORLD_SIZE set for torchrun (and MGPU_HOSTFILE for MPI). Every
+    /// rank's output is tagged with its rank; one rank failing stops the others.
+    #[arg(long)]
+    pub distributed: bool,
+
+    /// GPU memory the job needs on each of its GPUs: MiB (24576) or with a unit (24GiB).
+    #[arg(long, value_name = "MIB", value_parser = parse::mem_mib)]
+    pub mem: Option<u64>,
+
+    /// Name shown in listings (default: the program's name).
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// Higher runs first; may be negative.
+    #[arg(
+        long,
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        value_name = "P"
+    )]
+    pub priority: i32,
+
+    /// Time limit: 90 (seconds), 10m, 2h, 1h30m, 2d or [D-]HH:MM:SS. What happens then is
+    /// --on-timeout's choice.
+    #[arg(long, value_name = "DUR", value_parser = parse_time_limit)]
+    pub time_limit: Option<Duration>,
+
+    /// At the time limit: `requeue` (default) stops the job and puts it back at the end of the
+    /// queue when others wait (a time slice; it keeps running while nobody waits); `fail` stops
+    /// it for good, as `timed_out`.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub on_timeout: Option<TimeoutAction>,
+
+    /// When the job's node is lost (stops heartbeating, or its agent restarts) while the job
+    /// runs, end it as `node_failed` instead of putting it back in the queue: for jobs that
+    /// must not run twice (they send mail, they append to a shared file).
+    #[arg(long)]
+    pub no_requeue: bool,
+
+    /// Shell code run before the command, in the same shell (`source venv/bin/activate`).
+    #[arg(long, value_name = "CMD")]
+    pub env_setup_cmd: Option<String>,
+
+    /// Conda environment the node agent activates before the command (after --env-setup-cmd).
+    #[arg(long, value_name = "ENV")]
+    pub conda: Option<String>,
+
+    /// Directory the job runs in (default: the current one). It must exist on the nodes too.
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+
+    /// Start only after these jobs succeeded (ids or unique prefixes; comma-separated or
+    /// repeated). If one of them fails, this job never runs.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    pub after: Vec<String>,
+
+    /// Start only after these jobs ended, however they ended.
+    #[arg(long, value_name = "ID[,ID…]", value_delimiter = ',')]
+    pub after_any: Vec<String>,
+
+    /// Submit a job array: one task per index, `0-9`, `1,3,5-7`; `%N` runs at most N at once
+    /// (`0-99%4`). Each task gets MGPU_ARRAY_INDEX. At most 10000 tasks.
+    #[arg(long, value_name = "SPEC", value_parser = parse::array_spec, conflicts_with = "interactive")]
+    pub array: Option<ArraySpec>,
+
+    /// Do not submit when one of your queued or running jobs is identical (same command,
+    /// directory, environment setup and resources); the scheduler also refuses such races.
+    #[arg(long)]
+    pub dedup: bool,
+
+    /// Ask for the GPUs the profiles file gives this model (an explicit --gpus still wins).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+
+    /// Profiles file (JSON: each model's GPU requirement); default ./llm_config.json, then
+    /// ~/.config/mgpu/llm_config.json, when they exist.
+    #[arg(long, env = "MGPU_PROFILES", value_name = "FILE")]
+    pub profiles: Option<PathBuf>,
+
+    /// Submit every job of a job file: CSV lines
+    /// (`priority,script_path,conda_env,arguments,allowed_gpus`), or `[[job]]` tables in a
+    /// `.toml` file. Jobs identical to a queued or running one are skipped.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
+        "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
+        "node_gpu_ids", "distributed",
+    ])]
+    pub file: Option<PathBuf>,
+
+    /// With --file: keep watching the file and submit jobs appended to it, until Ctrl+C.
+    #[arg(long, requires = "file")]
+    pub watch: bool,
+
+    /// Stay attached: show the job's output here, send it this terminal's input, and exit with
+    /// its exit status. Ctrl+C detaches and leaves the job running.
+    #[arg(short, long, conflicts_with = "json")]
+    pub interactive: bool,
+
+    /// Print `{"id": …}` (arrays: `{"array_id": …, "ids": […]}`) instead of a sentence.
+    #[arg(long, conflicts_with = "quiet")]
+    pub json: bool,
+
+    /// Print only the job id, one per line for arrays and files (with -i: print nothing but
+    /// the job's own output).
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// The command: one argument is a shell command line ("python a.py | tee log"); several are
+    /// a program and its arguments, passed as given. Put `--` before it when it has options.
+    /// `{gpus}` in it is replaced by the job's GPU ids on the node (`--cuda {gpus}`).
+    #[arg(
+        required_unless_present = "file",
+        trailing_var_arg = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+/// `--on-timeout`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TimeoutAction {
+    /// Back to the end of the queue when others wait.
+    Requeue,
+    /// End as `timed_out`.
+    Fail,
+}
+
+impl From<TimeoutAction> for OnTimeout {
+    fn from(action: TimeoutAction) -> OnTimeout {
+        match action {
+            TimeoutAction::Requeue => OnTimeout::Requeue,
+            TimeoutAction::Fail => OnTimeout::Fail,
+        }
+    }
+}
+
+fn parse_gpus(text: &str) -> Result<GpuAmount, String> {
+    text.parse::<GpuAmount>().map_err(|e| e.to_string())
+}
+
+fn parse_time_limit(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
+}
+
+impl SubmitArgs {
+    /// Combinations clap cannot refuse on its own: `--file` conflicts with the command, and
+    /// clap drops a requirement (`--watch` requires `--file`) that conflicts with a present
+    /// argument.
+    pub fn check(&self) -> Result<()> {
+        if self.watch && self.file.is_none() {
+            bail!("--watch watches a job file: use it with --file FILE");
+        }
+        Ok(())
+    }
+}
+
+/// `--node-gpu-ids`, parsed (a newtype: clap reads a bare `Vec` as a repeated option).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGpuIdList(pub Vec<NodeGpuIds>);
+
+fn parse_node_gpu_ids(text: &str) -> Result<NodeGpuIdList, String> {
+    mgpu_protocol::job::parse_node_gpu_ids(text)
+        .map(NodeGpuIdList)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `mgpu submit`'s options alone, as the full command line parses them.
+    #[derive(Debug, Parser)]
+    struct SubmitLine {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    /// The options of `mgpu submit ARGV…`, or None when they do not parse.
+    pub(crate) fn submit_args(argv: &[&str]) -> Option<SubmitArgs> {
+        let mut full = vec!["mgpu-submit"];
+        full.extend_from_slice(argv);
+        SubmitLine::try_parse_from(full).ok().map(|line| line.args)
+    }
+
+    fn parse_error(argv: &[&str]) -> String {
+        let mut full = vec!["mgpu-submit"];
+        full.extend_from_slice(argv);
+        SubmitLine::try_parse_from(full)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn dependencies_split_on_commas_and_repeat() {
+        let args = submit_args(&[
+            "--after",
+            "ab,cd",
+            "--after",
+            "ef",
+            "--after-any",
+            "01",
+            "x",
+        ]);
+        assert_eq!(
+            args.as_ref().map(|a| a.after.clone()),
+            Some(vec!["ab".into(), "cd".into(), "ef".into()])
+        );
+        assert_eq!(args.map(|a| a.after_any), Some(vec!["01".into()]));
+    }
+
+    #[test]
+    fn conflicting_flags_are_refused_by_the_parser() {
+        let err = parse_error(&["--array", "0-3", "-i", "x"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = parse_error(&["--file", "jobs.txt", "--gpus", "2"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = parse_error(&["--file", "jobs.txt", "python", "x.py"]);
+        assert!(err.contains("cannot be used with"), "{err}");
+        let err = parse_error(&["--watch"]);
+        assert!(err.contains("--file"), "{err}");
+        let watch_alone = submit_args(&["--watch", "x"]).map(|a| a.check().is_err());
+        assert_eq!(watch_alone, Some(true));
+        let err = parse_error(&["--array", "0-3%0", "x"]);
+        assert!(err.contains("at least 1"), "{err}");
+        let err = parse_error(&["--on-timeout", "retry", "x"]);
+        assert!(err.contains("requeue"), "{err}");
+        let err = parse_error(&[]);
+        assert!(err.contains("COMMAND"), "{err}");
+        let file = submit_args(&["--file", "jobs.txt", "--watch", "--time-limit", "1h"]);
+        assert!(file.is_some_and(|a| a.watch && a.command.is_empty() && a.check().is_ok()));
+    }
+}
