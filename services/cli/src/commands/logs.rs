@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
+use async_nats::jetstream::consumer;
 use clap::Args;
 use futures::{FutureExt, StreamExt};
 use mgpu_protocol::job::JobRecord;
@@ -15,8 +16,7 @@ use tokio::time::Instant;
 use crate::errors::plain;
 use crate::follow::{self, Chunk, OutputWriter};
 use crate::model::jobs;
-use crate::session::ConnectionArgs;
-use crate::session::Session;
+use crate::session::{ConnectionArgs, Session};
 
 /// When the record says the job ended but its end-of-output marker has not been read, how long
 /// to wait for it (the node may have died before writing one).
@@ -84,9 +84,10 @@ async fn follow_into(
     let mut feed = follow::open_output(&session.js, id).await?;
     let mut changes = follow::watch_record(&session.js, id).await?;
     let mut record: Option<JobRecord> = None;
-    // End-of-output markers read, by attempt and rank.
-    let mut ends = follow::Ends::default();
-    let mut caught_up = feed.initially_pending == 0;
+    let mut read = OutputRead {
+        ends: follow::Ends::default(),
+        caught_up: feed.initially_pending == 0,
+    };
     let grace = tokio::time::sleep(Duration::MAX);
     tokio::pin!(grace);
     let mut grace_armed = false;
@@ -98,53 +99,22 @@ async fn follow_into(
         if let Some(record) = &record
             && record.state.is_finished()
         {
-            if ends.complete_for(record) {
+            if read.ends.complete_for(record) {
                 return Ok(());
             }
             // Ended without a marker for this attempt (an agent that died): once the stored
             // output is replayed, stop, giving late output a moment if the end was just now.
-            if caught_up && !ended_while_following {
+            if read.caught_up && !ended_while_following {
                 return Ok(());
             }
-            if caught_up && !grace_armed {
+            if read.caught_up && !grace_armed {
                 grace.as_mut().reset(Instant::now() + EOF_GRACE);
                 grace_armed = true;
             }
         }
         tokio::select! {
             message = feed.messages.next() => {
-                let mut message = message;
-                // Every message already at hand is written before one flush: a job writing
-                // fast costs a write per batch, not per message, and nothing waits in the
-                // buffer once the feed has no more. An end-of-output marker stops the batch,
-                // so whether the job is over is decided at the top of the loop, as for one
-                // message.
-                let mut handled = 0;
-                loop {
-                    let received = message
-                        .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
-                        .map_err(plain)
-                        .context("reading the job's output")?;
-                    let chunk = follow::classify(&received);
-                    let eof = matches!(chunk, Chunk::Eof { .. });
-                    if let Chunk::Eof { attempt, rank, exit_code } = chunk {
-                        ends.saw(attempt.unwrap_or(0), rank, exit_code);
-                    } else {
-                        out.write(&chunk)?;
-                    }
-                    if received.info().map_err(plain)?.pending == 0 {
-                        caught_up = true;
-                    }
-                    handled += 1;
-                    if eof || handled == MESSAGES_PER_FLUSH {
-                        break;
-                    }
-                    match feed.messages.next().now_or_never() {
-                        Some(next) => message = next,
-                        None => break,
-                    }
-                }
-                out.flush()?;
+                read.write_batch(message, &mut feed.messages, out)?;
             }
             change = changes.next() => {
                 match change {
@@ -162,5 +132,63 @@ async fn follow_into(
             }
             () = &mut grace, if grace_armed => return Ok(()),
         }
+    }
+}
+
+/// A message as the output feed yields it; None when the feed ended.
+type Received = Option<<consumer::pull::Ordered as futures::Stream>::Item>;
+
+/// What has been read of the job's output so far.
+struct OutputRead {
+    /// End-of-output markers read, by attempt and rank.
+    ends: follow::Ends,
+    /// Every message stored when following began has been read.
+    caught_up: bool,
+}
+
+impl OutputRead {
+    /// Writes `first` and every message already at hand after it, then flushes once: a job
+    /// writing fast costs a write per batch, not per message, and nothing waits in the buffer
+    /// once the feed has no more. An end-of-output marker stops the batch, so whether the job
+    /// is over is decided by the caller, as for one message.
+    fn write_batch(
+        &mut self,
+        first: Received,
+        messages: &mut consumer::pull::Ordered,
+        out: &mut OutputWriter,
+    ) -> Result<()> {
+        let mut message = first;
+        let mut handled = 0;
+        loop {
+            let received = message
+                .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
+                .map_err(plain)
+                .context("reading the job's output")?;
+            let chunk = follow::classify(&received);
+            let eof = matches!(chunk, Chunk::Eof { .. });
+            if let Chunk::Eof {
+                attempt,
+                rank,
+                exit_code,
+            } = chunk
+            {
+                self.ends.saw(attempt.unwrap_or(0), rank, exit_code);
+            } else {
+                out.write(&chunk)?;
+            }
+            if received.info().map_err(plain)?.pending == 0 {
+                self.caught_up = true;
+            }
+            handled += 1;
+            if eof || handled == MESSAGES_PER_FLUSH {
+                break;
+            }
+            match messages.next().now_or_never() {
+                Some(next) => message = next,
+                None => break,
+            }
+        }
+        out.flush()?;
+        Ok(())
     }
 }

@@ -115,112 +115,139 @@ pub struct Permissions {
 
 /// The server-side permissions of each role. Anything not listed is refused by the server.
 pub fn permissions(role: Role, name: &str, public_key: &str) -> Permissions {
-    let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     match role {
-        Role::Admin => Permissions {
-            publish: strings(&[">"]),
-            subscribe: strings(&[">"]),
-            deny_publish: Vec::new(),
-        },
-        Role::Scheduler => Permissions {
-            publish: strings(&[
-                "$JS.API.>",
-                "$JS.ACK.>",
-                "$JS.FC.>",
-                "$KV.mgpu-jobs.>",
-                "$KV.mgpu-cluster.>",
-                "$KV.mgpu-leader.>",
-                subjects::ALL_ASSIGNMENTS,
-                subjects::ALL_CONTROLS,
-                subjects::ALL_EVENTS,
-                subjects::ALL_AUDIT,
-                "$SRV.>",
-                "_INBOX.>",
-            ]),
-            subscribe: strings(&[
-                "$SRV.>",
-                subjects::SCHEDULER_ENDPOINTS,
-                subjects::ALL_HEARTBEATS,
-                "_INBOX.>",
-            ]),
-            deny_publish: Vec::new(),
-        },
-        Role::Node => {
-            let consumer = subjects::node_consumer(name);
-            let assign = subjects::ASSIGN_STREAM;
-            Permissions {
-                publish: vec![
-                    subjects::heartbeat(name),
-                    subjects::ALL_OUTPUT.to_owned(),
-                    subjects::ALL_EVENTS.to_owned(),
-                    format!("$JS.API.STREAM.INFO.{assign}"),
-                    format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}"),
-                    format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}.>"),
-                    format!("$JS.API.CONSUMER.INFO.{assign}.{consumer}"),
-                    format!("$JS.API.CONSUMER.MSG.NEXT.{assign}.{consumer}"),
-                    format!("$JS.ACK.{assign}.{consumer}.>"),
-                ],
-                subscribe: vec![
-                    format!("{}.>", inbox_prefix(public_key)),
-                    "jobs.*.input".to_owned(),
-                ],
-                deny_publish: Vec::new(),
-            }
-        }
-        Role::User => {
-            // Users read every mgpu stream (through ephemeral consumers and direct gets) but
-            // write only requests; they cannot create, change or delete streams or consumers
-            // by name, nor publish assignments, events, output or heartbeats.
-            let mut publish = strings(&[
-                subjects::SUBMIT,
-                subjects::ALL_CANCELS,
-                subjects::ALL_HOLDS,
-                subjects::ALL_RELEASES,
-                "jobs.*.input",
-                "$JS.API.INFO",
-                "$JS.FC.>",
-                "$SRV.>",
-                subjects::SCHEDULER_STATUS,
-                // Pending submissions, so `mgpu queue` lists them while the scheduler is down.
-                "$JS.API.STREAM.INFO.MGPU_REQUESTS",
-                "$JS.API.DIRECT.GET.MGPU_REQUESTS",
-                "$JS.API.DIRECT.GET.MGPU_REQUESTS.>",
-            ]);
-            for stream in [
-                subjects::JOBS_BUCKET_STREAM,
-                subjects::CLUSTER_BUCKET_STREAM,
-                subjects::EVENTS_STREAM,
-                subjects::OUTPUT_STREAM,
-                subjects::NODES_STREAM,
-            ] {
-                publish.push(format!("$JS.API.STREAM.INFO.{stream}"));
-                publish.push(format!("$JS.API.CONSUMER.CREATE.{stream}"));
-                publish.push(format!("$JS.API.CONSUMER.CREATE.{stream}.>"));
-                publish.push(format!("$JS.API.CONSUMER.INFO.{stream}.*"));
-                publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"));
-                publish.push(format!("$JS.API.DIRECT.GET.{stream}"));
-                publish.push(format!("$JS.API.DIRECT.GET.{stream}.>"));
-                publish.push(format!("$JS.API.STREAM.MSG.GET.{stream}"));
-            }
-            // The scheduler's durable consumer of reports is not a user's to change or drain.
-            let events = subjects::EVENTS_STREAM;
-            let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
-            Permissions {
-                publish,
-                subscribe: vec![
-                    format!("{}.>", inbox_prefix(public_key)),
-                    subjects::ALL_OUTPUT.to_owned(),
-                    subjects::ALL_EVENTS.to_owned(),
-                    subjects::ALL_HEARTBEATS.to_owned(),
-                ],
-                deny_publish: vec![
-                    format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
-                    format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
-                    format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
-                ],
-            }
-        }
+        Role::Admin => admin_permissions(),
+        Role::Scheduler => scheduler_permissions(),
+        Role::Node => node_permissions(name, public_key),
+        Role::User => user_permissions(public_key),
     }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Admins may do anything.
+fn admin_permissions() -> Permissions {
+    Permissions {
+        publish: strings(&[">"]),
+        subscribe: strings(&[">"]),
+        deny_publish: Vec::new(),
+    }
+}
+
+/// The scheduler keeps the job and cluster buckets, assigns and controls jobs, and records
+/// events and the audit trail; it hears heartbeats and answers its service endpoints.
+fn scheduler_permissions() -> Permissions {
+    Permissions {
+        publish: strings(&[
+            "$JS.API.>",
+            "$JS.ACK.>",
+            "$JS.FC.>",
+            "$KV.mgpu-jobs.>",
+            "$KV.mgpu-cluster.>",
+            "$KV.mgpu-leader.>",
+            subjects::ALL_ASSIGNMENTS,
+            subjects::ALL_CONTROLS,
+            subjects::ALL_EVENTS,
+            subjects::ALL_AUDIT,
+            "$SRV.>",
+            "_INBOX.>",
+        ]),
+        subscribe: strings(&[
+            "$SRV.>",
+            subjects::SCHEDULER_ENDPOINTS,
+            subjects::ALL_HEARTBEATS,
+            "_INBOX.>",
+        ]),
+        deny_publish: Vec::new(),
+    }
+}
+
+/// A node agent heartbeats under its own name, writes jobs' output and events, and reads its
+/// own assignments through its own durable consumer; it hears jobs' input.
+fn node_permissions(name: &str, public_key: &str) -> Permissions {
+    let consumer = subjects::node_consumer(name);
+    let assign = subjects::ASSIGN_STREAM;
+    Permissions {
+        publish: vec![
+            subjects::heartbeat(name),
+            subjects::ALL_OUTPUT.to_owned(),
+            subjects::ALL_EVENTS.to_owned(),
+            format!("$JS.API.STREAM.INFO.{assign}"),
+            format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}"),
+            format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}.>"),
+            format!("$JS.API.CONSUMER.INFO.{assign}.{consumer}"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{assign}.{consumer}"),
+            format!("$JS.ACK.{assign}.{consumer}.>"),
+        ],
+        subscribe: vec![
+            format!("{}.>", inbox_prefix(public_key)),
+            "jobs.*.input".to_owned(),
+        ],
+        deny_publish: Vec::new(),
+    }
+}
+
+/// Users read every mgpu stream (through ephemeral consumers and direct gets) but write only
+/// requests; they cannot create, change or delete streams or consumers by name, nor publish
+/// assignments, events, output or heartbeats.
+fn user_permissions(public_key: &str) -> Permissions {
+    let mut publish = strings(&[
+        subjects::SUBMIT,
+        subjects::ALL_CANCELS,
+        subjects::ALL_HOLDS,
+        subjects::ALL_RELEASES,
+        "jobs.*.input",
+        "$JS.API.INFO",
+        "$JS.FC.>",
+        "$SRV.>",
+        subjects::SCHEDULER_STATUS,
+        // Pending submissions, so `mgpu queue` lists them while the scheduler is down.
+        "$JS.API.STREAM.INFO.MGPU_REQUESTS",
+        "$JS.API.DIRECT.GET.MGPU_REQUESTS",
+        "$JS.API.DIRECT.GET.MGPU_REQUESTS.>",
+    ]);
+    for stream in [
+        subjects::JOBS_BUCKET_STREAM,
+        subjects::CLUSTER_BUCKET_STREAM,
+        subjects::EVENTS_STREAM,
+        subjects::OUTPUT_STREAM,
+        subjects::NODES_STREAM,
+    ] {
+        publish.extend(stream_reader_subjects(stream));
+    }
+    // The scheduler's durable consumer of reports is not a user's to change or drain.
+    let events = subjects::EVENTS_STREAM;
+    let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
+    Permissions {
+        publish,
+        subscribe: vec![
+            format!("{}.>", inbox_prefix(public_key)),
+            subjects::ALL_OUTPUT.to_owned(),
+            subjects::ALL_EVENTS.to_owned(),
+            subjects::ALL_HEARTBEATS.to_owned(),
+        ],
+        deny_publish: vec![
+            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
+            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
+        ],
+    }
+}
+
+/// The JetStream API subjects that read `stream`: its info, ephemeral consumers, direct gets.
+fn stream_reader_subjects(stream: &str) -> [String; 8] {
+    [
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.INFO.{stream}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.*"),
+        format!("$JS.API.DIRECT.GET.{stream}"),
+        format!("$JS.API.DIRECT.GET.{stream}.>"),
+        format!("$JS.API.STREAM.MSG.GET.{stream}"),
+    ]
 }
 
 /// A complete single-server nats-server configuration that includes `auth.conf`; with `tls`,

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
+use async_nats::jetstream::consumer::{self, pull::Ordered};
 use bytes::Bytes;
 use futures::StreamExt;
 use mgpu_protocol::duration::format_duration;
@@ -37,17 +38,23 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
     let mut record_changes = follow::watch_record(&session.js, id).await?;
     let mut events = open_events(session, id).await?;
 
-    let mut status = StatusLine::new(quiet);
-    let mut watcher = Watcher {
-        id: id.clone(),
-        record: None,
-        queued_since: Instant::now(),
-        shown_reason: None,
-        announced_run: false,
-        stdin_started: false,
-        output_since_record: false,
+    let mut follower = Follower {
+        session,
+        status: StatusLine::new(quiet),
+        watcher: Watcher {
+            id: id.clone(),
+            record: None,
+            queued_since: Instant::now(),
+            shown_reason: None,
+            announced_run: false,
+            stdin_started: false,
+            output_since_record: false,
+        },
+        ends: follow::Ends::default(),
     };
-    watcher.show_queued(&mut status, WaitReason::Submitted, false);
+    follower
+        .watcher
+        .show_queued(&mut follower.status, WaitReason::Submitted, false);
 
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -58,101 +65,161 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
     tokio::pin!(grace);
     let mut grace_armed = false;
 
-    let mut ends = follow::Ends::default();
     loop {
-        tokio::select! {
+        let exit = tokio::select! {
             signal = &mut ctrl_c, if ctrl_c_armed => {
                 if signal.is_err() {
                     // No handler could be installed: Ctrl+C then kills us the default way,
                     // which leaves the job running all the same.
                     ctrl_c_armed = false;
-                    continue;
+                    None
+                } else {
+                    Some(follower.detach())
                 }
-                status.finish();
-                console::stderr_line(&format!(
-                    "Detached from job {short}; it keeps running. Follow it with: mgpu logs -f {short}",
-                    short = id.short()
-                ));
-                return Ok(ExitCode::SUCCESS);
             }
-            message = output.next() => {
-                let message = message
-                    .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
-                    .map_err(plain)
-                    .context("reading the job's output")?;
-                let chunk = follow::classify(&message);
-                if let Chunk::Eof { attempt, rank, exit_code } = chunk {
-                    let attempt = attempt.unwrap_or(0);
-                    ends.saw(attempt, rank, exit_code);
-                    // A distributed job has ended when every rank's output did.
-                    let all_ranks = watcher.record.as_ref().is_none_or(|r| ends.complete_for(r));
-                    if watcher.is_current_attempt(Some(attempt)) && all_ranks {
-                        status.finish();
-                        let code = ends.exit_code(attempt).unwrap_or(1);
-                        return Ok(ExitCode::from(follow::clamp_exit_code(code)));
-                    }
-                    continue;
-                }
-                status.finish();
-                // Output means the process runs, so it can take input even if the record
-                // has not caught up yet.
-                watcher.output_since_record = true;
-                watcher.start_stdin(session);
-                follow::write_chunk(&chunk)?;
-            }
+            message = output.next() => follower.on_output(message)?,
             change = record_changes.next() => {
-                let Some(change) = change else {
-                    return Err(anyhow!("lost the watch on job {}'s record", id.short()));
-                };
-                let Some(record) = change? else {
-                    status.finish();
-                    console::stderr_line(&format!("mgpu: job {} was removed", id.short()));
-                    return Ok(ExitCode::FAILURE);
-                };
-                if let Some(code) = watcher.update(record, &mut status, session) {
-                    return Ok(code);
-                }
-                if watcher.record.as_ref().is_some_and(|r| r.state.is_finished()) && !grace_armed {
+                let exit = follower.on_record(change)?;
+                if follower.job_ended() && !grace_armed {
                     grace.as_mut().reset(Instant::now() + OUTPUT_GRACE);
                     grace_armed = true;
                 }
+                exit
             }
-            event = events.next() => {
-                let Some(event) = event else {
-                    return Err(anyhow!("the job's event stream ended unexpectedly"));
-                };
-                let event = event.map_err(plain).context("reading the job's events")?;
-                if let Ok(JobEvent { kind: JobEventKind::Rejected { reason }, .. }) =
-                    serde_json::from_slice::<JobEvent>(&event.payload)
-                {
-                    status.finish();
-                    console::stderr_line(&format!(
-                        "mgpu: the scheduler rejected job {}: {reason}",
-                        id.short()
-                    ));
-                    return Ok(ExitCode::FAILURE);
-                }
-            }
+            event = events.next() => follower.on_event(event)?,
             _ = progress.tick() => {
-                if let Some(reason) = watcher.queued_reason() {
-                    watcher.show_queued(&mut status, reason, true);
-                }
+                follower.show_progress();
+                None
             }
             () = &mut grace, if grace_armed => {
                 // The record says it ended but no end-of-output marker came (the node may have
                 // died): end with what the record knows.
-                return Ok(watcher.final_status(&mut status));
+                Some(follower.watcher.final_status(&mut follower.status))
             }
+        };
+        if let Some(code) = exit {
+            return Ok(code);
         }
     }
 }
 
+/// A message as an ordered consumer yields it; None when the stream ended.
+type Received<S> = Option<<S as futures::Stream>::Item>;
+
+/// The followed job, our status line, and the end-of-output markers seen: what each of the
+/// job's feeds updates. Each handler returns our exit status once following is over.
+struct Follower<'s> {
+    session: &'s Session,
+    status: StatusLine,
+    watcher: Watcher,
+    ends: follow::Ends,
+}
+
+impl Follower<'_> {
+    /// Ctrl+C: the job keeps running; say how to follow it again.
+    fn detach(&mut self) -> ExitCode {
+        self.status.finish();
+        console::stderr_line(&format!(
+            "Detached from job {short}; it keeps running. Follow it with: mgpu logs -f {short}",
+            short = self.watcher.id.short()
+        ));
+        ExitCode::SUCCESS
+    }
+
+    /// Output is written as it comes; the current attempt's end-of-output marker (every
+    /// rank's, for a distributed job) ends following with its exit status.
+    fn on_output(&mut self, message: Received<Ordered>) -> Result<Option<ExitCode>> {
+        let message = message
+            .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
+            .map_err(plain)
+            .context("reading the job's output")?;
+        let chunk = follow::classify(&message);
+        if let Chunk::Eof {
+            attempt,
+            rank,
+            exit_code,
+        } = chunk
+        {
+            let attempt = attempt.unwrap_or(0);
+            self.ends.saw(attempt, rank, exit_code);
+            let watcher = &self.watcher;
+            let all_ranks = watcher
+                .record
+                .as_ref()
+                .is_none_or(|r| self.ends.complete_for(r));
+            if watcher.is_current_attempt(Some(attempt)) && all_ranks {
+                self.status.finish();
+                let code = self.ends.exit_code(attempt).unwrap_or(1);
+                return Ok(Some(ExitCode::from(follow::clamp_exit_code(code))));
+            }
+            return Ok(None);
+        }
+        self.status.finish();
+        // Output means the process runs, so it can take input even if the record has not
+        // caught up yet.
+        self.watcher.output_since_record = true;
+        self.watcher.start_stdin(self.session);
+        follow::write_chunk(&chunk)?;
+        Ok(None)
+    }
+
+    fn on_record(&mut self, change: Option<Result<Option<JobRecord>>>) -> Result<Option<ExitCode>> {
+        let Some(change) = change else {
+            return Err(anyhow!(
+                "lost the watch on job {}'s record",
+                self.watcher.id.short()
+            ));
+        };
+        let Some(record) = change? else {
+            self.status.finish();
+            console::stderr_line(&format!(
+                "mgpu: job {} was removed",
+                self.watcher.id.short()
+            ));
+            return Ok(Some(ExitCode::FAILURE));
+        };
+        Ok(self.watcher.update(record, &mut self.status, self.session))
+    }
+
+    /// The scheduler's refusal of the submission ends following.
+    fn on_event(&mut self, event: Received<Ordered>) -> Result<Option<ExitCode>> {
+        let Some(event) = event else {
+            return Err(anyhow!("the job's event stream ended unexpectedly"));
+        };
+        let event = event.map_err(plain).context("reading the job's events")?;
+        if let Ok(JobEvent {
+            kind: JobEventKind::Rejected { reason },
+            ..
+        }) = serde_json::from_slice::<JobEvent>(&event.payload)
+        {
+            self.status.finish();
+            console::stderr_line(&format!(
+                "mgpu: the scheduler rejected job {}: {reason}",
+                self.watcher.id.short()
+            ));
+            return Ok(Some(ExitCode::FAILURE));
+        }
+        Ok(None)
+    }
+
+    /// While the job waits: how long it has been.
+    fn show_progress(&mut self) {
+        if let Some(reason) = self.watcher.queued_reason() {
+            self.watcher.show_queued(&mut self.status, reason, true);
+        }
+    }
+
+    /// Whether the record says the job ended (its last output may still be on its way).
+    fn job_ended(&self) -> bool {
+        self.watcher
+            .record
+            .as_ref()
+            .is_some_and(|r| r.state.is_finished())
+    }
+}
+
 /// The job's events, from the start: the scheduler's refusal of a submission is only there.
-async fn open_events(
-    session: &Session,
-    id: &JobId,
-) -> Result<async_nats::jetstream::consumer::pull::Ordered> {
-    use async_nats::jetstream::consumer;
+async fn open_events(session: &Session, id: &JobId) -> Result<Ordered> {
     let stream = session
         .js
         .get_stream(subjects::EVENTS_STREAM)
