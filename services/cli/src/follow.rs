@@ -1,5 +1,6 @@
 //! Following a job from JetStream: its output (stream `MGPU_OUTPUT`) and its record (bucket
-//! `mgpu-jobs`). Shared by `mgpu logs` and `mgpu submit -i`.
+//! `mgpu-jobs`). Shared by `mgpu logs` and `mgpu submit -i`; `mgpu cancel` and `mgpu hold`
+//! watch the record to see their request take effect.
 
 use std::io::Write;
 

@@ -3,6 +3,34 @@
 //! It talks only to NATS: requests (submissions, cancellations, holds, node administration) go
 //! to JetStream streams, and everything it shows (queue, records, nodes, output) is read straight
 //! from JetStream, so most commands work while the scheduler is down.
+//!
+//! Layout (no module imports one that imports it back):
+//!
+//! - `cli`: the command line (clap) and the dispatch to the commands; only `main` imports it.
+//! - `commands/`: one module per subcommand. `submit/`: `args` (its options), `spec` (the job
+//!   spec from options or a job file's draft), `plan` (each form, a job, an array or a job
+//!   file, as prepared submissions), `pipeline` (check, skip duplicates via `dedup`, store),
+//!   `report` (what each form prints), `file` (job files, `--watch`), `attach` (`-i`).
+//!   `queue`, `show`, `nodes`, `logs`, `cancel`, `hold` (and release), `node_admin` (`node`
+//!   and `gpu`), and `admin/`, one file per subcommand (`init`, `add_user`, `add_node`,
+//!   `list`, `remove`, `audit`, `setup`) with the registry's files (`registry`) and the
+//!   reload and audit record after a change (`announce`).
+//! - `model/`: the jobs-and-nodes read model: the cluster bucket (`cluster`), jobs, nodes and
+//!   cluster read together (`snapshot`), finding a job and the queue's order (`jobs`), a
+//!   node's row (`nodes`).
+//! - `session`: the connection options and the signed connection as the current user.
+//! - `publish`: storing submissions, pipelined and retried; publish failures as advice.
+//! - `follow`: a job's output and record as JetStream has them, for `logs`, `submit -i`,
+//!   `cancel` and `hold`.
+//! - `jobfile/`: the job-file formats (`csv` lines, `native` TOML tables) parsed into drafts.
+//! - `gpu_profiles`: the JSON profiles file giving each model's GPU requirement.
+//! - `parse`: value parsers for the command line (GPU ids, memory sizes, arrays, `NODE:IDX`).
+//! - `console` (our stdout and stderr), `human` (ages, states, lists), `tables`: output.
+//! - `errors`: library errors as one-line messages.
+//! - `fixtures` (tests only): job records and heartbeats.
+//!
+//! The cluster set-up `mgpu admin init` writes (keys, server configuration, TLS) is the
+//! library's (`lib.rs`, `setup/`), shared with the test harness.
 
 mod cli;
 mod commands;

@@ -1,4 +1,5 @@
-//! Storing submissions in JetStream: one, or thousands (arrays, job files) pipelined.
+//! Storing submissions in JetStream: one, or thousands (arrays, job files) pipelined, retried
+//! while a stream has no leader; and turning any request's publish failure into advice.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

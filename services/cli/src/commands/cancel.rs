@@ -19,8 +19,7 @@ use crate::follow;
 use crate::human;
 use crate::model::jobs;
 use crate::publish::publish_error;
-use crate::session::ConnectionArgs;
-use crate::session::Session;
+use crate::session::{ConnectionArgs, Session};
 
 /// How long to watch a cancelled job stop before leaving it to finish on its own.
 const WAIT_FOR_STOP: Duration = Duration::from_secs(15);

@@ -21,8 +21,7 @@ use crate::follow;
 use crate::human;
 use crate::model::jobs;
 use crate::publish::publish_error;
-use crate::session::ConnectionArgs;
-use crate::session::Session;
+use crate::session::{ConnectionArgs, Session};
 
 /// How long to wait for the scheduler to record the change.
 const WAIT: Duration = Duration::from_secs(10);

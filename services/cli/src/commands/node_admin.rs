@@ -22,8 +22,7 @@ use crate::console::{self, println};
 use crate::errors::plain;
 use crate::parse::{self, NodeGpu};
 use crate::publish::publish_error;
-use crate::session::ConnectionArgs;
-use crate::session::Session;
+use crate::session::{ConnectionArgs, Session};
 
 /// How long to wait for the scheduler to apply the change.
 const WAIT: Duration = Duration::from_secs(10);

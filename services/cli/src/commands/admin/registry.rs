@@ -10,10 +10,12 @@ use mgpu_cli::setup::files;
 use crate::console::println;
 use crate::errors::plain;
 
+/// The registry in `dir`; an empty one when there is none yet.
 pub fn load(dir: &Path) -> Result<Registry> {
     Registry::load(dir).with_context(|| format!("cannot read the registry in {}", dir.display()))
 }
 
+/// Writes `principals.json` and the `auth.conf` the servers include.
 pub fn save(registry: &Registry, dir: &Path) -> Result<()> {
     registry
         .save(dir)
