@@ -37,11 +37,13 @@ pub(super) fn on_report(current: &JobRecord, report: AgentReport, limits: &Limit
     match report.kind {
         ReportKind::Started { pid } => started(current, run, node, pid, report.at),
         ReportKind::FailedToStart { error } => {
+            // Where other ranks had started, the job ran (and used its GPUs) until now.
+            let usage = usage_of(current, report.at);
             let mut transition = finish(
                 current,
                 JobState::Failed(Ending {
                     placement: Some(run.placement.clone()),
-                    started_at: None,
+                    started_at: run.started_at,
                     ended_at: report.at,
                     exit_code: None,
                     signal: None,
@@ -54,6 +56,7 @@ pub(super) fn on_report(current: &JobRecord, report: AgentReport, limits: &Limit
                 Some(node),
                 "another rank could not start",
             ));
+            transition.effects.splice(0..0, usage);
             transition
         }
         ReportKind::Exited(exit) if exit.lost => {

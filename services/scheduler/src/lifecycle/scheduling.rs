@@ -17,11 +17,17 @@ pub const SLICE_OVER: &str = "time slice over while other jobs wait: back to the
 /// hear of it. Recorded first: a scheduler that dies before sending finds the job running and
 /// unconfirmed when it comes back, and sends it again.
 pub(super) fn start(current: &JobRecord, placement: Placement, now: Timestamp) -> Transition {
-    if !matches!(current.state, JobState::Queued(_)) {
-        return Transition::unchanged(
-            Level::Warn,
-            format!("start of a {} job ignored", current.state.name()),
-        );
+    match &current.state {
+        JobState::Queued(waiting) if waiting.held_by.is_none() => {}
+        JobState::Queued(_) => {
+            return Transition::unchanged(Level::Warn, "start of a held job ignored");
+        }
+        state => {
+            return Transition::unchanged(
+                Level::Warn,
+                format!("start of a {} job ignored", state.name()),
+            );
+        }
     }
     let mut record = current.clone();
     record.state = JobState::Running(Run::assigned(placement.clone(), now));
@@ -101,7 +107,8 @@ pub(super) fn slice_end(current: &JobRecord) -> Transition {
 
 /// A running job whose node lost it: back to the queue as the next attempt (keeping its
 /// place in line, not before `not_before`), or `node_failed` when it may not be requeued
-/// (`--no-requeue`, or `max_attempts` made).
+/// (`--no-requeue`, or `max_attempts` made), or `cancelled` when a cancel was on its way
+/// (a job its owner cancelled never runs again).
 pub(super) fn node_lost(
     current: &JobRecord,
     why: &str,
@@ -116,7 +123,20 @@ pub(super) fn node_lost(
     // The job's other ranks, where it has any, stop with it (fencing would, a heartbeat later).
     effects.extend(stop_other_ranks(current, &run.placement, None, why));
     let out_of_attempts = current.attempt >= limits.max_attempts;
-    let mut transition = if current.spec.no_requeue || out_of_attempts {
+    let ending = |reason: String| Ending {
+        placement: Some(run.placement.clone()),
+        started_at: run.started_at,
+        ended_at: at,
+        exit_code: None,
+        signal: None,
+        reason: Some(reason),
+    };
+    let mut transition = if let Some(by) = &run.cancel_requested_by {
+        finish(
+            current,
+            JobState::Cancelled(ending(format!("cancelled by {by}; {why}"))),
+        )
+    } else if current.spec.no_requeue || out_of_attempts {
         let reason = if current.spec.no_requeue {
             format!("{why}; not requeued (--no-requeue)")
         } else {
@@ -125,17 +145,7 @@ pub(super) fn node_lost(
                 current.attempt, limits.max_attempts
             )
         };
-        finish(
-            current,
-            JobState::NodeFailed(Ending {
-                placement: Some(run.placement.clone()),
-                started_at: run.started_at,
-                ended_at: at,
-                exit_code: None,
-                signal: None,
-                reason: Some(reason),
-            }),
-        )
+        finish(current, JobState::NodeFailed(ending(reason)))
     } else {
         let mut record = current.clone();
         record.attempt += 1;
