@@ -17,7 +17,7 @@ use async_nats::jetstream::{
 use futures::StreamExt;
 use mgpu_protocol::assign::{Assignment, NodeControl};
 use mgpu_protocol::error::InvalidInput;
-use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::report::ReportKind;
 use mgpu_protocol::{subjects, wire};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
@@ -288,7 +288,7 @@ impl Dispatcher {
                     // Acknowledged only once reported: if the agent dies first, the redelivered
                     // assignment gets another chance to be reported.
                     if reporter
-                        .job_event(&key, JobEventKind::FailedToStart { error: reason })
+                        .report(&key, ReportKind::FailedToStart { error: reason })
                         .await
                     {
                         acknowledge(&message).await;

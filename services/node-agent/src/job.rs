@@ -14,8 +14,8 @@ use async_nats::Subscriber;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use mgpu_protocol::assign::Assignment;
-use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::job::{JobSpec, Placement};
+use mgpu_protocol::report::{Exit, ReportKind};
 use mgpu_protocol::{output, subjects};
 use nix::sys::signal::Signal;
 use tokio::process::{Child, ChildStderr, ChildStdout, Command};
@@ -30,7 +30,7 @@ use crate::hostfile::write_hostfile;
 use crate::input::InputForwarder;
 use crate::launch::{launch, shell_program};
 use crate::output::{OutputPipeline, OutputSummary, output_headers};
-use crate::reports::Reporter;
+use crate::report::Reporter;
 use crate::run_as::{Account, RunAsPolicy};
 use crate::running::{AttemptKey, RunningTable, StopRequests};
 use crate::state_file::{self, RecordedAttempt, StateFile};
@@ -324,11 +324,7 @@ impl StartedJob {
 fn report_started(reporter: &Reporter, key: &AttemptKey, pid: u32) -> JoinHandle<bool> {
     let reporter = reporter.clone();
     let key = key.clone();
-    tokio::spawn(async move {
-        reporter
-            .job_event(&key, JobEventKind::Started { pid })
-            .await
-    })
+    tokio::spawn(async move { reporter.report(&key, ReportKind::Started { pid }).await })
 }
 
 impl Streams {
@@ -368,16 +364,16 @@ async fn report_exit(ctx: &JobContext, key: &AttemptKey, ending: &Ending) {
     let stopped = ending.stopped;
     let reported = ctx
         .reporter
-        .job_event(
+        .report(
             key,
-            JobEventKind::Exited {
+            ReportKind::Exited(Exit {
                 exit_code,
                 signal,
                 cancelled: stopped.cancelled,
                 timed_out: stopped.timed_out,
                 preempted: stopped.preempted,
                 lost: stopped.lost,
-            },
+            }),
         )
         .await;
     if reported {

@@ -15,7 +15,7 @@
 //!   `gpu_choice` (which probe), `state_file` (attempts remembered on disk), `reconcile`
 //!   (what a previous agent left running);
 //! - loops: `heartbeat`, `fence` (self-fencing, the guards' contact file), `assignments` (the
-//!   node's inbox), `running` (the attempts running here), `reports` (events retried until
+//!   node's inbox), `running` (the attempts running here), `report` (reports retried until
 //!   stored), `shutdown` (one-way signals), `throttle` (log throttling);
 //! - one job: `job` (start, supervise), `launch` (direct or through a shell), `script` (the
 //!   shell script), `environment` (its variables), `hostfile` (multi-node), `run_as` (whose
@@ -41,7 +41,7 @@ mod launch;
 mod nvml;
 mod output;
 mod reconcile;
-mod reports;
+mod report;
 mod run_as;
 mod running;
 mod script;
@@ -67,7 +67,7 @@ use crate::assignments::Dispatcher;
 use crate::cli::Args;
 use crate::heartbeat::{Heartbeater, Identity, Thresholds};
 use crate::job::JobContext;
-use crate::reports::Reporter;
+use crate::report::Reporter;
 use crate::running::{RunningTable, StopReason};
 use crate::shutdown::Trigger;
 use crate::state_file::{RecordedAttempt, StateFile};

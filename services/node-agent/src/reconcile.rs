@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::report::{Exit, ReportKind};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::time::Instant;
@@ -119,16 +119,14 @@ pub async fn settle(leftovers: Leftovers, ctx: &JobContext) {
         let (exit_code, signal) = fate.exit();
         let reported = ctx
             .reporter
-            .job_event(
+            .report(
                 &key,
-                JobEventKind::Exited {
+                ReportKind::Exited(Exit {
                     exit_code,
                     signal,
-                    cancelled: false,
-                    timed_out: false,
-                    preempted: false,
                     lost: true,
-                },
+                    ..Exit::default()
+                }),
             )
             .await;
         if reported {

@@ -1,7 +1,7 @@
 //! Reading requests off the requests stream: each decoded once into a [`Request`] and its
 //! signature checked (a refused request is answered, audited and acknowledged at once);
 //! consecutive plain submissions recorded together; every other request handed, in order, to
-//! its handler (`submit.rs`, `cancel.rs`, `hold.rs`, `admin.rs`); each acknowledged once
+//! its handler (`submit.rs`, `cancel.rs`, `hold.rs`, `node_admin.rs`); each acknowledged once
 //! handled, or left for JetStream to deliver again when storing failed.
 
 use async_nats::jetstream;
@@ -148,7 +148,7 @@ impl Scheduler {
             Request::Cancel { job, request } => self.on_cancel(&job, request, &identity).await,
             Request::Hold { job, .. } => self.on_hold(&job, true, &identity).await,
             Request::Release { job, .. } => self.on_hold(&job, false, &identity).await,
-            Request::Admin(request) => self.on_admin(request, &identity).await,
+            Request::Admin(request) => self.on_node_admin(request, &identity).await,
         };
         match handled {
             Ok(()) => acknowledge(&message).await,

@@ -9,7 +9,7 @@
 //! protocol type is `mgpu_protocol::<name>`, the CLI command `mgpu <name>`):
 //! - [`service`]: the event loop and the pass; [`Scheduler`](service::Scheduler) and its parts.
 //! - [`intake`]: requests read off the stream: decoded once, signatures checked, batched.
-//! - [`submit`], [`cancel`], [`hold`], [`admin`]: each request's handler.
+//! - [`submit`], [`cancel`], [`hold`], [`node_admin`]: each request's handler.
 //! - [`report`]: agents' reports about the processes they run.
 //! - [`liveness`]: heartbeats, lost nodes, lost jobs and fencing of stale attempts.
 //! - [`decisions`]: carrying out a pass's decisions through the lifecycle.
@@ -28,7 +28,6 @@
 //! Around them: [`config`] (the policy file), [`leader`] (the lease that makes exactly one
 //! replica active), [`status`] (the NATS micro service: `$SRV.PING`, `mgpu.scheduler.status`).
 
-mod admin;
 mod cancel;
 mod config;
 mod core;
@@ -41,6 +40,7 @@ mod leader;
 mod lifecycle;
 mod liveness;
 mod liveness_memory;
+mod node_admin;
 mod nodes;
 mod outbox;
 mod passes;

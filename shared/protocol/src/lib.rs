@@ -13,7 +13,7 @@
 //! - [`job`]: what a user asks for ([`job::JobSpec`]) and what the scheduler records
 //!   ([`job::JobRecord`]).
 //! - [`request`]: every request to the scheduler, decoded once ([`request::Request`]), one
-//!   file each: [`submit`], [`cancel`], [`hold`] (and release), [`admin`].
+//!   file each: [`submit`], [`cancel`], [`hold`] (and release), [`node_admin`].
 //! - [`report`]: an agent's report about one attempt's process ([`report::AgentReport`]).
 //! - [`node`]: a node agent's heartbeat: its GPUs, its running jobs, its address.
 //! - [`assign`]: scheduler → agent messages (run this job, kill that one).
@@ -27,7 +27,6 @@
 //! - `fuzzing` (tests only): hostile payload generators for the fuzz targets.
 //! - [`error`]: [`error::InvalidInput`], what every validation returns.
 
-pub mod admin;
 pub mod assign;
 pub mod audit;
 pub mod cancel;
@@ -41,6 +40,7 @@ pub mod hold;
 pub mod ids;
 pub mod job;
 pub mod node;
+pub mod node_admin;
 pub mod output;
 pub mod principals;
 pub mod priority;

@@ -6,12 +6,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::Timestamp;
-pub use crate::admin::AdminRequest;
 use crate::duration::MAX_TIME_LIMIT;
 use crate::error::InvalidInput;
 use crate::gpu_amount::GpuAmount;
 use crate::ids::{JobId, validate_node_name};
 use crate::job::MAX_GPU_MEMORY_MIB;
+pub use crate::node_admin::AdminRequest;
 use crate::wire::{MAX_USER_BYTES, check_count, check_line, check_text, check_user};
 
 /// Where the agent's GPU list comes from.

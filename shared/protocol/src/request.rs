@@ -1,14 +1,14 @@
 //! Every request a person sends the scheduler, decoded once from its subject and payload:
 //! `jobs.submit` ([`crate::submit`]), `jobs.<id>.cancel` ([`crate::cancel`]),
-//! `jobs.<id>.hold` and `.release` ([`crate::hold`]) and `admin.requests` ([`crate::admin`]).
+//! `jobs.<id>.hold` and `.release` ([`crate::hold`]) and `admin.requests` ([`crate::node_admin`]).
 //! The scheduler checks the signature on the raw message, then acts on the [`Request`];
 //! the audit trail names each by its [`Action`].
 
-use crate::admin::AdminRequest;
 use crate::cancel::CancelRequest;
 use crate::error::InvalidInput;
 use crate::hold::HoldRequest;
 use crate::ids::JobId;
+use crate::node_admin::AdminRequest;
 use crate::subjects;
 use crate::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
 use crate::wire::{self, MAX_REQUEST_BYTES};

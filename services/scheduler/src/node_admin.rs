@@ -1,6 +1,7 @@
-//! `admin.requests`: admins drain and resume nodes, pause and resume GPUs. The server lets
-//! only admins publish it, and the signature must be an admin's too. The marks are kept in
-//! the cluster bucket, so they survive restarts, and in the node table, which the core reads.
+//! `admin.requests`: admins drain and resume nodes, pause and resume GPUs (`mgpu node`,
+//! `mgpu gpu`; the request is `mgpu_protocol::node_admin::AdminRequest`). The server lets only
+//! admins publish it, and the signature must be an admin's too. The marks are kept in the
+//! cluster bucket, so they survive restarts, and in the node table, which the core reads.
 
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
@@ -14,7 +15,7 @@ use crate::outbox::Sender;
 use crate::service::Scheduler;
 
 impl Scheduler {
-    pub(crate) async fn on_admin(
+    pub(crate) async fn on_node_admin(
         &mut self,
         request: AdminRequest,
         identity: &Identity,

@@ -1,5 +1,6 @@
-//! Publishing what must not be lost: job events (`Started`, `FailedToStart`, `Exited`) and the
-//! EOF message that ends a job's output. The scheduler learns of starts and exits only through
+//! Publishing what must not be lost: the agent's reports about its jobs' processes
+//! (`mgpu_protocol::report`: started, could not start, exited) and the EOF message that ends a
+//! job's output. The scheduler learns of starts and exits only through
 //! these, so each is retried with backoff until JetStream acknowledges it, or until the agent
 //! gives up at the end of a bounded shutdown.
 //!
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
-use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
+use mgpu_protocol::report::{AgentReport, ReportKind};
 use mgpu_protocol::subjects;
 use tracing::{error, info, warn};
 
@@ -33,16 +34,18 @@ impl Reporter {
         Reporter { js, node, give_up }
     }
 
-    /// Publishes a job event until it is stored. False only when the agent gave up on it.
-    pub async fn job_event(&self, key: &AttemptKey, kind: JobEventKind) -> bool {
-        let what = event_name(&kind);
-        let event = JobEvent {
-            job_id: key.job_id.clone(),
+    /// Publishes a report about an attempt until it is stored. False only when the agent gave
+    /// up on it.
+    pub async fn report(&self, key: &AttemptKey, kind: ReportKind) -> bool {
+        let what = report_name(&kind);
+        let event = AgentReport {
+            job: key.job_id.clone(),
             attempt: key.attempt,
+            node: self.node.clone(),
             at: mgpu_protocol::now(),
-            source: EventSource::Node(self.node.clone()),
             kind,
-        };
+        }
+        .into_event();
         let payload = match serde_json::to_vec(&event) {
             Ok(payload) => Bytes::from(payload),
             Err(err) => {
@@ -113,16 +116,11 @@ impl Reporter {
     }
 }
 
-/// The event's name as it appears in the JSON (`started`, `exited`…), for ids and logs.
-fn event_name(kind: &JobEventKind) -> &'static str {
+/// The report's event name as it appears in the JSON (`started`, `exited`…), for ids and logs.
+fn report_name(kind: &ReportKind) -> &'static str {
     match kind {
-        JobEventKind::Queued { .. } => "queued",
-        JobEventKind::Assigned { .. } => "assigned",
-        JobEventKind::Started { .. } => "started",
-        JobEventKind::FailedToStart { .. } => "failed_to_start",
-        JobEventKind::Exited { .. } => "exited",
-        JobEventKind::Finished { .. } => "finished",
-        JobEventKind::Rejected { .. } => "rejected",
-        JobEventKind::Refused { .. } => "refused",
+        ReportKind::Started { .. } => "started",
+        ReportKind::FailedToStart { .. } => "failed_to_start",
+        ReportKind::Exited(_) => "exited",
     }
 }
