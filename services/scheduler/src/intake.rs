@@ -18,66 +18,73 @@ use crate::service::Scheduler;
 /// A request read from the requests stream.
 pub(crate) type RequestMessage = jetstream::Message;
 
-/// A request whose signature checked out, ready to be carried out.
+/// A request whose signature checked out, with its message and its sender.
 struct Admitted {
     message: RequestMessage,
     identity: Identity,
-    request: Request,
 }
 
-/// A plain submission waiting to be recorded with the others of its batch.
-struct Pending {
-    message: RequestMessage,
-    identity: Identity,
-    request: SubmitRequest,
+/// One step of handling a batch of requests, in the order they came.
+#[derive(Debug, PartialEq)]
+enum Step<T> {
+    /// Plain submissions, recorded together (their writes pipelined).
+    Record(Vec<(T, SubmitRequest)>),
+    /// Any other request, or a `--dedup` submission, on its own.
+    CarryOut(T, Request),
+}
+
+/// Groups a batch: consecutive plain submissions are recorded together; any other request
+/// (a cancel may name a job submitted just before it), and a `--dedup` submission (it must
+/// see every job before it), comes alone, after the submissions before it.
+fn steps<T>(requests: Vec<(T, Request)>) -> Vec<Step<T>> {
+    let mut steps = Vec::new();
+    let mut submissions = Vec::new();
+    for (item, request) in requests {
+        match request {
+            Request::Submit(submit) if !submit.spec.dedup => submissions.push((item, *submit)),
+            request => {
+                if !submissions.is_empty() {
+                    steps.push(Step::Record(std::mem::take(&mut submissions)));
+                }
+                steps.push(Step::CarryOut(item, request));
+            }
+        }
+    }
+    if !submissions.is_empty() {
+        steps.push(Step::Record(submissions));
+    }
+    steps
 }
 
 impl Scheduler {
-    /// Handles a batch of requests in order. Consecutive plain submissions are recorded
-    /// together, their writes pipelined; any other request (a cancel may name a job submitted
-    /// just before it), and a `--dedup` submission (it must see every job before it), first
-    /// lets the submissions before it be recorded.
+    /// Handles a batch of requests in order (see [`steps`]).
     pub(crate) async fn on_requests(&mut self, batch: Vec<RequestMessage>) {
-        let mut submissions: Vec<Pending> = Vec::new();
+        let mut admitted = Vec::with_capacity(batch.len());
         for message in batch {
-            let Some(admitted) = self.admit(message).await else {
-                continue;
-            };
-            let Admitted {
-                message,
-                identity,
-                request,
-            } = admitted;
-            match request {
-                Request::Submit(request) if !request.spec.dedup => {
-                    submissions.push(Pending {
-                        message,
-                        identity,
-                        request: *request,
-                    });
-                }
-                request => {
-                    self.record_submissions(std::mem::take(&mut submissions))
+            if let Some(request) = self.admit(message).await {
+                admitted.push(request);
+            }
+        }
+        for step in steps(admitted) {
+            match step {
+                Step::Record(submissions) => self.record_submissions(submissions).await,
+                Step::CarryOut(admitted, request) => {
+                    self.carry_out_request(admitted.message, admitted.identity, request)
                         .await;
-                    self.carry_out_request(message, identity, request).await;
                 }
             }
         }
-        self.record_submissions(submissions).await;
     }
 
     /// Records plain submissions together and acknowledges those stored.
-    async fn record_submissions(&mut self, submissions: Vec<Pending>) {
-        if submissions.is_empty() {
-            return;
-        }
+    async fn record_submissions(&mut self, submissions: Vec<(Admitted, SubmitRequest)>) {
         let mut messages = Vec::with_capacity(submissions.len());
         let mut identities = Vec::with_capacity(submissions.len());
         let mut requests = Vec::with_capacity(submissions.len());
-        for pending in submissions {
-            messages.push(pending.message);
-            identities.push(pending.identity);
-            requests.push(pending.request);
+        for (admitted, request) in submissions {
+            messages.push(admitted.message);
+            identities.push(admitted.identity);
+            requests.push(request);
         }
         let inputs = requests.into_iter().zip(identities.iter()).collect();
         let results = self.on_submits(inputs).await;
@@ -92,7 +99,7 @@ impl Scheduler {
 
     /// Decodes a request and checks its signature; a refused or malformed one is handled and
     /// acknowledged here (None).
-    async fn admit(&mut self, message: RequestMessage) -> Option<Admitted> {
+    async fn admit(&mut self, message: RequestMessage) -> Option<(Admitted, Request)> {
         let subject = message.subject.to_string();
         let Some(action) = Action::of_subject(&subject) else {
             tracing::warn!(%subject, "ignoring a request on an unexpected subject");
@@ -123,11 +130,7 @@ impl Scheduler {
             }
         };
         match decoded {
-            Ok(request) => Some(Admitted {
-                message,
-                identity,
-                request,
-            }),
+            Ok(request) => Some((Admitted { message, identity }, request)),
             Err(err) => {
                 tracing::warn!(%subject, %err, "refusing a malformed {action} request");
                 acknowledge(&message).await;
@@ -161,5 +164,81 @@ impl Scheduler {
 async fn acknowledge(message: &RequestMessage) {
     if let Err(err) = message.ack().await {
         tracing::warn!(%err, "acknowledging a request");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::job::{CancelRequest, JobSpec};
+
+    use super::*;
+
+    fn submit(dedup: bool) -> Request {
+        let mut spec = JobSpec::new(vec!["true".into()], "/tmp");
+        spec.dedup = dedup;
+        Request::Submit(Box::new(SubmitRequest {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec,
+        }))
+    }
+
+    fn cancel() -> Request {
+        Request::Cancel {
+            job: JobId::random(),
+            request: CancelRequest {
+                user: "alice".into(),
+                reason: None,
+            },
+        }
+    }
+
+    /// The steps, as labels: `[1, 2]` recorded together, `3` carried out alone.
+    fn shape(steps: Vec<Step<u32>>) -> Vec<Vec<u32>> {
+        steps
+            .into_iter()
+            .map(|step| match step {
+                Step::Record(items) => items.into_iter().map(|(label, _)| label).collect(),
+                Step::CarryOut(label, _) => vec![100 + label],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn consecutive_plain_submissions_are_recorded_together() {
+        let batch = vec![(1, submit(false)), (2, submit(false)), (3, submit(false))];
+        assert_eq!(shape(steps(batch)), vec![vec![1, 2, 3]]);
+    }
+
+    #[test]
+    fn a_cancel_comes_after_the_submissions_before_it_and_before_those_after() {
+        let batch = vec![
+            (1, submit(false)),
+            (2, cancel()),
+            (3, submit(false)),
+            (4, submit(false)),
+        ];
+        assert_eq!(shape(steps(batch)), vec![vec![1], vec![102], vec![3, 4]]);
+    }
+
+    #[test]
+    fn a_dedup_submission_comes_alone_after_every_job_before_it() {
+        let batch = vec![
+            (1, submit(false)),
+            (2, submit(false)),
+            (3, submit(true)),
+            (4, submit(true)),
+            (5, submit(false)),
+        ];
+        assert_eq!(
+            shape(steps(batch)),
+            vec![vec![1, 2], vec![103], vec![104], vec![5]]
+        );
+    }
+
+    #[test]
+    fn an_empty_batch_has_no_steps() {
+        assert!(steps::<u32>(Vec::new()).is_empty());
     }
 }
