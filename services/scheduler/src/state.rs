@@ -220,39 +220,7 @@ impl JobStore {
     /// submission). A write that did not plainly succeed is redone alone with
     /// [`JobStore::create`], which recognises a write that landed without an answer.
     pub async fn create_many(&mut self, records: Vec<JobRecord>) -> Vec<Result<bool>> {
-        let mut results: Vec<Option<Result<bool>>> = Vec::with_capacity(records.len());
-        let mut writes = Vec::new();
-        for (index, record) in records.iter().enumerate() {
-            if self.jobs.contains_key(&record.id) {
-                results.push(Some(Ok(false)));
-                continue;
-            }
-            results.push(None);
-            match serde_json::to_vec(record) {
-                // Revision 0: only if the key was never written.
-                Ok(payload) => writes.push((index, record.id.clone(), Bytes::from(payload), 0)),
-                Err(err) => results[index] = Some(Err(err.into())),
-            }
-        }
-        let outcomes = self.write_pipelined(&writes).await;
-        let mut records: Vec<Option<JobRecord>> = records.into_iter().map(Some).collect();
-        for ((index, ..), outcome) in writes.iter().zip(outcomes) {
-            let Some(record) = records[*index].take() else {
-                continue;
-            };
-            let result = match outcome {
-                Some(revision) => {
-                    self.put(record.id.clone(), Tracked { record, revision });
-                    Ok(true)
-                }
-                None => self.create(record).await,
-            };
-            results[*index] = Some(result);
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(anyhow!("internal: a record was not written"))))
-            .collect()
+        self.write_batch(records, Batch::Create).await
     }
 
     /// Stores many changed records (each a job the table holds), all their writes sent before
@@ -264,24 +232,34 @@ impl JobStore {
     /// order. Callers pass a bounded number at a time ([`WRITE_CHUNK`]), so what is held at
     /// once (changed copies, their encoded payloads) stays bounded.
     pub async fn write_many(&mut self, records: Vec<JobRecord>) -> Vec<Result<()>> {
-        let mut results: Vec<Option<Result<()>>> = Vec::with_capacity(records.len());
+        let written = self.write_batch(records, Batch::Replace).await;
+        written.into_iter().map(|r| r.map(drop)).collect()
+    }
+
+    /// [`JobStore::create_many`] and [`JobStore::write_many`]: true for each record stored.
+    async fn write_batch(&mut self, records: Vec<JobRecord>, batch: Batch) -> Vec<Result<bool>> {
+        let mut results: Vec<Option<Result<bool>>> = Vec::with_capacity(records.len());
         let mut writes = Vec::new();
         for (index, record) in records.iter().enumerate() {
-            let Some(tracked) = self.jobs.get(&record.id) else {
-                results.push(Some(Err(anyhow!("job {} is not in the table", record.id))));
-                continue;
+            let expected = match (batch, self.jobs.get(&record.id)) {
+                (Batch::Create, Some(_)) => {
+                    results.push(Some(Ok(false)));
+                    continue;
+                }
+                // Revision 0: only if the key was never written.
+                (Batch::Create, None) => 0,
+                (Batch::Replace, Some(tracked)) => tracked.revision,
+                (Batch::Replace, None) => {
+                    results.push(Some(Err(anyhow!("job {} is not in the table", record.id))));
+                    continue;
+                }
             };
+            results.push(None);
             match serde_json::to_vec(record) {
                 Ok(payload) => {
-                    writes.push((
-                        index,
-                        record.id.clone(),
-                        Bytes::from(payload),
-                        tracked.revision,
-                    ));
-                    results.push(None);
+                    writes.push((index, record.id.clone(), Bytes::from(payload), expected));
                 }
-                Err(err) => results.push(Some(Err(err.into()))),
+                Err(err) => results[index] = Some(Err(err.into())),
             }
         }
         let outcomes = self.write_pipelined(&writes).await;
@@ -290,12 +268,13 @@ impl JobStore {
             let Some(record) = records[*index].take() else {
                 continue;
             };
-            let result = match outcome {
-                Some(revision) => {
+            let result = match (outcome, batch) {
+                (Some(revision), _) => {
                     self.keep(record, revision);
-                    Ok(())
+                    Ok(true)
                 }
-                None => self.write(record).await,
+                (None, Batch::Create) => self.create(record).await,
+                (None, Batch::Replace) => self.write(record).await.map(|()| true),
             };
             results[*index] = Some(result);
         }
@@ -448,6 +427,13 @@ impl JobStore {
         }
         Ok(())
     }
+}
+
+/// What [`JobStore::write_batch`] writes: new records, or new versions of records it holds.
+#[derive(Clone, Copy)]
+enum Batch {
+    Create,
+    Replace,
 }
 
 /// Records [`JobStore::write_many`] should be given at a time: twice the writes in flight,

@@ -226,6 +226,24 @@ fn usage_of(record: &JobRecord, ended_at: Timestamp) -> Option<Effect> {
     })
 }
 
+/// A kill of every process of `current`'s attempt that must get through: `requeue` when the
+/// job goes back to the queue once stopped.
+fn kill_everywhere(
+    current: &JobRecord,
+    placement: &Placement,
+    reason: String,
+    requeue: bool,
+) -> Effect {
+    Effect::Kill(Kill {
+        attempt: current.attempt,
+        placement: placement.clone(),
+        except: None,
+        reason,
+        requeue,
+        best_effort: false,
+    })
+}
+
 /// A best-effort kill of a multi-process job's ranks but `except`'s: none for a job with a
 /// single process (its end already stopped everything).
 fn stop_other_ranks(

@@ -8,7 +8,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
 use mgpu_protocol::request::Action;
 
-use super::{Effect, Kill, Level, Requester, Transition, ended_unstarted, finish, log};
+use super::{Effect, Level, Requester, Transition, ended_unstarted, finish, kill_everywhere, log};
 
 /// Who signed a submission.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,14 +136,7 @@ pub(super) fn cancel(
             Transition {
                 record: Some(record),
                 effects: vec![
-                    Effect::Kill(Kill {
-                        attempt: current.attempt,
-                        placement: run.placement.clone(),
-                        except: None,
-                        reason,
-                        requeue: false,
-                        best_effort: false,
-                    }),
+                    kill_everywhere(current, &run.placement, reason, false),
                     log(Level::Info, format!("kill sent to {nodes}")),
                 ],
             }

@@ -6,8 +6,8 @@ use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, Run, WaitReason, Waiting};
 
 use super::{
-    Effect, Kill, Level, Limits, Transition, ended_unstarted, finish, log, stop_other_ranks,
-    usage_of,
+    Effect, Level, Limits, Transition, ended_unstarted, finish, kill_everywhere, log,
+    stop_other_ranks, usage_of,
 };
 
 /// The reason a preempted job's processes are given.
@@ -86,14 +86,7 @@ pub(super) fn slice_end(current: &JobRecord) -> Transition {
     Transition {
         record: Some(record),
         effects: vec![
-            Effect::Kill(Kill {
-                attempt: current.attempt,
-                placement: run.placement.clone(),
-                except: None,
-                reason: SLICE_OVER.into(),
-                requeue: true,
-                best_effort: false,
-            }),
+            kill_everywhere(current, &run.placement, SLICE_OVER.into(), true),
             log(
                 Level::Info,
                 format!(
