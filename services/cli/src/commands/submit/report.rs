@@ -7,7 +7,7 @@ use mgpu_protocol::ids::JobId;
 use serde_json::json;
 
 use super::args::SubmitArgs;
-use super::pipeline::{Outcome, Settled};
+use super::pipeline::{Duplicate, Outcome, Settled};
 use super::plan::Label;
 use crate::console::{self, print, print_json, println};
 use crate::human;
@@ -56,7 +56,7 @@ pub fn single(args: &SubmitArgs, settled: Vec<Settled>) -> Result<Option<JobId>>
 #[derive(Debug, Default)]
 struct ArrayOutcomes {
     submitted: Vec<(u32, JobId)>,
-    duplicates: Vec<(u32, super::pipeline::Duplicate)>,
+    duplicates: Vec<(u32, Duplicate)>,
     not_stored: Vec<anyhow::Error>,
 }
 
