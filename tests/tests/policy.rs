@@ -437,7 +437,7 @@ fn job_files_in_csv_and_toml_run_in_their_order_and_a_watched_file_picks_up_new_
     let blocker = cluster.submit(&["--gpus", "2"], "sleep 4");
     cluster.wait_state(&blocker, "running", T);
 
-    // Seed 004's format: priority (lower first), script, conda env, arguments, allowed GPUs.
+    // The CSV job format: priority (lower first), script, conda env, arguments, allowed GPUs.
     let csv = cluster.dir.path().join("jobs.txt");
     let lines = format!(
         "# priority,script_path,conda_env,arguments,allowed_gpus\n\
@@ -556,7 +556,7 @@ fn conda_environments_and_llm_profiles_shape_the_job() {
         "cuda=0 visible=0\n"
     );
 
-    // Seed 004's llm_config.json: `--llm NAME` in the command sets the GPUs wanted.
+    // The profiles file (llm_config.json): `--llm NAME` in the command sets the GPUs wanted.
     let profiles = cluster.dir.path().join("llm_config.json");
     let config = r#"{"default_requirement": 1.0, "models": {"tiny-llm": 0.5, "huge-llm": 2}}"#;
     std::fs::write(&profiles, config).unwrap_or_else(|e| panic!("{e}"));

@@ -112,7 +112,7 @@ pub struct NodeHeartbeat {
     pub runs_jobs_as: String,
     pub agent_version: String,
     /// A GPU whose memory used by processes mgpu did not start exceeds this share of its
-    /// total is not offered (seed 004's `--mem-threshold`).
+    /// total is not offered.
     #[serde(default = "default_threshold")]
     pub mem_threshold: f64,
     /// A GPU running no mgpu job whose utilisation exceeds this share is not offered.

@@ -43,8 +43,8 @@ pub struct JobSpec {
     /// Exact physical GPU indices on the node, when the user pins them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_ids: Option<Vec<u32>>,
-    /// GPUs the job may be placed on (seed 004's `allowed_gpus`): any of these, chosen by the
-    /// scheduler, unlike `gpu_ids`, which pins exactly those.
+    /// GPUs the job may be placed on (the CSV job format's `allowed_gpus`): any of these,
+    /// chosen by the scheduler, unlike `gpu_ids`, which pins exactly those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_gpus: Option<Vec<u32>>,
     /// GPU memory needed on each GPU, in MiB.
@@ -177,7 +177,7 @@ pub fn parse_node_gpu_ids(text: &str) -> Result<Vec<NodeGpuIds>, InvalidInput> {
 #[serde(rename_all = "snake_case")]
 pub enum OnTimeout {
     /// A time slice: when it is over and other jobs wait, the job is stopped and goes back to
-    /// the end of the queue (seed 001's "context switch"); while nobody waits it keeps running.
+    /// the end of the queue; while nobody waits it keeps running.
     #[default]
     Requeue,
     /// A hard limit: the job is stopped and ends as `timed_out`.
@@ -299,7 +299,7 @@ impl JobSpec {
 }
 
 /// Text in a command that the agent replaces with the job's GPU indices (`--cuda {gpus}` →
-/// `--cuda 0,2`), for programs that take devices as an argument (seed 004's `--cuda`).
+/// `--cuda 0,2`), for programs that take devices as an argument (a `--cuda` flag, say).
 pub const GPUS_PLACEHOLDER: &str = "{gpus}";
 
 /// A command as one shell line: a single word is already a shell command line (`"a | tee

@@ -83,7 +83,7 @@ fn per_node_gpus(asked: GpuAmount, node_gpu_ids: &[NodeGpuIds]) -> Result<GpuAmo
         return Ok(most_gpus);
     }
     Err(plain(format!(
-        "--gpus {asked} matches neither the GPUs per node ({most}) nor the total ({total})          that --node-gpu-ids names"
+        "--gpus {asked} matches neither the GPUs per node ({most}) nor the total ({total}) that --node-gpu-ids names"
     )))
 }
 
