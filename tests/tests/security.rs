@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use mgpu_nats::signing;
+use mgpu_protocol::cancel::CancelRequest;
+use mgpu_protocol::hold::HoldRequest;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{CancelRequest, HoldRequest, JobSpec, SubmitRequest};
+use mgpu_protocol::job::JobSpec;
 use mgpu_protocol::principals::Role;
 use mgpu_protocol::subjects;
+use mgpu_protocol::submit::SubmitRequest;
 use mgpu_tests::{Cluster, NodeSpec, wait_for};
 use serde_json::Value;
 

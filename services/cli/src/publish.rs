@@ -9,8 +9,8 @@ use async_nats::header;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishAckFuture, PublishErrorKind};
 use mgpu_nats::error::StateError;
-use mgpu_protocol::job::{MAX_SUBMIT_BYTES, SubmitRequest};
 use mgpu_protocol::subjects;
+use mgpu_protocol::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
 
 use crate::errors::plain;
 use crate::session::Session;

@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 
+use mgpu_protocol::cancel::CancelRequest;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::CancelRequest;
 use mgpu_protocol::now;
 
 use crate::identity::Identity;

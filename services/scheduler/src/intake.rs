@@ -7,8 +7,8 @@
 use async_nats::jetstream;
 
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::SubmitRequest;
 use mgpu_protocol::request::{Action, Request};
+use mgpu_protocol::submit::SubmitRequest;
 use mgpu_protocol::{now, subjects};
 
 use crate::identity::Identity;
@@ -169,8 +169,9 @@ async fn acknowledge(message: &RequestMessage) {
 
 #[cfg(test)]
 mod tests {
+    use mgpu_protocol::cancel::CancelRequest;
     use mgpu_protocol::ids::JobId;
-    use mgpu_protocol::job::{CancelRequest, JobSpec};
+    use mgpu_protocol::job::JobSpec;
 
     use super::*;
 

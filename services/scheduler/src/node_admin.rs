@@ -6,7 +6,8 @@
 use anyhow::{Result, anyhow};
 use bytes::Bytes;
 
-use mgpu_protocol::node::{AdminMark, AdminRequest};
+use mgpu_protocol::node::AdminMark;
+use mgpu_protocol::node_admin::AdminRequest;
 use mgpu_protocol::request::Action;
 use mgpu_protocol::{now, subjects};
 

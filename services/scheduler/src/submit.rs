@@ -6,8 +6,9 @@
 use anyhow::Result;
 
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest};
+use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::now;
+use mgpu_protocol::submit::SubmitRequest;
 
 use crate::identity::Identity;
 use crate::lifecycle::{self, Transition};

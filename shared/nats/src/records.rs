@@ -7,9 +7,10 @@ use futures::StreamExt;
 
 use crate::error::StateError;
 use mgpu_protocol::ids::{JobId, is_job_id_prefix};
-use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
+use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
 use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::subjects;
+use mgpu_protocol::submit::SubmitRequest;
 
 /// Header JetStream's KV layer puts on deletions.
 const KV_OPERATION: &str = "KV-Operation";

@@ -15,8 +15,8 @@ use std::time::Duration;
 use async_nats::jetstream::{self, kv, stream};
 
 use crate::error::StateError;
-use mgpu_protocol::job::MAX_SUBMIT_BYTES;
 use mgpu_protocol::subjects;
+use mgpu_protocol::submit::MAX_SUBMIT_BYTES;
 
 /// The most copies mgpu asks for: three survive the loss of any one server (a Raft group of
 /// three keeps a majority with two); more would only slow every write down.

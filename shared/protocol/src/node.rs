@@ -11,7 +11,6 @@ use crate::error::InvalidInput;
 use crate::gpu_amount::GpuAmount;
 use crate::ids::{JobId, validate_node_name};
 use crate::job::MAX_GPU_MEMORY_MIB;
-pub use crate::node_admin::AdminRequest;
 use crate::wire::{MAX_USER_BYTES, check_count, check_line, check_text, check_user};
 
 /// Where the agent's GPU list comes from.

@@ -150,15 +150,15 @@ mod fuzz {
 
     use super::*;
     use crate::assign::{Assignment, NodeControl};
+    use crate::cancel::CancelRequest;
     use crate::event::{EventSource, JobEvent, JobEventKind};
     use crate::fuzzing::payloads;
     use crate::gpu_amount::GpuAmount;
+    use crate::hold::HoldRequest;
     use crate::ids::JobId;
-    use crate::job::{
-        ArrayMember, CancelRequest, GpuShare, HoldRequest, JobSpec, Launch, MAX_SUBMIT_BYTES,
-        NodeShare, Placement, SubmitRequest, WaitReason,
-    };
-    use crate::node::AdminRequest;
+    use crate::job::{ArrayMember, GpuShare, JobSpec, Launch, NodeShare, Placement, WaitReason};
+    use crate::node_admin::AdminRequest;
+    use crate::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
 
     fn json(value: &impl Serialize) -> serde_json::Value {
         serde_json::to_value(value).unwrap_or_default()

@@ -210,7 +210,7 @@ pub async fn submit_pipelined(
     specs: Vec<mgpu_protocol::job::JobSpec>,
     window: usize,
 ) -> Result<(Vec<mgpu_protocol::ids::JobId>, Duration)> {
-    use mgpu_protocol::job::SubmitRequest;
+    use mgpu_protocol::submit::SubmitRequest;
     use std::collections::VecDeque;
     let started = Instant::now();
     let mut ids = Vec::with_capacity(specs.len());

@@ -8,9 +8,9 @@ use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
 use mgpu_nats::records;
+use mgpu_protocol::cancel::CancelRequest;
 use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::CancelRequest;
 use mgpu_protocol::subjects;
 
 use crate::console::{self, println};

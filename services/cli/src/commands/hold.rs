@@ -11,8 +11,9 @@ use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
 use mgpu_protocol::event::{JobEvent, JobEventKind};
+use mgpu_protocol::hold::HoldRequest;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{HoldRequest, JobRecord, JobState};
+use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::subjects;
 
 use crate::console::{self, println};

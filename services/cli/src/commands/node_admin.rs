@@ -15,7 +15,8 @@ use async_nats::jetstream::kv;
 use clap::{Args, Subcommand};
 use futures::StreamExt;
 use mgpu_nats::records;
-use mgpu_protocol::node::{AdminMark, AdminRequest, NodeAdmin};
+use mgpu_protocol::node::{AdminMark, NodeAdmin};
+use mgpu_protocol::node_admin::AdminRequest;
 use mgpu_protocol::subjects;
 
 use crate::console::{self, println};

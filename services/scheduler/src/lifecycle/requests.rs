@@ -5,8 +5,9 @@
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobRecord, JobState, SubmitRequest, WaitReason, Waiting};
+use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
 use mgpu_protocol::request::Action;
+use mgpu_protocol::submit::SubmitRequest;
 
 use super::{Effect, Level, Requester, Transition, ended_unstarted, finish, kill_everywhere, log};
 

@@ -8,8 +8,9 @@ use proptest::prelude::*;
 use super::*;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{GpuShare, JobSpec, Launch, NodeShare, Run, SubmitRequest, Waiting};
+use mgpu_protocol::job::{GpuShare, JobSpec, Launch, NodeShare, Run, Waiting};
 use mgpu_protocol::report::{Exit, ReportKind};
+use mgpu_protocol::submit::SubmitRequest;
 
 // ---------------------------------------------------------------------------------------------
 // Builders

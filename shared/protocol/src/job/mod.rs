@@ -22,9 +22,6 @@ mod validate;
 
 use validate::check_gpu_index;
 
-pub use crate::cancel::CancelRequest;
-pub use crate::hold::HoldRequest;
-pub use crate::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
 pub use placement::{GpuShare, Launch, NodeShare, Placement};
 pub use state::{Ending, JobState, Run, WaitReason, Waiting};
 

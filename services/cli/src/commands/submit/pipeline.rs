@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::SubmitRequest;
+use mgpu_protocol::submit::SubmitRequest;
 
 use super::dedup::{Existing, Match};
 use super::plan::{Label, Prepared};

@@ -4,7 +4,8 @@
 //! made (a bad entry of a job file). The pipeline ([`super::pipeline`]) takes it from there.
 
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{ArrayMember, JobSpec, SubmitRequest};
+use mgpu_protocol::job::{ArrayMember, JobSpec};
+use mgpu_protocol::submit::SubmitRequest;
 
 use super::spec::{self, FileDefaults};
 use crate::gpu_profiles::LazyProfiles;
