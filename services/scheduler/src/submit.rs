@@ -76,7 +76,7 @@ impl Scheduler {
     /// Carries out a submission's effects once its record is stored (`created`); a
     /// redelivered submission, already recorded, only gets a log line.
     async fn after_submit(
-        &mut self,
+        &self,
         id: &JobId,
         created: bool,
         effects: Vec<lifecycle::Effect>,
