@@ -1,8 +1,8 @@
 //! Failures, told as stories: agents SIGKILLed with their jobs running (requeued elsewhere,
 //! orphans stopped when the agent returns), `--no-requeue` and `--max-attempts` ending a job
 //! `node_failed`, a frozen agent whose job its guard stops (self-fencing) before the job runs
-//! elsewhere, the active scheduler SIGKILLed with a standby taking over, and a heartbeat
-//! overtaken by the exit it preceded.
+//! elsewhere, the active scheduler SIGKILLed with a standby taking over, a heartbeat
+//! overtaken by the exit it preceded, and a job record another scheduler changed.
 //!
 //! Real nats-server, real binaries, real signals: an agent is SIGKILLed (its job keeps running
 //! as an orphan, as after a crash) or SIGSTOPped. Agents heartbeat every 200 ms and the
@@ -543,4 +543,88 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
     wait_for("the kill of the attempt left running", T, || {
         (kills(&job) > 0).then_some(())
     });
+}
+
+/// Two schedulers acting at once (one stalled past its lease while the other took over) both
+/// write job records. A write whose record changed under it must not put back what it
+/// computed from the old one: the scheduler reads what is stored and decides again.
+#[test]
+fn a_record_another_scheduler_changed_is_decided_again_from_what_is_stored() {
+    use mgpu_protocol::hold::HoldRequest;
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::job::{Ending, JobRecord, JobState};
+    use mgpu_protocol::principals::Role;
+    use mgpu_protocol::subjects;
+
+    let cluster = start(&one_node(), &[]);
+    let blocker = cluster.submit(&[], "sleep 60");
+    cluster.wait_state(&blocker, "running", T);
+    let waiting = cluster.submit(&[], "true");
+    cluster.wait_state(&waiting, "queued", T);
+    let id: JobId = waiting.parse().unwrap_or_else(|e| panic!("{e}"));
+
+    // "Another scheduler" ends the waiting job: the record changes behind this one's back.
+    let ended_elsewhere = "ended by another scheduler";
+    cluster.with_nats(&cluster.creds(Role::Scheduler, "scheduler"), |client| {
+        let id = id.clone();
+        async move {
+            let js = async_nats::jetstream::new(client);
+            let bucket = js
+                .get_key_value(subjects::JOBS_BUCKET)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let stored = bucket
+                .get(id.as_str())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("no record"));
+            let mut record: JobRecord =
+                serde_json::from_slice(&stored).unwrap_or_else(|e| panic!("{e}"));
+            record.state = JobState::Failed(Ending {
+                placement: None,
+                started_at: None,
+                ended_at: mgpu_protocol::now(),
+                exit_code: None,
+                signal: None,
+                reason: Some(ended_elsewhere.into()),
+            });
+            let payload = serde_json::to_vec(&record).unwrap_or_default();
+            bucket
+                .put(id.as_str(), payload.into())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    });
+
+    // Its owner holds it: the scheduler's write of a held, queued job meets the change.
+    let payload = serde_json::to_vec(&HoldRequest {
+        user: "alice".into(),
+    })
+    .unwrap_or_default();
+    let subject = subjects::hold(&id);
+    let seed = mgpu_nats::connect::read_seed(&cluster.user_creds("alice"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
+    let mut headers = async_nats::HeaderMap::new();
+    mgpu_nats::signing::sign(&key, &subject, &payload, mgpu_protocol::now(), &mut headers)
+        .unwrap_or_else(|e| panic!("{e}"));
+    cluster.with_nats(&cluster.user_creds("alice"), |client| async move {
+        async_nats::jetstream::new(client)
+            .publish_with_headers(subject, headers, payload.into())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    });
+    wait_for("the hold in the audit trail", T, || {
+        let audit = cluster.mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"]);
+        audit
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|r| r["action"] == "hold" && r["target"] == waiting.as_str())
+    });
+    let job = cluster.show(&waiting);
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["reason"], ended_elsewhere, "{job}");
+    cluster.mgpu_ok(&["cancel", &blocker]);
 }

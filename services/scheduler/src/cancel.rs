@@ -6,10 +6,9 @@ use anyhow::Result;
 
 use mgpu_protocol::cancel::CancelRequest;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::now;
 
 use crate::identity::Identity;
-use crate::lifecycle::{self, Input};
+use crate::lifecycle::Input;
 use crate::service::Scheduler;
 
 impl Scheduler {
@@ -19,15 +18,14 @@ impl Scheduler {
         request: CancelRequest,
         identity: &Identity,
     ) -> Result<()> {
-        let Some(record) = self.store.get(job) else {
+        if self.store.get(job).is_none() {
             tracing::warn!(job = %job, "cancel for an unknown job");
             return Ok(());
-        };
+        }
         let input = Input::Cancel {
             by: identity.requester(),
             reason: request.reason,
         };
-        let transition = lifecycle::apply(record, input, now(), &self.limits());
-        self.carry_out(job, transition, Some(identity)).await
+        self.apply_input(job, input, Some(identity)).await
     }
 }

@@ -9,7 +9,7 @@ use futures::StreamExt;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobState, Launch, OnTimeout, Placement, WaitReason};
+use mgpu_protocol::job::{JobRecord, JobState, Launch, OnTimeout, Placement, WaitReason};
 
 use crate::config::effective_time_limit;
 use crate::core::Decision;
@@ -49,7 +49,10 @@ impl Scheduler {
                 other => others.push(other),
             }
         }
-        let mut changes = self.start_all(starts, now).await;
+        let mut changes = 0;
+        for chunk in starts.chunks(WRITE_CHUNK) {
+            changes += self.start_all(chunk, now).await;
+        }
         for chunk in waits.chunks(WRITE_CHUNK) {
             changes += self.wait_all(chunk, now).await;
         }
@@ -59,11 +62,7 @@ impl Scheduler {
                 Decision::Preempt { job } => (job, Input::SliceEnd),
                 Decision::Start { .. } | Decision::Wait { .. } => continue,
             };
-            let Some(record) = self.store.get(&job) else {
-                continue;
-            };
-            let transition = lifecycle::apply(record, input, now, &self.limits());
-            match self.carry_out(&job, transition, None).await {
+            match self.apply_input(&job, input, None).await {
                 Ok(()) => changes += 1,
                 Err(err) => tracing::error!(job = %job, "{err:#}"),
             }
@@ -75,32 +74,17 @@ impl Scheduler {
     /// assignments, many at once. Recorded first: if we die in between, the restarted
     /// scheduler sees running jobs that never started and sends them again (the message id
     /// makes JetStream drop a copy that did go out).
-    async fn start_all(&mut self, starts: Vec<(JobId, Placement)>, now: Timestamp) -> usize {
-        let limits = self.limits();
-        let mut records = Vec::with_capacity(starts.len());
-        let mut effects: HashMap<JobId, Vec<Effect>> = HashMap::with_capacity(starts.len());
-        for (job, placement) in starts {
-            let Some(record) = self.store.get(&job) else {
-                continue;
-            };
-            let transition = lifecycle::apply(record, Input::Start { placement }, now, &limits);
-            if let Some(record) = transition.record {
-                records.push(record);
-                effects.insert(job, transition.effects);
-            }
-        }
-        let order: Vec<JobId> = records.iter().map(|r| r.id.clone()).collect();
-        let written = self.store.write_many(records).await;
-        let mut started = Vec::with_capacity(order.len());
-        for (job, result) in order.into_iter().zip(written) {
-            match result {
-                Ok(()) => {
-                    let todo = effects.remove(&job).unwrap_or_default();
-                    started.push((job, todo));
-                }
-                Err(err) => tracing::error!("recording a start: {err:#}"),
-            }
-        }
+    async fn start_all(&mut self, starts: &[(JobId, Placement)], now: Timestamp) -> usize {
+        let inputs: HashMap<JobId, Input> = starts
+            .iter()
+            .map(|(job, placement)| {
+                let placement = placement.clone();
+                (job.clone(), Input::Start { placement })
+            })
+            .collect();
+        let started = self
+            .write_all(&inputs, starts.iter().map(|(job, _)| job), now)
+            .await;
         let this = &*self;
         let sent: Vec<(JobId, anyhow::Result<()>)> = futures::stream::iter(started)
             .map(|(job, todo)| async move {
@@ -126,34 +110,68 @@ impl Scheduler {
 
     /// Gives waiting jobs their new reasons, all writes pipelined.
     async fn wait_all(&mut self, waits: &[(JobId, WaitReason)], now: Timestamp) -> usize {
-        let limits = self.limits();
-        let mut records = Vec::with_capacity(waits.len());
-        let mut effects = Vec::with_capacity(waits.len());
-        for (job, reason) in waits {
-            let Some(record) = self.store.get(job) else {
-                continue;
-            };
-            let transition =
-                lifecycle::apply(record, Input::Wait { reason: *reason }, now, &limits);
-            if let Some(record) = transition.record {
-                records.push(record);
-                effects.push((job.clone(), transition.effects));
-            }
-        }
-        let written = self.store.write_many(records).await;
+        let inputs: HashMap<JobId, Input> = waits
+            .iter()
+            .map(|(job, reason)| (job.clone(), Input::Wait { reason: *reason }))
+            .collect();
+        let written = self
+            .write_all(&inputs, waits.iter().map(|(job, _)| job), now)
+            .await;
         let mut changes = 0;
-        for ((job, todo), result) in effects.into_iter().zip(written) {
-            match result {
-                Ok(()) => {
-                    changes += 1;
-                    if let Err(err) = self.carry_out_effects(&job, todo, None).await {
-                        tracing::error!(job = %job, "{err:#}");
-                    }
-                }
-                Err(err) => tracing::error!("recording a wait reason: {err:#}"),
+        for (job, todo) in written {
+            changes += 1;
+            if let Err(err) = self.carry_out_effects(&job, todo, None).await {
+                tracing::error!(job = %job, "{err:#}");
             }
         }
         changes
+    }
+
+    /// Applies each job's input in `order` and stores the records it changes, all writes
+    /// pipelined; where a stored record changed under the scheduler, the input is applied
+    /// again to what is stored. The effects of each record stored, in order (an input that
+    /// changed nothing only gets its log lines carried out here).
+    async fn write_all<'a>(
+        &mut self,
+        inputs: &HashMap<JobId, Input>,
+        order: impl Iterator<Item = &'a JobId>,
+        now: Timestamp,
+    ) -> Vec<(JobId, Vec<Effect>)> {
+        let limits = self.limits();
+        let mut records = Vec::with_capacity(inputs.len());
+        let mut effects = Vec::with_capacity(inputs.len());
+        for job in order {
+            let (Some(record), Some(input)) = (self.store.get(job), inputs.get(job)) else {
+                continue;
+            };
+            let transition = lifecycle::apply(record, input.clone(), now, &limits);
+            match transition.record {
+                Some(record) => {
+                    records.push(record);
+                    effects.push((job.clone(), transition.effects));
+                }
+                None => {
+                    let logs_only = transition.effects;
+                    if let Err(err) = self.carry_out_effects(job, logs_only, None).await {
+                        tracing::error!(job = %job, "{err:#}");
+                    }
+                }
+            }
+        }
+        let redo = |stored: &JobRecord| {
+            let input = inputs.get(&stored.id)?.clone();
+            lifecycle::apply(stored, input, now, &limits).record
+        };
+        let written = self.store.write_many(records, redo).await;
+        let mut stored = Vec::with_capacity(effects.len());
+        for ((job, todo), result) in effects.into_iter().zip(written) {
+            match result {
+                Ok(true) => stored.push((job, todo)),
+                Ok(false) => tracing::warn!(job = %job, "its record changed under the scheduler"),
+                Err(err) => tracing::error!(job = %job, "storing a decision: {err:#}"),
+            }
+        }
+        stored
     }
 
     /// Wakes the loop when a just-started job's time slice ends (jobs that requeue at their

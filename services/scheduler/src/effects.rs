@@ -1,8 +1,9 @@
 //! Carrying out what the job lifecycle decided: the new record stored first (compare-and-set),
 //! then its effects in order, through the outbox. An effect that must happen (an assignment,
 //! a kill that is not best-effort) stops the rest when it fails and the error goes back to the
-//! caller, which leaves the request unacknowledged so it comes again; the repair timer sends
-//! lost assignments and kills again too.
+//! caller, which leaves the request unacknowledged so JetStream delivers it again (the gate
+//! knows the same stored message from a replay); the repair timer sends lost assignments and
+//! kills again too.
 
 use anyhow::{Result, anyhow};
 
@@ -10,13 +11,17 @@ use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
+use mgpu_protocol::now;
 use mgpu_protocol::request::Action;
 
 use crate::config::effective_time_limit;
 use crate::identity::Identity;
-use crate::lifecycle::{Effect, Kill, Level, Limits, Log, Transition};
+use crate::lifecycle::{self, Effect, Input, Kill, Level, Limits, Log, Transition};
 use crate::outbox::Sender;
 use crate::service::Scheduler;
+
+/// Times an input is applied when the stored record keeps changing under the scheduler.
+const WRITE_TRIES: usize = 3;
 
 impl Scheduler {
     /// What the lifecycle needs of the policy.
@@ -26,23 +31,44 @@ impl Scheduler {
         }
     }
 
-    /// Stores `transition`'s record for `job`, then carries out its effects; `by` is who
-    /// asked, for the audit trail and refusals.
-    pub(crate) async fn carry_out(
+    /// Applies `input` to `job` through the lifecycle and carries the transition out: the
+    /// new record stored, then its effects; `by` is who asked, for the audit trail and
+    /// refusals. Where the stored record changed under the scheduler, the input is applied
+    /// again to what is stored. Where the record cannot be stored, only the best-effort kills
+    /// go out (the job's other processes must stop either way) and the error comes back.
+    pub(crate) async fn apply_input(
         &mut self,
         job: &JobId,
-        transition: Transition,
+        input: Input,
         by: Option<&Identity>,
     ) -> Result<()> {
-        let Transition {
-            record,
-            mut effects,
-        } = transition;
-        if let Some(record) = record {
-            self.store.write(record).await?;
+        let limits = self.limits();
+        let now = now();
+        for _ in 0..WRITE_TRIES {
+            let Some(current) = self.store.get(job) else {
+                return Ok(());
+            };
+            let Transition {
+                record,
+                mut effects,
+            } = lifecycle::apply(current, input.clone(), now, &limits);
+            if let Some(record) = record {
+                match self.store.write(record).await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(err) => {
+                        effects.retain(|e| matches!(e, Effect::Kill(kill) if kill.best_effort));
+                        self.carry_out_effects(job, effects, by).await?;
+                        return Err(err);
+                    }
+                }
+            }
+            self.charge_usage(&mut effects);
+            return self.carry_out_effects(job, effects, by).await;
         }
-        self.charge_usage(&mut effects);
-        self.carry_out_effects(job, effects, by).await
+        Err(anyhow!(
+            "job {job}: record keeps changing under the scheduler"
+        ))
     }
 
     /// Takes the usage charges out of `effects` and books them (in memory: the ledger is
@@ -81,9 +107,14 @@ impl Scheduler {
                 }
                 Effect::Kill(kill) => self.kill(job, kill).await?,
                 Effect::Publish(kind) => self.announce(job, kind),
-                Effect::Audit { action, detail } => {
+                Effect::Audit {
+                    action,
+                    accepted,
+                    detail,
+                } => {
+                    let outcome = if accepted { Ok(detail) } else { Err(detail) };
                     self.outbox
-                        .audit(action, &sender, Some(job.to_string()), Ok(detail));
+                        .audit(action, &sender, Some(job.to_string()), outcome);
                 }
                 Effect::Refuse { action, reason } => {
                     self.refuse(action, Some(job), &sender, reason);

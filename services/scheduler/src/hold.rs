@@ -4,10 +4,9 @@
 use anyhow::Result;
 
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::now;
 
 use crate::identity::Identity;
-use crate::lifecycle::{self, Input};
+use crate::lifecycle::Input;
 use crate::service::Scheduler;
 
 impl Scheduler {
@@ -18,17 +17,16 @@ impl Scheduler {
         hold: bool,
         identity: &Identity,
     ) -> Result<()> {
-        let Some(record) = self.store.get(job) else {
+        if self.store.get(job).is_none() {
             tracing::warn!(job = %job, "hold/release of an unknown job");
             return Ok(());
-        };
+        }
         let by = identity.requester();
         let input = if hold {
             Input::Hold { by }
         } else {
             Input::Release { by }
         };
-        let transition = lifecycle::apply(record, input, now(), &self.limits());
-        self.carry_out(job, transition, Some(identity)).await
+        self.apply_input(job, input, Some(identity)).await
     }
 }

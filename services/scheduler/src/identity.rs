@@ -168,7 +168,15 @@ impl Gate {
             stored_at,
         )
         .map_err(refuse)?;
-        self.nonces.check(&signed, stored_at).map_err(refuse)?;
+        // The same stored message delivered again (its handling failed, it is to be handled
+        // again) is not a replay; a copy published again is.
+        let remembered = match message.info() {
+            Ok(info) => self
+                .nonces
+                .check_stored(&signed, stored_at, info.stream_sequence),
+            Err(_) => self.nonces.check(&signed, stored_at),
+        };
+        remembered.map_err(refuse)?;
         let Some(principal) = self.principals.user_by_key(&signed.signer) else {
             return Err(Refusal {
                 key: Some(signed.signer),

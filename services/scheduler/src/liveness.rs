@@ -118,16 +118,12 @@ impl Scheduler {
         at: Timestamp,
         not_before: Option<Timestamp>,
     ) -> anyhow::Result<()> {
-        let Some(record) = self.store.get(job) else {
-            return Ok(());
-        };
         let input = Input::NodeLost {
             why: why.to_owned(),
             at,
             not_before,
         };
-        let transition = lifecycle::apply(record, input, now(), &self.limits());
-        self.carry_out(job, transition, None).await
+        self.apply_input(job, input, None).await
     }
 
     /// Whether every agent report stored so far was handled (none waits in the consumer and

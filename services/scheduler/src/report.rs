@@ -7,7 +7,7 @@ use async_nats::jetstream;
 use mgpu_protocol::now;
 use mgpu_protocol::report::AgentReport;
 
-use crate::lifecycle::{self, Input};
+use crate::lifecycle::Input;
 use crate::service::Scheduler;
 
 impl Scheduler {
@@ -35,11 +35,10 @@ impl Scheduler {
 
     pub(crate) async fn on_agent_report(&mut self, report: AgentReport) -> anyhow::Result<()> {
         let job = report.job.clone();
-        let Some(record) = self.store.get(&job) else {
+        if self.store.get(&job).is_none() {
             tracing::warn!(job = %job, node = report.node, "report about an unknown job");
             return Ok(());
-        };
-        let transition = lifecycle::apply(record, Input::Report(report), now(), &self.limits());
-        self.carry_out(&job, transition, None).await
+        }
+        self.apply_input(&job, Input::Report(report), None).await
     }
 }

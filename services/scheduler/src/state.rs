@@ -231,13 +231,23 @@ impl JobStore {
     /// [`JobStore::write`], which reads back and retries as needed. One result per record, in
     /// order. Callers pass a bounded number at a time ([`WRITE_CHUNK`]), so what is held at
     /// once (changed copies, their encoded payloads) stays bounded.
-    pub async fn write_many(&mut self, records: Vec<JobRecord>) -> Vec<Result<()>> {
-        let written = self.write_batch(records, Batch::Replace).await;
-        written.into_iter().map(|r| r.map(drop)).collect()
+    /// True for each record stored; false where the stored record had changed and `redo`,
+    /// given the stored record, found nothing to write (or, writing again, found it changed
+    /// once more).
+    pub async fn write_many(
+        &mut self,
+        records: Vec<JobRecord>,
+        redo: impl Fn(&JobRecord) -> Option<JobRecord>,
+    ) -> Vec<Result<bool>> {
+        self.write_batch(records, Batch::Replace(&redo)).await
     }
 
     /// [`JobStore::create_many`] and [`JobStore::write_many`]: true for each record stored.
-    async fn write_batch(&mut self, records: Vec<JobRecord>, batch: Batch) -> Vec<Result<bool>> {
+    async fn write_batch(
+        &mut self,
+        records: Vec<JobRecord>,
+        batch: Batch<'_>,
+    ) -> Vec<Result<bool>> {
         let mut results: Vec<Option<Result<bool>>> = Vec::with_capacity(records.len());
         let mut writes = Vec::new();
         for (index, record) in records.iter().enumerate() {
@@ -248,8 +258,8 @@ impl JobStore {
                 }
                 // Revision 0: only if the key was never written.
                 (Batch::Create, None) => 0,
-                (Batch::Replace, Some(tracked)) => tracked.revision,
-                (Batch::Replace, None) => {
+                (Batch::Replace(_), Some(tracked)) => tracked.revision,
+                (Batch::Replace(_), None) => {
                     results.push(Some(Err(anyhow!("job {} is not in the table", record.id))));
                     continue;
                 }
@@ -274,7 +284,7 @@ impl JobStore {
                     Ok(true)
                 }
                 (None, Batch::Create) => self.create(record).await,
-                (None, Batch::Replace) => self.write(record).await.map(|()| true),
+                (None, Batch::Replace(redo)) => self.write_or_redo(record, redo).await,
             };
             results[*index] = Some(result);
         }
@@ -321,17 +331,16 @@ impl JobStore {
     }
 
     /// Stores `record` (a job the table holds) with compare-and-set on the revision the table
-    /// holds. On a revision conflict the stored record is reloaded and `record` written over
-    /// it, at most twice: the scheduler is the only writer, so a conflict means a write of its
-    /// own landed unseen, or another scheduler acted while this one held the lease.
+    /// holds: true once stored; false when the stored record had changed (a write of another
+    /// scheduler that acted while this one held the lease), which the table then holds in its
+    /// place: the caller decides again from it.
     ///
     /// A write whose answer is lost (a NATS server died, a stream is electing its leader) is
     /// retried for [`WRITE_RETRY_FOR`]; first the record is read back, since the write may
     /// have landed.
-    pub async fn write(&mut self, record: JobRecord) -> Result<()> {
+    pub async fn write(&mut self, record: JobRecord) -> Result<bool> {
         let id = record.id.clone();
         let payload = Bytes::from(serde_json::to_vec(&record)?);
-        let mut conflicts = 0;
         let mut retry = Retry::new();
         let mut unanswered = false;
         loop {
@@ -339,9 +348,10 @@ impl JobStore {
                 match self.landed(&id, &payload).await {
                     Ok(Some(revision)) => {
                         self.keep(record, revision);
-                        return Ok(());
+                        return Ok(true);
                     }
-                    Ok(None) => {}
+                    // Not ours: the table now holds what is stored.
+                    Ok(None) => return Ok(false),
                     Err(err) => {
                         retry.wait(&format!("{err:#}")).await?;
                         unanswered = true;
@@ -361,17 +371,12 @@ impl JobStore {
             {
                 Ok(revision) => {
                     self.keep(record, revision);
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                    conflicts += 1;
-                    if conflicts > 2 {
-                        return Err(anyhow!(
-                            "job {id}: record keeps changing under the scheduler"
-                        ));
-                    }
                     tracing::warn!(job = %id, "job record changed under us; reloading it");
                     self.reload(&id).await?;
+                    return Ok(false);
                 }
                 Err(err) if err.kind() == kv::UpdateErrorKind::InvalidKey => {
                     return Err(anyhow!("updating job {id}: {err}"));
@@ -381,6 +386,23 @@ impl JobStore {
                     unanswered = true;
                 }
             }
+        }
+    }
+
+    /// [`JobStore::write`]; where the stored record had changed, what `redo` makes of it is
+    /// written instead (once).
+    async fn write_or_redo(
+        &mut self,
+        record: JobRecord,
+        redo: &dyn Fn(&JobRecord) -> Option<JobRecord>,
+    ) -> Result<bool> {
+        let id = record.id.clone();
+        if self.write(record).await? {
+            return Ok(true);
+        }
+        match self.get(&id).and_then(redo) {
+            Some(again) => self.write(again).await,
+            None => Ok(false),
         }
     }
 
@@ -429,11 +451,12 @@ impl JobStore {
     }
 }
 
-/// What [`JobStore::write_batch`] writes: new records, or new versions of records it holds.
+/// What [`JobStore::write_batch`] writes: new records, or new versions of records it holds
+/// (with what to write instead when a stored record changed under the scheduler).
 #[derive(Clone, Copy)]
-enum Batch {
+enum Batch<'a> {
     Create,
-    Replace,
+    Replace(&'a dyn Fn(&JobRecord) -> Option<JobRecord>),
 }
 
 /// Records [`JobStore::write_many`] should be given at a time: twice the writes in flight,

@@ -42,12 +42,12 @@ impl Scheduler {
         &mut self,
         submissions: Vec<(SubmitRequest, &Identity)>,
     ) -> Vec<Result<()>> {
-        let at = now();
         let mut records = Vec::with_capacity(submissions.len());
         let mut followups = Vec::with_capacity(submissions.len());
         for (request, identity) in submissions {
             let id = request.id.clone();
-            let transition = lifecycle::submit(request, &identity.signer(), None, at);
+            // Each its own time, so jobs of a batch keep their order in the queue.
+            let transition = lifecycle::submit(request, &identity.signer(), None, now());
             let stored = transition.record.is_some();
             records.extend(transition.record);
             followups.push((id, stored, transition.effects, identity));

@@ -133,7 +133,9 @@ pub fn verify(
 /// Nonces seen within [`MAX_SKEW`]: a second message with one of them is a replay.
 #[derive(Debug, Default)]
 pub struct Nonces {
-    seen: HashMap<String, Timestamp>,
+    /// Each nonce's signing time, and the stream sequence of the stored message that carried
+    /// it (None for a message that was not stored).
+    seen: HashMap<String, (Timestamp, Option<u64>)>,
     /// How many were kept by the last pruning: the next one waits until twice as many are
     /// held, so pruning costs O(1) per request on average. Pruning at every request past a
     /// fixed size made a burst of 100 000 submissions quadratic.
@@ -143,21 +145,43 @@ pub struct Nonces {
 impl Nonces {
     /// Records `signed`'s nonce; an error when it was seen already.
     pub fn check(&mut self, signed: &Signed, now: Timestamp) -> Result<(), SignatureError> {
+        self.remember(signed, now, None)
+    }
+
+    /// [`Nonces::check`] for a message a stream stored at `sequence`: the same stored message
+    /// delivered again (its acknowledgement was lost, or its handling failed and it is to be
+    /// handled again) is not a replay; another message with the same nonce is.
+    pub fn check_stored(
+        &mut self,
+        signed: &Signed,
+        now: Timestamp,
+        sequence: u64,
+    ) -> Result<(), SignatureError> {
+        self.remember(signed, now, Some(sequence))
+    }
+
+    fn remember(
+        &mut self,
+        signed: &Signed,
+        now: Timestamp,
+        sequence: Option<u64>,
+    ) -> Result<(), SignatureError> {
         // Forget what can no longer pass the skew check anyway.
         if self.seen.len() > 2 * self.kept.max(1024) {
             let window = MAX_SKEW * 2;
             self.seen
-                .retain(|_, at| now - *at <= window && *at - now <= window);
+                .retain(|_, (at, _)| now - *at <= window && *at - now <= window);
             self.kept = self.seen.len();
         }
-        if self
-            .seen
-            .insert(signed.nonce.clone(), signed.signed_at)
-            .is_some()
-        {
-            return Err(SignatureError::Replayed);
+        match self.seen.get(&signed.nonce) {
+            Some((_, Some(stored))) if sequence == Some(*stored) => Ok(()),
+            Some(_) => Err(SignatureError::Replayed),
+            None => {
+                self.seen
+                    .insert(signed.nonce.clone(), (signed.signed_at, sequence));
+                Ok(())
+            }
         }
-        Ok(())
     }
 }
 
@@ -233,6 +257,39 @@ mod tests {
         let first = first.unwrap_or_else(|_| unreachable!());
         assert_eq!(nonces.check(&first, now), Ok(()));
         assert_eq!(nonces.check(&first, now), Err(SignatureError::Replayed));
+    }
+
+    #[test]
+    fn a_stored_message_delivered_again_is_not_a_replay_but_a_copy_of_it_is() {
+        let now = crate::now();
+        let signed = Signed {
+            signer: "U".into(),
+            nonce: "n1".into(),
+            signed_at: now,
+        };
+        let mut nonces = Nonces::default();
+        assert_eq!(nonces.check_stored(&signed, now, 7), Ok(()));
+        assert_eq!(
+            nonces.check_stored(&signed, now, 7),
+            Ok(()),
+            "the same stored message, redelivered"
+        );
+        assert_eq!(
+            nonces.check_stored(&signed, now, 8),
+            Err(SignatureError::Replayed),
+            "the same signature stored again"
+        );
+        assert_eq!(
+            nonces.check(&signed, now),
+            Err(SignatureError::Replayed),
+            "the same signature outside a stream"
+        );
+        let plain = Signed {
+            nonce: "n2".into(),
+            ..signed
+        };
+        assert_eq!(nonces.check(&plain, now), Ok(()));
+        assert_eq!(nonces.check(&plain, now), Err(SignatureError::Replayed));
     }
 
     #[test]

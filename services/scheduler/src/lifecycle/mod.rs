@@ -91,8 +91,13 @@ pub enum Effect {
     Kill(Kill),
     /// Publish a job event for watchers (`jobs.<id>.events`).
     Publish(JobEventKind),
-    /// Record the request in the audit trail, as carried out (or a no-op).
-    Audit { action: Action, detail: String },
+    /// Record the request in the audit trail: carried out (or a no-op) when `accepted`, else
+    /// refused for what `detail` says (a submission recorded as failed).
+    Audit {
+        action: Action,
+        accepted: bool,
+        detail: String,
+    },
     /// Refuse the request: an event the requester sees, an audit record, a log line.
     Refuse { action: Action, reason: String },
     /// Add a run's GPU time to its user's fair-share usage.

@@ -68,6 +68,7 @@ pub fn submit(
     ));
     effects.push(Effect::Audit {
         action: Action::Submit,
+        accepted: rejection.is_none(),
         detail: if rejection.is_some() {
             "rejected"
         } else {
@@ -120,6 +121,7 @@ pub(super) fn cancel(
     }
     let audit = Effect::Audit {
         action: Action::Cancel,
+        accepted: true,
         detail: format!("was {}", current.state.name()),
     };
     let reason = match why {
@@ -163,6 +165,7 @@ pub(super) fn hold(current: &JobRecord, by: &Requester, hold: bool) -> Transitio
             effects: vec![
                 Effect::Audit {
                     action,
+                    accepted: true,
                     detail: "not queued: nothing to do".into(),
                 },
                 log(
@@ -184,6 +187,7 @@ pub(super) fn hold(current: &JobRecord, by: &Requester, hold: bool) -> Transitio
         effects: vec![
             Effect::Audit {
                 action,
+                accepted: true,
                 detail: "done".into(),
             },
             log(Level::Info, format!("{action}: hold state changed")),

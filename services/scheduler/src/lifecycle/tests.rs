@@ -276,6 +276,7 @@ fn a_queued_job_cancelled_by_its_owner_ends_cancelled_with_their_reason() {
         transition.effects.first(),
         Some(&Effect::Audit {
             action: Action::Cancel,
+            accepted: true,
             detail: "was queued".into(),
         })
     );
@@ -319,6 +320,7 @@ fn a_running_job_cancelled_is_killed_then_ends_cancelled_when_its_agent_says_so(
         transition.effects.first(),
         Some(&Effect::Audit {
             action: Action::Cancel,
+            accepted: true,
             detail: "was running".into(),
         })
     );
@@ -450,6 +452,7 @@ fn hold_keeps_a_queued_job_waiting_and_release_lets_it_go() {
         transition.effects.first(),
         Some(&Effect::Audit {
             action: Action::Hold,
+            accepted: true,
             detail: "done".into(),
         })
     );
@@ -465,6 +468,7 @@ fn hold_keeps_a_queued_job_waiting_and_release_lets_it_go() {
         transition.effects.first(),
         Some(&Effect::Audit {
             action: Action::Release,
+            accepted: true,
             detail: "done".into(),
         })
     );
@@ -483,6 +487,7 @@ fn holding_or_releasing_a_job_that_is_not_queued_changes_nothing() {
             transition.effects.first(),
             Some(&Effect::Audit {
                 action,
+                accepted: true,
                 detail: "not queued: nothing to do".into(),
             })
         );
@@ -1272,6 +1277,7 @@ fn a_valid_submission_is_queued_under_its_signer_not_the_name_it_claims() {
     );
     let audit = Effect::Audit {
         action: Action::Submit,
+        accepted: true,
         detail: "queued".into(),
     };
     let queued = Effect::Publish(JobEventKind::Queued {
@@ -1298,6 +1304,7 @@ fn an_invalid_submission_is_recorded_as_failed_saying_why() {
     assert!(reason.contains("absolute"), "{reason}");
     assert!(transition.effects.contains(&Effect::Audit {
         action: Action::Submit,
+        accepted: false,
         detail: "rejected".into(),
     }));
     assert!(
