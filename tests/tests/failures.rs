@@ -464,6 +464,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         running,
         address: "ghost01".into(),
         runs_jobs_as: "nobody".into(),
+        containment: None,
         agent_version: "test".into(),
         mem_threshold: 1.0,
         load_threshold: 1.0,

@@ -686,6 +686,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         running: Vec::new(),
         address: "busy01".into(),
         runs_jobs_as: "nobody".into(),
+        containment: None,
         agent_version: "test".into(),
         mem_threshold,
         load_threshold,

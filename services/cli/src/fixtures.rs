@@ -81,6 +81,7 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         running: vec![],
         address: "127.0.0.1".into(),
         runs_jobs_as: "mgpu".into(),
+        containment: None,
         agent_version: "0".into(),
         mem_threshold: DEFAULT_THRESHOLD,
         load_threshold: DEFAULT_THRESHOLD,

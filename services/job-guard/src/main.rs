@@ -2,11 +2,13 @@
 //! its agent.
 //!
 //! The agent starts each job as
-//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]`
+//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]`
 //! in a new process group. ACCOUNT is `-` (stay as started) or `UID:GID:GROUPS` (GROUPS a
 //! comma-separated list, maybe empty): an agent running as root starts the guard as root, and
 //! the guard becomes the job's account once it has opened CONTACT_FILE (in a directory the
-//! job's account usually cannot enter), before anything else; so the agent can start it
+//! job's account usually cannot enter) and moved itself into the job's cgroup (CGROUP, the
+//! `cgroup.procs` file of the cgroup the agent made for the job, or `-`: none), before
+//! anything else, so the job starts inside; so the agent can start it
 //! without copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel
 //! for SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
 //! group (looked up on the job's `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
@@ -57,6 +59,8 @@ global_asm!(
 const NOT_FOUND: i32 = 127;
 /// Exit code for a program found but not runnable (as a shell says).
 const NOT_RUNNABLE: i32 = 126;
+/// Where PROGRAM is in argv; the guard's own arguments come before it.
+const PROGRAM_AT: usize = 7;
 /// Supplementary groups an account may have here; more is refused.
 const MAX_GROUPS: usize = 1024;
 /// Where a program is looked up when the job has no `PATH`.
@@ -174,6 +178,11 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
         Some(fd) if fd >= 0 => Some(fd as i32),
         _ => None,
     };
+    // Joined while the guard may still be root (the agent made the cgroup, as root): the job it
+    // forks starts inside, and so does everything the job starts.
+    if settings.cgroup_procs != b"-\0" && sys::write_file(settings.cgroup_procs, b"0") < 0 {
+        return fail(b"cannot move into the job's cgroup");
+    }
     // From here on nothing runs with more rights than the job has.
     if let Err(reason) = become_account(settings.account) {
         return fail(reason);
@@ -181,7 +190,7 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
     if let Err(reason) = prepare_for_agent_death(settings.agent) {
         return fail(reason);
     }
-    // SAFETY: as the caller promised (argc above 6, checked by the parse).
+    // SAFETY: as the caller promised (argc above PROGRAM_AT, checked by the parse).
     match unsafe { start_job(argv, envp) } {
         Ok(child) => watch_job(child, &settings, contact_fd),
         Err(reason) => fail(reason),
@@ -198,23 +207,25 @@ struct Settings<'a> {
     contact: &'a [u8],
     /// `-` or `UID:GID:GROUPS`.
     account: &'a [u8],
+    /// `-` or the job's cgroup's `cgroup.procs`, with its NUL.
+    cgroup_procs: &'a [u8],
 }
 
 impl<'a> Settings<'a> {
-    /// `AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]`; the error is the
-    /// guard's message.
+    /// `AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]`; the error
+    /// is the guard's message.
     ///
     /// # Safety
     /// As for [`entry`].
     unsafe fn parse(argc: usize, argv: *mut *const u8) -> Result<Self, &'static [u8]> {
-        if argc < 7 {
+        if argc <= PROGRAM_AT {
             return Err(
-                b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]",
+                b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]",
             );
         }
         // SAFETY: indices below argc.
-        let [agent, grace, fence, contact, account] =
-            unsafe { [1, 2, 3, 4, 5].map(|i| arg(argv, i)) };
+        let [agent, grace, fence, contact, account, cgroup] =
+            unsafe { [1, 2, 3, 4, 5, 6].map(|i| arg(argv, i)) };
         let Some(agent) = number(agent).and_then(|pid| i32::try_from(pid).ok()) else {
             return Err(b"bad agent pid");
         };
@@ -232,6 +243,7 @@ impl<'a> Settings<'a> {
             fence_ns,
             contact: contact.to_bytes_with_nul(),
             account: account.to_bytes(),
+            cgroup_procs: cgroup.to_bytes_with_nul(),
         })
     }
 }
@@ -284,7 +296,7 @@ unsafe fn start_job(argv: *mut *const u8, envp: *const *const u8) -> Result<i32,
                 sys::set_signal_handler(signal, None);
             }
             sys::set_signal_mask(0);
-            // SAFETY: argv from index 6 is PROGRAM, ARGS and the NULL; envp as given.
+            // SAFETY: argv from PROGRAM_AT is PROGRAM, ARGS and the NULL; envp as given.
             unsafe { run_program(argv, envp) }
         }
         pid if pid > 0 => Ok(pid as i32),
@@ -392,16 +404,16 @@ fn ended_like(status: i32) -> i32 {
     128 + signal
 }
 
-/// The job's process: runs PROGRAM (argv index 6) with its arguments and the guard's
+/// The job's process: runs PROGRAM (argv index [`PROGRAM_AT`]) with its arguments and the guard's
 /// environment, looked up on `PATH` like a shell does; a file the kernel cannot run (a script
 /// without `#!`) runs under `/bin/sh`, as `execvp` does. Ends with 127 or 126 and a message if
 /// nothing can run.
 ///
 /// # Safety
-/// As for [`entry`], with argc above 6.
+/// As for [`entry`], with argc above [`PROGRAM_AT`].
 unsafe fn run_program(argv: *mut *const u8, envp: *const *const u8) -> ! {
-    // SAFETY: index 6 is below argc.
-    let program = unsafe { arg(argv, 6) };
+    // SAFETY: PROGRAM_AT is below argc.
+    let program = unsafe { arg(argv, PROGRAM_AT) };
     let name = program.to_bytes();
     if name.contains(&b'/') || name.is_empty() {
         // SAFETY: as the caller promised.
@@ -453,24 +465,25 @@ unsafe fn run_program(argv: *mut *const u8, envp: *const *const u8) -> ! {
     sys::exit(code)
 }
 
-/// Runs `path` with argv from index 6 (under `/bin/sh` if the kernel cannot run it); returns
+/// Runs `path` with argv from [`PROGRAM_AT`] (under `/bin/sh` if the kernel cannot run it); returns
 /// only when `path` cannot be run, with `-errno`.
 ///
 /// # Safety
 /// `path` NUL-terminated; argv and envp as for [`run_program`].
 unsafe fn try_run(path: *const u8, argv: *mut *const u8, envp: *const *const u8) -> isize {
     // SAFETY: as the caller promised.
-    let err = unsafe { sys::execve(path, argv.add(6), envp) };
+    let err = unsafe { sys::execve(path, argv.add(PROGRAM_AT), envp) };
     if err != -sys::ENOEXEC {
         return err;
     }
-    // `sh PATH ARGS...`: the two slots before ARGS are the guard's own (ACCOUNT and
+    // `sh PATH ARGS...`: the two slots before ARGS are the guard's own (CGROUP and
     // PROGRAM), which this process no longer needs.
-    // SAFETY: indices 5 and 6 exist (argc > 6); the strings are NUL-terminated.
+    let shell_at = PROGRAM_AT - 1;
+    // SAFETY: both indices exist (argc > PROGRAM_AT); the strings are NUL-terminated.
     unsafe {
-        *argv.add(5) = c"/bin/sh".as_ptr() as *const u8;
-        *argv.add(6) = path;
-        sys::execve(*argv.add(5), argv.add(5), envp);
+        *argv.add(shell_at) = c"/bin/sh".as_ptr() as *const u8;
+        *argv.add(PROGRAM_AT) = path;
+        sys::execve(*argv.add(shell_at), argv.add(shell_at), envp);
     }
     // argv no longer names the program: no other candidate can be tried.
     Message::new()

@@ -17,6 +17,7 @@ pub const SIGKILL: i32 = 9;
 pub const SIGTERM: i32 = 15;
 
 const SYS_WRITE: usize = 1;
+const SYS_CLOSE: usize = 3;
 const SYS_FSTAT: usize = 5;
 const SYS_RT_SIGACTION: usize = 13;
 const SYS_RT_SIGPROCMASK: usize = 14;
@@ -45,6 +46,7 @@ const PR_SET_PDEATHSIG: usize = 1;
 const WNOHANG: usize = 1;
 const AT_FDCWD: isize = -100;
 const O_RDONLY_CLOEXEC: usize = 0o2_000_000;
+const O_WRONLY_CLOEXEC: usize = 0o2_000_001;
 const POLLIN: i16 = 1;
 pub const CLOCK_REALTIME: usize = 0;
 pub const CLOCK_MONOTONIC: usize = 1;
@@ -86,6 +88,10 @@ pub fn write(fd: i32, bytes: &[u8]) -> isize {
             [fd as usize, bytes.as_ptr() as usize, bytes.len(), 0, 0, 0],
         )
     }
+}
+
+pub fn close(fd: i32) -> isize {
+    plain(SYS_CLOSE, fd as usize, 0, 0)
 }
 
 pub fn exit(code: i32) -> ! {
@@ -206,6 +212,34 @@ impl Stat {
     fn mtime_ns(&self) -> i128 {
         self.mtime_sec as i128 * 1_000_000_000 + self.mtime_nsec as i128
     }
+}
+
+/// Writes `bytes` to the existing file at the NUL-terminated `path` (a cgroup's
+/// `cgroup.procs`): the bytes written, or `-errno`.
+pub fn write_file(path: &[u8], bytes: &[u8]) -> isize {
+    if path.last() != Some(&0) {
+        return -ENOENT;
+    }
+    // SAFETY: `path` is NUL-terminated.
+    let fd = unsafe {
+        syscall6(
+            SYS_OPENAT,
+            [
+                AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                O_WRONLY_CLOEXEC,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    if fd < 0 {
+        return fd;
+    }
+    let written = write(fd as i32, bytes);
+    close(fd as i32);
+    written
 }
 
 /// Opens the NUL-terminated `path` for reading (closed on exec): the descriptor, or `-errno`.

@@ -73,6 +73,11 @@ pub fn run_if_guard() -> Option<ExitCode> {
 /// job and see it through. The error is the guard's own failure (exit 127).
 fn guard(args: &[String]) -> Result<ExitCode, String> {
     let settings = GuardSettings::parse(args)?;
+    // Where the agent did not move it there itself (it does before switching accounts).
+    if let Some(procs) = settings.cgroup_procs {
+        std::fs::write(procs, b"0")
+            .map_err(|err| format!("cannot move into the job's cgroup {procs}: {err}"))?;
+    }
     keep_contact_from_job(settings.contact);
     prepare_for_agent_death(settings.agent)?;
     // Handlers do not survive exec: the job starts with default dispositions.
@@ -94,12 +99,14 @@ struct GuardSettings<'a> {
     /// None: never fence.
     fence_after: Option<Duration>,
     contact: &'a str,
+    /// The job's cgroup's `cgroup.procs` to move into first; None: `-`.
+    cgroup_procs: Option<&'a str>,
     program: &'a str,
     args: &'a [String],
 }
 
 impl<'a> GuardSettings<'a> {
-    /// `AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE - PROGRAM [ARGS...]`; the error is the
+    /// `AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE - CGROUP PROGRAM [ARGS...]`; the error is the
     /// guard's message.
     fn parse(args: &'a [String]) -> Result<Self, String> {
         let [
@@ -108,12 +115,13 @@ impl<'a> GuardSettings<'a> {
             fence_ms,
             contact,
             account,
+            cgroup,
             program,
             rest @ ..,
         ] = args
         else {
             return Err(
-                "usage: __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE - PROGRAM [ARGS...]"
+                "usage: __mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE - CGROUP PROGRAM [ARGS...]"
                     .into(),
             );
         };
@@ -140,6 +148,7 @@ impl<'a> GuardSettings<'a> {
             grace,
             fence_after,
             contact,
+            cgroup_procs: Some(cgroup.as_str()).filter(|c| *c != "-"),
             program,
             args: rest,
         })
@@ -367,7 +376,17 @@ mod tests {
 
     #[test]
     fn the_guard_reads_what_the_agent_passes_and_refuses_the_rest() {
-        let args = strings(&["42", "1500", "800", "/proc/self/fd/7", "-", "sh", "-c", "x"]);
+        let args = strings(&[
+            "42",
+            "1500",
+            "800",
+            "/proc/self/fd/7",
+            "-",
+            "/cg/job/cgroup.procs",
+            "sh",
+            "-c",
+            "x",
+        ]);
         let settings = GuardSettings::parse(&args);
         assert_eq!(
             settings,
@@ -376,13 +395,14 @@ mod tests {
                 grace: Duration::from_millis(1500),
                 fence_after: Some(Duration::from_millis(800)),
                 contact: "/proc/self/fd/7",
+                cgroup_procs: Some("/cg/job/cgroup.procs"),
                 program: "sh",
-                args: &args[6..],
+                args: &args[7..],
             })
         );
         // Checked a hundred times a fence, but at most every 100 ms and at least every 20 ms.
         let every = |fence_ms: &str| {
-            let args = strings(&["1", "0", fence_ms, "-", "-", "true"]);
+            let args = strings(&["1", "0", fence_ms, "-", "-", "-", "true"]);
             GuardSettings::parse(&args).map(|s| s.check_every())
         };
         assert_eq!(every("800"), Ok(Some(Duration::from_millis(100))));
@@ -391,15 +411,15 @@ mod tests {
         assert_eq!(every("0"), Ok(None));
         let error = |args: &[&str]| GuardSettings::parse(&strings(args)).err();
         assert_eq!(
-            error(&["1", "0", "x", "-", "-", "true"]).as_deref(),
+            error(&["1", "0", "x", "-", "-", "-", "true"]).as_deref(),
             Some("bad fence x")
         );
         assert_eq!(
-            error(&["p", "y", "0", "-", "-", "true"]).as_deref(),
+            error(&["p", "y", "0", "-", "-", "-", "true"]).as_deref(),
             Some("bad agent pid p")
         );
         assert_eq!(
-            error(&["1", "y", "0", "-", "-", "true"]).as_deref(),
+            error(&["1", "y", "0", "-", "-", "-", "true"]).as_deref(),
             Some("bad grace y")
         );
     }
@@ -474,7 +494,14 @@ mod tests {
             after: Duration::from_millis(700),
             contact_file: "/proc/self/fd/9".into(),
         };
-        let mut args = guard_args(7, Duration::from_millis(1500), Some(&fence), None, "python");
+        let mut args = guard_args(
+            7,
+            Duration::from_millis(1500),
+            Some(&fence),
+            None,
+            None,
+            "python",
+        );
         args.push("a.py".into());
         assert_eq!(
             GuardSettings::parse(&args),
@@ -483,12 +510,13 @@ mod tests {
                 grace: Duration::from_millis(1500),
                 fence_after: Some(Duration::from_millis(700)),
                 contact: "/proc/self/fd/9",
+                cgroup_procs: None,
                 program: "python",
-                args: &args[6..],
+                args: &args[7..],
             })
         );
         assert!(guard(&["x".into()]).is_err());
-        let switching: Vec<String> = ["1", "0", "0", "-", "0:0:", "true"]
+        let switching: Vec<String> = ["1", "0", "0", "-", "0:0:", "-", "true"]
             .map(str::to_owned)
             .to_vec();
         assert!(guard(&switching).is_err_and(|e| e.contains("does not switch")));

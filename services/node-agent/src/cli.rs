@@ -117,6 +117,18 @@ pub struct Args {
     #[arg(long, env = "MGPU_JOB_GUARD", value_name = "PATH|builtin")]
     pub job_guard: Option<String>,
 
+    /// How jobs are contained: `auto` puts each job in its own cgroup (v2 where the unified
+    /// hierarchy has the controllers, else the v1 freezer) when this agent may make cgroups,
+    /// so everything a job starts is killed when it ends; `v1` or `v2` insists on one version
+    /// (and says so where it is missing); `off` keeps jobs in their process group only.
+    #[arg(
+        long,
+        env = "MGPU_CGROUP",
+        value_name = "auto|v1|v2|off",
+        default_value = "auto"
+    )]
+    pub cgroup: crate::cgroup::CgroupChoice,
+
     /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
     /// prefer nodes that share the value of the scheduler's topology label (`rack`).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]

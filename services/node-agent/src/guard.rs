@@ -4,8 +4,8 @@
 //! mode) or `mgpu-job-guard` (`services/job-guard`); both behave the same.
 //!
 //! The agent starts each job as
-//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT PROGRAM [ARGS...]` (a
-//! small static binary installed beside the agent), or where that is missing (or
+//! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]`
+//! (a small static binary installed beside the agent), or where that is missing (or
 //! `--job-guard builtin`) as `mgpu-node __mgpu-job-guard AGENT_PID ...`. PROGRAM is the shell
 //! with `-c SCRIPT`, or a simple command itself (see `launch.rs`). ACCOUNT is `UID:GID:GROUPS`
 //! for `mgpu-job-guard` to switch to once it has opened CONTACT_FILE, or `-`: the built-in
@@ -13,7 +13,10 @@
 //! under the job's `LD_LIBRARY_PATH`), so for it the agent switches the child before the
 //! exec, and passes CONTACT_FILE as an inherited descriptor, `/proc/self/fd/N`
 //! ([`inheritable_contact`]). The agent touches CONTACT_FILE whenever JetStream stored a
-//! heartbeat; a guard stops its job when that is older than FENCE_MS (0: never).
+//! heartbeat; a guard stops its job when that is older than FENCE_MS (0: never). CGROUP is
+//! the `cgroup.procs` of the job's cgroup (`cgroup.rs`) for the guard to move into before it
+//! starts the job, or `-`: none, or the agent moved the child itself before switching its
+//! account.
 
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -105,12 +108,14 @@ impl GuardProgram {
 
 /// The arguments (after [`GuardProgram::program`]'s) that make the guard run `program` for
 /// the agent with pid `agent`, as `account` (`UID:GID:GROUPS`; None: as the guard was
-/// started); the program's own arguments follow.
+/// started), inside the cgroup whose `cgroup.procs` is `cgroup_procs` (None: none, or joined
+/// already); the program's own arguments follow.
 pub fn guard_args(
     agent: u32,
     grace: Duration,
     fence: Option<&GuardFence>,
     account: Option<String>,
+    cgroup_procs: Option<&Path>,
     program: &str,
 ) -> Vec<String> {
     let (fence_ms, contact) = match fence {
@@ -126,6 +131,7 @@ pub fn guard_args(
         fence_ms,
         contact,
         account.unwrap_or_else(|| "-".to_owned()),
+        cgroup_procs.map_or_else(|| "-".to_owned(), |p| p.display().to_string()),
         program.to_owned(),
     ]
 }
@@ -174,8 +180,15 @@ mod tests {
 
     #[test]
     fn guard_arguments_round_trip() {
-        let args = guard_args(42, Duration::from_millis(1500), None, None, "/bin/bash");
-        assert_eq!(args, vec!["42", "1500", "0", "-", "-", "/bin/bash"]);
+        let args = guard_args(
+            42,
+            Duration::from_millis(1500),
+            None,
+            None,
+            None,
+            "/bin/bash",
+        );
+        assert_eq!(args, vec!["42", "1500", "0", "-", "-", "-", "/bin/bash"]);
         let fence = GuardFence {
             after: Duration::from_millis(700),
             contact_file: "/state/n1.contact".into(),
@@ -185,6 +198,7 @@ mod tests {
             Duration::from_millis(1500),
             Some(&fence),
             Some("1000:1000:1000,27".into()),
+            Some(Path::new("/sys/fs/cgroup/mgpu/job-1-1/cgroup.procs")),
             "/bin/sh",
         );
         assert_eq!(
@@ -195,6 +209,7 @@ mod tests {
                 "700",
                 "/state/n1.contact",
                 "1000:1000:1000,27",
+                "/sys/fs/cgroup/mgpu/job-1-1/cgroup.procs",
                 "/bin/sh"
             ]
         );

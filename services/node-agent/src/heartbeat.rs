@@ -39,6 +39,8 @@ pub struct Identity {
     pub node: String,
     pub address: String,
     pub runs_jobs_as: String,
+    /// How jobs are contained here, in words (`cgroup.rs`).
+    pub containment: Option<String>,
     pub interval: Duration,
     pub thresholds: Thresholds,
     /// `--label` values, sent in every heartbeat.
@@ -157,6 +159,7 @@ impl Heartbeater {
             running: self.table.snapshot(),
             address: self.identity.address.clone(),
             runs_jobs_as: self.identity.runs_jobs_as.clone(),
+            containment: self.identity.containment.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             mem_threshold: self.identity.thresholds.mem,
             load_threshold: self.identity.thresholds.load,

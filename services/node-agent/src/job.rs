@@ -5,6 +5,8 @@
 //! its output and reports how it ended.
 
 use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -22,8 +24,9 @@ use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
+use crate::cgroup::{Containment, JobCgroup};
 use crate::environment::{RankInfo, job_environment};
 use crate::guard::{GuardFence, GuardProgram, guard_args};
 use crate::hostfile::write_hostfile;
@@ -59,6 +62,8 @@ pub struct JobContext {
     pub guard_fence: Option<GuardFence>,
     /// Whose account jobs run under.
     pub run_as: RunAsPolicy,
+    /// Whether each job gets its own cgroup, and where.
+    pub containment: Containment,
 }
 
 /// A spawned job attempt, recorded in the running table; [`StartedJob::supervise`] sees it
@@ -73,6 +78,8 @@ pub struct StartedJob {
     time_limit: Option<Duration>,
     stop_requests: StopRequests,
     streams: Streams,
+    /// The job's cgroup, emptied when it ends; None where jobs are not contained.
+    cgroup: Option<JobCgroup>,
 }
 
 /// What carries the job's data besides its process, closed once the job ended.
@@ -121,15 +128,12 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         hostfile: path,
     });
     let environment = job_environment(spec, &key, node, &gpus, ranks.as_ref());
-    let mut child = guarded_command(ctx, spec, &gpus, environment, account)
-        .spawn()
-        .map_err(|err| {
-            format!(
-                "cannot start the job's guard {} in {} on {node}: {err}",
-                ctx.guard.program().0.display(),
-                spec.workdir
-            )
-        })?;
+    let cgroup = ctx
+        .containment
+        .create(&key)
+        .map_err(|err| format!("{err} on {node}"))?;
+    let command = guarded_command(ctx, spec, &gpus, environment, account, cgroup.as_ref());
+    let mut child = spawn(ctx, command, &spec.workdir, cgroup.clone()).await?;
     let (pid, stdout, stderr) = take_output(&mut child, &key, node)?;
     let output = OutputPipeline::start(ctx.js.clone(), key.clone(), rank, stdout, stderr);
     let input = match (input, child.stdin.take()) {
@@ -160,7 +164,30 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             input,
             hostfile,
         },
+        cgroup,
     })
+}
+
+/// Starts the guard; a cgroup made for a job that could not start is removed again.
+async fn spawn(
+    ctx: &JobContext,
+    mut command: Command,
+    workdir: &str,
+    cgroup: Option<JobCgroup>,
+) -> Result<Child, String> {
+    match command.spawn() {
+        Ok(child) => Ok(child),
+        Err(err) => {
+            if let Some(cgroup) = cgroup {
+                let _ = cgroup.kill_all().await;
+            }
+            Err(format!(
+                "cannot start the job's guard {} in {workdir} on {}: {err}",
+                ctx.guard.program().0.display(),
+                ctx.node
+            ))
+        }
+    }
 }
 
 /// The subscription an interactive job's standard input arrives on.
@@ -189,16 +216,21 @@ fn gpus_on(placement: &Placement, node: &str) -> Vec<u32> {
 /// The command that starts the job under its guard, in its own process group, with exactly
 /// `environment` (and the account's variables). The job runs under a guard that stops it if
 /// the agent dies. `mgpu-job-guard` switches to the job's account itself; otherwise the child
-/// is switched between fork and exec.
+/// is switched between fork and exec. The guard moves into `cgroup` before it starts the job,
+/// or where the child is switched, the child moves in before it is.
 fn guarded_command(
     ctx: &JobContext,
     spec: &JobSpec,
     gpus: &[u32],
     environment: BTreeMap<String, String>,
     account: Option<Account>,
+    cgroup: Option<&JobCgroup>,
 ) -> Command {
     let (program, program_args) = launch(spec, gpus).into_program(shell_program());
     let switch_in_guard = ctx.guard.switches_accounts();
+    let join_before_switch = account.is_some() && !switch_in_guard;
+    let procs = cgroup.map(JobCgroup::procs_file);
+    let guard_procs = procs.as_deref().filter(|_| !join_before_switch);
     let guard_account = account
         .as_ref()
         .filter(|_| switch_in_guard)
@@ -212,6 +244,7 @@ fn guarded_command(
             ctx.kill_grace,
             ctx.guard_fence.as_ref(),
             guard_account,
+            guard_procs,
             &program,
         ))
         .args(program_args)
@@ -231,10 +264,17 @@ fn guarded_command(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(account) = account.filter(|_| !switch_in_guard) {
-        // SAFETY: between fork and exec the closure makes only system calls (setgroups,
-        // setgid, setuid) on data prepared before the fork; it allocates nothing.
+        let join = procs.and_then(|path| CString::new(path.into_os_string().into_vec()).ok());
+        // SAFETY: between fork and exec the closure makes only system calls (open, write,
+        // close, setgroups, setgid, setuid) on data prepared before the fork; it allocates
+        // nothing.
         unsafe {
-            command.pre_exec(move || account.switch());
+            command.pre_exec(move || {
+                if let Some(procs) = &join {
+                    crate::cgroup::join(procs)?;
+                }
+                account.switch()
+            });
         }
     }
     command
@@ -285,6 +325,7 @@ impl StartedJob {
             time_limit,
             mut stop_requests,
             streams,
+            cgroup,
         } = self;
         // Reported alongside the run, so a slow JetStream never delays a kill or time limit.
         let started_report = report_started(&ctx.reporter, &key, pid);
@@ -300,6 +341,13 @@ impl StartedJob {
 
         // Background processes the job left behind would keep its output pipes open forever.
         signal_group(pid, Signal::SIGKILL, &key);
+        // And those that left its group (`setsid`, a daemon): the job has ended once its
+        // cgroup is empty.
+        if let Some(cgroup) = cgroup
+            && let Err(err) = cgroup.kill_all().await
+        {
+            warn!(%key, "emptying the job's cgroup: {err}");
+        }
         let (exit_code, signal) = exit_code_of(ending.status);
         let summary = streams.close(&ctx, &key, rank, exit_code).await;
 

@@ -26,6 +26,7 @@
 mod address;
 mod assignments;
 mod builtin_guard;
+mod cgroup;
 mod cli;
 mod environment;
 mod fence;
@@ -148,13 +149,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
     info!(node, server = args.server, address, "mgpu-node connected");
 
     let run_as = run_as::RunAsPolicy::new(args.jobs_as_agent_user, args.allow_root_jobs);
-    let identity = identity(&args, node, address, &run_as);
+    let containment = cgroup::Containment::detect(
+        std::path::Path::new(cgroup::CGROUP_ROOT),
+        args.cgroup,
+        &node,
+    );
+    if containment.enabled() {
+        info!(containment = containment.describe(), "jobs are contained");
+    } else {
+        warn!(
+            containment = containment.describe(),
+            "jobs are not contained by cgroups: a job that leaves its process group outlives it"
+        );
+    }
+    let mut identity = identity(&args, node, address, &run_as);
+    identity.containment = Some(containment.describe());
     let guards = Guards::set_up(&args, &identity, &run_as, &state_dir)?;
     let memory = Memory {
         state,
         left,
         guards,
         run_as,
+        containment,
     };
     let agent = start_loops(client, identity, probe, memory);
     wait_for_stop_signal().await?;
@@ -203,6 +219,7 @@ fn identity(args: &Args, node: String, address: String, run_as: &run_as::RunAsPo
         node,
         address,
         runs_jobs_as: run_as.describe(),
+        containment: None,
         interval: args.heartbeat_interval,
         thresholds: Thresholds {
             mem: args.mem_threshold,
@@ -280,6 +297,7 @@ struct Memory {
     left: Vec<RecordedAttempt>,
     guards: Guards,
     run_as: run_as::RunAsPolicy,
+    containment: cgroup::Containment,
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -325,6 +343,7 @@ fn start_loops(
         guard: memory.guards.program,
         guard_fence: memory.guards.fence,
         run_as: memory.run_as,
+        containment: memory.containment,
     };
     let dispatcher = tokio::spawn(async move {
         let reconciled = reconcile::settle(leftovers, &ctx);

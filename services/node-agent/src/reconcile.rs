@@ -116,6 +116,11 @@ pub async fn settle(leftovers: Leftovers, ctx: &JobContext) {
 
     for (attempt, fate) in fates {
         let key = attempt.key();
+        // What left the attempt's process group is still in its cgroup: emptied before the
+        // attempt is reported ended.
+        if let Err(err) = ctx.containment.empty_left_over(&key).await {
+            warn!(%key, "emptying a previous agent's job cgroup: {err}");
+        }
         let (exit_code, signal) = fate.exit();
         let reported = ctx
             .reporter

@@ -168,6 +168,7 @@ mod tests {
             running: Vec::new(),
             address: "h".into(),
             runs_jobs_as: "u".into(),
+            containment: None,
             agent_version: "0".into(),
             mem_threshold: 0.8,
             load_threshold: 0.8,

@@ -11,7 +11,9 @@ use crate::error::InvalidInput;
 use crate::gpu_amount::GpuAmount;
 use crate::ids::{JobId, validate_node_name};
 use crate::job::MAX_GPU_MEMORY_MIB;
-use crate::wire::{MAX_USER_BYTES, check_count, check_line, check_text, check_user};
+use crate::wire::{
+    MAX_LINE_BYTES, MAX_USER_BYTES, check_count, check_line, check_text, check_user,
+};
 
 /// Where the agent's GPU list comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +111,10 @@ pub struct NodeHeartbeat {
     pub address: String,
     /// The Unix account jobs run as.
     pub runs_jobs_as: String,
+    /// How the agent contains its jobs, in words: `cgroup v1 (…)`, or `process group only
+    /// (why)`. None from an agent that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containment: Option<String>,
     pub agent_version: String,
     /// A GPU whose memory used by processes mgpu did not start exceeds this share of its
     /// total is not offered.
@@ -243,6 +249,9 @@ impl NodeHeartbeat {
         check_count("running jobs", self.running.len(), 100_000)?;
         crate::wire::check_address(&self.address)?;
         check_user("runs_jobs_as", &self.runs_jobs_as)?;
+        if let Some(containment) = &self.containment {
+            check_line("containment", containment, MAX_LINE_BYTES)?;
+        }
         check_line("agent_version", &self.agent_version, 64)?;
         check_count("labels", self.labels.len(), 64)?;
         for (key, value) in &self.labels {

@@ -145,6 +145,7 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
         running,
         address: name.to_owned(),
         runs_jobs_as: "nobody".into(),
+        containment: None,
         agent_version: "bench".into(),
         mem_threshold: mgpu_protocol::node::DEFAULT_THRESHOLD,
         load_threshold: mgpu_protocol::node::DEFAULT_THRESHOLD,

@@ -144,6 +144,9 @@ fn details(node: &NodeHeartbeat, row: &NodeRow, view: &View<'_>) -> String {
         },
         node.agent_version
     ));
+    if let Some(containment) = &node.containment {
+        text.push_str(&format!("  containment: {containment}\n"));
+    }
     let running: Vec<&str> = node.running.iter().map(|job| job.id.short()).collect();
     // An offline node's list is what it said last, not what runs there now.
     let label = if row.state == NodeState::Offline {
@@ -226,6 +229,7 @@ mod tests {
             running: vec![],
             address: "10.0.0.1".into(),
             runs_jobs_as: "mgpu".into(),
+            containment: None,
             agent_version: "0.1.0".into(),
             mem_threshold: DEFAULT_THRESHOLD,
             load_threshold: DEFAULT_THRESHOLD,

@@ -1,0 +1,123 @@
+//! Containment, told as stories: a job whose processes leave its process group (`setsid`, a
+//! double-forked daemon) is still stopped whole, when it is cancelled and when it ends by
+//! itself, because the agent puts each job in a cgroup of its own and empties it. Run as root
+//! (the agent must make cgroups), against the real kernel: this machine's v1 freezer hierarchy
+//! and its unified (v2) hierarchy both; elsewhere the stories say why they are skipped.
+
+use std::path::Path;
+use std::time::Duration;
+
+use mgpu_tests::{Cluster, NodeSpec, process_alive, process_running, wait_for};
+
+const T: Duration = Duration::from_secs(30);
+
+/// A job that starts two processes outside its process group and writes their pids, then
+/// sleeps (or, with `then_exit`, ends at once with code 0).
+fn escaping_job(dir: &Path, then_exit: bool) -> String {
+    let dir = dir.display();
+    let end = if then_exit { "exit 0" } else { "sleep 1000" };
+    format!(
+        "setsid sleep 1000 & echo $! > {dir}/setsid.pid; \
+         ( setsid sh -c 'echo $$ > {dir}/daemon.pid.tmp; mv {dir}/daemon.pid.tmp {dir}/daemon.pid; exec sleep 1000' & ); \
+         while [ ! -s {dir}/daemon.pid ] || [ ! -s {dir}/setsid.pid ]; do sleep 0.05; done; \
+         {end}"
+    )
+}
+
+fn pid_in(path: &Path) -> i32 {
+    wait_for(&format!("{} to be written", path.display()), T, || {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+    })
+}
+
+/// Whether this process may make cgroups (the agent it starts runs as the same user).
+fn can_contain() -> bool {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: the agent must run as root to make cgroups");
+        return false;
+    }
+    true
+}
+
+/// The containment the node announces (`mgpu nodes`).
+fn containment_of(cluster: &Cluster) -> String {
+    let nodes = cluster.mgpu_ok(&["nodes"]);
+    nodes
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("containment: "))
+        .unwrap_or_else(|| panic!("no containment line in\n{nodes}"))
+        .to_owned()
+}
+
+/// The story under `--cgroup version`: cancelled, then ending by itself, nothing survives.
+fn nothing_outlives_its_job(version: &str) {
+    if !can_contain() {
+        return;
+    }
+    let cluster =
+        Cluster::start(&[NodeSpec::new("node001", "1x24GiB").agent_args(&["--cgroup", version])]);
+    cluster.wait_nodes_online(1);
+    let announced = containment_of(&cluster);
+    assert!(
+        announced.starts_with(&format!("cgroup {version}")),
+        "{announced}"
+    );
+
+    let cancelled_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let job = cluster.submit(&[], &escaping_job(cancelled_dir.path(), false));
+    let escaped = [
+        pid_in(&cancelled_dir.path().join("setsid.pid")),
+        pid_in(&cancelled_dir.path().join("daemon.pid")),
+    ];
+    assert!(escaped.iter().all(|pid| process_alive(*pid)));
+    cluster.mgpu_ok(&["cancel", &job]);
+    cluster.finished_as(&job, "cancelled", T);
+    for pid in escaped {
+        assert!(
+            !process_running(pid),
+            "process {pid} outlived its cancelled job: {:?} {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat")),
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        );
+    }
+
+    let finished_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let job = cluster.submit(&[], &escaping_job(finished_dir.path(), true));
+    let escaped = [
+        pid_in(&finished_dir.path().join("setsid.pid")),
+        pid_in(&finished_dir.path().join("daemon.pid")),
+    ];
+    cluster.finished_as(&job, "succeeded", T);
+    for pid in escaped {
+        assert!(!process_running(pid), "process {pid} outlived its job");
+    }
+}
+
+#[test]
+fn a_job_escaping_its_process_group_dies_whole_in_a_v1_cgroup() {
+    nothing_outlives_its_job("v1");
+}
+
+#[test]
+fn a_job_escaping_its_process_group_dies_whole_in_a_v2_cgroup() {
+    if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+        && !Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists()
+    {
+        eprintln!("skipped: no cgroup v2 hierarchy on this machine");
+        return;
+    }
+    nothing_outlives_its_job("v2");
+}
+
+#[test]
+fn an_agent_told_not_to_contain_says_so() {
+    let cluster =
+        Cluster::start(&[NodeSpec::new("node001", "1x24GiB").agent_args(&["--cgroup", "off"])]);
+    cluster.wait_nodes_online(1);
+    assert_eq!(
+        containment_of(&cluster),
+        "process group only (cgroups turned off (--cgroup off))"
+    );
+}
