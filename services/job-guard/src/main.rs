@@ -7,9 +7,9 @@
 //! comma-separated list, maybe empty): an agent running as root starts the guard as root, and
 //! the guard becomes the job's account once it has opened CONTACT_FILE (in a directory the
 //! job's account usually cannot enter) and moved itself into the job's cgroup (CGROUP, the
-//! `cgroup.procs` file of the cgroup the agent made for the job, or `-`: none), before
-//! anything else, so the job starts inside; so the agent can start it
-//! without copying itself first (`posix_spawn` rather than `fork`). The guard asks the kernel
+//! `cgroup.procs` file of the cgroup the agent made for the job, or `-`: none, so the job
+//! starts inside), before anything else; so the agent can start it without copying itself
+//! first (`posix_spawn` rather than `fork`). The guard asks the kernel
 //! for SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
 //! group (looked up on the job's `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
 //! the guard SIGTERM, SIGINT or SIGHUP, it stops the whole group: SIGTERM, the grace period,
@@ -404,9 +404,9 @@ fn ended_like(status: i32) -> i32 {
     128 + signal
 }
 
-/// The job's process: runs PROGRAM (argv index [`PROGRAM_AT`]) with its arguments and the guard's
-/// environment, looked up on `PATH` like a shell does; a file the kernel cannot run (a script
-/// without `#!`) runs under `/bin/sh`, as `execvp` does. Ends with 127 or 126 and a message if
+/// The job's process: runs PROGRAM (argv index [`PROGRAM_AT`]) with its arguments and the
+/// guard's environment, looked up on `PATH` like a shell does; a file the kernel cannot run (a
+/// script without `#!`) runs under `/bin/sh`, as `execvp` does. Ends with 127 or 126 and a message if
 /// nothing can run.
 ///
 /// # Safety
@@ -465,8 +465,8 @@ unsafe fn run_program(argv: *mut *const u8, envp: *const *const u8) -> ! {
     sys::exit(code)
 }
 
-/// Runs `path` with argv from [`PROGRAM_AT`] (under `/bin/sh` if the kernel cannot run it); returns
-/// only when `path` cannot be run, with `-errno`.
+/// Runs `path` with argv from [`PROGRAM_AT`] (under `/bin/sh` if the kernel cannot run it);
+/// returns only when `path` cannot be run, with `-errno`.
 ///
 /// # Safety
 /// `path` NUL-terminated; argv and envp as for [`run_program`].
