@@ -1,7 +1,8 @@
 //! Attacks by users with valid accounts, each against the real server and scheduler: a
-//! submission signed by no user or not signed at all, a forged cancel, a replayed hold, and
+//! submission signed by no user or not signed at all, a forged cancel, a replayed hold,
 //! cancelling or holding someone else's job. After each, the jobs before it are intact, the
 //! refusal is in the audit trail, and the CLI says "permission denied" with a failing status.
+//! A submission the scheduler records as failed is audited as refused too.
 
 use std::time::Duration;
 
@@ -142,6 +143,42 @@ fn submissions_signed_by_no_user_or_unsigned_are_refused_and_nothing_runs() {
         );
     }
     assert_eq!(cluster.show(&before), snapshot, "earlier jobs are intact");
+}
+
+/// A signed submission the scheduler records as failed (its spec cannot run) is in the audit
+/// trail as refused, not as carried out.
+#[test]
+fn a_submission_recorded_as_failed_is_audited_as_refused() {
+    let cluster = cluster();
+    let id = JobId::random();
+    let request = SubmitRequest {
+        id: id.clone(),
+        user: "alice".into(),
+        spec: JobSpec::new(vec!["true".into()], "relative/dir"),
+    };
+    let payload = serde_json::to_vec(&request).unwrap_or_default();
+    let headers = signed_by(
+        &key_of(&cluster, Role::User, "alice"),
+        subjects::SUBMIT,
+        &payload,
+        mgpu_protocol::now(),
+    );
+    publish(
+        &cluster,
+        Role::User,
+        "alice",
+        subjects::SUBMIT.into(),
+        headers,
+        payload,
+    );
+    let job = cluster.finished_as(id.as_str(), "failed", T);
+    assert!(
+        job["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("invalid submission")),
+        "{job}"
+    );
+    refused_in_audit(&cluster, "submit", id.as_str(), "rejected");
 }
 
 #[test]
