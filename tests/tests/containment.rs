@@ -1,6 +1,6 @@
 //! Containment, told as stories: a job whose processes leave its process group (`setsid`, a
-//! double-forked daemon) is still stopped whole, when it is cancelled and when it ends by
-//! itself, because the agent puts each job in a cgroup of its own and empties it. Run as root
+//! double-forked daemon) is still stopped whole, when it is cancelled, when it ends by itself
+//! and when its agent is killed and restarted, because the agent puts each job in a cgroup of its own and empties it. Run as root
 //! (the agent must make cgroups), against the real kernel: this machine's v1 freezer hierarchy
 //! and its unified (v2) hierarchy both; elsewhere the stories say why they are skipped.
 
@@ -109,6 +109,32 @@ fn a_job_escaping_its_process_group_dies_whole_in_a_v2_cgroup() {
         return;
     }
     nothing_outlives_its_job("v2");
+}
+
+/// The agent SIGKILLed under a job that escaped its process group: the restarted agent stops
+/// the orphan and empties its cgroup before it reports the attempt lost.
+#[test]
+fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
+    if !can_contain() {
+        return;
+    }
+    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let job = cluster.submit(&["--no-requeue"], &escaping_job(dir.path(), false));
+    let escaped = [
+        pid_in(&dir.path().join("setsid.pid")),
+        pid_in(&dir.path().join("daemon.pid")),
+    ];
+    cluster.kill_agent("node001");
+    assert!(escaped.iter().all(|pid| process_running(*pid)));
+    cluster.start_agent("node001");
+    cluster.finished_as(&job, "node_failed", T);
+    for pid in escaped {
+        assert!(
+            !process_running(pid),
+            "process {pid} outlived its agent's restart"
+        );
+    }
 }
 
 #[test]
