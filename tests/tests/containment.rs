@@ -111,8 +111,32 @@ fn a_job_escaping_its_process_group_dies_whole_in_a_v2_cgroup() {
     nothing_outlives_its_job("v2");
 }
 
-/// The agent SIGKILLed under a job that escaped its process group: the restarted agent stops
-/// the orphan and empties its cgroup before it reports the attempt lost.
+/// The agent SIGKILLed under a job that escaped its process group: its guard, told of the
+/// agent's death, stops the job and what left the group with it.
+#[test]
+fn a_killed_agents_guard_stops_the_escaped_processes_too() {
+    if !can_contain() {
+        return;
+    }
+    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    cluster.submit(&["--no-requeue"], &escaping_job(dir.path(), false));
+    let escaped = [
+        pid_in(&dir.path().join("setsid.pid")),
+        pid_in(&dir.path().join("daemon.pid")),
+    ];
+    cluster.kill_agent("node001");
+    wait_for("the escaped processes to die with the job", T, || {
+        escaped
+            .iter()
+            .all(|pid| !process_running(*pid))
+            .then_some(())
+    });
+}
+
+/// The agent and the job's guard both SIGKILLed (the guard frozen first, so it cannot act):
+/// the escaped processes outlive both, and the restarted agent empties the cgroup its
+/// predecessor left before it reports the attempt lost.
 #[test]
 fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
     if !can_contain() {
@@ -125,7 +149,14 @@ fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
         pid_in(&dir.path().join("setsid.pid")),
         pid_in(&dir.path().join("daemon.pid")),
     ];
+    let guard = wait_for("the job's guard pid", T, || {
+        cluster.show(&job)["record"]["pid"].as_i64()
+    });
+    let guard = nix::unistd::Pid::from_raw(i32::try_from(guard).unwrap_or(0));
+    use nix::sys::signal::{Signal, kill};
+    kill(guard, Signal::SIGSTOP).unwrap_or_else(|e| panic!("{e}"));
     cluster.kill_agent("node001");
+    kill(guard, Signal::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
     assert!(escaped.iter().all(|pid| process_running(*pid)));
     cluster.start_agent("node001");
     cluster.finished_as(&job, "node_failed", T);
@@ -146,4 +177,39 @@ fn an_agent_told_not_to_contain_says_so() {
         containment_of(&cluster),
         "process group only (cgroups turned off (--cgroup off))"
     );
+}
+
+/// The agent frozen under a job that escaped its process group: the job's guard, fencing
+/// without its agent, kills the escaped processes too (it empties the job's cgroup), under
+/// the slim guard and the built-in one.
+fn a_fenced_job_dies_whole(guard: &[&str]) {
+    if !can_contain() {
+        return;
+    }
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB").agent_args(guard)]);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let job = cluster.submit(&[], &escaping_job(dir.path(), false));
+    let escaped = [
+        pid_in(&dir.path().join("setsid.pid")),
+        pid_in(&dir.path().join("daemon.pid")),
+    ];
+    cluster.wait_state(&job, "running", T);
+    cluster.signal_agent("node001", nix::sys::signal::Signal::SIGSTOP);
+    wait_for("the fenced job's escaped processes to die", T, || {
+        escaped
+            .iter()
+            .all(|pid| !process_running(*pid))
+            .then_some(())
+    });
+    cluster.signal_agent("node001", nix::sys::signal::Signal::SIGCONT);
+}
+
+#[test]
+fn a_frozen_agents_fenced_job_takes_its_escaped_processes_with_it() {
+    a_fenced_job_dies_whole(&[]);
+}
+
+#[test]
+fn a_frozen_agents_fenced_job_takes_its_escaped_processes_with_it_under_the_builtin_guard() {
+    a_fenced_job_dies_whole(&["--job-guard", "builtin"]);
 }

@@ -471,6 +471,9 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         labels: Default::default(),
         fence_after_ms: None,
         kill_grace_ms: 0,
+        gpu_isolation: false,
+        cpus: None,
+        mem_host_mib: None,
     };
     cluster.publish_heartbeat(&beat(mgpu_protocol::now(), Vec::new()));
     cluster.wait_nodes_online(1);
@@ -517,6 +520,8 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         timed_out: false,
         preempted: false,
         lost: false,
+        out_of_memory: false,
+        usage: None,
     });
     cluster.finished_as(&id, "succeeded", T);
     cluster.publish_heartbeat(&beat(taken_while_running, running(&job)));
@@ -588,6 +593,7 @@ fn a_record_another_scheduler_changed_is_decided_again_from_what_is_stored() {
                 exit_code: None,
                 signal: None,
                 reason: Some(ended_elsewhere.into()),
+                usage: None,
             });
             let payload = serde_json::to_vec(&record).unwrap_or_default();
             bucket

@@ -693,6 +693,9 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         labels: Default::default(),
         fence_after_ms: None,
         kill_grace_ms: 0,
+        gpu_isolation: false,
+        cpus: None,
+        mem_host_mib: None,
     }
 }
 

@@ -396,8 +396,12 @@ fn runs_jobs_as_owners(account: &Account, agent_args: &[&str]) {
         &[],
         "echo \"$(id -un) $USER $HOME\"; id -G; awk '/^Uid/ { print $2 }' /proc/$PPID/status",
     );
-    cluster.finished_as(&id, "succeeded", T);
-    let logs = cluster.mgpu_ok(&["logs", &id]);
+    let ended = cluster.wait_finished(&id, T);
+    // On a failure, what the job (or its guard) wrote to stderr says why.
+    let out = cluster.mgpu(&["logs", &id]);
+    let logs = String::from_utf8_lossy(&out.stdout).into_owned();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(ended["state"], "succeeded", "{said}");
     let id_of = |flag: &str| {
         let out = std::process::Command::new("id")
             .args([flag, &account.0])

@@ -56,6 +56,7 @@ pub fn finished(secs_ago: i64) -> JobState {
         exit_code: Some(0),
         signal: None,
         reason: None,
+        usage: None,
     })
 }
 
@@ -88,5 +89,8 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         labels: Default::default(),
         fence_after_ms: None,
         kill_grace_ms: 0,
+        gpu_isolation: false,
+        cpus: None,
+        mem_host_mib: None,
     }
 }

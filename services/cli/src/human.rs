@@ -103,6 +103,7 @@ mod tests {
             exit_code: None,
             signal: None,
             reason: None,
+            usage: None,
         };
         assert_eq!(
             state_words(&JobState::TimedOut(ending.clone())),

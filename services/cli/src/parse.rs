@@ -54,35 +54,7 @@ pub fn gpu_ids(text: &str) -> Result<GpuIds, String> {
 /// `--mem`: GPU memory in MiB. A plain number is MiB; `512MiB`, `24GiB`, `1TiB` (and the
 /// short `M`, `G`, `T`, or `MB`, `GB`, `TB`, read as the same binary units) are accepted.
 pub fn mem_mib(text: &str) -> Result<u64, String> {
-    let bad = || {
-        format!("`{text}` is not a memory size: use MiB (24576) or a unit (512MiB, 24GiB, 1.5GiB)")
-    };
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "m" | "mb" | "mib" => 1,
-        "g" | "gb" | "gib" => 1024,
-        "t" | "tb" | "tib" => 1024 * 1024,
-        _ => return Err(bad()),
-    };
-    if number.is_empty() {
-        return Err(bad());
-    }
-    if let Ok(whole) = number.parse::<u64>() {
-        return whole.checked_mul(factor).ok_or_else(bad);
-    }
-    // Fractions only make sense with a larger unit, and must land on a whole MiB.
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    let mib = value * factor as f64;
-    if !mib.is_finite() || mib.fract() != 0.0 || mib > u64::MAX as f64 {
-        return Err(format!(
-            "`{text}` is not a whole number of MiB; give the size in MiB"
-        ));
-    }
-    Ok(mib as u64)
+    mgpu_protocol::host::parse_mib(text)
 }
 
 /// Most tasks one `--array` may create: more is almost surely a typo, and each task is a

@@ -7,8 +7,9 @@
 //! comma-separated list, maybe empty): an agent running as root starts the guard as root, and
 //! the guard becomes the job's account once it has opened CONTACT_FILE (in a directory the
 //! job's account usually cannot enter) and moved itself into the job's cgroup (CGROUP, the
-//! `cgroup.procs` file of the cgroup the agent made for the job, or `-`: none, so the job
-//! starts inside), before anything else; so the agent can start it without copying itself
+//! `cgroup.procs` file of the cgroup the agent made for the job, several joined by `:` on
+//! cgroup v1 where each controller has its own hierarchy; `@` before them: joined already, by
+//! the agent; or `-`: none, so the job starts inside), before anything else; so the agent can start it without copying itself
 //! first (`posix_spawn` rather than `fork`). The guard asks the kernel
 //! for SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
 //! group (looked up on the job's `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
@@ -34,6 +35,7 @@ compile_error!(
      guard (scripts/setup.sh does not build this crate there)"
 );
 
+mod cgroup;
 mod sys;
 
 use core::arch::global_asm;
@@ -180,7 +182,8 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
     };
     // Joined while the guard may still be root (the agent made the cgroup, as root): the job it
     // forks starts inside, and so does everything the job starts.
-    if settings.cgroup_procs != b"-\0" && sys::write_file(settings.cgroup_procs, b"0") < 0 {
+    let joined_already = settings.cgroup_procs.first() == Some(&b'@');
+    if settings.cgroup_procs != b"-\0" && !joined_already && !cgroup::join(settings.cgroup_procs) {
         return fail(b"cannot move into the job's cgroup");
     }
     // From here on nothing runs with more rights than the job has.
@@ -320,7 +323,14 @@ fn watch_job(child: i32, settings: &Settings<'_>, contact_fd: Option<i32>) -> i3
     loop {
         let mut status = 0;
         match sys::wait_nohang(child, &mut status) {
-            ended if ended == child as isize => return ended_like(status),
+            ended if ended == child as isize => {
+                // Stopped without its agent (dead, or fenced): nothing of the job may outlive
+                // this guard, not even what left its group.
+                if stop_deadline.is_some() {
+                    cgroup::kill(settings.cgroup_procs, SIGKILL);
+                }
+                return ended_like(status);
+            }
             0 => {}
             err if err == -sys::EINTR => {}
             _ => return fail(b"lost track of the job"),
@@ -334,7 +344,9 @@ fn watch_job(child: i32, settings: &Settings<'_>, contact_fd: Option<i32>) -> i3
                 .send();
         }
         if stop_deadline.is_none() && (STOP.load(Ordering::SeqCst) != 0 || fenced) {
-            // Stop the whole group (this guard only notes its own copy: the handler is set).
+            // Stop the whole group (this guard only notes its own copy: the handler is set),
+            // and what left it.
+            cgroup::kill(settings.cgroup_procs, SIGTERM);
             sys::kill(-sys::getpgrp(), SIGTERM);
             stop_deadline = Some(sys::clock_ns(sys::CLOCK_MONOTONIC) + settings.grace_ns);
         }
@@ -342,7 +354,9 @@ fn watch_job(child: i32, settings: &Settings<'_>, contact_fd: Option<i32>) -> i3
         let timeout = match stop_deadline {
             Some(deadline) => {
                 if now >= deadline {
-                    // Takes this guard down too; the agent (if alive) sees signal 9.
+                    // What left the group (a daemon, `setsid`) first, then the group, which
+                    // takes this guard down too; the agent (if alive) sees signal 9.
+                    cgroup::kill(settings.cgroup_procs, SIGKILL);
                     sys::kill(-sys::getpgrp(), SIGKILL);
                 }
                 Some(20 * MS)

@@ -16,6 +16,7 @@ pub const SIGINT: i32 = 2;
 pub const SIGKILL: i32 = 9;
 pub const SIGTERM: i32 = 15;
 
+const SYS_READ: usize = 0;
 const SYS_WRITE: usize = 1;
 const SYS_CLOSE: usize = 3;
 const SYS_FSTAT: usize = 5;
@@ -86,6 +87,24 @@ pub fn write(fd: i32, bytes: &[u8]) -> isize {
         syscall6(
             SYS_WRITE,
             [fd as usize, bytes.as_ptr() as usize, bytes.len(), 0, 0, 0],
+        )
+    }
+}
+
+/// Reads into `buffer`: the bytes read, 0 at the end, or `-errno`.
+pub fn read(fd: i32, buffer: &mut [u8]) -> isize {
+    // SAFETY: the kernel writes at most `buffer.len()` bytes into a live slice.
+    unsafe {
+        syscall6(
+            SYS_READ,
+            [
+                fd as usize,
+                buffer.as_mut_ptr() as usize,
+                buffer.len(),
+                0,
+                0,
+                0,
+            ],
         )
     }
 }

@@ -73,8 +73,10 @@ pub fn run_if_guard() -> Option<ExitCode> {
 /// job and see it through. The error is the guard's own failure (exit 127).
 fn guard(args: &[String]) -> Result<ExitCode, String> {
     let settings = GuardSettings::parse(args)?;
-    // Where the agent did not move it there itself (it does before switching accounts).
-    if let Some(procs) = settings.cgroup_procs {
+    // Where the agent did not move it there itself (it does before switching accounts, and
+    // says so with `@`). One `cgroup.procs` per hierarchy on cgroup v1, joined by `:`.
+    let to_join = settings.cgroup_procs.filter(|list| !list.starts_with('@'));
+    for procs in to_join.iter().flat_map(|list| list.split(':')) {
         std::fs::write(procs, b"0")
             .map_err(|err| format!("cannot move into the job's cgroup {procs}: {err}"))?;
     }
@@ -99,7 +101,8 @@ struct GuardSettings<'a> {
     /// None: never fence.
     fence_after: Option<Duration>,
     contact: &'a str,
-    /// The job's cgroup's `cgroup.procs` to move into first; None: `-`.
+    /// The job's cgroup's `cgroup.procs` to move into first (several joined by `:` on cgroup
+    /// v1); None: `-`.
     cgroup_procs: Option<&'a str>,
     program: &'a str,
     args: &'a [String],
@@ -211,11 +214,21 @@ fn watch_job(child: Pid, settings: &GuardSettings<'_>) -> Result<ExitCode, Strin
     let mut state = GuardState::Watching;
     loop {
         let polling = state != GuardState::Watching || settings.fence_after.is_some();
-        match waitpid(child, polling.then_some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitCode::from(code as u8)),
-            Ok(WaitStatus::Signaled(_, signal, _)) => return Ok(die_like(signal)),
-            Ok(_) | Err(Errno::EINTR) => {}
+        let ended = match waitpid(child, polling.then_some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => Some(ExitCode::from(code as u8)),
+            Ok(WaitStatus::Signaled(_, signal, _)) => Some(die_like(signal)),
+            Ok(_) | Err(Errno::EINTR) => None,
             Err(err) => return Err(format!("waiting for the job: {err}")),
+        };
+        if let Some(code) = ended {
+            // Stopped without its agent (dead, or fenced): nothing of the job may outlive
+            // this guard, not even what left its group.
+            if state != GuardState::Watching
+                && let Some(list) = settings.cgroup_procs
+            {
+                kill_cgroup(list, Signal::SIGKILL);
+            }
+            return Ok(code);
         }
         let look = Look {
             now: Instant::now(),
@@ -233,14 +246,53 @@ fn watch_job(child: Pid, settings: &GuardSettings<'_>) -> Result<ExitCode, Strin
         }
         // The whole group (this guard ignores its own SIGTERM: the handler is set).
         if plan.terminate {
+            if let Some(list) = settings.cgroup_procs {
+                kill_cgroup(list, Signal::SIGTERM);
+            }
             let _ = killpg(getpgrp(), Signal::SIGTERM);
         }
         if plan.kill {
-            // Takes this guard down too; the agent (if alive) sees signal 9.
+            // What left the group (a daemon, `setsid`) first, then the group, which takes this
+            // guard down too; the agent (if alive) sees signal 9.
+            if let Some(list) = settings.cgroup_procs {
+                kill_cgroup(list, Signal::SIGKILL);
+            }
             let _ = killpg(getpgrp(), Signal::SIGKILL);
         }
         if let Some(pause) = plan.pause {
             pause_until_exit(exit_signal.as_ref(), pause);
+        }
+    }
+}
+
+/// Sends `signal` to every process in the job's cgroup but this guard (the first
+/// `cgroup.procs` of `list`), so a job stopped without its agent (dead, or fenced) takes what
+/// left its process group with it. SIGKILL goes a few rounds, until only the guard is left:
+/// a forking job may add processes meanwhile.
+fn kill_cgroup(list: &str, signal: Signal) {
+    let list = list.strip_prefix('@').unwrap_or(list);
+    let Some(procs) = list.split(':').next() else {
+        return;
+    };
+    let me = std::process::id();
+    for _ in 0..20 {
+        let Ok(text) = std::fs::read_to_string(procs) else {
+            return;
+        };
+        let others: Vec<i32> = text
+            .lines()
+            .filter_map(|line| line.trim().parse::<u32>().ok())
+            .filter(|pid| *pid != me)
+            .filter_map(|pid| i32::try_from(pid).ok())
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        for pid in others {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
+        }
+        if signal != Signal::SIGKILL {
+            return;
         }
     }
 }

@@ -129,6 +129,18 @@ pub struct Args {
     )]
     pub cgroup: crate::cgroup::CgroupChoice,
 
+    /// CPU cores the scheduler may hand out here (jobs' `--cpus` count against them). Default:
+    /// the cores this agent may run on. Jobs are pinned to cores this agent may run on.
+    #[arg(long, env = "MGPU_NODE_CPUS", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(mgpu_protocol::host::MAX_CPUS)))]
+    pub cpus: Option<u32>,
+
+    /// Host memory the scheduler may hand out here (jobs' `--mem-host` count against it):
+    /// MiB or with a unit (`256GiB`). Default: the host's total memory.
+    #[arg(long, env = "MGPU_NODE_MEM_HOST", value_name = "SIZE",
+          value_parser = mgpu_protocol::host::parse_mib)]
+    pub mem_host: Option<u64>,
+
     /// A label for this node, `KEY=VALUE` (repeatable): `--label rack=r1`. Multi-node jobs
     /// prefer nodes that share the value of the scheduler's topology label (`rack`).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]

@@ -213,6 +213,8 @@ mod tests {
                 addresses: vec!["10.0.0.1".into(), "10.0.0.2".into()],
                 master_port: 29_877,
             }),
+            cpus: 0,
+            mem_host_mib: 0,
         };
         let info = RankInfo {
             placement: &placement,

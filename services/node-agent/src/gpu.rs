@@ -17,6 +17,14 @@ pub trait GpuProbe: Send {
     fn source(&self) -> GpuSource;
     /// Why the inventory is declared rather than read, when that was not the operator's choice.
     fn note(&self) -> Option<String>;
+    /// Each GPU's device minor by index: `/dev/nvidiaN` is character device 195:N, and a job's
+    /// cgroup lets it open only its own GPUs' minors.
+    fn device_minors(&mut self) -> Vec<(u32, u32)>;
+    /// The memory each process held on each GPU at the last sample (for jobs' peak GPU
+    /// memory); empty where processes cannot be seen.
+    fn processes(&self) -> Vec<crate::gpu_peaks::GpuProcessMemory> {
+        Vec::new()
+    }
 }
 
 /// GPUs the operator declared: fixed sizes, never busy, no foreign processes.
@@ -56,6 +64,11 @@ impl GpuProbe for DeclaredProbe {
 
     fn note(&self) -> Option<String> {
         self.note.clone()
+    }
+
+    /// A declared GPU `N` is `/dev/nvidiaN`, as the driver numbers them.
+    fn device_minors(&mut self) -> Vec<(u32, u32)> {
+        self.gpus.iter().map(|gpu| (gpu.index, gpu.index)).collect()
     }
 }
 

@@ -115,7 +115,7 @@ pub fn guard_args(
     grace: Duration,
     fence: Option<&GuardFence>,
     account: Option<String>,
-    cgroup_procs: Option<&Path>,
+    cgroup_procs: Option<&str>,
     program: &str,
 ) -> Vec<String> {
     let (fence_ms, contact) = match fence {
@@ -131,7 +131,7 @@ pub fn guard_args(
         fence_ms,
         contact,
         account.unwrap_or_else(|| "-".to_owned()),
-        cgroup_procs.map_or_else(|| "-".to_owned(), |p| p.display().to_string()),
+        cgroup_procs.unwrap_or("-").to_owned(),
         program.to_owned(),
     ]
 }
@@ -198,7 +198,7 @@ mod tests {
             Duration::from_millis(1500),
             Some(&fence),
             Some("1000:1000:1000,27".into()),
-            Some(Path::new("/sys/fs/cgroup/mgpu/job-1-1/cgroup.procs")),
+            Some("/sys/fs/cgroup/mgpu/job-1-1/cgroup.procs"),
             "/bin/sh",
         );
         assert_eq!(

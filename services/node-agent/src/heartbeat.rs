@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use crate::fence::Contact;
 use crate::gpu::GpuProbe;
+use crate::gpu_peaks::{GpuPeaks, attempt_of_process};
 use crate::running::RunningTable;
 use crate::shutdown::Signal;
 use crate::throttle::{Throttle, Verdict};
@@ -41,6 +42,11 @@ pub struct Identity {
     pub runs_jobs_as: String,
     /// How jobs are contained here, in words (`cgroup.rs`).
     pub containment: Option<String>,
+    /// Whether jobs here can open only their own GPUs.
+    pub gpu_isolation: bool,
+    /// The cores and host memory (MiB) the scheduler may hand out here.
+    pub cpus: Option<u32>,
+    pub mem_host_mib: Option<u64>,
     pub interval: Duration,
     pub thresholds: Thresholds,
     /// `--label` values, sent in every heartbeat.
@@ -69,6 +75,8 @@ pub struct Heartbeater {
     table: RunningTable,
     /// Told of every stored heartbeat, for self-fencing.
     contact: Contact,
+    /// Where each sample's GPU processes are added to their jobs' peak GPU memory.
+    peaks: GpuPeaks,
     /// The last GPU sample, reused when a new one cannot be taken.
     last_gpus: Vec<GpuStatus>,
     publish_failures: Throttle,
@@ -82,6 +90,7 @@ impl Heartbeater {
         probe: Box<dyn GpuProbe>,
         table: RunningTable,
         contact: Contact,
+        peaks: GpuPeaks,
     ) -> Self {
         let source = probe.source();
         let note = probe.note();
@@ -93,6 +102,7 @@ impl Heartbeater {
             note,
             table,
             contact,
+            peaks,
             last_gpus: Vec::new(),
             publish_failures: Throttle::new(REPEAT_WARNING_EVERY),
             sample_failures: Throttle::new(REPEAT_WARNING_EVERY),
@@ -160,6 +170,9 @@ impl Heartbeater {
             address: self.identity.address.clone(),
             runs_jobs_as: self.identity.runs_jobs_as.clone(),
             containment: self.identity.containment.clone(),
+            gpu_isolation: self.identity.gpu_isolation,
+            cpus: self.identity.cpus,
+            mem_host_mib: self.identity.mem_host_mib,
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             mem_threshold: self.identity.thresholds.mem,
             load_threshold: self.identity.thresholds.load,
@@ -191,6 +204,8 @@ impl Heartbeater {
     /// a stuck driver delays no heartbeat.
     async fn sample(&self, job_pgids: Vec<u32>) -> anyhow::Result<Vec<GpuStatus>> {
         let probe = Arc::clone(&self.probe);
+        let peaks = self.peaks.clone();
+        let groups = self.table.attempt_groups();
         let task = tokio::task::spawn_blocking(move || {
             let mut probe = match probe.try_lock() {
                 Ok(probe) => probe,
@@ -200,7 +215,9 @@ impl Heartbeater {
                     return Err(anyhow!("the previous GPU sample has not finished"));
                 }
             };
-            probe.sample(&job_pgids)
+            let gpus = probe.sample(&job_pgids)?;
+            peaks.record(&probe.processes(), |pid| attempt_of_process(pid, &groups));
+            Ok(gpus)
         });
         let limit = self.identity.interval.max(Duration::from_secs(2));
         tokio::time::timeout(limit, task)

@@ -78,6 +78,8 @@ mod tests {
                 addresses,
                 master_port: 29_500,
             }),
+            cpus: 0,
+            mem_host_mib: 0,
         }
     }
 

@@ -26,9 +26,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cgroup::{Containment, JobCgroup};
+use crate::cgroup::{Containment, Emptied, JobCgroup};
 use crate::environment::{RankInfo, job_environment};
 use crate::guard::{GuardFence, GuardProgram, guard_args};
+use crate::host::JobHost;
 use crate::hostfile::write_hostfile;
 use crate::input::InputForwarder;
 use crate::launch::{launch, shell_program};
@@ -64,6 +65,8 @@ pub struct JobContext {
     pub run_as: RunAsPolicy,
     /// Whether each job gets its own cgroup, and where.
     pub containment: Containment,
+    /// The host's cores, memory and GPU device minors the jobs' cgroups are set up from.
+    pub host: Arc<JobHost>,
 }
 
 /// A spawned job attempt, recorded in the running table; [`StartedJob::supervise`] sees it
@@ -128,12 +131,16 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         hostfile: path,
     });
     let environment = job_environment(spec, &key, node, &gpus, ranks.as_ref());
-    let cgroup = ctx
-        .containment
-        .create(&key)
-        .map_err(|err| format!("{err} on {node}"))?;
+    let placement = &assignment.placement;
+    let limits = ctx
+        .host
+        .limits_for(&key, &gpus, placement.cpus, placement.mem_host_mib);
+    let cgroup = ctx.containment.create(&key, &limits).map_err(|err| {
+        ctx.host.cores.release(&key);
+        format!("{err} on {node}")
+    })?;
     let command = guarded_command(ctx, spec, &gpus, environment, account, cgroup.as_ref());
-    let mut child = spawn(ctx, command, &spec.workdir, cgroup.clone()).await?;
+    let mut child = spawn(ctx, &key, command, &spec.workdir, cgroup.clone()).await?;
     let (pid, stdout, stderr) = take_output(&mut child, &key, node)?;
     let output = OutputPipeline::start(ctx.js.clone(), key.clone(), rank, stdout, stderr);
     let input = match (input, child.stdin.take()) {
@@ -171,6 +178,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
 /// Starts the guard; a cgroup made for a job that could not start is removed again.
 async fn spawn(
     ctx: &JobContext,
+    key: &AttemptKey,
     mut command: Command,
     workdir: &str,
     cgroup: Option<JobCgroup>,
@@ -181,6 +189,7 @@ async fn spawn(
             if let Some(cgroup) = cgroup {
                 let _ = cgroup.kill_all().await;
             }
+            ctx.host.cores.release(key);
             Err(format!(
                 "cannot start the job's guard {} in {workdir} on {}: {err}",
                 ctx.guard.program().0.display(),
@@ -229,8 +238,16 @@ fn guarded_command(
     let (program, program_args) = launch(spec, gpus).into_program(shell_program());
     let switch_in_guard = ctx.guard.switches_accounts();
     let join_before_switch = account.is_some() && !switch_in_guard;
-    let procs = cgroup.map(JobCgroup::procs_file);
-    let guard_procs = procs.as_deref().filter(|_| !join_before_switch);
+    // Where the child joins before its switch, the guard is told it joined already (`@`): it
+    // still empties the cgroup when it stops the job without the agent.
+    let guard_procs = cgroup.map(|cgroup| {
+        let list = cgroup.guard_argument();
+        if join_before_switch {
+            format!("@{list}")
+        } else {
+            list
+        }
+    });
     let guard_account = account
         .as_ref()
         .filter(|_| switch_in_guard)
@@ -244,7 +261,7 @@ fn guarded_command(
             ctx.kill_grace,
             ctx.guard_fence.as_ref(),
             guard_account,
-            guard_procs,
+            guard_procs.as_deref(),
             &program,
         ))
         .args(program_args)
@@ -264,15 +281,18 @@ fn guarded_command(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(account) = account.filter(|_| !switch_in_guard) {
-        let join = procs.and_then(|path| CString::new(path.into_os_string().into_vec()).ok());
+        let join: Vec<CString> = cgroup
+            .map(JobCgroup::procs_files)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|path| CString::new(path.into_os_string().into_vec()).ok())
+            .collect();
         // SAFETY: between fork and exec the closure makes only system calls (open, write,
         // close, setgroups, setgid, setuid) on data prepared before the fork; it allocates
         // nothing.
         unsafe {
             command.pre_exec(move || {
-                if let Some(procs) = &join {
-                    crate::cgroup::join(procs)?;
-                }
+                crate::cgroup::join(&join)?;
                 account.switch()
             });
         }
@@ -343,11 +363,15 @@ impl StartedJob {
         signal_group(pid, Signal::SIGKILL, &key);
         // And those that left its group (`setsid`, a daemon): the job has ended once its
         // cgroup is empty.
-        if let Some(cgroup) = cgroup
-            && let Err(err) = cgroup.kill_all().await
-        {
-            warn!(%key, "emptying the job's cgroup: {err}");
-        }
+        let mut emptied = match cgroup {
+            Some(cgroup) => cgroup.kill_all().await.unwrap_or_else(|err| {
+                warn!(%key, "emptying the job's cgroup: {err}");
+                Emptied::default()
+            }),
+            None => Emptied::default(),
+        };
+        ctx.host.cores.release(&key);
+        emptied.usage.gpu_peak_mem = ctx.host.gpu_peaks.take(&key);
         let (exit_code, signal) = exit_code_of(ending.status);
         let summary = streams.close(&ctx, &key, rank, exit_code).await;
 
@@ -364,7 +388,7 @@ impl StartedJob {
             output_chunks_lost = summary.lost_chunks,
             "job exited"
         );
-        report_exit(&ctx, &key, &ending).await;
+        report_exit(&ctx, &key, &ending, emptied).await;
     }
 }
 
@@ -407,7 +431,7 @@ impl Streams {
 
 /// Reports how the job ended, then forgets it: on disk only once the scheduler can learn how
 /// it ended (otherwise the next agent reports it, as lost), in the table at once.
-async fn report_exit(ctx: &JobContext, key: &AttemptKey, ending: &Ending) {
+async fn report_exit(ctx: &JobContext, key: &AttemptKey, ending: &Ending, emptied: Emptied) {
     let (exit_code, signal) = exit_code_of(ending.status);
     let stopped = ending.stopped;
     let reported = ctx
@@ -421,6 +445,8 @@ async fn report_exit(ctx: &JobContext, key: &AttemptKey, ending: &Ending) {
                 timed_out: stopped.timed_out,
                 preempted: stopped.preempted,
                 lost: stopped.lost,
+                out_of_memory: emptied.out_of_memory,
+                usage: (!emptied.usage.is_empty()).then_some(emptied.usage),
             }),
         )
         .await;

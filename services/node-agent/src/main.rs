@@ -32,9 +32,11 @@ mod environment;
 mod fence;
 mod gpu;
 mod gpu_choice;
+mod gpu_peaks;
 mod gpu_spec;
 mod guard;
 mod heartbeat;
+mod host;
 mod hostfile;
 mod input;
 mod job;
@@ -149,11 +151,36 @@ async fn run(args: Args) -> anyhow::Result<()> {
     info!(node, server = args.server, address, "mgpu-node connected");
 
     let run_as = run_as::RunAsPolicy::new(args.jobs_as_agent_user, args.allow_root_jobs);
-    let containment = cgroup::Containment::detect(
-        std::path::Path::new(cgroup::CGROUP_ROOT),
-        args.cgroup,
-        &node,
-    );
+    let (containment, host) = contain(&args, &node, probe.as_mut());
+    let mut identity = identity(&args, node, address, &run_as);
+    identity.containment = Some(containment.describe());
+    identity.gpu_isolation = containment.isolates_gpus();
+    identity.cpus = Some(host.resources.cpus);
+    identity.mem_host_mib = Some(host.resources.mem_mib);
+    let guards = Guards::set_up(&args, &identity, &run_as, &state_dir)?;
+    let memory = Memory {
+        state,
+        left,
+        guards,
+        run_as,
+        containment,
+        host,
+    };
+    let agent = start_loops(client, identity, probe, memory);
+    wait_for_stop_signal().await?;
+    agent.shut_down().await;
+    Ok(())
+}
+
+/// How jobs are contained here, and the host's cores and memory and GPU device minors the
+/// jobs' cgroups are set up with.
+fn contain(
+    args: &Args,
+    node: &str,
+    probe: &mut dyn gpu::GpuProbe,
+) -> (cgroup::Containment, Arc<host::JobHost>) {
+    let containment =
+        cgroup::Containment::detect(std::path::Path::new(cgroup::CGROUP_ROOT), args.cgroup, node);
     if containment.enabled() {
         info!(containment = containment.describe(), "jobs are contained");
     } else {
@@ -162,20 +189,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "jobs are not contained by cgroups: a job that leaves its process group outlives it"
         );
     }
-    let mut identity = identity(&args, node, address, &run_as);
-    identity.containment = Some(containment.describe());
-    let guards = Guards::set_up(&args, &identity, &run_as, &state_dir)?;
-    let memory = Memory {
-        state,
-        left,
-        guards,
-        run_as,
-        containment,
+    let resources = host::HostResources::detect(args.cpus, args.mem_host);
+    info!(
+        cpus = resources.cpus,
+        mem_host_mib = resources.mem_mib,
+        "host resources offered to jobs"
+    );
+    let host = host::JobHost {
+        resources,
+        gpu_minors: probe.device_minors(),
+        cores: host::CoreBook::default(),
+        pins_cpus: containment.pins_cpus(),
+        gpu_peaks: gpu_peaks::GpuPeaks::default(),
     };
-    let agent = start_loops(client, identity, probe, memory);
-    wait_for_stop_signal().await?;
-    agent.shut_down().await;
-    Ok(())
+    (containment, Arc::new(host))
 }
 
 /// This node's address as other nodes reach it, found from the route to the NATS servers
@@ -220,6 +247,9 @@ fn identity(args: &Args, node: String, address: String, run_as: &run_as::RunAsPo
         address,
         runs_jobs_as: run_as.describe(),
         containment: None,
+        gpu_isolation: false,
+        cpus: None,
+        mem_host_mib: None,
         interval: args.heartbeat_interval,
         thresholds: Thresholds {
             mem: args.mem_threshold,
@@ -298,6 +328,7 @@ struct Memory {
     guards: Guards,
     run_as: run_as::RunAsPolicy,
     containment: cgroup::Containment,
+    host: Arc<host::JobHost>,
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -328,7 +359,14 @@ fn start_loops(
             heartbeat_stop.clone(),
         ));
     }
-    let heartbeater = Heartbeater::new(js.clone(), identity, probe, table.clone(), contact);
+    let heartbeater = Heartbeater::new(
+        js.clone(),
+        identity,
+        probe,
+        table.clone(),
+        contact,
+        memory.host.gpu_peaks.clone(),
+    );
     let heartbeat = tokio::spawn(heartbeater.run(heartbeat_now.clone(), heartbeat_stop));
 
     let ctx = JobContext {
@@ -344,6 +382,7 @@ fn start_loops(
         guard_fence: memory.guards.fence,
         run_as: memory.run_as,
         containment: memory.containment,
+        host: memory.host,
     };
     let dispatcher = tokio::spawn(async move {
         let reconciled = reconcile::settle(leftovers, &ctx);

@@ -12,6 +12,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use tracing::warn;
 
 use crate::gpu::GpuProbe;
+use crate::gpu_peaks::GpuProcessMemory;
 
 const BYTES_PER_MIB: u64 = 1024 * 1024;
 
@@ -20,6 +21,8 @@ pub struct NvmlProbe {
     /// Problems already logged: a field a GPU does not support fails on every sample, and
     /// saying so once is enough.
     logged: HashSet<String>,
+    /// Every GPU process of the last sample, for jobs' peak GPU memory.
+    last_processes: Vec<GpuProcessMemory>,
 }
 
 impl NvmlProbe {
@@ -28,6 +31,7 @@ impl NvmlProbe {
         Ok(NvmlProbe {
             nvml: Nvml::init()?,
             logged: HashSet::new(),
+            last_processes: Vec::new(),
         })
     }
 
@@ -46,6 +50,7 @@ impl GpuProbe for NvmlProbe {
             .context("asking NVML for the number of GPUs")?;
         let mut gpus = Vec::with_capacity(count as usize);
         let mut problems = Vec::new();
+        self.last_processes.clear();
         for index in 0..count {
             // A GPU whose handle or memory cannot be read is left out: it cannot be scheduled
             // safely. Everything else has a harmless default, so one unsupported field never
@@ -97,6 +102,12 @@ impl GpuProbe for NvmlProbe {
             if let Ok(list) = device.running_graphics_processes() {
                 processes.extend(list);
             }
+            self.last_processes
+                .extend(processes.iter().map(|process| GpuProcessMemory {
+                    gpu: index,
+                    pid: process.pid,
+                    used_mib: used_mib_of(process),
+                }));
             gpus.push(GpuStatus {
                 index,
                 uuid,
@@ -117,8 +128,38 @@ impl GpuProbe for NvmlProbe {
         GpuSource::Nvml
     }
 
+    /// NVML's minor number (the N of `/dev/nvidiaN`), which need not equal the index.
+    fn device_minors(&mut self) -> Vec<(u32, u32)> {
+        let count = self.nvml.device_count().unwrap_or(0);
+        let mut minors = Vec::new();
+        for index in 0..count {
+            match self
+                .nvml
+                .device_by_index(index)
+                .and_then(|device| device.minor_number())
+            {
+                Ok(minor) => minors.push((index, minor)),
+                Err(err) => self.warn_once(format!(
+                    "GPU {index}: cannot read its device minor ({err}); jobs cannot be kept off it"
+                )),
+            }
+        }
+        minors
+    }
+
     fn note(&self) -> Option<String> {
         None
+    }
+
+    fn processes(&self) -> Vec<GpuProcessMemory> {
+        self.last_processes.clone()
+    }
+}
+
+fn used_mib_of(process: &ProcessInfo) -> u64 {
+    match process.used_gpu_memory {
+        UsedGpuMemory::Used(bytes) => bytes / BYTES_PER_MIB,
+        UsedGpuMemory::Unavailable => 0,
     }
 }
 
@@ -131,10 +172,7 @@ fn foreign_processes(
 ) -> Vec<ForeignProcess> {
     let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
     for process in processes {
-        let used_mib = match process.used_gpu_memory {
-            UsedGpuMemory::Used(bytes) => bytes / BYTES_PER_MIB,
-            UsedGpuMemory::Unavailable => 0,
-        };
+        let used_mib = used_mib_of(process);
         // A process whose group cannot be read (gone already, or in another PID namespace) is
         // not provably ours, so it counts as foreign: better to under-promise a GPU.
         let ours = process_group(process.pid).is_some_and(|pgid| job_pgids.contains(&pgid));

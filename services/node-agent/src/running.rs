@@ -157,6 +157,15 @@ impl RunningTable {
     }
 
     /// Process groups of the running jobs: each job leads its own group, so its pid is the id.
+    /// Each running attempt with its process group (its guard's pid).
+    pub fn attempt_groups(&self) -> Vec<(u32, AttemptKey)> {
+        self.lock()
+            .running
+            .iter()
+            .map(|(key, entry)| (entry.pid, key.clone()))
+            .collect()
+    }
+
     pub fn process_groups(&self) -> Vec<u32> {
         self.lock()
             .running

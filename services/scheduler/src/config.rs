@@ -10,6 +10,9 @@
 //! half_life = "1d"             # usage halves every half_life
 //! max_reservations = 16        # blocked jobs that get a backfill reservation
 //! topology_label = "rack"      # multi-node jobs prefer nodes sharing this label ("" = off)
+//! cpus_per_gpu = 8             # CPU cores a job without --cpus gets per GPU (0 = not counted)
+//! mem_per_gpu = "64GiB"        # host memory a job without --mem-host gets per GPU ("0" = none)
+//! require_gpu_isolation = true # place jobs only where a job can open only its own GPUs
 //! ```
 
 use std::path::Path;
@@ -33,6 +36,9 @@ struct ConfigFile {
     half_life: Option<String>,
     max_reservations: Option<usize>,
     topology_label: Option<String>,
+    cpus_per_gpu: Option<u32>,
+    mem_per_gpu: Option<String>,
+    require_gpu_isolation: Option<bool>,
 }
 
 /// Reads the policy from `path` (if any) over the defaults.
@@ -72,7 +78,7 @@ pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
     if let Some(n) = file.max_reservations {
         policy.max_reservations = n;
     }
-    if let Some(label) = file.topology_label {
+    if let Some(label) = file.topology_label.clone() {
         anyhow::ensure!(
             label
                 .chars()
@@ -81,7 +87,27 @@ pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
         );
         policy.topology_label = label;
     }
+    apply_host_defaults(&mut policy, &file)?;
     Ok(policy)
+}
+
+/// `cpus_per_gpu`, `mem_per_gpu` and `require_gpu_isolation`.
+fn apply_host_defaults(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
+    if let Some(cpus) = file.cpus_per_gpu {
+        anyhow::ensure!(
+            cpus <= mgpu_protocol::host::MAX_CPUS,
+            "cpus_per_gpu {cpus} is more cores than any host has"
+        );
+        policy.cpus_per_gpu = cpus;
+    }
+    if let Some(size) = &file.mem_per_gpu {
+        policy.mem_per_gpu_mib = mgpu_protocol::host::parse_mib(size)
+            .map_err(|err| anyhow::anyhow!("mem_per_gpu: {err}"))?;
+    }
+    if let Some(required) = file.require_gpu_isolation {
+        policy.require_gpu_isolation = required;
+    }
+    Ok(())
 }
 
 /// The time limit a job runs under: its own, capped by the cluster's `max_job_time`.
@@ -91,6 +117,20 @@ pub fn effective_time_limit(policy: &Policy, spec: &JobSpec) -> Option<Duration>
         (Some(own), Some(max)) => Some(own.min(max)),
         (own, max) => own.or(max),
     }
+}
+
+/// The CPU cores and host memory (MiB) a job is booked on each of its nodes: what it asked
+/// for (`--cpus`, `--mem-host`), else the cluster's `cpus_per_gpu` and `mem_per_gpu` for each
+/// GPU it asks for (a share or none counts as one); 0: not counted.
+pub fn effective_host_request(policy: &Policy, spec: &JobSpec) -> (u32, u64) {
+    let gpus = spec.gpus.gpu_count().max(1);
+    let cpus = spec
+        .cpus
+        .unwrap_or_else(|| policy.cpus_per_gpu.saturating_mul(gpus));
+    let mem = spec
+        .mem_host_mib
+        .unwrap_or_else(|| policy.mem_per_gpu_mib.saturating_mul(u64::from(gpus)));
+    (cpus, mem)
 }
 
 #[cfg(test)]
@@ -116,5 +156,30 @@ mod tests {
         let _ = std::fs::write(&bad, "placment = \"spread\"\n");
         assert!(load_policy(Some(&bad)).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn host_defaults_per_gpu_apply_to_jobs_that_do_not_say() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("host.toml");
+        let _ = std::fs::write(
+            &file,
+            "cpus_per_gpu = 4\nmem_per_gpu = \"16GiB\"\nrequire_gpu_isolation = true\n",
+        );
+        let policy = load_policy(Some(&file)).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(policy.require_gpu_isolation);
+        let mut spec = JobSpec::new(vec!["true".into()], "/");
+        spec.gpus = mgpu_protocol::gpu_amount::GpuAmount::whole(2);
+        assert_eq!(effective_host_request(&policy, &spec), (8, 32 * 1024));
+        spec.cpus = Some(1);
+        spec.mem_host_mib = Some(64);
+        assert_eq!(effective_host_request(&policy, &spec), (1, 64));
+        assert_eq!(
+            effective_host_request(&Policy::default(), &JobSpec::new(vec![], "/")),
+            (0, 0)
+        );
+        let _ = std::fs::write(&file, "mem_per_gpu = \"lots\"\n");
+        let err = load_policy(Some(&file)).err().map(|e| format!("{e:#}"));
+        assert!(err.is_some_and(|e| e.contains("mem_per_gpu")));
     }
 }

@@ -18,6 +18,9 @@ pub struct NodeTable {
     /// Since when the scheduler could see heartbeats without a break: silence before then may
     /// be its own (stalled, or the heartbeat stream had no leader), not the nodes'.
     watching_since: Option<Timestamp>,
+    /// The policy's `require_gpu_isolation`: a node whose jobs could open others' GPUs takes
+    /// no job, as if drained.
+    pub(crate) require_gpu_isolation: bool,
 }
 
 impl NodeTable {
@@ -38,6 +41,7 @@ impl NodeTable {
             missed,
             lost: HashSet::new(),
             watching_since: None,
+            require_gpu_isolation: false,
         }
     }
 
@@ -125,7 +129,10 @@ impl NodeTable {
                 NodeView {
                     name: beat.node.clone(),
                     online: beat.liveness_after(now, self.missed) == NodeLiveness::Online,
-                    drained: admin.is_some_and(|a| a.drained.is_some()),
+                    drained: admin.is_some_and(|a| a.drained.is_some())
+                        || (self.require_gpu_isolation && !beat.gpu_isolation),
+                    cpus: beat.cpus,
+                    mem_host_mib: beat.mem_host_mib,
                     mem_threshold: beat.mem_threshold,
                     load_threshold: beat.load_threshold,
                     labels: beat.labels.clone(),
@@ -175,6 +182,9 @@ mod tests {
             labels: BTreeMap::new(),
             fence_after_ms: None,
             kill_grace_ms: 0,
+            gpu_isolation: false,
+            cpus: None,
+            mem_host_mib: None,
         }
     }
 

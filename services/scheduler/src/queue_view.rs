@@ -10,7 +10,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobSpec, JobState, OnTimeout, Run, Waiting};
 use mgpu_protocol::priority::{Policy, effective_priority, effective_priority_after};
 
-use crate::config::effective_time_limit;
+use crate::config::{effective_host_request, effective_time_limit};
 use crate::core::{Dependencies, QueuedJob, RunningJob};
 use crate::state::JobStore;
 use crate::usage::UsageLedger;
@@ -165,6 +165,7 @@ fn queued_job(
 ) -> QueuedJob {
     let policy = sources.policy;
     let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
+    let (cpus, mem_host_mib) = effective_host_request(policy, &record.spec);
     let gpu_hours = sources
         .usage
         .gpu_hours(&record.user, now, policy.half_life_secs);
@@ -182,6 +183,8 @@ fn queued_job(
         gpu_ids: record.spec.gpu_ids.clone(),
         allowed_gpus: record.spec.allowed_gpus.clone(),
         mem_mib: record.spec.mem_mib,
+        cpus,
+        mem_host_mib,
         time_limit: effective_time_limit(policy, &record.spec),
         held: waiting.held_by.is_some(),
         dependencies: dependencies(sources.store, &record.spec),

@@ -123,6 +123,7 @@ impl Scheduler {
                 .context("loading node administration")?,
             policy.missed_heartbeats,
         );
+        nodes.require_gpu_isolation = policy.require_gpu_isolation;
         // Heartbeats stored while no scheduler was active (or this one was still loading)
         // were not seen: every node gets a full allowance from now before it counts as silent.
         nodes.blind_until(now());

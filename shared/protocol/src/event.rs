@@ -53,6 +53,12 @@ pub enum JobEventKind {
         /// and so stopped it: treated like a lost node (requeued unless `--no-requeue`).
         #[serde(default)]
         lost: bool,
+        /// The kernel killed a process of the job because its cgroup was over `--mem-host`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        out_of_memory: bool,
+        /// What the attempt used, measured by its node.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<crate::host::JobUsage>,
     },
     /// The scheduler recorded the job as finished in this state.
     Finished {
@@ -101,9 +107,8 @@ impl JobEvent {
                 check_line("action", action, 64)?;
                 check_text("reason", reason, MAX_TEXT_BYTES)
             }
-            JobEventKind::Queued { .. }
-            | JobEventKind::Started { .. }
-            | JobEventKind::Exited { .. } => Ok(()),
+            JobEventKind::Exited { usage, .. } => usage.as_ref().map_or(Ok(()), |u| u.validate()),
+            JobEventKind::Queued { .. } | JobEventKind::Started { .. } => Ok(()),
         }
     }
 }

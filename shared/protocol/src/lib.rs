@@ -9,6 +9,7 @@
 //! - [`subjects`]: every subject, stream, bucket and consumer name, in one place.
 //! - [`ids`]: job ids (one NATS token, typed by prefix) and node names.
 //! - [`gpu_amount`]: fixed-point GPU fractions (10 000 units per GPU).
+//! - [`host`]: CPU cores and host memory a job asks for, and what it used.
 //! - [`duration`]: time limits as users type them (`90`, `10m`, `2h`, `1-00:00:00`).
 //! - [`job`]: what a user asks for ([`job::JobSpec`]) and what the scheduler records
 //!   ([`job::JobRecord`]).
@@ -37,6 +38,7 @@ pub mod event;
 pub mod fuzzing;
 pub mod gpu_amount;
 pub mod hold;
+pub mod host;
 pub mod ids;
 pub mod job;
 pub mod node;

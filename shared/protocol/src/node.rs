@@ -115,6 +115,17 @@ pub struct NodeHeartbeat {
     /// (why)`. None from an agent that does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub containment: Option<String>,
+    /// Whether a job here can open only its own GPUs' device nodes (its cgroup's device
+    /// filter); the scheduler's `require_gpu_isolation` places nothing where this is false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_isolation: bool,
+    /// CPU cores jobs may be given here (`--cpus` is counted against them); None from an
+    /// agent that does not say: not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// Host memory (RAM) in MiB jobs may be given here (`--mem-host`); None: not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_host_mib: Option<u64>,
     pub agent_version: String,
     /// A GPU whose memory used by processes mgpu did not start exceeds this share of its
     /// total is not offered.
@@ -251,6 +262,16 @@ impl NodeHeartbeat {
         check_user("runs_jobs_as", &self.runs_jobs_as)?;
         if let Some(containment) = &self.containment {
             check_line("containment", containment, MAX_LINE_BYTES)?;
+        }
+        if self.cpus.is_some_and(|cpus| cpus > crate::host::MAX_CPUS)
+            || self
+                .mem_host_mib
+                .is_some_and(|mib| mib > crate::host::MAX_MEM_HOST_MIB)
+        {
+            return Err(InvalidInput::new(format!(
+                "{:?} CPUs and {:?} MiB of host memory are not plausible",
+                self.cpus, self.mem_host_mib
+            )));
         }
         check_line("agent_version", &self.agent_version, 64)?;
         check_count("labels", self.labels.len(), 64)?;

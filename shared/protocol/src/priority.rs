@@ -60,6 +60,12 @@ pub struct Policy {
     /// Multi-node jobs prefer nodes sharing this label's value (agents' `--label rack=r1`);
     /// empty: no topology preference.
     pub topology_label: String,
+    /// CPU cores a job that does not say (`--cpus`) gets per GPU it asks for; 0: not counted.
+    pub cpus_per_gpu: u32,
+    /// Host memory in MiB a job that does not say (`--mem-host`) gets per GPU; 0: no limit.
+    pub mem_per_gpu_mib: u64,
+    /// Place jobs only on nodes whose agent isolates GPUs (a job opens only its own).
+    pub require_gpu_isolation: bool,
 }
 
 impl Default for Policy {
@@ -75,6 +81,9 @@ impl Default for Policy {
             missed_heartbeats: crate::node::MISSED_HEARTBEATS_OFFLINE,
             max_attempts: 3,
             topology_label: "rack".into(),
+            cpus_per_gpu: 0,
+            mem_per_gpu_mib: 0,
+            require_gpu_isolation: false,
         }
     }
 }

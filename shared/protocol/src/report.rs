@@ -28,7 +28,7 @@ pub enum ReportKind {
 }
 
 /// How a process ended.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Exit {
     pub exit_code: i32,
     pub signal: Option<i32>,
@@ -40,12 +40,20 @@ pub struct Exit {
     pub preempted: bool,
     /// Found still running by a restarted agent, which stopped it: treated like a lost node.
     pub lost: bool,
+    /// The kernel killed a process of it for going over its host memory limit (`--mem-host`).
+    pub out_of_memory: bool,
+    /// What it used, as its node measured it.
+    pub usage: Option<crate::host::JobUsage>,
 }
 
 impl Exit {
     /// Ended by itself with exit code 0.
     pub fn is_clean(&self) -> bool {
-        self.exit_code == 0 && !self.cancelled && !self.timed_out && !self.preempted
+        self.exit_code == 0
+            && !self.cancelled
+            && !self.timed_out
+            && !self.preempted
+            && !self.out_of_memory
     }
 }
 
@@ -88,6 +96,8 @@ impl AgentReport {
                 timed_out,
                 preempted,
                 lost,
+                out_of_memory,
+                usage,
             } => ReportKind::Exited(Exit {
                 exit_code,
                 signal,
@@ -95,6 +105,8 @@ impl AgentReport {
                 timed_out,
                 preempted,
                 lost,
+                out_of_memory,
+                usage,
             }),
             _ => return None,
         };
@@ -119,6 +131,8 @@ impl AgentReport {
                 timed_out: exit.timed_out,
                 preempted: exit.preempted,
                 lost: exit.lost,
+                out_of_memory: exit.out_of_memory,
+                usage: exit.usage,
             },
         };
         JobEvent {

@@ -206,6 +206,8 @@ mod fuzz {
                 addresses: vec!["10.0.0.1".into(), "gpu-02".into()],
                 master_port: 29_500,
             }),
+            cpus: 4,
+            mem_host_mib: 8192,
         }
     }
 
@@ -278,6 +280,8 @@ mod fuzz {
                     timed_out: false,
                     preempted: false,
                     lost: false,
+                    out_of_memory: true,
+                    usage: Some(crate::host::JobUsage { peak_mem_host_bytes: Some(1 << 30), cpu_time_ms: Some(1500), gpu_peak_mem: vec![crate::host::GpuPeak { index: 0, peak_mib: 2048 }] }),
                 },
             })),
             other in payloads(json(&JobEvent {

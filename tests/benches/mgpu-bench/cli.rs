@@ -7,6 +7,11 @@
 //!    instruction (`date +%s%N`, written by the job), on an idle node with 8 GPUs.
 //! 3. `drain_rate`: one-GPU `true` jobs submitted by the CLI loop of 1 to one agent with 8
 //!    declared GPUs, from the first submit to the latest `ended_at` once all succeeded.
+//!
+//! 2 and 3 run twice: with the agent's default containment (a cgroup per job where it may
+//! make cgroups) and with `--cgroup off` (`*_uncontained`); each reports the containment it
+//! ran under and the CPU the agent side spent per job (the agent, and the guards and jobs it
+//! reaped), so the cost of a job's cgroup is the difference.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -165,19 +170,77 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
     Ok(())
 }
 
-/// Scenarios 2 and 3 on one cluster: one agent with 8 declared GPUs.
+/// Scenarios 2 and 3 on one cluster (one agent with 8 declared GPUs), once with the agent's
+/// default containment and once with `--cgroup off`.
 fn latency_and_drain(ctx: &Run, sizes: &Sizes) -> Result<()> {
-    progress("cluster: one agent, 8 GPUs");
-    let cluster = Cluster::start(&[NodeSpec::new("node001", "8x24GiB")]);
-    let marks = cluster.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).with_context(|| format!("creating {}", marks.display()))?;
-    submit_to_start(ctx, &cluster, &marks, sizes.latency_samples)?;
-    drain(ctx, &cluster, sizes.drain_jobs)
+    for contained in [true, false] {
+        let args: &[&str] = if contained { &[] } else { &["--cgroup", "off"] };
+        progress(&format!("cluster: one agent, 8 GPUs, agent flags {args:?}"));
+        let cluster = Cluster::start(&[NodeSpec::new("node001", "8x24GiB").agent_args(args)]);
+        cluster.wait_nodes_online(1);
+        let setup = Containment {
+            suffix: if contained { "" } else { "_uncontained" },
+            described: containment_of(&cluster),
+            agent: cluster.agent_pid("node001"),
+        };
+        let marks = cluster.dir.path().join("marks");
+        std::fs::create_dir_all(&marks).with_context(|| format!("creating {}", marks.display()))?;
+        submit_to_start(ctx, &cluster, &marks, sizes.latency_samples, &setup)?;
+        drain(ctx, &cluster, sizes.drain_jobs, &setup)?;
+    }
+    Ok(())
+}
+
+/// How the agent of a run of scenarios 2 and 3 contains its jobs.
+struct Containment {
+    /// Appended to the scenario names: `` or `_uncontained`.
+    suffix: &'static str,
+    /// What the node announces (`mgpu nodes`: `containment: …`).
+    described: String,
+    agent: u32,
+}
+
+fn containment_of(cluster: &Cluster) -> String {
+    run_mgpu(cluster, &["nodes"])
+        .ok()
+        .and_then(|out| {
+            out.lines()
+                .find_map(|line| line.trim().strip_prefix("containment: "))
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
+/// CPU time of `pid` and of the children it reaped (the guards and their jobs), in ms.
+fn cpu_ms_with_children(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command (which may hold spaces) in parentheses: utime is the 14th
+    // field, stime, cutime and cstime follow.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no command in /proc/PID/stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..15)
+        .context("short /proc/PID/stat")?
+        .iter()
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .sum();
+    // USER_HZ is 100 on Linux.
+    Ok(ticks as f64 * 10.0)
 }
 
 /// Scenario 2: `samples` jobs submitted one at a time on the idle node, each timed from just
 /// before its CLI is spawned to the start time the job writes into `marks`.
-fn submit_to_start(ctx: &Run, cluster: &Cluster, marks: &Path, samples: usize) -> Result<()> {
+fn submit_to_start(
+    ctx: &Run,
+    cluster: &Cluster,
+    marks: &Path,
+    samples: usize,
+    setup: &Containment,
+) -> Result<()> {
     progress(&format!(
         "(2) submit -> first instruction, {samples} samples"
     ));
@@ -189,7 +252,7 @@ fn submit_to_start(ctx: &Run, cluster: &Cluster, marks: &Path, samples: usize) -
     }
     let summary = summarize(&latencies)?;
     ctx.report(
-        "submit_to_start_latency",
+        &format!("submit_to_start_latency{}", setup.suffix),
         summary.median,
         "ms",
         Target::AtMost(15.0),
@@ -197,7 +260,7 @@ fn submit_to_start(ctx: &Run, cluster: &Cluster, marks: &Path, samples: usize) -
         Some("p50 <= 15 ms and p99 <= 50 ms".to_owned()),
         &summary,
         "ms from CLI spawn to the job's `date +%s%N`",
-        json!({}),
+        json!({ "containment": setup.described }),
     );
     Ok(())
 }
@@ -224,10 +287,11 @@ fn one_submit_to_start(cluster: &Cluster, marks: &Path, i: usize) -> Result<f64>
 
 /// Scenario 3: `jobs` one-GPU `true` jobs submitted by the CLI loop, from the first submit to
 /// the latest `ended_at` once all succeeded.
-fn drain(ctx: &Run, cluster: &Cluster, jobs: usize) -> Result<()> {
+fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Result<()> {
     progress(&format!(
         "(3) drain: {jobs} x `mgpu submit -- true` to 8 GPUs"
     ));
+    let cpu_before = cpu_ms_with_children(setup.agent)?;
     let first_submit = chrono::Utc::now();
     let (ids, durations, submit_wall) = submit_loop(cluster, jobs)?;
     let ids: HashSet<String> = ids.into_iter().collect();
@@ -236,8 +300,9 @@ fn drain(ctx: &Run, cluster: &Cluster, jobs: usize) -> Result<()> {
         .to_std()
         .context("the last job ended before the first submit")?;
     let rate = ids.len() as f64 / span.as_secs_f64();
+    let agent_cpu_ms = cpu_ms_with_children(setup.agent)? - cpu_before;
     ctx.report(
-        "drain_rate",
+        &format!("drain_rate{}", setup.suffix),
         rate,
         "jobs/s",
         Target::AtLeast(250.0),
@@ -250,6 +315,8 @@ fn drain(ctx: &Run, cluster: &Cluster, jobs: usize) -> Result<()> {
             "gpus": 8,
             "span_s": round3(span.as_secs_f64()),
             "submit_wall_s": round3(submit_wall.as_secs_f64()),
+            "containment": setup.described,
+            "agent_cpu_ms_per_job": round3(agent_cpu_ms / ids.len().max(1) as f64),
         }),
     );
     Ok(())

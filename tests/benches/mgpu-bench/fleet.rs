@@ -152,6 +152,9 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
         fence_after_ms: None,
         kill_grace_ms: 0,
         labels: Default::default(),
+        gpu_isolation: false,
+        cpus: None,
+        mem_host_mib: None,
     }
 }
 
@@ -260,6 +263,8 @@ async fn run_job(
             timed_out: false,
             preempted: false,
             lost: false,
+            out_of_memory: false,
+            usage: None,
         },
     )
     .await;
@@ -295,6 +300,8 @@ async fn kill(
             timed_out: false,
             preempted: requeue,
             lost: false,
+            out_of_memory: false,
+            usage: None,
         };
         report(js, node, &job_id, attempt, kind).await;
     }

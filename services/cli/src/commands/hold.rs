@@ -268,6 +268,7 @@ mod tests {
             exit_code: None,
             signal: None,
             reason: Some("time limit".into()),
+            usage: None,
         }));
         let err = settled_before(&done, Action::Hold)
             .err()

@@ -147,6 +147,13 @@ fn details(node: &NodeHeartbeat, row: &NodeRow, view: &View<'_>) -> String {
     if let Some(containment) = &node.containment {
         text.push_str(&format!("  containment: {containment}\n"));
     }
+    if let (Some(cpus), Some(mem)) = (node.cpus, node.mem_host_mib) {
+        text.push_str(&format!(
+            "  host: {cpus} CPU cores, {} memory  gpu isolation: {}\n",
+            mgpu_protocol::host::format_mib(mem),
+            if node.gpu_isolation { "yes" } else { "no" }
+        ));
+    }
     let running: Vec<&str> = node.running.iter().map(|job| job.id.short()).collect();
     // An offline node's list is what it said last, not what runs there now.
     let label = if row.state == NodeState::Offline {
@@ -236,6 +243,9 @@ mod tests {
             labels: Default::default(),
             fence_after_ms: None,
             kill_grace_ms: 0,
+            gpu_isolation: false,
+            cpus: None,
+            mem_host_mib: None,
         }
     }
 

@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
+use mgpu_protocol::host::{JobUsage, format_mib};
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{
     Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting,
@@ -94,6 +95,12 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     }
     if let Some(mem) = spec.mem_mib {
         lines.push(("mem", format!("{mem} MiB per GPU")));
+    }
+    if let Some(cpus) = spec.cpus {
+        lines.push(("cpus requested", format!("{cpus} per node")));
+    }
+    if let Some(mib) = spec.mem_host_mib {
+        lines.push(("mem host", format!("{} per node", format_mib(mib))));
     }
     lines.push(("priority", spec.priority.to_string()));
     lines.push((
@@ -197,6 +204,15 @@ fn placement_lines(placement: &Placement, lines: &mut Vec<Line>) {
         .collect::<Vec<_>>()
         .join(", ");
     lines.push(("gpus", if gpus.is_empty() { "none".into() } else { gpus }));
+    if placement.cpus > 0 {
+        lines.push(("cpus", format!("{} booked", placement.cpus)));
+    }
+    if placement.mem_host_mib > 0 {
+        lines.push((
+            "host memory",
+            format!("{} limit", format_mib(placement.mem_host_mib)),
+        ));
+    }
 }
 
 fn waiting_lines(waiting: &Waiting, record: &JobRecord, now: Timestamp, lines: &mut Vec<Line>) {
@@ -242,6 +258,25 @@ fn ending_lines(end: &Ending, now: Timestamp, lines: &mut Vec<Line>) {
     }
     if let Some(reason) = &end.reason {
         lines.push(("reason", reason.clone()));
+    }
+    if let Some(usage) = &end.usage {
+        usage_lines(usage, lines);
+    }
+}
+
+/// What the job's last attempt used, as its node measured it.
+fn usage_lines(usage: &JobUsage, lines: &mut Vec<Line>) {
+    if let Some(bytes) = usage.peak_mem_host_bytes {
+        lines.push(("peak host memory", format_mib(bytes.div_ceil(1024 * 1024))));
+    }
+    if let Some(ms) = usage.cpu_time_ms {
+        lines.push(("cpu time", format!("{:.2} s", ms as f64 / 1000.0)));
+    }
+    for gpu in &usage.gpu_peak_mem {
+        lines.push((
+            "peak gpu memory",
+            format!("GPU {}: {}", gpu.index, format_mib(gpu.peak_mib)),
+        ));
     }
 }
 
@@ -355,6 +390,7 @@ mod tests {
                 exit_code: Some(143),
                 signal: Some(15),
                 reason: Some("time limit of 1m reached".into()),
+                usage: None,
             }),
         };
         let text = render(&record, now);
@@ -384,6 +420,7 @@ mod tests {
                 exit_code: None,
                 signal: None,
                 reason: Some("node node001 went offline; not requeued (--no-requeue)".into()),
+                usage: None,
             }),
         };
         let text = render(&record, now);

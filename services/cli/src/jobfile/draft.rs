@@ -15,6 +15,9 @@ pub struct Draft {
     pub gpu_ids: Option<Vec<u32>>,
     pub allowed_gpus: Option<Vec<u32>>,
     pub mem_mib: Option<u64>,
+    /// `cpus` and `mem_host`: as `--cpus` and `--mem-host`.
+    pub cpus: Option<u32>,
+    pub mem_host_mib: Option<u64>,
     pub priority: i32,
     pub time_limit_secs: Option<u64>,
     pub on_timeout: Option<OnTimeout>,

@@ -8,6 +8,8 @@
 //! gpu_ids = "0-1"                             # or [0, 1]: exactly these GPUs
 //! allowed_gpus = [4, 5, 6, 7]                 # any of these GPUs
 //! mem = "24GiB"                               # or MiB as a number
+//! cpus = 8                                    # as --cpus
+//! mem_host = "64GiB"                          # as --mem-host
 //! priority = 5                                # higher first, like --priority
 //! time_limit = "2h"
 //! on_timeout = "fail"                         # or "requeue" (the default)
@@ -34,13 +36,15 @@ use super::draft::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
-const KEYS: [&str; 15] = [
+const KEYS: [&str; 17] = [
     "command",
     "name",
     "gpus",
     "gpu_ids",
     "allowed_gpus",
     "mem",
+    "cpus",
+    "mem_host",
     "priority",
     "time_limit",
     "on_timeout",
@@ -156,6 +160,8 @@ fn job(table: &Table) -> Result<Draft, Problem> {
         allowed
     });
     draft.mem_mib = table.read("mem", mem)?;
+    draft.cpus = table.read("cpus", cpus)?;
+    draft.mem_host_mib = table.read("mem_host", mem)?;
     if let Some(priority) = table.read("priority", priority)? {
         draft.priority = priority;
     }
@@ -170,6 +176,17 @@ fn job(table: &Table) -> Result<Draft, Problem> {
     }
     draft.no_requeue = table.read("no_requeue", boolean)?;
     Ok(draft)
+}
+
+/// CPU cores: a whole number, 1 or more.
+fn cpus(key: &str, value: &Value) -> Result<u32, String> {
+    match value {
+        Value::Integer(n) => u32::try_from(*n)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("`{key}` {n}: a job needs at least 1 CPU core")),
+        other => Err(expected(key, "a whole number of cores", other)),
+    }
 }
 
 fn priority(key: &str, value: &Value) -> Result<i32, String> {
@@ -291,6 +308,8 @@ name = "train"
 gpus = 2
 gpu_ids = "0-1"
 mem = "24GiB"
+cpus = 8
+mem_host = "64GiB"
 priority = 5
 time_limit = "2h"
 on_timeout = "fail"
@@ -313,13 +332,15 @@ no_requeue = true
         let entries = parse(GOOD).unwrap_or_default();
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[0].line, 2);
-        assert_eq!(entries[1].line, 15);
+        assert_eq!(entries[1].line, 17);
         let train = entries[0].draft.clone().unwrap_or_default();
         assert_eq!(train.command, ["python train.py --cuda {gpus}"]);
         assert_eq!(train.name.as_deref(), Some("train"));
         assert_eq!(train.gpus, Some(GpuAmount::whole(2)));
         assert_eq!(train.gpu_ids, Some(vec![0, 1]));
         assert_eq!(train.mem_mib, Some(24_576));
+        assert_eq!(train.cpus, Some(8));
+        assert_eq!(train.mem_host_mib, Some(64 * 1024));
         assert_eq!(train.priority, 5);
         assert_eq!(train.time_limit_secs, Some(7_200));
         assert_eq!(train.on_timeout, Some(OnTimeout::Fail));

@@ -1,6 +1,7 @@
 //! Free capacity of the online nodes during one pass, and fitting one job onto it.
 
 use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::host::format_mib;
 use mgpu_protocol::job::{GpuShare, NodeShare, Placement};
 use mgpu_protocol::priority::PlacementPolicy;
 
@@ -33,6 +34,20 @@ pub(super) struct FreeNode {
     pub gpus: Vec<FreeGpu>,
     /// Node-level switch for CPU-only jobs (a drained node takes nothing).
     pub offered: bool,
+    /// CPU cores not booked yet; None: the node does not count them.
+    pub cpus_free: Option<u32>,
+    /// Host memory (MiB) not booked yet; None: the node does not count it.
+    pub mem_host_free_mib: Option<u64>,
+}
+
+impl FreeNode {
+    /// Whether the node has the cores and host memory `job` needs on it left.
+    fn has_host_room_for(&self, job: &QueuedJob) -> bool {
+        self.cpus_free.is_none_or(|free| job.cpus <= free)
+            && self
+                .mem_host_free_mib
+                .is_none_or(|free| job.mem_host_mib <= free)
+    }
 }
 
 pub(super) struct Capacity {
@@ -66,6 +81,8 @@ impl Capacity {
                 view,
                 labels: n.labels.clone(),
                 offered: !n.drained,
+                cpus_free: n.cpus,
+                mem_host_free_mib: n.mem_host_mib,
                 gpus: n
                     .gpus
                     .iter()
@@ -131,6 +148,12 @@ impl Capacity {
             else {
                 continue;
             };
+            node.cpus_free = node
+                .cpus_free
+                .map(|free| free.saturating_sub(placement.cpus));
+            node.mem_host_free_mib = node
+                .mem_host_free_mib
+                .map(|free| free.saturating_sub(placement.mem_host_mib));
             for share in shares {
                 if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
                     gpu.units = gpu.units.saturating_sub(share.amount.units());
@@ -154,7 +177,7 @@ impl Capacity {
             if constraints.in_service_only && !node.offered {
                 continue;
             }
-            if !job.may_use_node(&node.name) {
+            if !job.may_use_node(&node.name) || !node.has_host_room_for(job) {
                 continue;
             }
             let usable: Vec<&FreeGpu> = node
@@ -205,6 +228,8 @@ impl Capacity {
             gpus,
             peers,
             launch: None,
+            cpus: job.cpus,
+            mem_host_mib: job.mem_host_mib,
         })
     }
 }
@@ -323,7 +348,7 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
     }
     let mem = job.mem_mib.unwrap_or(0);
     let can_hold = |node: &NodeView| {
-        if !job.may_use_node(&node.name) {
+        if !job.may_use_node(&node.name) || !host_could_hold(node, job) {
             return false;
         }
         if job.gpus.is_zero() {
@@ -344,7 +369,13 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
     if job.nodes > 1 || !job.required_nodes.is_empty() {
         return multi_node_impossible_reason(nodes, job, &can_hold);
     }
-    if nodes.iter().any(can_hold) || job.gpus.is_zero() {
+    if nodes.iter().any(can_hold) {
+        return None;
+    }
+    if let Some(reason) = host_impossible_reason(nodes, job) {
+        return Some(reason);
+    }
+    if job.gpus.is_zero() {
         return None;
     }
     let most_gpus = nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(0);
@@ -378,6 +409,35 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
             job.gpus
         )
     })
+}
+
+/// Whether `node`, idle, has the cores and host memory `job` needs (a node that does not
+/// count them has).
+fn host_could_hold(node: &NodeView, job: &QueuedJob) -> bool {
+    node.cpus.is_none_or(|cpus| job.cpus <= cpus)
+        && node.mem_host_mib.is_none_or(|mib| job.mem_host_mib <= mib)
+}
+
+/// Why no node could ever give `job` its cores or host memory, if that is why.
+fn host_impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> {
+    let allowed = || nodes.iter().filter(|n| job.may_use_node(&n.name));
+    allowed().next()?;
+    if allowed().any(|n| n.cpus.is_none_or(|cpus| job.cpus <= cpus)) {
+        if allowed().any(|n| host_could_hold(n, job)) {
+            return None;
+        }
+        let most = allowed().filter_map(|n| n.mem_host_mib).max().unwrap_or(0);
+        return Some(format!(
+            "asks for {} of host memory on one node; the largest node has {}",
+            format_mib(job.mem_host_mib),
+            format_mib(most)
+        ));
+    }
+    let most = allowed().filter_map(|n| n.cpus).max().unwrap_or(0);
+    Some(format!(
+        "asks for {} CPU cores on one node; the largest node has {most}",
+        job.cpus
+    ))
 }
 
 /// [`impossible_reason`] for a job that names nodes or spans several. A required node that

@@ -67,6 +67,10 @@ pub struct NodeView {
     pub mem_threshold: f64,
     pub load_threshold: f64,
     pub gpus: Vec<GpuView>,
+    /// CPU cores jobs may be given here; None: not counted (an agent that does not say).
+    pub cpus: Option<u32>,
+    /// Host memory in MiB jobs may be given here; None: not counted.
+    pub mem_host_mib: Option<u64>,
     /// Operator-given labels (`rack=r1`), for topology preference.
     pub labels: BTreeMap<String, String>,
 }
@@ -102,6 +106,11 @@ pub struct QueuedJob {
     pub gpu_ids: Option<Vec<u32>>,
     pub allowed_gpus: Option<Vec<u32>>,
     pub mem_mib: Option<u64>,
+    /// CPU cores it needs on each node (its `--cpus`, or the cluster's `cpus_per_gpu`); 0:
+    /// not counted.
+    pub cpus: u32,
+    /// Host memory in MiB it needs on each node (`--mem-host`, or `mem_per_gpu`); 0: none.
+    pub mem_host_mib: u64,
     /// How long it may run (its own limit, capped by the cluster's); None: unlimited.
     pub time_limit: Option<Duration>,
     pub held: bool,
@@ -135,6 +144,8 @@ impl QueuedJob {
             gpu_ids: None,
             allowed_gpus: None,
             mem_mib: None,
+            cpus: 0,
+            mem_host_mib: 0,
             time_limit: None,
             held: false,
             dependencies: Dependencies::Met,
@@ -205,6 +216,8 @@ struct Shape<'a> {
     gpu_ids: Option<&'a [u32]>,
     allowed_gpus: Option<&'a [u32]>,
     mem_mib: Option<u64>,
+    cpus: u32,
+    mem_host_mib: u64,
     time_limit: Option<Duration>,
     nodes: u32,
     required_nodes: &'a [String],
@@ -219,6 +232,8 @@ impl<'a> Shape<'a> {
             gpu_ids: job.gpu_ids.as_deref(),
             allowed_gpus: job.allowed_gpus.as_deref(),
             mem_mib: job.mem_mib,
+            cpus: job.cpus,
+            mem_host_mib: job.mem_host_mib,
             time_limit: job.time_limit,
             nodes: job.nodes,
             required_nodes: &job.required_nodes,

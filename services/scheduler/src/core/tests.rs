@@ -33,6 +33,8 @@ fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
             })
             .collect(),
         labels: BTreeMap::new(),
+        cpus: None,
+        mem_host_mib: None,
     }
 }
 
@@ -681,4 +683,79 @@ fn a_long_queue_of_alike_jobs_on_a_full_cluster_is_planned_without_a_search_per_
         }
     )));
     eprintln!("planned 100 000 jobs on 8 000 busy GPUs in {took:?}");
+}
+
+/// A node with `gpus` GPUs that counts `cpus` cores and `mem_host_mib` of host memory.
+fn host_node(name: &str, gpus: u32, cpus: u32, mem_host_mib: u64) -> NodeView {
+    NodeView {
+        cpus: Some(cpus),
+        mem_host_mib: Some(mem_host_mib),
+        ..node(name, gpus, 24_000)
+    }
+}
+
+fn with_host(mut queued: QueuedJob, cpus: u32, mem_host_mib: u64) -> QueuedJob {
+    queued.cpus = cpus;
+    queued.mem_host_mib = mem_host_mib;
+    queued
+}
+
+#[test]
+fn cores_are_counted_like_gpus_and_the_third_one_core_job_on_two_cores_waits() {
+    let nodes = [host_node("n1", 0, 2, 8192)];
+    let queue: Vec<QueuedJob> = (1..=3)
+        .map(|n| with_host(job(n, GpuAmount::ZERO), 1, 0))
+        .collect();
+    let decisions = run(&nodes, &[], &queue);
+    let placed = started(&decisions);
+    assert_eq!(placed.len(), 2, "{decisions:?}");
+    assert!(placed.iter().all(|(_, placement)| placement.cpus == 1));
+    assert_eq!(
+        reason_of(&decisions, &queue[2].id),
+        Some(WaitReason::Resources)
+    );
+    // Booked by a running job, the cores are not offered again.
+    let mut holding = running(1, "n1", &[], None);
+    holding.placement.cpus = 2;
+    let decisions = run(&nodes, &[holding], &queue[..1]);
+    assert!(started(&decisions).is_empty(), "{decisions:?}");
+}
+
+#[test]
+fn host_memory_is_booked_and_a_node_without_room_is_passed_over() {
+    let nodes = [host_node("a", 1, 8, 1024), host_node("b", 1, 8, 4096)];
+    let decisions = run(&nodes, &[], &[with_host(job(1, GpuAmount::ONE), 0, 2048)]);
+    let placed = started(&decisions);
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].1.node, "b");
+    assert_eq!(placed[0].1.mem_host_mib, 2048);
+    // Nodes that do not count host resources take anything.
+    let uncounted = run(
+        &[node("c", 1, 24_000)],
+        &[],
+        &[with_host(job(2, GpuAmount::ONE), 512, 1 << 30)],
+    );
+    assert_eq!(started(&uncounted).len(), 1);
+}
+
+#[test]
+fn more_cores_or_host_memory_than_any_node_has_is_rejected_with_the_reason() {
+    let nodes = [host_node("n1", 1, 2, 4096), host_node("n2", 1, 4, 2048)];
+    let reject = |queued: QueuedJob| match run(&nodes, &[], &[queued]).first() {
+        Some(Decision::Reject { reason, .. }) => reason.clone(),
+        other => panic!("{other:?}"),
+    };
+    let cpus = reject(with_host(job(1, GpuAmount::ONE), 5, 0));
+    assert_eq!(
+        cpus,
+        "asks for 5 CPU cores on one node; the largest node has 4"
+    );
+    let mem = reject(with_host(job(2, GpuAmount::ZERO), 0, 8192));
+    assert_eq!(
+        mem,
+        "asks for 8 GiB of host memory on one node; the largest node has 4 GiB"
+    );
+    // Each fits some node, but not both on one.
+    let both = reject(with_host(job(3, GpuAmount::ONE), 4, 4096));
+    assert!(both.contains("host memory"), "{both}");
 }

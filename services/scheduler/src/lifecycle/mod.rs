@@ -212,6 +212,7 @@ fn ended_unstarted(at: Timestamp, reason: String) -> Ending {
         exit_code: None,
         signal: None,
         reason: Some(reason),
+        usage: None,
     }
 }
 

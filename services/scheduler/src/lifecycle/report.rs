@@ -48,6 +48,7 @@ pub(super) fn on_report(current: &JobRecord, report: AgentReport, limits: &Limit
                     exit_code: None,
                     signal: None,
                     reason: Some(format!("{}could not start: {error}", which(run, node))),
+                    usage: None,
                 }),
             );
             transition.effects.extend(stop_other_ranks(
@@ -156,7 +157,9 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
     transition
 }
 
-/// The final state an exit makes.
+/// The final state an exit makes. A job the kernel killed a process of for going over its
+/// `--mem-host` failed with that reason, whatever its exit code said (as Slurm's
+/// `OUT_OF_MEMORY`): its result cannot be trusted.
 fn ending_state(run: &Run, node: &str, exit: Exit, at: Timestamp) -> JobState {
     let ending = |reason: Option<String>| Ending {
         placement: Some(run.placement.clone()),
@@ -165,7 +168,9 @@ fn ending_state(run: &Run, node: &str, exit: Exit, at: Timestamp) -> JobState {
         exit_code: Some(exit.exit_code),
         signal: exit.signal,
         reason,
+        usage: exit.usage.clone(),
     };
+    let which = which(run, node);
     if exit.cancelled || run.cancel_requested_by.is_some() {
         let by = run
             .cancel_requested_by
@@ -174,13 +179,13 @@ fn ending_state(run: &Run, node: &str, exit: Exit, at: Timestamp) -> JobState {
         JobState::Cancelled(ending(Some(format!("cancelled by {by}"))))
     } else if exit.timed_out {
         JobState::TimedOut(ending(Some("time limit reached".into())))
+    } else if exit.out_of_memory {
+        JobState::Failed(ending(Some(format!("{which}out of memory (host)"))))
     } else if exit.exit_code == 0 {
         JobState::Succeeded(ending(None))
     } else if let Some(signal) = exit.signal {
-        let which = which(run, node);
         JobState::Failed(ending(Some(format!("{which}killed by signal {signal}"))))
     } else {
-        let which = which(run, node);
         JobState::Failed(ending(Some(format!("{which}exit code {}", exit.exit_code))))
     }
 }

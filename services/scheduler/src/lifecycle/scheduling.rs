@@ -123,6 +123,7 @@ pub(super) fn node_lost(
         exit_code: None,
         signal: None,
         reason: Some(reason),
+        usage: None,
     };
     let mut transition = if let Some(by) = &run.cancel_requested_by {
         finish(

@@ -71,6 +71,8 @@ fn across(nodes: &[&str], distributed: bool) -> Placement {
             addresses: nodes.iter().map(|n| format!("{n}.cluster")).collect(),
             master_port: 29_500,
         }),
+        cpus: 0,
+        mem_host_mib: 0,
     }
 }
 
@@ -594,6 +596,38 @@ fn exit_status_decides_how_the_job_ends() {
         assert_eq!(finished(&transition), vec![(state, code, reason)]);
         assert!(kills(&transition).is_empty(), "one process: nothing left");
     }
+}
+
+#[test]
+fn a_job_killed_over_its_host_memory_fails_out_of_memory_and_keeps_what_it_used() {
+    let job = running(on("node001"));
+    let usage = mgpu_protocol::host::JobUsage {
+        peak_mem_host_bytes: Some(64 << 20),
+        cpu_time_ms: Some(420),
+        gpu_peak_mem: Vec::new(),
+    };
+    // Whatever its exit code: a shell whose child was killed may still exit 0.
+    for code in [0, 137] {
+        let oom = exit(Exit {
+            exit_code: code,
+            signal: (code == 137).then_some(9),
+            out_of_memory: true,
+            usage: Some(usage.clone()),
+            ..Exit::default()
+        });
+        let record = stored(&step(&job, report(&job, "node001", 30, oom), 30));
+        assert_eq!(record.state.name(), "failed");
+        assert_eq!(reason_of(&record), Some("out of memory (host)"));
+        assert_eq!(ending_of(&record).usage.as_ref(), Some(&usage));
+    }
+    // A clean exit keeps its usage too.
+    let clean = exit(Exit {
+        usage: Some(usage.clone()),
+        ..Exit::default()
+    });
+    let record = stored(&step(&job, report(&job, "node001", 30, clean), 30));
+    assert_eq!(record.state.name(), "succeeded");
+    assert_eq!(ending_of(&record).usage.as_ref(), Some(&usage));
 }
 
 #[test]
@@ -1413,6 +1447,7 @@ fn arb_ending() -> impl Strategy<Value = Ending> {
             exit_code,
             signal: None,
             reason: Some("it ended".into()),
+            usage: None,
         })
 }
 
@@ -1462,6 +1497,8 @@ fn arb_exit() -> impl Strategy<Value = Exit> {
                 timed_out,
                 preempted,
                 lost,
+                out_of_memory: false,
+                usage: None,
             },
         )
 }

@@ -47,6 +47,14 @@ pub struct JobSpec {
     /// GPU memory needed on each GPU, in MiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_mib: Option<u64>,
+    /// CPU cores the job needs on each of its nodes (`--cpus`), counted like GPUs and pinned
+    /// with a cpuset where the node can; None: the cluster's `cpus_per_gpu`, else not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// Host memory (RAM) the job may use on each of its nodes, in MiB (`--mem-host`), its
+    /// cgroup's limit; None: the cluster's `mem_per_gpu`, else no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_host_mib: Option<u64>,
     /// Higher runs first.
     #[serde(default)]
     pub priority: i32,
@@ -208,6 +216,8 @@ impl JobSpec {
             gpu_ids: None,
             allowed_gpus: None,
             mem_mib: None,
+            cpus: None,
+            mem_host_mib: None,
             priority: 0,
             time_limit_secs: None,
             env_setup_cmd: None,
@@ -254,6 +264,8 @@ impl JobSpec {
             self.exclude,
             self.node_gpu_ids,
             self.distributed,
+            self.cpus,
+            self.mem_host_mib,
         ]);
         key.to_string()
     }
@@ -383,6 +395,7 @@ impl JobRecord {
             ended_at,
             reason,
             command: self.spec.command_line(),
+            usage: self.state.ending().and_then(|end| end.usage.clone()),
         }
     }
 }
@@ -407,6 +420,9 @@ pub struct JobSummary {
     pub ended_at: Option<Timestamp>,
     pub reason: Option<String>,
     pub command: String,
+    /// What its last attempt used, once it ended (peak host memory, CPU time, GPU memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::host::JobUsage>,
 }
 
 #[cfg(test)]

@@ -28,6 +28,21 @@ pub struct Placement {
     /// How a multi-node or distributed job is launched; None for a plain one-node job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<Launch>,
+    /// CPU cores booked for the job on each of its nodes (0: none counted).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub cpus: u32,
+    /// Host memory booked for the job on each of its nodes, in MiB, and its cgroup's limit
+    /// there (0: none counted, no limit).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub mem_host_mib: u64,
+}
+
+fn is_zero_u32(value: &u32) -> bool {
+    *value == 0
+}
+
+fn is_zero_u64(value: &u64) -> bool {
+    *value == 0
 }
 
 /// One further node of a multi-node job and the GPUs it holds there.
@@ -102,6 +117,8 @@ impl Placement {
             gpus,
             peers: Vec::new(),
             launch: None,
+            cpus: 0,
+            mem_host_mib: 0,
         }
     }
 

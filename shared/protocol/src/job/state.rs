@@ -7,7 +7,8 @@ use super::*;
 pub enum WaitReason {
     /// Submitted; the scheduler has not looked at it yet (it may be stopped).
     Submitted,
-    /// Not enough free GPUs or GPU memory on any node right now.
+    /// Not enough free GPUs, GPU memory, CPU cores or host memory on any node right now (the
+    /// text says GPUs, the usual case; scripts match it).
     Resources,
     /// No node is online.
     NoNodes,
@@ -131,6 +132,10 @@ pub struct Ending {
     pub signal: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What its last attempt used (peak host memory, CPU time, peak GPU memory), as its node
+    /// measured it; None where nothing was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::host::JobUsage>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -86,7 +86,7 @@ impl JobSpec {
         if self.mem_mib.is_some() && self.gpus.is_zero() {
             return Err(InvalidInput::new("--mem needs at least a share of a GPU"));
         }
-        Ok(())
+        crate::host::check_request(self.cpus, self.mem_host_mib)
     }
 
     /// The conda environment, dependencies and array limit.

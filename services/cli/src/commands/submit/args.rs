@@ -59,6 +59,17 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "MIB", value_parser = parse::mem_mib)]
     pub mem: Option<u64>,
 
+    /// CPU cores the job needs on each node: counted like GPUs (two jobs never get the same
+    /// cores) and pinned where the node can. Default: the cluster's `cpus_per_gpu`, if set.
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<u32>,
+
+    /// Host memory (RAM) the job may use on each node: MiB or with a unit (16GiB). Over it,
+    /// the job is killed and ends `failed` with `out of memory (host)`. Default: the
+    /// cluster's `mem_per_gpu`, if set.
+    #[arg(long, value_name = "SIZE", value_parser = parse::mem_mib)]
+    pub mem_host: Option<u64>,
+
     /// Name shown in listings (default: the program's name).
     #[arg(long)]
     pub name: Option<String>,
@@ -135,7 +146,7 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
         "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
-        "node_gpu_ids", "distributed",
+        "node_gpu_ids", "distributed", "cpus", "mem_host",
     ])]
     pub file: Option<PathBuf>,
 

@@ -90,6 +90,7 @@ mod tests {
             exit_code: Some(0),
             signal: None,
             reason: None,
+            usage: None,
         });
         let mine = record("alice", "python a.py", queued());
         let jobs = vec![

@@ -46,6 +46,8 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     spec.profile = choice.profile;
     spec.gpu_ids = gpu_ids;
     spec.mem_mib = args.mem;
+    spec.cpus = args.cpus;
+    spec.mem_host_mib = args.mem_host;
     spec.priority = args.priority;
     spec.time_limit_secs = args.time_limit.map(|d| d.as_secs());
     spec.on_timeout = args.on_timeout.map(OnTimeout::from).unwrap_or_default();
@@ -139,6 +141,8 @@ pub fn from_draft(
     spec.gpu_ids = draft.gpu_ids;
     spec.allowed_gpus = draft.allowed_gpus;
     spec.mem_mib = draft.mem_mib;
+    spec.cpus = draft.cpus;
+    spec.mem_host_mib = draft.mem_host_mib;
     spec.priority = draft.priority;
     spec.time_limit_secs = draft.time_limit_secs.or(defaults.time_limit_secs);
     spec.on_timeout = draft.on_timeout.or(defaults.on_timeout).unwrap_or_default();
