@@ -207,7 +207,8 @@ impl Containment {
 
     /// Empties and removes the cgroup an earlier agent made for `key`, if there is one.
     pub async fn empty_left_over(&self, key: &AttemptKey) -> Result<(), String> {
-        let Some(cgroup) = self.cgroup_of(key) else {
+        // Pinned or not, it is unknown: a directory that is not there is skipped.
+        let Some(cgroup) = self.cgroup_of(key, true) else {
             return Ok(());
         };
         if !cgroup.dir.is_dir() {
@@ -216,11 +217,11 @@ impl Containment {
         cgroup.kill_all().await.map(|_| ())
     }
 
-    fn cgroup_of(&self, key: &AttemptKey) -> Option<JobCgroup> {
+    fn cgroup_of(&self, key: &AttemptKey, pinned: bool) -> Option<JobCgroup> {
         let name = cgroup_name(key);
         Some(match self.layout.as_ref()? {
             Layout::V2(v2) => v2.job(&name),
-            Layout::V1(v1) => v1.job(&name),
+            Layout::V1(v1) => v1.job(&name, pinned),
         })
     }
 
@@ -231,7 +232,8 @@ impl Containment {
         key: &AttemptKey,
         limits: &JobLimits,
     ) -> Result<Option<JobCgroup>, String> {
-        let (Some(layout), Some(cgroup)) = (&self.layout, self.cgroup_of(key)) else {
+        let pinned = limits.cores.is_some();
+        let (Some(layout), Some(cgroup)) = (&self.layout, self.cgroup_of(key, pinned)) else {
             return Ok(None);
         };
         if cgroup.dir.is_dir() {

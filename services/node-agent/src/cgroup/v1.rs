@@ -74,13 +74,21 @@ impl V1 {
         missing
     }
 
-    /// The job's cgroup named `name` (not made yet).
-    pub fn job(&self, name: &str) -> JobCgroup {
-        let others: Vec<PathBuf> = [&self.devices, &self.memory, &self.cpuset, &self.cpuacct]
-            .into_iter()
-            .flatten()
-            .map(|parent| parent.join(name))
-            .collect();
+    /// The job's cgroup named `name` (not made yet). Only a `pinned` job is in a cpuset
+    /// cgroup of its own: an unpinned one stays in the parent's, which spares every start a
+    /// directory, four writes and a move.
+    pub fn job(&self, name: &str, pinned: bool) -> JobCgroup {
+        let cpuset = self.cpuset.as_ref().filter(|_| pinned);
+        let others: Vec<PathBuf> = [
+            self.devices.as_ref(),
+            self.memory.as_ref(),
+            cpuset,
+            self.cpuacct.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|parent| parent.join(name))
+        .collect();
         JobCgroup {
             dir: self.freezer.join(name),
             v2: false,
@@ -92,7 +100,11 @@ impl V1 {
 
     /// Makes the job's directories and writes its limits, before anything joins.
     pub fn set_up(&self, name: &str, limits: &JobLimits) -> Result<(), String> {
-        for parent in self.all() {
+        let pinned = limits.cores.is_some();
+        for parent in self
+            .all()
+            .filter(|parent| pinned || Some(*parent) != self.cpuset.as_ref())
+        {
             let dir = parent.join(name);
             match std::fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -118,13 +130,11 @@ impl V1 {
             // memory is killed, not swapped out at its neighbours' expense.
             let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), &bytes);
         }
-        if let Some(cpuset) = &self.cpuset {
+        if let (Some(cpuset), Some(cores)) = (&self.cpuset, &limits.cores) {
             let dir = cpuset.join(name);
             inherit_cpuset(&dir)
                 .map_err(|err| format!("cannot give {} its CPUs: {err}", dir.display()))?;
-            if let Some(cores) = &limits.cores {
-                write(&dir.join("cpuset.cpus"), &super::core_list(cores))?;
-            }
+            write(&dir.join("cpuset.cpus"), &super::core_list(cores))?;
         }
         Ok(())
     }
