@@ -51,7 +51,7 @@ pub const HEARTBEAT: &str = "200ms";
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
     pub name: String,
-    /// Declared GPUs, e.g. `1x24GiB`.
+    /// Declared GPUs, e.g. `1x24GiB`; empty: the host's own, read through NVML.
     pub gpus: String,
     /// Extra flags for its agent (`--mem-threshold 0.5`).
     pub agent_args: Vec<String>,
@@ -377,8 +377,15 @@ impl Cluster {
             .unwrap_or_else(|| panic!("node {name} was not declared"));
         let mut command = Command::new(bin_dir().join("mgpu-node"));
         self.set_ca_env(&mut command);
+        // No inventory declared: the agent reads the host's GPUs through NVML.
+        let declared: &[&str] = if spec.gpus.is_empty() {
+            &[]
+        } else {
+            &["--gpus", &spec.gpus]
+        };
         let child = command
-            .args(["--node", &spec.name, "--gpus", &spec.gpus])
+            .args(["--node", &spec.name])
+            .args(declared)
             .args(["--heartbeat-interval", HEARTBEAT, "--kill-grace", "2s"])
             .arg("--state-dir")
             .arg(self.state_dir())

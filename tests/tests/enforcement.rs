@@ -4,8 +4,9 @@
 //! a test directory: without a driver, an allowed node answers ENXIO and a denied one EPERM);
 //! `--cpus` jobs are counted and pinned to cores of their own; what a job used is measured;
 //! impossible host requests are refused; `require_gpu_isolation` keeps jobs off a node that
-//! cannot isolate. Run as root against this machine's real cgroups (v1 controllers and the
-//! unified v2 hierarchy); elsewhere each story says why it is skipped.
+//! cannot isolate; and, on a host with an NVIDIA GPU and its driver, a CUDA program reaches
+//! only the GPUs its job was given. Run as root against this machine's real cgroups (v1
+//! controllers and the unified v2 hierarchy); elsewhere each story says why it is skipped.
 
 use std::path::Path;
 use std::time::Duration;
@@ -297,4 +298,63 @@ fn require_gpu_isolation_places_nothing_on_a_node_that_cannot_isolate() {
         T,
     );
     assert_eq!(cluster.state(&job), "queued");
+}
+
+/// A CUDA call through the driver library (`cuInit`, `cuDeviceGetCount`), with the
+/// `CUDA_VISIBLE_DEVICES` the job chose itself; prints `cuda <result> <devices>`.
+const CUDA_PROBE: &str = r#"export CUDA_VISIBLE_DEVICES=0; python3 -c '
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+result = cuda.cuInit(0)
+count = ctypes.c_int(0)
+if result == 0:
+    result = cuda.cuDeviceGetCount(ctypes.byref(count))
+print("cuda", result, count.value)
+'"#;
+
+/// `cuda <result> <devices>` as the probe printed it.
+fn cuda_said(text: &str) -> Option<(i64, i64)> {
+    let line = text.lines().find(|line| line.starts_with("cuda "))?;
+    let mut words = line.split_whitespace().skip(1);
+    Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+}
+
+/// On a host with an NVIDIA GPU and its driver: the agent reads the GPUs through NVML, and a
+/// CUDA program in a job given GPU 0 reaches it, while one in a job given no GPU does not, even
+/// though it sets `CUDA_VISIBLE_DEVICES=0` itself. Skipped, saying why, elsewhere.
+#[test]
+fn on_a_gpu_host_a_cuda_program_reaches_only_the_gpus_its_job_was_given() {
+    if !is_root() {
+        return;
+    }
+    if !Path::new("/dev/nvidia0").exists() || !Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: no NVIDIA GPU (/dev/nvidia0) on this machine");
+        return;
+    }
+    let here = std::process::Command::new("sh")
+        .args(["-c", CUDA_PROBE])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default();
+    if !matches!(cuda_said(&here), Some((0, count)) if count >= 1) {
+        eprintln!("skipped: no CUDA driver library or python3 to call it with: {here:?}");
+        return;
+    }
+    let cluster = Cluster::start(&[NodeSpec::new("gpu01", "")]);
+    cluster.wait_nodes_online(1);
+    let (containment, host) = announced(&cluster);
+    eprintln!("containment: {containment}\nhost: {host}");
+    assert!(host.ends_with("gpu isolation: yes"), "{containment}");
+    let given = cluster.submit(&["--gpu-ids", "0"], CUDA_PROBE);
+    cluster.finished_as(&given, "succeeded", T);
+    let given_said = cluster.mgpu_ok(&["logs", &given]);
+    let not_given = cluster.submit(&["--gpus", "0"], CUDA_PROBE);
+    cluster.finished_as(&not_given, "succeeded", T);
+    let not_given_said = cluster.mgpu_ok(&["logs", &not_given]);
+    eprintln!("given GPU 0: {given_said:?}; given none: {not_given_said:?}");
+    assert_eq!(cuda_said(&given_said), Some((0, 1)), "{given_said}");
+    assert!(
+        !matches!(cuda_said(&not_given_said), Some((0, count)) if count > 0),
+        "a job given no GPU reached one: {not_given_said}"
+    );
 }
