@@ -635,3 +635,26 @@ fn a_record_another_scheduler_changed_is_decided_again_from_what_is_stored() {
     assert_eq!(job["reason"], ended_elsewhere, "{job}");
     cluster.mgpu_ok(&["cancel", &blocker]);
 }
+
+/// A second agent started under a name an agent on this host already runs as refuses to
+/// start, saying why, and the first one serves on.
+#[test]
+fn a_second_agent_with_the_same_node_name_refuses_to_start() {
+    let mut cluster = start(&one_node(), &[]);
+    let job = cluster.submit(&[], "sleep 1000");
+    cluster.wait_state(&job, "running", T);
+    cluster.start_agent("node001");
+    wait_for("the second agent to exit", T, || {
+        cluster
+            .exited_components()
+            .contains(&"node001".to_owned())
+            .then_some(())
+    });
+    let log = std::fs::read_to_string(cluster.log_path("node001")).unwrap_or_default();
+    assert!(
+        log.contains("another mgpu-node for node `node001` is running on this host"),
+        "{log}"
+    );
+    cluster.mgpu_ok(&["cancel", &job]);
+    cluster.finished_as(&job, "cancelled", T);
+}

@@ -74,10 +74,36 @@ pub struct StateFile {
 }
 
 struct Inner {
+    /// Held while the agent runs: a second agent for the same node with the same state
+    /// directory refuses to start instead of sharing (and clobbering) the file.
+    _lock: nix::fcntl::Flock<std::fs::File>,
     path: PathBuf,
     node: String,
     attempts: BTreeMap<(JobId, u32), RecordedAttempt>,
     write_failures: Throttle,
+}
+
+/// Takes `<node>.lock` in `dir` (an advisory lock the kernel drops when the process dies, so a
+/// crashed agent never blocks its successor); an error naming the other agent's lock when it
+/// is held.
+fn lock_for(dir: &Path, node: &str) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = dir.join(format!("{node}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open the lock file {}", path.display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(lock),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(anyhow::anyhow!(
+            "another mgpu-node for node `{node}` is running on this host (it holds {}): stop \
+             it first, or give this agent a name of its own (--node)",
+            path.display()
+        )),
+        Err((_, err)) => Err(anyhow::anyhow!("cannot lock {}: {err}", path.display())),
+    }
 }
 
 impl StateFile {
@@ -87,10 +113,12 @@ impl StateFile {
     pub fn open(dir: &Path, node: &str) -> anyhow::Result<(StateFile, Vec<RecordedAttempt>)> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
+        let lock = lock_for(dir, node)?;
         let path = dir.join(format!("{node}.json"));
         let left = read(&path, node)?;
         let state = StateFile {
             inner: Arc::new(Mutex::new(Inner {
+                _lock: lock,
                 path,
                 node: node.to_owned(),
                 attempts: left
@@ -313,15 +341,20 @@ mod tests {
         assert_eq!(left, vec![first.clone(), second.clone()]);
 
         state.remove(&first.key()).await;
+        drop(state);
         let (_, left) = StateFile::open(&state_dir, "node001").unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(left, vec![second]);
-        // No temporary file is left behind by the atomic writes.
-        let names: Vec<String> = std::fs::read_dir(&state_dir)
+        // No temporary file is left behind by the atomic writes (the lock file stays).
+        let mut names: Vec<String> = std::fs::read_dir(&state_dir)
             .unwrap_or_else(|e| panic!("{e}"))
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, vec!["node001.json".to_owned()]);
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["node001.json".to_owned(), "node001.lock".to_owned()]
+        );
     }
 
     #[test]
@@ -358,6 +391,25 @@ mod tests {
                 .is_some_and(|e| e.contains("state directory")),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn a_second_agent_for_the_same_node_is_refused_until_the_first_is_gone() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let first = StateFile::open(dir.path(), "node001").unwrap_or_else(|e| panic!("{e:#}"));
+        let second = StateFile::open(dir.path(), "node001")
+            .err()
+            .map(|e| format!("{e:#}"));
+        assert!(
+            second
+                .as_deref()
+                .is_some_and(|e| e.contains("another mgpu-node for node `node001`")),
+            "{second:?}"
+        );
+        // Another node's file is its own.
+        assert!(StateFile::open(dir.path(), "node002").is_ok());
+        drop(first);
+        assert!(StateFile::open(dir.path(), "node001").is_ok());
     }
 
     #[test]

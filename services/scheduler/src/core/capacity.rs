@@ -26,6 +26,7 @@ impl FreeGpu {
     }
 }
 
+#[derive(Clone)]
 pub(super) struct FreeNode {
     pub name: String,
     /// Where the node's [`NodeView`] is in the pass's node list.
@@ -50,6 +51,7 @@ impl FreeNode {
     }
 }
 
+#[derive(Clone)]
 pub(super) struct Capacity {
     pub nodes: Vec<FreeNode>,
     /// Where each node is in `nodes`: booking 8 000 running jobs by searching 1 000 names
@@ -158,6 +160,35 @@ impl Capacity {
                 if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
                     gpu.units = gpu.units.saturating_sub(share.amount.units());
                     gpu.memory_mib = gpu.memory_mib.saturating_sub(share.mem_mib);
+                }
+            }
+        }
+    }
+
+    /// Gives back what `placement` booked (the job ends), as [`Capacity::book`] took it.
+    pub fn release(&mut self, placement: &Placement) {
+        self.bookings += 1;
+        for (_, name, shares) in placement.ranks() {
+            let Some(node) = self
+                .positions
+                .get(name)
+                .and_then(|&position| self.nodes.get_mut(position))
+            else {
+                continue;
+            };
+            node.cpus_free = node
+                .cpus_free
+                .map(|free| free.saturating_add(placement.cpus));
+            node.mem_host_free_mib = node
+                .mem_host_free_mib
+                .map(|free| free.saturating_add(placement.mem_host_mib));
+            for share in shares {
+                if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
+                    gpu.units = gpu
+                        .units
+                        .saturating_add(share.amount.units())
+                        .min(GpuAmount::UNITS_PER_GPU);
+                    gpu.memory_mib = gpu.memory_mib.saturating_add(share.mem_mib);
                 }
             }
         }

@@ -377,7 +377,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         }
     }
     let any_online = nodes.iter().any(|n| n.online);
-    let mut someone_waits_for_gpus = false;
+    // One waiting job of each shape that found no room: what a job past its time slice
+    // would have to make room for.
+    let mut waiting_for_room: Vec<&QueuedJob> = Vec::new();
     // Not sized for the queue: most jobs wait for the reason already recorded and yield no
     // decision, and 100 000 empty slots are 15 MB of fresh pages to fault in every pass.
     let mut decisions = Vec::new();
@@ -468,7 +470,6 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         if let Some((true, reason, futile)) = known
             && (!reservations_left || futile)
         {
-            someone_waits_for_gpus = true;
             decisions.extend(wait(reason));
             continue;
         }
@@ -497,7 +498,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             });
             continue;
         }
-        someone_waits_for_gpus = true;
+        waiting_for_room.push(job);
         // Why it waits: the first constraint whose removal would let it start.
         let reason = if let Some((true, reason, _)) = known {
             reason
@@ -535,14 +536,52 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         decisions.extend(wait(reason));
     }
 
-    if someone_waits_for_gpus {
-        for job in &running {
-            if job.slice_end.is_some_and(|end| end <= now) {
-                decisions.push(Decision::Preempt {
-                    job: job.id.clone(),
-                });
-            }
-        }
-    }
+    decisions.extend(preemptions(
+        &capacity,
+        &running,
+        &waiting_for_room,
+        settings,
+        now,
+    ));
     (decisions, reservations)
+}
+
+/// Running jobs past their time slice that yield: each one whose GPUs (and cores, memory)
+/// would let a waiting job start that cannot start now. A job nobody can use the room of keeps
+/// running, however many others wait.
+fn preemptions(
+    capacity: &Capacity,
+    running: &[&RunningJob],
+    waiting: &[&QueuedJob],
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> Vec<Decision> {
+    if waiting.is_empty() {
+        return Vec::new();
+    }
+    let anywhere = |_: usize, _: u32| false;
+    let constraints = Constraints {
+        in_service_only: true,
+        unbusy_only: true,
+        avoid: &anywhere,
+    };
+    let blocked: Vec<&QueuedJob> = waiting
+        .iter()
+        .copied()
+        .filter(|job| capacity.place(job, &constraints, settings).is_none())
+        .collect();
+    running
+        .iter()
+        .filter(|job| job.slice_end.is_some_and(|end| end <= now))
+        .filter(|job| {
+            let mut freed = capacity.clone();
+            freed.release(&job.placement);
+            blocked
+                .iter()
+                .any(|waiter| freed.place(waiter, &constraints, settings).is_some())
+        })
+        .map(|job| Decision::Preempt {
+            job: job.id.clone(),
+        })
+        .collect()
 }

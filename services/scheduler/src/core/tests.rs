@@ -759,3 +759,39 @@ fn more_cores_or_host_memory_than_any_node_has_is_rejected_with_the_reason() {
     let both = reject(with_host(job(3, GpuAmount::ONE), 4, 4096));
     assert!(both.contains("host memory"), "{both}");
 }
+
+#[test]
+fn a_job_past_its_slice_yields_only_to_a_waiter_its_gpus_would_let_start() {
+    let nodes = [node("n1", 2, 24_000)];
+    let mut over = running(1, "n1", &[0], None);
+    over.slice_end = Some(t0() - chrono::Duration::seconds(1));
+    let steady = running(2, "n1", &[1], None);
+    let holding = [over.clone(), steady];
+    // Two GPUs on one node: the one GPU the job past its slice frees cannot serve it.
+    let mut two = job(1, GpuAmount::whole(2));
+    two.time_limit = None;
+    let decisions = run(&nodes, &holding, &[two]);
+    assert!(
+        !decisions.contains(&Decision::Preempt {
+            job: over.id.clone()
+        }),
+        "{decisions:?}"
+    );
+    // One GPU: what it frees is exactly what the waiter needs.
+    let decisions = run(&nodes, &holding, &[job(2, GpuAmount::ONE)]);
+    assert!(
+        decisions.contains(&Decision::Preempt {
+            job: over.id.clone()
+        }),
+        "{decisions:?}"
+    );
+    // A waiter held back by something else (its dependencies) is no reason to yield.
+    let mut held = job(3, GpuAmount::ONE);
+    held.dependencies = Dependencies::Waiting;
+    let decisions = run(&nodes, &holding, &[held]);
+    assert!(
+        !decisions
+            .iter()
+            .any(|d| matches!(d, Decision::Preempt { .. }))
+    );
+}
