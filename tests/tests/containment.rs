@@ -155,6 +155,15 @@ fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
     let guard = nix::unistd::Pid::from_raw(i32::try_from(guard).unwrap_or(0));
     use nix::sys::signal::{Signal, kill};
     kill(guard, Signal::SIGSTOP).unwrap_or_else(|e| panic!("{e}"));
+    // Stopped for sure before its agent dies: a signal is taken when the process next runs.
+    wait_for("the guard to be stopped", T, || {
+        std::fs::read_to_string(format!("/proc/{guard}/stat"))
+            .ok()
+            .filter(|stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+    });
     cluster.kill_agent("node001");
     kill(guard, Signal::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
     assert!(escaped.iter().all(|pid| process_running(*pid)));

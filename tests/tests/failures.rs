@@ -658,3 +658,52 @@ fn a_second_agent_with_the_same_node_name_refuses_to_start() {
     cluster.mgpu_ok(&["cancel", &job]);
     cluster.finished_as(&job, "cancelled", T);
 }
+
+/// A second agent under a name a running agent holds, with a state directory of its own (as
+/// on another host): it finds the node-name lease renewed and refuses to start, saying who
+/// holds it; the first serves on. An agent SIGKILLed and started again takes its own
+/// predecessor's lease over at once.
+#[test]
+fn a_second_agent_under_a_held_node_name_refuses_and_a_restarted_one_takes_it_over() {
+    let mut cluster = start(&one_node(), &[]);
+    let job = cluster.submit(&[], "sleep 1000");
+    cluster.wait_state(&job, "running", T);
+    let elsewhere = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = elsewhere.path().join("second.log");
+    let mut second = std::process::Command::new(mgpu_tests::bin_dir().join("mgpu-node"))
+        .args(["--node", "node001", "--gpus", "1x24GiB", "--state-dir"])
+        .arg(elsewhere.path())
+        .env("MGPU_SERVER", cluster.server_url())
+        .env(
+            "MGPU_CREDS",
+            cluster.creds(mgpu_protocol::principals::Role::Node, "node001"),
+        )
+        .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + T;
+    let status = loop {
+        match second.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            _ if Instant::now() > deadline => break None,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let _ = second.kill();
+    let _ = second.wait();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.is_some_and(|s| !s.success()), "{said}");
+    assert!(said.contains("node name `node001` is taken"), "{said}");
+    assert_eq!(cluster.state(&job), "running");
+
+    // Restarted after a crash, on this host: its predecessor's process is gone, so it takes
+    // the lease over instead of waiting for it to expire.
+    cluster.kill_agent("node001");
+    cluster.start_agent("node001");
+    wait_for("the restarted agent to take its lease over", T, || {
+        std::fs::read_to_string(cluster.log_path("node001"))
+            .ok()
+            .filter(|log| log.contains("took over the node-name lease of a stopped agent"))
+    });
+    cluster.wait_nodes_online(1);
+}

@@ -241,3 +241,37 @@ fn garbage_on_every_subject_changes_nothing() {
     let fresh = cluster.submit(&["--gpus", "1"], "echo still-here");
     cluster.finished_as(&fresh, "succeeded", Duration::from_secs(30));
 }
+
+/// A node that writes (or deletes) another node's name lease is refused by the server: it
+/// cannot push that node's agent out, nor let a rogue agent run as it.
+#[test]
+fn a_node_cannot_touch_another_nodes_name_lease() {
+    let cluster = Cluster::start(&[
+        NodeSpec::new("node001", "1x24GiB"),
+        NodeSpec::new("node002", "1x24GiB"),
+    ]);
+    cluster.wait_nodes_online(2);
+    let (own, other) =
+        cluster.with_nats(&cluster.creds(Role::Node, "node002"), |client| async move {
+            let js = jetstream::new(client);
+            let Ok(leases) = js.get_key_value(subjects::NODE_LEASE_BUCKET).await else {
+                panic!("node002 cannot open the lease bucket");
+            };
+            let write = |key: &'static str| {
+                let leases = leases.clone();
+                async move {
+                    tokio::time::timeout(Duration::from_secs(5), leases.put(key, "rogue".into()))
+                        .await
+                        .is_ok_and(|put| put.is_ok())
+                }
+            };
+            (write("node002").await, write("node001").await)
+        });
+    assert!(own, "a node may write its own lease");
+    assert!(!other, "node002 wrote node001's lease");
+    let log = std::fs::read_to_string(cluster.log_path("node001")).unwrap_or_default();
+    assert!(
+        !log.contains("another agent took this node's name"),
+        "{log}"
+    );
+}

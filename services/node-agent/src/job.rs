@@ -141,7 +141,9 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     })?;
     let command = guarded_command(ctx, spec, &gpus, environment, account, cgroup.as_ref());
     let mut child = spawn(ctx, &key, command, &spec.workdir, cgroup.clone()).await?;
-    let (pid, stdout, stderr) = take_output(&mut child, &key, node)?;
+    let (pid, stdout, stderr) = take_output(&mut child, &key, node).inspect_err(|_| {
+        ctx.host.cores.release(&key);
+    })?;
     let output = OutputPipeline::start(ctx.js.clone(), key.clone(), rank, stdout, stderr);
     let input = match (input, child.stdin.take()) {
         (Some(subscription), Some(stdin)) => Some(InputForwarder::start(

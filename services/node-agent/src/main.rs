@@ -41,6 +41,7 @@ mod hostfile;
 mod input;
 mod job;
 mod launch;
+mod lease;
 mod nvml;
 mod output;
 mod reconcile;
@@ -149,6 +150,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let client = connect(&args, creds, &node).await?;
     info!(node, server = args.server, address, "mgpu-node connected");
+    // Before anything runs: a live agent already running as this node makes this one stop.
+    let holder = lease::Holder::this_agent(cli::hostname().unwrap_or_else(|_| "?".to_owned()));
+    let js = async_nats::jetstream::new(client.clone());
+    let replicas = mgpu_nats::streams::Replicas::Auto.resolve(&args.server);
+    let lease = lease::acquire(&js, &node, &holder, replicas).await?;
 
     let run_as = run_as::RunAsPolicy::new(args.jobs_as_agent_user, args.allow_root_jobs);
     let (containment, host) = contain(&args, &node, probe.as_mut());
@@ -165,6 +171,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         run_as,
         containment,
         host,
+        lease: (holder, lease, replicas),
     };
     let agent = start_loops(client, identity, probe, memory);
     wait_for_stop_signal().await?;
@@ -329,6 +336,9 @@ struct Memory {
     run_as: run_as::RunAsPolicy,
     containment: cgroup::Containment,
     host: Arc<host::JobHost>,
+    /// This agent, the node-name lease it took at start (None: not yet), and the copies of
+    /// the lease bucket it makes if it must.
+    lease: (lease::Holder, Option<lease::NodeLease>, usize),
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -367,6 +377,14 @@ fn start_loops(
         contact,
         memory.host.gpu_peaks.clone(),
     );
+    let (holder, taken, replicas) = memory.lease;
+    let lease = tokio::spawn(lease::hold(
+        js.clone(),
+        (node.clone(), replicas),
+        holder,
+        taken,
+        heartbeat_stop.clone(),
+    ));
     let heartbeat = tokio::spawn(heartbeater.run(heartbeat_now.clone(), heartbeat_stop));
 
     let ctx = JobContext {
@@ -384,17 +402,7 @@ fn start_loops(
         containment: memory.containment,
         host: memory.host,
     };
-    let dispatcher = tokio::spawn(async move {
-        let reconciled = reconcile::settle(leftovers, &ctx);
-        tokio::select! {
-            () = shutdown.fired() => {
-                warn!("stopping before reconciliation finished; the next start finishes it");
-                return JoinSet::new();
-            }
-            () = reconciled => {}
-        }
-        Dispatcher::new(ctx).run(shutdown).await
-    });
+    let dispatcher = start_dispatcher(leftovers, ctx, shutdown);
     Agent {
         client,
         table,
@@ -404,7 +412,27 @@ fn start_loops(
         give_up_reports,
         dispatcher,
         heartbeat,
+        lease,
     }
+}
+
+/// Settles what a previous agent left, then takes assignments until `shutdown` fires.
+fn start_dispatcher(
+    leftovers: reconcile::Leftovers,
+    ctx: JobContext,
+    shutdown: shutdown::Signal,
+) -> JoinHandle<JoinSet<()>> {
+    tokio::spawn(async move {
+        let reconciled = reconcile::settle(leftovers, &ctx);
+        tokio::select! {
+            () = shutdown.fired() => {
+                warn!("stopping before reconciliation finished; the next start finishes it");
+                return JoinSet::new();
+            }
+            () = reconciled => {}
+        }
+        Dispatcher::new(ctx).run(shutdown).await
+    })
 }
 
 /// The running agent: what shutdown needs to stop it in order.
@@ -417,6 +445,8 @@ struct Agent {
     give_up_reports: Trigger,
     dispatcher: JoinHandle<JoinSet<()>>,
     heartbeat: JoinHandle<()>,
+    /// Renews the node-name lease; gives it up once heartbeats stop.
+    lease: JoinHandle<()>,
 }
 
 impl Agent {
@@ -459,6 +489,9 @@ impl Agent {
         self.stop_heartbeats.fire();
         if let Err(err) = self.heartbeat.await {
             error!("the heartbeat loop failed: {err}");
+        }
+        if let Err(err) = self.lease.await {
+            error!("the node-name lease loop failed: {err}");
         }
         match tokio::time::timeout(DRAIN_LIMIT, self.client.drain()).await {
             Ok(Ok(())) => {}

@@ -225,6 +225,19 @@ pub fn leader_bucket_config(settings: &StreamSettings) -> kv::Config {
     }
 }
 
+/// The node-name leases' bucket with `replicas` copies. Agents create it themselves when
+/// they start before any scheduler (they may create this one stream and no other).
+pub fn node_lease_bucket_config(replicas: usize) -> kv::Config {
+    kv::Config {
+        bucket: subjects::NODE_LEASE_BUCKET.into(),
+        description: "which agent runs as each node name".into(),
+        history: 1,
+        max_age: Duration::from_secs(subjects::NODE_LEASE_TTL_SECS),
+        num_replicas: replicas.max(1),
+        ..Default::default()
+    }
+}
+
 /// Creates every stream and bucket, or brings their settings up to date.
 ///
 /// An existing stream whose number of replicas differs from `settings.replicas` (a single
@@ -245,6 +258,7 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
         jobs_bucket_config(settings),
         cluster_bucket_config(settings),
         leader_bucket_config(settings),
+        node_lease_bucket_config(settings.replicas),
     ] {
         let bucket = config.bucket.clone();
         let stream = format!("KV_{bucket}");

@@ -61,6 +61,16 @@ pub const POLICY_KEY: &str = "policy";
 pub const LEADER_BUCKET: &str = "mgpu-leader";
 pub const LEADER_KEY: &str = "scheduler";
 pub const LEADER_LEASE_TTL_SECS: u64 = 3;
+/// KV bucket of node-name leases: key `<node>` is held by the one agent running as that node,
+/// renewed well within [`NODE_LEASE_TTL_SECS`], so a second agent under the same name refuses
+/// to start.
+pub const NODE_LEASE_BUCKET: &str = "mgpu-node-leases";
+pub const NODE_LEASE_BUCKET_STREAM: &str = "KV_mgpu-node-leases";
+pub const NODE_LEASE_TTL_SECS: u64 = 10;
+/// The subject a node's lease is written on (the KV's own naming).
+pub fn node_lease(node: &str) -> String {
+    format!("$KV.{NODE_LEASE_BUCKET}.{node}")
+}
 pub const USAGE_KEY: &str = "usage";
 pub fn node_admin_key(node: &str) -> String {
     format!("node.{node}")

@@ -147,6 +147,7 @@ fn scheduler_permissions() -> Permissions {
             "$KV.mgpu-jobs.>",
             "$KV.mgpu-cluster.>",
             "$KV.mgpu-leader.>",
+            "$KV.mgpu-node-leases.>",
             subjects::ALL_ASSIGNMENTS,
             subjects::ALL_CONTROLS,
             subjects::ALL_EVENTS,
@@ -164,14 +165,23 @@ fn scheduler_permissions() -> Permissions {
     }
 }
 
-/// A node agent heartbeats under its own name, writes jobs' output and events, and reads its
-/// own assignments through its own durable consumer; it hears jobs' input.
+/// A node agent heartbeats under its own name, holds its own name's lease, writes jobs' output
+/// and events, and reads its own assignments through its own durable consumer; it hears jobs'
+/// input.
 fn node_permissions(name: &str, public_key: &str) -> Permissions {
     let consumer = subjects::node_consumer(name);
     let assign = subjects::ASSIGN_STREAM;
+    let leases = subjects::NODE_LEASE_BUCKET_STREAM;
+    let lease = subjects::node_lease(name);
     Permissions {
         publish: vec![
             subjects::heartbeat(name),
+            lease.clone(),
+            format!("$JS.API.STREAM.INFO.{leases}"),
+            format!("$JS.API.STREAM.CREATE.{leases}"),
+            // Asked by the client before it makes a bucket.
+            "$JS.API.INFO".to_owned(),
+            format!("$JS.API.DIRECT.GET.{leases}.{lease}"),
             subjects::ALL_OUTPUT.to_owned(),
             subjects::ALL_EVENTS.to_owned(),
             format!("$JS.API.STREAM.INFO.{assign}"),
@@ -415,6 +425,17 @@ mod tests {
         assert!(!node.publish.iter().any(|s| s == subjects::SUBMIT));
         assert!(node.publish.contains(&"nodes.heartbeat.node001".to_owned()));
         assert!(!node.publish.contains(&"nodes.heartbeat.*".to_owned()));
+        // Its own name's lease, and no other node's.
+        assert!(
+            node.publish
+                .contains(&"$KV.mgpu-node-leases.node001".to_owned())
+        );
+        assert!(
+            !node
+                .publish
+                .iter()
+                .any(|s| s.starts_with("$KV.mgpu-node-leases.") && !s.ends_with(".node001"))
+        );
     }
 
     #[test]
