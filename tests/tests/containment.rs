@@ -134,9 +134,51 @@ fn a_killed_agents_guard_stops_the_escaped_processes_too() {
     });
 }
 
-/// The agent and the job's guard both SIGKILLed (the guard frozen first, so it cannot act):
-/// the escaped processes outlive both, and the restarted agent empties the cgroup its
-/// predecessor left before it reports the attempt lost.
+/// Freezes (`true`) or thaws the cgroup `pid` is in, and waits until it is so: v1's freezer
+/// where the process has one, else v2's `cgroup.freeze`.
+fn freeze_cgroup_of(pid: i32, frozen: bool) {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v1 = cgroups.lines().find_map(|line| {
+        line.split_once(":freezer:")
+            .map(|(_, path)| path.to_owned())
+    });
+    let (file, value, settled) = match v1 {
+        Some(path) => (
+            format!("/sys/fs/cgroup/freezer{path}/freezer.state"),
+            if frozen { "FROZEN" } else { "THAWED" },
+            if frozen { "FROZEN" } else { "THAWED" },
+        ),
+        None => {
+            let path = cgroups
+                .lines()
+                .find_map(|line| line.strip_prefix("0::"))
+                .unwrap_or("/")
+                .to_owned();
+            let mount = if Path::new("/sys/fs/cgroup/unified").is_dir() {
+                "/sys/fs/cgroup/unified"
+            } else {
+                "/sys/fs/cgroup"
+            };
+            let file = format!("{mount}{path}/cgroup.freeze");
+            (
+                file,
+                if frozen { "1" } else { "0" },
+                if frozen { "1" } else { "0" },
+            )
+        }
+    };
+    std::fs::write(&file, value).unwrap_or_else(|e| panic!("{file}: {e}"));
+    wait_for("the job's cgroup to settle", T, || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .filter(|state| state.trim() == settled)
+    });
+}
+
+/// The agent and the job's guard both SIGKILLed, the guard unable to act first (its cgroup
+/// frozen: a merely stopped guard is woken by the kernel's SIGCONT to a newly orphaned process
+/// group when its agent dies): the escaped processes outlive both, and the restarted agent
+/// empties the cgroup its predecessor left before it reports the attempt lost.
 #[test]
 fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
     if !can_contain() {
@@ -152,20 +194,16 @@ fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
     let guard = wait_for("the job's guard pid", T, || {
         cluster.show(&job)["record"]["pid"].as_i64()
     });
-    let guard = nix::unistd::Pid::from_raw(i32::try_from(guard).unwrap_or(0));
-    use nix::sys::signal::{Signal, kill};
-    kill(guard, Signal::SIGSTOP).unwrap_or_else(|e| panic!("{e}"));
-    // Stopped for sure before its agent dies: a signal is taken when the process next runs.
-    wait_for("the guard to be stopped", T, || {
-        std::fs::read_to_string(format!("/proc/{guard}/stat"))
-            .ok()
-            .filter(|stat| {
-                stat.rsplit_once(')')
-                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
-            })
-    });
+    let guard = i32::try_from(guard).unwrap_or(0);
+    freeze_cgroup_of(guard, true);
     cluster.kill_agent("node001");
-    kill(guard, Signal::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
+    use nix::sys::signal::{Signal, kill};
+    kill(nix::unistd::Pid::from_raw(guard), Signal::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
+    // Thawed, the guard dies of its SIGKILL before it could act on its agent's death.
+    freeze_cgroup_of(escaped[0], false);
+    wait_for("the guard to be gone", T, || {
+        (!process_running(guard)).then_some(())
+    });
     assert!(escaped.iter().all(|pid| process_running(*pid)));
     cluster.start_agent("node001");
     cluster.finished_as(&job, "node_failed", T);

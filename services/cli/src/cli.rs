@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::commands::{admin, cancel, hold, logs, node_admin, nodes, queue, show, submit};
+use crate::commands::{
+    admin, cancel, history, hold, logs, node_admin, nodes, queue, report, show, submit,
+};
 use crate::session::ConnectionArgs;
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
@@ -58,6 +60,8 @@ impl Cli {
             Command::Release(args) => hold::run(connection, args, hold::Action::Release).await,
             Command::Logs(args) => logs::run(connection, args).await,
             Command::Show(args) => show::run(connection, args).await,
+            Command::History(args) => history::run(connection, args).await,
+            Command::Report(args) => report::run(connection, args).await,
             Command::Nodes(args) => nodes::run(connection, args).await,
             Command::Node(args) => node_admin::run_node(connection, args).await,
             Command::Gpu(args) => node_admin::run_gpu(connection, args).await,
@@ -101,6 +105,11 @@ pub enum Command {
     Logs(logs::LogsArgs),
     /// Show everything recorded about one job.
     Show(show::ShowArgs),
+    /// List finished jobs (yours by default), live and in history: `--since 3d --state failed`.
+    History(history::HistoryArgs),
+    /// GPU-hours and job counts by user, node or state over a period; or the fair-share
+    /// ledger (`--fairshare`).
+    Report(report::ReportArgs),
     /// Show the nodes and their GPUs.
     Nodes(nodes::NodesArgs),
     /// Drain a node or resume it (admins only).

@@ -160,6 +160,47 @@ pub fn node_gpu(text: &str) -> Result<NodeGpu, String> {
 }
 
 /// A node name as typed, checked against the rules node agents follow.
+/// `--since` / `--until`: a point in time as people say it, relative to now.
+pub fn point_in_time(text: &str) -> Result<mgpu_protocol::Timestamp, String> {
+    point_in_time_at(text, mgpu_protocol::now())
+}
+
+/// [`point_in_time`] with the clock given: `today` and `yesterday` (midnight UTC), a date
+/// (`2026-11-01`, midnight UTC), a date and time (`2026-11-01T08:00:00Z`), or an age before
+/// `now` (`3d`, `12h`, `90m`).
+pub fn point_in_time_at(
+    text: &str,
+    now: mgpu_protocol::Timestamp,
+) -> Result<mgpu_protocol::Timestamp, String> {
+    let text = text.trim();
+    let midnight = |date: chrono::NaiveDate| date.and_time(chrono::NaiveTime::MIN).and_utc();
+    match text {
+        "today" => return Ok(midnight(now.date_naive())),
+        "yesterday" => {
+            if let Some(day) = now.date_naive().pred_opt() {
+                return Ok(midnight(day));
+            }
+        }
+        _ => {}
+    }
+    if let Ok(date) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(midnight(date));
+    }
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(at.with_timezone(&chrono::Utc));
+    }
+    mgpu_protocol::duration::parse_duration(text)
+        .ok()
+        .and_then(|age| chrono::Duration::from_std(age).ok())
+        .and_then(|age| now.checked_sub_signed(age))
+        .ok_or_else(|| {
+            format!(
+                "`{text}` is not a time: use a date (2026-11-01), a date and time \
+                 (2026-11-01T08:00:00Z), an age (3d, 12h) or today / yesterday"
+            )
+        })
+}
+
 pub fn node_name(text: &str) -> Result<String, String> {
     validate_node_name(text.trim()).map_err(|e| e.to_string())?;
     Ok(text.trim().to_owned())
@@ -283,6 +324,27 @@ mod tests {
         assert_eq!(mem_mib("1.5GiB").ok(), Some(1_536));
         assert_eq!(mem_mib("1TiB").ok(), Some(1_048_576));
         assert_eq!(mem_mib(" 80 GiB ").ok(), Some(81_920));
+    }
+
+    #[test]
+    fn points_in_time_are_dates_ages_and_words() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-11-25T06:30:00Z")
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let at = |text: &str| point_in_time_at(text, now).map(|t| t.to_rfc3339());
+        assert_eq!(at("2026-11-01"), Ok("2026-11-01T00:00:00+00:00".into()));
+        assert_eq!(at("yesterday"), Ok("2026-11-24T00:00:00+00:00".into()));
+        assert_eq!(at("today"), Ok("2026-11-25T00:00:00+00:00".into()));
+        assert_eq!(at("3d"), Ok("2026-11-22T06:30:00+00:00".into()));
+        assert_eq!(
+            at("2026-11-20T08:00:00+01:00"),
+            Ok("2026-11-20T07:00:00+00:00".into())
+        );
+        let bad = at("garbage").err().unwrap_or_default();
+        assert!(
+            bad.contains("`garbage` is not a time") && bad.contains("2026-11-01"),
+            "{bad}"
+        );
     }
 
     #[test]

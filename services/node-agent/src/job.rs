@@ -131,10 +131,8 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         hostfile: path,
     });
     let environment = job_environment(spec, &key, node, &gpus, ranks.as_ref());
-    let placement = &assignment.placement;
-    let limits = ctx
-        .host
-        .limits_for(&key, &gpus, placement.cpus, placement.mem_host_mib);
+    let (cpus, mem_host_mib) = (assignment.placement.cpus, assignment.placement.mem_host_mib);
+    let limits = ctx.host.limits_for(&key, &gpus, cpus, mem_host_mib);
     let cgroup = ctx.containment.create(&key, &limits).map_err(|err| {
         ctx.host.cores.release(&key);
         format!("{err} on {node}")

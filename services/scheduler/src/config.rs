@@ -13,6 +13,7 @@
 //! cpus_per_gpu = 8             # CPU cores a job without --cpus gets per GPU (0 = not counted)
 //! mem_per_gpu = "64GiB"        # host memory a job without --mem-host gets per GPU ("0" = none)
 //! require_gpu_isolation = true # place jobs only where a job can open only its own GPUs
+//! keep_finished = "1d"         # finished jobs move to the history stream after this
 //! ```
 
 use std::path::Path;
@@ -39,6 +40,7 @@ struct ConfigFile {
     cpus_per_gpu: Option<u32>,
     mem_per_gpu: Option<String>,
     require_gpu_isolation: Option<bool>,
+    keep_finished: Option<String>,
 }
 
 /// Reads the policy from `path` (if any) over the defaults.
@@ -74,6 +76,9 @@ pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
     }
     if let Some(t) = &file.half_life {
         policy.half_life_secs = seconds(t).context("half_life")?;
+    }
+    if let Some(t) = &file.keep_finished {
+        policy.keep_finished_secs = seconds(t).context("keep_finished")?;
     }
     if let Some(n) = file.max_reservations {
         policy.max_reservations = n;

@@ -33,6 +33,7 @@ mod config;
 mod core;
 mod decisions;
 mod effects;
+mod history;
 mod hold;
 mod identity;
 mod intake;
@@ -88,6 +89,10 @@ struct Args {
     /// Total job output kept, in MiB, across all jobs (oldest output goes first).
     #[arg(long, default_value_t = 4096)]
     output_max_mib: i64,
+    /// Finished jobs' records kept in history, in GiB (the oldest go first; also a year at
+    /// most).
+    #[arg(long, default_value_t = 10)]
+    history_max_gib: i64,
     /// Policy file (TOML): placement, max_job_time, age_weight, age_cap, fairshare_weight,
     /// half_life, max_reservations. Flags below override it.
     #[arg(long, env = "MGPU_SCHEDULER_CONFIG")]
@@ -161,6 +166,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let settings = StreamSettings {
         replicas,
         output_max_bytes: args.output_max_mib.saturating_mul(1024 * 1024),
+        history_max_bytes: args.history_max_gib.saturating_mul(1024 * 1024 * 1024),
         ..StreamSettings::default()
     };
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);

@@ -221,7 +221,7 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
 fn dependencies(store: &JobStore, spec: &JobSpec) -> Dependencies {
     let mut waiting = false;
     for id in &spec.after {
-        match store.get(id).map(|r| &r.state) {
+        match store.state_of(id) {
             Some(JobState::Succeeded(_)) => {}
             Some(state) if state.is_finished() => {
                 return Dependencies::Broken(format!(
@@ -236,7 +236,7 @@ fn dependencies(store: &JobStore, spec: &JobSpec) -> Dependencies {
         }
     }
     for id in &spec.after_any {
-        if !store.get(id).is_some_and(|r| r.state.is_finished()) {
+        if !store.state_of(id).is_some_and(JobState::is_finished) {
             waiting = true;
         }
     }

@@ -56,6 +56,8 @@ pub struct Scheduler {
     pub(crate) next_slice_end: Option<Timestamp>,
     /// The durable consumer of agents' reports, asked whether every stored report was handled.
     pub(crate) events_consumer: Option<consumer::PullConsumer>,
+    /// When finished jobs were last moved to history.
+    pub(crate) history: crate::history::HistoryKeeper,
 }
 
 /// What wakes the loop: heartbeats (plain subscription), agents' reports and requests
@@ -88,6 +90,9 @@ pub async fn run(
         }
     });
     let mut inputs = scheduler.open_inputs(&client).await?;
+    // Queued jobs depending on jobs already in history learn how those ended.
+    let queued: Vec<_> = scheduler.store.queued().map(|r| r.spec.clone()).collect();
+    scheduler.learn_archived(queued.iter()).await;
     scheduler.check_liveness().await;
     scheduler.pass().await;
     tracing::info!("scheduler ready");
@@ -148,6 +153,7 @@ impl Scheduler {
             stats: PassStats::new(status_tx),
             next_slice_end: None,
             events_consumer: None,
+            history: crate::history::HistoryKeeper::default(),
         };
         Ok((scheduler, status_rx))
     }
@@ -258,6 +264,7 @@ impl Scheduler {
         let changed = self.drain_heartbeats(heartbeats).await;
         // A change no pass stored since (they come too often for that) is stored here.
         self.usage.save(false).await;
+        self.keep_history().await;
         self.check_liveness().await || changed
     }
 

@@ -12,6 +12,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 
 use mgpu_nats::records;
+use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::subjects;
@@ -37,6 +38,9 @@ pub struct JobStore {
     running_on: HashMap<String, HashSet<JobId>>,
     /// Jobs put or dropped since [`JobStore::take_changed`] was last called.
     changed: HashSet<JobId>,
+    /// How jobs in history ended, for the live jobs that depend on them (`--after`): only
+    /// those, looked up when such a job is submitted or loaded.
+    archived: HashMap<JobId, JobState>,
 }
 
 impl JobStore {
@@ -58,6 +62,7 @@ impl JobStore {
             changed: HashSet::new(),
             running_on: HashMap::new(),
             running: HashSet::new(),
+            archived: HashMap::new(),
         };
         for message in messages {
             let deleted = message
@@ -86,6 +91,75 @@ impl JobStore {
 
     pub fn get(&self, id: &JobId) -> Option<&JobRecord> {
         self.jobs.get(id).map(|t| &t.record)
+    }
+
+    /// The state of job `id`: its live record's, or the one it ended in if it is in history
+    /// (and a live job depends on it).
+    pub fn state_of(&self, id: &JobId) -> Option<&JobState> {
+        self.get(id)
+            .map(|record| &record.state)
+            .or_else(|| self.archived.get(id))
+    }
+
+    /// Whether the table knows how `id` ended or stands (live, or remembered from history).
+    pub fn knows(&self, id: &JobId) -> bool {
+        self.jobs.contains_key(id) || self.archived.contains_key(id)
+    }
+
+    /// Remembers how a job in history ended, for the live jobs that depend on it.
+    pub fn remember_archived(&mut self, record: JobRecord) {
+        self.archived.insert(record.id, record.state);
+    }
+
+    /// Finished jobs that ended before `cutoff`, at most `limit`: due for history.
+    pub fn ended_before(&self, cutoff: Timestamp, limit: usize) -> Vec<JobId> {
+        self.jobs
+            .iter()
+            .filter(|(_, tracked)| {
+                tracked
+                    .record
+                    .state
+                    .ending()
+                    .is_some_and(|end| end.ended_at < cutoff)
+            })
+            .map(|(id, _)| id.clone())
+            .take(limit)
+            .collect()
+    }
+
+    /// Moves a finished job to the history stream: its record published on
+    /// `history.<user>.<id>` (deduplicated by id, so a move retried after a crash is stored
+    /// once), then its key purged from the bucket, leaving no marker behind: a year of moves
+    /// must not slow down the next start. False when it is not a finished job of the table.
+    pub async fn archive(&mut self, id: &JobId) -> Result<bool> {
+        let Some(tracked) = self.jobs.get(id) else {
+            return Ok(false);
+        };
+        if !tracked.record.state.is_finished() {
+            return Ok(false);
+        }
+        let payload = Bytes::from(serde_json::to_vec(&tracked.record)?);
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id.as_str());
+        let subject = subjects::history(&tracked.record.user, id);
+        self.js
+            .publish_with_headers(subject, headers, payload)
+            .await
+            .context("publishing to history")?
+            .await
+            .context("storing in history")?;
+        let stream = self
+            .js
+            .get_stream(subjects::JOBS_BUCKET_STREAM)
+            .await
+            .context("opening the jobs bucket's stream")?;
+        stream
+            .purge()
+            .filter(format!("$KV.{}.{id}", subjects::JOBS_BUCKET))
+            .await
+            .context("purging the moved record")?;
+        self.forget(id);
+        Ok(true)
     }
 
     /// The queued jobs' records, in no particular order.

@@ -6,7 +6,7 @@
 use anyhow::Result;
 
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState};
 use mgpu_protocol::now;
 use mgpu_protocol::submit::SubmitRequest;
 
@@ -21,6 +21,7 @@ impl Scheduler {
         request: SubmitRequest,
         identity: &Identity,
     ) -> Result<()> {
+        self.learn_archived(std::iter::once(&request.spec)).await;
         let twin = request
             .spec
             .dedup
@@ -42,6 +43,14 @@ impl Scheduler {
         &mut self,
         submissions: Vec<(SubmitRequest, &Identity)>,
     ) -> Vec<Result<()>> {
+        let depending: Vec<JobSpec> = submissions
+            .iter()
+            .filter(|(request, _)| {
+                !request.spec.after.is_empty() || !request.spec.after_any.is_empty()
+            })
+            .map(|(request, _)| request.spec.clone())
+            .collect();
+        self.learn_archived(depending.iter()).await;
         let mut records = Vec::with_capacity(submissions.len());
         let mut followups = Vec::with_capacity(submissions.len());
         for (request, identity) in submissions {

@@ -137,6 +137,35 @@ pub async fn for_each_last_per_subject(
     stream_name: &str,
     filter: &str,
     headers_only: bool,
+    each: impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let deliver = consumer::DeliverPolicy::LastPerSubject;
+    for_each_delivered(js, (stream_name, filter), headers_only, deliver, each).await
+}
+
+/// The messages of `stream_name` on `filter` stored at or after `since` (every one when
+/// None), handed to `each` as they arrive, as [`for_each_last_per_subject`] does.
+pub async fn for_each_since(
+    js: &jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+    since: Option<mgpu_protocol::Timestamp>,
+    each: impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let nanos = since.and_then(|t| t.timestamp_nanos_opt()).map(i128::from);
+    let deliver = match nanos.and_then(|n| time::OffsetDateTime::from_unix_timestamp_nanos(n).ok())
+    {
+        Some(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
+        None => consumer::DeliverPolicy::All,
+    };
+    for_each_delivered(js, (stream_name, filter), false, deliver, each).await
+}
+
+async fn for_each_delivered(
+    js: &jetstream::Context,
+    (stream_name, filter): (&str, &str),
+    headers_only: bool,
+    deliver: consumer::DeliverPolicy,
     mut each: impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<(), StateError> {
     let stream: stream::Stream = js
@@ -149,7 +178,8 @@ pub async fn for_each_last_per_subject(
             tracing::warn!("reading {stream_name} starts over: {why}");
             each(Delivery::StartOver)?;
         }
-        match read_last_per_subject(&stream, filter, headers_only, &mut each).await? {
+        let read = (filter, headers_only, deliver);
+        match read_delivered(&stream, read, &mut each).await? {
             Read::Done => return Ok(()),
             Read::Lost(reason) => why = reason,
         }
@@ -166,15 +196,14 @@ enum Read {
     Lost(String),
 }
 
-async fn read_last_per_subject(
+async fn read_delivered(
     stream: &stream::Stream,
-    filter: &str,
-    headers_only: bool,
+    (filter, headers_only, deliver): (&str, bool, consumer::DeliverPolicy),
     each: &mut impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<Read, StateError> {
     let consumer = create_reader("reading the latest records", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
-            deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+            deliver_policy: deliver,
             filter_subject: filter.to_owned(),
             headers_only,
             ..Default::default()
@@ -378,7 +407,37 @@ pub async fn get_job(js: &jetstream::Context, id: &JobId) -> Result<Option<JobRe
         return Ok(Some(pending));
     }
     // The scheduler may have recorded it between the two reads above.
-    recorded_job(&bucket, id).await
+    if let Some(record) = recorded_job(&bucket, id).await? {
+        return Ok(Some(record));
+    }
+    archived_job(js, id).await
+}
+
+/// The record of a finished job that left the live bucket for the history stream, if it is
+/// there (a stream not made yet holds nothing).
+pub async fn archived_job(
+    js: &jetstream::Context,
+    id: &JobId,
+) -> Result<Option<JobRecord>, StateError> {
+    if js.get_stream(subjects::HISTORY_STREAM).await.is_err() {
+        return Ok(None);
+    }
+    let messages = last_per_subject(
+        js,
+        subjects::HISTORY_STREAM,
+        &subjects::history_of(id),
+        false,
+    )
+    .await?;
+    messages
+        .last()
+        .map(|message| {
+            serde_json::from_slice(&message.payload).map_err(|error| StateError::Corrupt {
+                key: id.to_string(),
+                error,
+            })
+        })
+        .transpose()
 }
 
 async fn recorded_job(bucket: &kv::Store, id: &JobId) -> Result<Option<JobRecord>, StateError> {

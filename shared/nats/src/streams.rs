@@ -98,6 +98,8 @@ pub struct StreamSettings {
     pub output_max_bytes: i64,
     /// How long job events are kept.
     pub events_max_age: Duration,
+    /// Finished jobs' records kept in history, in bytes; the oldest go first.
+    pub history_max_bytes: i64,
 }
 
 impl Default for StreamSettings {
@@ -107,6 +109,7 @@ impl Default for StreamSettings {
             output_max_age: Duration::from_secs(7 * 24 * 3600),
             output_max_bytes: 4 * 1024 * 1024 * 1024,
             events_max_age: Duration::from_secs(7 * 24 * 3600),
+            history_max_bytes: subjects::HISTORY_MAX_BYTES,
         }
     }
 }
@@ -155,6 +158,7 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             num_replicas: replicas,
             ..Default::default()
         },
+        history_stream_config(replicas, settings.history_max_bytes),
         stream::Config {
             name: subjects::OUTPUT_STREAM.into(),
             description: Some("mgpu job output (raw bytes)".into()),
@@ -221,6 +225,24 @@ pub fn leader_bucket_config(settings: &StreamSettings) -> kv::Config {
         history: 1,
         max_age: Duration::from_secs(subjects::LEADER_LEASE_TTL_SECS),
         num_replicas: settings.replicas.max(1),
+        ..Default::default()
+    }
+}
+
+/// Finished jobs' records once they left the live bucket, one message per job under
+/// `history.<user>.<id>`, kept a year and `max_bytes` at most.
+pub fn history_stream_config(replicas: usize, max_bytes: i64) -> stream::Config {
+    stream::Config {
+        name: subjects::HISTORY_STREAM.into(),
+        description: Some("mgpu job history: finished jobs' records, by user".into()),
+        subjects: vec![subjects::ALL_HISTORY.into()],
+        retention: stream::RetentionPolicy::Limits,
+        max_age: Duration::from_secs(subjects::HISTORY_MAX_AGE_SECS),
+        max_bytes,
+        // One record per job: a move retried after a crash within the hour is stored once.
+        duplicate_window: Duration::from_secs(3600),
+        allow_direct: true,
+        num_replicas: replicas,
         ..Default::default()
     }
 }

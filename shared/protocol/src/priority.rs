@@ -66,6 +66,8 @@ pub struct Policy {
     pub mem_per_gpu_mib: u64,
     /// Place jobs only on nodes whose agent isolates GPUs (a job opens only its own).
     pub require_gpu_isolation: bool,
+    /// Finished jobs leave the live bucket for the history stream this long after they ended.
+    pub keep_finished_secs: u64,
 }
 
 impl Default for Policy {
@@ -84,6 +86,7 @@ impl Default for Policy {
             cpus_per_gpu: 0,
             mem_per_gpu_mib: 0,
             require_gpu_isolation: false,
+            keep_finished_secs: 24 * 3600,
         }
     }
 }

@@ -43,6 +43,21 @@ pub fn audit(action: &str) -> String {
 }
 /// Stream holding every job's output, bounded by age and size.
 pub const OUTPUT_STREAM: &str = "MGPU_OUTPUT";
+/// Stream holding finished jobs' records once they left the live bucket (after the
+/// scheduler's `keep_finished`), one message per job, bounded by age and size.
+pub const HISTORY_STREAM: &str = "MGPU_HISTORY";
+pub const ALL_HISTORY: &str = "history.>";
+/// Kept this long in history, and at most [`HISTORY_MAX_BYTES`].
+pub const HISTORY_MAX_AGE_SECS: u64 = 365 * 24 * 3600;
+pub const HISTORY_MAX_BYTES: i64 = 10 * 1024 * 1024 * 1024;
+/// The history subject of one job: by user, so one user's jobs are read without the others'.
+pub fn history(user: &str, job: &JobId) -> String {
+    format!("history.{user}.{job}")
+}
+/// Every history subject a job id could be under (its user unknown).
+pub fn history_of(job: &JobId) -> String {
+    format!("history.*.{job}")
+}
 /// Stream holding the last heartbeat of every node.
 pub const NODES_STREAM: &str = "MGPU_NODES";
 /// Stream holding assignments and control messages until each node's agent has taken them.

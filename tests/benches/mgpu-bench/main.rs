@@ -6,11 +6,13 @@
 //!
 //! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `queue` (4 with 100 000 jobs waiting, see
 //! [`queue`]), `scale` (5, see [`scale`], its simulated nodes in [`fleet`]), `output` (6: job output throughput and line
-//! latency, see [`output`]), `recovery` (7, see [`recovery`]).
+//! latency, see [`output`]), `recovery` (7, see [`recovery`]), `history` (8: queue, query
+//! and restart with a large history, see [`history`]).
 
 mod cli;
 mod common;
 mod fleet;
+mod history;
 mod output;
 mod queue;
 mod recovery;
@@ -25,7 +27,7 @@ use anyhow::{Result, bail};
 use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
-const GROUPS: &[&str] = &["cli", "queue", "scale", "output", "recovery"];
+const GROUPS: &[&str] = &["cli", "queue", "scale", "output", "recovery", "history"];
 
 fn main() -> Result<()> {
     let mut quick = false;
@@ -68,6 +70,7 @@ fn main() -> Result<()> {
             "scale" => scale::run(&ctx)?,
             "output" => output::run(&ctx)?,
             "recovery" => recovery::run(&ctx)?,
+            "history" => history::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }

@@ -170,7 +170,7 @@ fn with_first_output(
 
 /// A user environment of typical size: `mgpu submit` records the submitter's environment in
 /// every job, so the records the queue reads carry one.
-fn environment() -> BTreeMap<String, String> {
+pub fn environment() -> BTreeMap<String, String> {
     let home = "/home/alice";
     [
         ("HOME", home.to_owned()),

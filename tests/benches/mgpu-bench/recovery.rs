@@ -91,7 +91,7 @@ pub fn run(ctx: &Run) -> Result<()> {
 
 /// The times, after `since`, at which the scheduler log says it took the lease and that it is
 /// ready (its first pass done).
-fn wait_for_log_times(
+pub fn wait_for_log_times(
     cluster: &Cluster,
     since: DateTime<Utc>,
 ) -> Result<(DateTime<Utc>, DateTime<Utc>)> {

@@ -4,10 +4,12 @@
 
 pub mod admin;
 pub mod cancel;
+pub mod history;
 pub mod hold;
 pub mod logs;
 pub mod node_admin;
 pub mod nodes;
 pub mod queue;
+pub mod report;
 pub mod show;
 pub mod submit;

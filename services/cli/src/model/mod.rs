@@ -8,9 +8,13 @@
 //! - [`cluster`]: the cluster bucket (policy, usage, drained nodes and paused GPUs);
 //! - [`jobs`]: finding one job by id or prefix, and the queue's listing order with effective
 //!   priorities;
-//! - [`nodes`]: a node's row: its state, free and paused GPUs, running jobs.
+//! - [`nodes`]: a node's row: its state, free and paused GPUs, running jobs;
+//! - [`history`]: finished jobs, live and in the history stream, filtered;
+//! - [`accounting`]: GPU time and how jobs ended, summed by user, node or state.
 
+pub mod accounting;
 pub mod cluster;
+pub mod history;
 pub mod jobs;
 pub mod nodes;
 pub mod snapshot;

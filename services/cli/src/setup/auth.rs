@@ -148,6 +148,7 @@ fn scheduler_permissions() -> Permissions {
             "$KV.mgpu-cluster.>",
             "$KV.mgpu-leader.>",
             "$KV.mgpu-node-leases.>",
+            subjects::ALL_HISTORY,
             subjects::ALL_ASSIGNMENTS,
             subjects::ALL_CONTROLS,
             subjects::ALL_EVENTS,
@@ -224,6 +225,7 @@ fn user_permissions(public_key: &str) -> Permissions {
         subjects::EVENTS_STREAM,
         subjects::OUTPUT_STREAM,
         subjects::NODES_STREAM,
+        subjects::HISTORY_STREAM,
     ] {
         publish.extend(stream_reader_subjects(stream));
     }

@@ -1,0 +1,136 @@
+//! Accounting over finished jobs, like Slurm's `sreport`: GPU time and how jobs ended, summed
+//! by user, node or state. GPU time is counted as the scheduler's fair-share ledger counts it:
+//! the GPUs (and shares) a job held on all its nodes, times the milliseconds from its start
+//! to its end (its last attempt; the ledger also counts attempts that were requeued).
+
+use std::collections::BTreeMap;
+
+use mgpu_protocol::job::{JobRecord, JobState};
+use serde::Serialize;
+
+/// GPU-seconds a finished job used (0 for one that never started).
+pub fn gpu_seconds(job: &JobRecord) -> f64 {
+    let Some(end) = job.state.ending() else {
+        return 0.0;
+    };
+    let (Some(placement), Some(started)) = (&end.placement, end.started_at) else {
+        return 0.0;
+    };
+    let seconds = (end.ended_at - started).num_milliseconds().max(0) as f64 / 1000.0;
+    placement.total_gpus() * seconds
+}
+
+/// What the report groups jobs by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupBy {
+    User,
+    Node,
+    State,
+}
+
+/// The jobs of one group and how they ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    pub jobs: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub timed_out: u64,
+    pub node_failed: u64,
+    pub gpu_seconds: f64,
+}
+
+impl Totals {
+    fn add(&mut self, job: &JobRecord, gpu_seconds: f64) {
+        self.jobs += 1;
+        match job.state {
+            JobState::Succeeded(_) => self.succeeded += 1,
+            JobState::Failed(_) => self.failed += 1,
+            JobState::Cancelled(_) => self.cancelled += 1,
+            JobState::TimedOut(_) => self.timed_out += 1,
+            JobState::NodeFailed(_) => self.node_failed += 1,
+            JobState::Queued(_) | JobState::Running(_) => {}
+        }
+        self.gpu_seconds += gpu_seconds;
+    }
+
+    pub fn gpu_hours(&self) -> f64 {
+        self.gpu_seconds / 3600.0
+    }
+}
+
+/// `jobs` summed by `by`. By node, a job counts once on each node it ran on, with the GPU
+/// time of the GPUs it held there.
+pub fn totals(jobs: &[JobRecord], by: GroupBy) -> BTreeMap<String, Totals> {
+    let mut groups: BTreeMap<String, Totals> = BTreeMap::new();
+    for job in jobs.iter().filter(|job| job.state.is_finished()) {
+        match by {
+            GroupBy::User => groups
+                .entry(job.user.clone())
+                .or_default()
+                .add(job, gpu_seconds(job)),
+            GroupBy::State => groups
+                .entry(job.state.name().to_owned())
+                .or_default()
+                .add(job, gpu_seconds(job)),
+            GroupBy::Node => {
+                let Some(placement) = job.state.placement() else {
+                    groups.entry("-".to_owned()).or_default().add(job, 0.0);
+                    continue;
+                };
+                let total = placement.total_gpus();
+                let all = gpu_seconds(job);
+                for (_, node, shares) in placement.ranks() {
+                    let here: f64 = shares.iter().map(|s| s.amount.as_f64()).sum();
+                    let part = if total > 0.0 { all * here / total } else { 0.0 };
+                    groups.entry(node.to_owned()).or_default().add(job, part);
+                }
+            }
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+    use mgpu_protocol::gpu_amount::GpuAmount;
+    use mgpu_protocol::job::{GpuShare, Placement};
+
+    /// Alice's job that held `gpus` GPUs of `node` for `minutes` and ended `state`.
+    fn ran(node: &str, gpus: u32, minutes: i64, failed: bool) -> JobRecord {
+        let mut job = fixtures::job("train", fixtures::finished(60), 0, 7200);
+        let shares = (0..gpus)
+            .map(|index| GpuShare {
+                index,
+                amount: GpuAmount::ONE,
+                mem_mib: 0,
+            })
+            .collect();
+        if let JobState::Succeeded(end) = &mut job.state {
+            end.placement = Some(Placement::single(node, shares));
+            end.started_at = Some(end.ended_at - chrono::Duration::minutes(minutes));
+            if failed {
+                job.state = JobState::Failed(end.clone());
+            }
+        }
+        job
+    }
+
+    #[test]
+    fn gpu_time_is_gpus_times_run_time_summed_by_group() {
+        let jobs = [ran("n1", 2, 90, false), ran("n2", 1, 30, true)];
+        assert_eq!(gpu_seconds(&jobs[0]), 2.0 * 90.0 * 60.0);
+        let by_user = totals(&jobs, GroupBy::User);
+        let alice = &by_user["alice"];
+        assert_eq!((alice.jobs, alice.succeeded, alice.failed), (2, 1, 1));
+        assert!((alice.gpu_hours() - 3.5).abs() < 1e-9);
+        let by_node = totals(&jobs, GroupBy::Node);
+        assert!((by_node["n1"].gpu_hours() - 3.0).abs() < 1e-9);
+        assert_eq!(by_node["n2"].failed, 1);
+        let by_state = totals(&jobs, GroupBy::State);
+        assert_eq!(by_state["failed"].jobs, 1);
+        assert_eq!(by_state["succeeded"].jobs, 1);
+    }
+}

@@ -1,0 +1,224 @@
+//! History, told as stories: a finished job leaves the live bucket for the history stream
+//! after the scheduler's `keep_finished` (shortened here to 1 s), `mgpu show` still finds it
+//! by its id, a job submitted `--after` it resolves from history, and a finished job a queued
+//! job depends on stays live until that job is no longer queued.
+
+use std::time::Duration;
+
+use mgpu_tests::{Cluster, NodeSpec, wait_for};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+fn cluster_keeping_finished_for(keep: &str) -> (Cluster, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = dir.path().join("scheduler.toml");
+    std::fs::write(&config, format!("keep_finished = \"{keep}\"\n"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let config = config.display().to_string();
+    let cluster = Cluster::start_with(
+        &[NodeSpec::new("node001", "2x24GiB")],
+        &["--config", &config],
+    );
+    (cluster, dir)
+}
+
+fn live_ids(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .all_jobs()
+        .iter()
+        .filter_map(|job| job["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn wait_moved(cluster: &Cluster, id: &str) {
+    wait_for(&format!("job {id} to leave the live bucket"), T, || {
+        (!live_ids(cluster).iter().any(|live| live == id)).then_some(())
+    });
+}
+
+#[test]
+fn a_finished_job_moves_to_history_and_is_still_found_and_depended_on() {
+    let (cluster, _config) = cluster_keeping_finished_for("1s");
+    let done = cluster.submit(&[], "echo from the past");
+    cluster.finished_as(&done, "succeeded", T);
+    wait_moved(&cluster, &done);
+    // Found by its id, as it ended.
+    let shown: Value = cluster.show(&done);
+    assert_eq!(shown["state"], "succeeded", "{shown}");
+    assert_eq!(shown["exit_code"], 0, "{shown}");
+    let text = cluster.mgpu_ok(&["show", &done]);
+    assert!(text.contains("succeeded"), "{text}");
+    // A dependency on it resolves from history.
+    let after = cluster.submit(&["--after", &done], "true");
+    cluster.finished_as(&after, "succeeded", T);
+}
+
+#[test]
+fn a_finished_job_a_queued_job_waits_for_stays_live_until_it_no_longer_waits() {
+    let (cluster, _config) = cluster_keeping_finished_for("1s");
+    let done = cluster.submit(&[], "true");
+    cluster.finished_as(&done, "succeeded", T);
+    let running = cluster.submit(&[], "sleep 1000");
+    cluster.wait_state(&running, "running", T);
+    let waiting = cluster.submit(&["--after", &format!("{done},{running}")], "true");
+    cluster.wait_reason(&waiting, "waiting for the jobs it depends on", T);
+    // Well past keep_finished: still live, since `waiting` depends on it.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        live_ids(&cluster).contains(&done),
+        "moved while depended on"
+    );
+    // Once `running` is cancelled, `waiting` can never run: it fails, and `done` moves.
+    cluster.mgpu_ok(&["cancel", &running]);
+    cluster.finished_as(&waiting, "failed", T);
+    wait_moved(&cluster, &done);
+}
+
+/// `mgpu history --json`'s lines, as JSON.
+fn history_lines(cluster: &Cluster, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["history", "--json"];
+    all.extend_from_slice(args);
+    cluster
+        .mgpu_ok(&all)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
+        .collect()
+}
+
+fn ids(lines: &[Value]) -> Vec<&str> {
+    lines.iter().filter_map(|job| job["id"].as_str()).collect()
+}
+
+#[test]
+fn history_lists_my_finished_jobs_and_filters_them() {
+    let (cluster, _config) = cluster_keeping_finished_for("1s");
+    let good = cluster.submit(&["--name", "ok-job"], "true");
+    let bad = cluster.submit(&["--name", "bad-job"], "exit 3");
+    let bobs = cluster
+        .mgpu_ok_with(&cluster.user_creds("bob"), &["submit", "-q", "--", "true"])
+        .trim()
+        .to_owned();
+    for id in [&good, &bad, &bobs] {
+        cluster.wait_finished(id, T);
+    }
+    wait_moved(&cluster, &good);
+    wait_moved(&cluster, &bad);
+
+    // Mine by default, oldest first, with what they used and why they ended.
+    let mine = history_lines(&cluster, &[]);
+    assert_eq!(ids(&mine), vec![good.as_str(), bad.as_str()], "{mine:?}");
+    assert!(
+        mine.iter()
+            .all(|job| job["user"] == "alice" && job["gpu_hours"].is_f64())
+    );
+    let failed = history_lines(&cluster, &["--state", "failed"]);
+    assert_eq!(ids(&failed), vec![bad.as_str()]);
+    assert_eq!(failed[0]["reason"], "exit code 3");
+    assert_eq!(
+        ids(&history_lines(&cluster, &["--name", "ok-*"])),
+        vec![good.as_str()]
+    );
+    assert_eq!(
+        ids(&history_lines(&cluster, &["--limit", "1"])),
+        vec![bad.as_str()]
+    );
+    assert_eq!(
+        history_lines(&cluster, &["--since", "1d", "--node", "node001"]).len(),
+        2
+    );
+    assert!(history_lines(&cluster, &["--until", "2000-01-01"]).is_empty());
+    // Everyone's, or one other user's.
+    let everyone = history_lines(&cluster, &["--all-users"]);
+    assert!(ids(&everyone).contains(&bobs.as_str()), "{everyone:?}");
+    assert_eq!(
+        ids(&history_lines(&cluster, &["--user", "bob"])),
+        vec![bobs.as_str()]
+    );
+    // The table names them too.
+    let table = cluster.mgpu_ok(&["history"]);
+    assert!(table.contains("ok-job") && table.contains("bad-job") && table.contains("GPU-H"));
+    // A malformed filter says what is accepted.
+    let out = cluster.mgpu(&["history", "--since", "garbage"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("`garbage` is not a time") && said.contains("2026-11-01"),
+        "{said}"
+    );
+}
+
+/// GPU-seconds of a finished job from its `mgpu show --json`: GPUs held times run time.
+fn gpu_seconds_of(job: &Value) -> f64 {
+    let record = &job["record"];
+    let started = mgpu_tests::time_of(record, "started_at");
+    let ended = mgpu_tests::time_of(record, "ended_at");
+    let gpus = record["placement"]["gpus"].as_array().map_or(0.0, |gpus| {
+        gpus.iter().filter_map(|g| g["amount"].as_f64()).sum()
+    });
+    gpus * (ended - started).num_milliseconds() as f64 / 1000.0
+}
+
+#[test]
+fn report_sums_the_jobs_run_to_the_gpu_second() {
+    let (cluster, _config) = cluster_keeping_finished_for("1s");
+    let one = cluster.submit(&["--gpus", "1"], "sleep 1");
+    let two = cluster.submit(&["--gpus", "2"], "sleep 1; exit 4");
+    let shared = cluster.submit(&["--gpus", "0.5"], "sleep 1");
+    let jobs: Vec<Value> = [&one, &two, &shared]
+        .iter()
+        .map(|id| cluster.wait_finished(id, T))
+        .map(|job| cluster.show(job["id"].as_str().unwrap_or("")))
+        .collect();
+    let expected: f64 = jobs.iter().map(gpu_seconds_of).sum();
+    assert!(expected > 3.0, "{expected}");
+    wait_moved(&cluster, &one);
+
+    let report: Value =
+        serde_json::from_str(&cluster.mgpu_ok(&["report", "--since", "1d", "--json"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let alice = report["groups"]
+        .as_array()
+        .and_then(|groups| groups.iter().find(|g| g["user"] == "alice"))
+        .unwrap_or_else(|| panic!("no alice in {report}"));
+    assert_eq!(
+        (
+            alice["jobs"].as_u64(),
+            alice["succeeded"].as_u64(),
+            alice["failed"].as_u64()
+        ),
+        (Some(3), Some(2), Some(1))
+    );
+    let reported = alice["gpu_seconds"].as_f64().unwrap_or(0.0);
+    assert!(
+        (reported - expected).abs() < 0.001,
+        "{reported} against {expected}"
+    );
+    // By node and by state, the same seconds.
+    let by_node: Value = serde_json::from_str(
+        &cluster.mgpu_ok(&["report", "--since", "1d", "--by", "node", "--json"]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!((by_node["total"]["gpu_seconds"].as_f64().unwrap_or(0.0) - expected).abs() < 0.001);
+    let csv = cluster.mgpu_ok(&["report", "--since", "1d", "--by", "state", "--csv"]);
+    assert!(
+        csv.starts_with("state,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours\n"),
+        "{csv}"
+    );
+    assert!(
+        csv.contains("\nfailed,1,0,1,") && csv.contains("\nsucceeded,2,2,0,"),
+        "{csv}"
+    );
+    // The fair-share ledger counted the same runs.
+    let ledger: Value =
+        serde_json::from_str(&cluster.mgpu_ok(&["report", "--fairshare", "--json"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let users = ledger["users"].as_array().cloned().unwrap_or_default();
+    assert_eq!(users.len(), 1, "{ledger}");
+    assert_eq!(users[0]["share"], 1.0);
+    let decayed = users[0]["gpu_hours"].as_f64().unwrap_or(0.0) * 3600.0;
+    assert!(
+        decayed <= expected + 0.001 && decayed > expected * 0.99,
+        "{decayed} against {expected}"
+    );
+}
