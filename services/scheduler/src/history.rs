@@ -16,8 +16,10 @@ use crate::service::Scheduler;
 
 /// How often the live bucket is looked at for jobs due for history.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
-/// Jobs moved in one sweep at most, so a backlog never holds up the loop for long.
-const SWEEP_BATCH: usize = 500;
+/// Jobs moved in one sweep at most: each move is a few round trips to the server, made while
+/// the loop waits, so a backlog (a first start with months of finished jobs) is moved a batch
+/// at a time between the loop's other work.
+const SWEEP_BATCH: usize = 200;
 
 /// When the live bucket was last swept.
 #[derive(Debug)]
