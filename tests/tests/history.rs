@@ -77,10 +77,14 @@ fn a_finished_job_a_queued_job_waits_for_stays_live_until_it_no_longer_waits() {
 
 /// `mgpu history --json`'s lines, as JSON.
 fn history_lines(cluster: &Cluster, args: &[&str]) -> Vec<Value> {
+    history_lines_as(cluster, &cluster.user_creds("alice"), args)
+}
+
+fn history_lines_as(cluster: &Cluster, creds: &std::path::Path, args: &[&str]) -> Vec<Value> {
     let mut all = vec!["history", "--json"];
     all.extend_from_slice(args);
     cluster
-        .mgpu_ok(&all)
+        .mgpu_ok_with(creds, &all)
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}")))
         .collect()
@@ -128,13 +132,27 @@ fn history_lists_my_finished_jobs_and_filters_them() {
         2
     );
     assert!(history_lines(&cluster, &["--until", "2000-01-01"]).is_empty());
-    // Everyone's, or one other user's.
-    let everyone = history_lines(&cluster, &["--all-users"]);
+    // Everyone's, or one other user's: an admin's to read, not alice's (the server refuses).
+    let admin = cluster.admin_creds();
+    let everyone = history_lines_as(&cluster, &admin, &["--all-users"]);
     assert!(ids(&everyone).contains(&bobs.as_str()), "{everyone:?}");
-    assert_eq!(
-        ids(&history_lines(&cluster, &["--user", "bob"])),
-        vec![bobs.as_str()]
-    );
+    let bob_only = history_lines_as(&cluster, &admin, &["--user", "bob"]);
+    assert_eq!(ids(&bob_only), vec![bobs.as_str()]);
+    for others in [&["--all-users"][..], &["--user", "bob"]] {
+        let mut args = vec!["history"];
+        args.extend_from_slice(others);
+        let out = cluster.mgpu(&args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("only admins"),
+            "{said}"
+        );
+    }
+    // Bob's job in history is not alice's to show; it is bob's.
+    wait_moved(&cluster, &bobs);
+    assert!(!cluster.mgpu(&["show", &bobs]).status.success());
+    let bobs_view = cluster.mgpu_ok_with(&cluster.user_creds("bob"), &["show", &bobs]);
+    assert!(bobs_view.contains("succeeded"), "{bobs_view}");
     // The table names them too.
     let table = cluster.mgpu_ok(&["history"]);
     assert!(table.contains("ok-job") && table.contains("bad-job") && table.contains("GPU-H"));
@@ -174,9 +192,18 @@ fn report_sums_the_jobs_run_to_the_gpu_second() {
     assert!(expected > 3.0, "{expected}");
     wait_moved(&cluster, &one);
 
-    let report: Value =
-        serde_json::from_str(&cluster.mgpu_ok(&["report", "--since", "1d", "--json"]))
+    // Everyone's report is an admin's; alice may report on her own.
+    let refused = cluster.mgpu(&["report", "--since", "1d"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("only admins"));
+    let own: Value =
+        serde_json::from_str(&cluster.mgpu_ok(&["report", "--since", "1d", "--mine", "--json"]))
             .unwrap_or_else(|e| panic!("{e}"));
+    let own_seconds = own["total"]["gpu_seconds"].as_f64().unwrap_or(0.0);
+    assert!((own_seconds - expected).abs() < 0.001, "{own}");
+    let admin = cluster.admin_creds();
+    let as_admin = |args: &[&str]| -> String { cluster.mgpu_ok_with(&admin, args) };
+    let report: Value = serde_json::from_str(&as_admin(&["report", "--since", "1d", "--json"]))
+        .unwrap_or_else(|e| panic!("{e}"));
     let alice = report["groups"]
         .as_array()
         .and_then(|groups| groups.iter().find(|g| g["user"] == "alice"))
@@ -195,12 +222,12 @@ fn report_sums_the_jobs_run_to_the_gpu_second() {
         "{reported} against {expected}"
     );
     // By node and by state, the same seconds.
-    let by_node: Value = serde_json::from_str(
-        &cluster.mgpu_ok(&["report", "--since", "1d", "--by", "node", "--json"]),
-    )
+    let by_node: Value = serde_json::from_str(&as_admin(&[
+        "report", "--since", "1d", "--by", "node", "--json",
+    ]))
     .unwrap_or_else(|e| panic!("{e}"));
     assert!((by_node["total"]["gpu_seconds"].as_f64().unwrap_or(0.0) - expected).abs() < 0.001);
-    let csv = cluster.mgpu_ok(&["report", "--since", "1d", "--by", "state", "--csv"]);
+    let csv = as_admin(&["report", "--since", "1d", "--by", "state", "--csv"]);
     assert!(
         csv.starts_with("state,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours\n"),
         "{csv}"

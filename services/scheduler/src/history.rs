@@ -87,7 +87,7 @@ impl Scheduler {
             .cloned()
             .collect();
         for id in unknown {
-            match records::archived_job(&self.js, &id).await {
+            match records::archived_job(&self.js, &id, None).await {
                 Ok(Some(record)) => self.store.remember_archived(record),
                 // Not recorded yet (submitted in the same batch) or unknown: it waits.
                 Ok(None) => {}

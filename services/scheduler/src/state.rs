@@ -141,7 +141,7 @@ impl JobStore {
         let payload = Bytes::from(serde_json::to_vec(&tracked.record)?);
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
-        let subject = subjects::history(&tracked.record.user, id);
+        let subject = subjects::history(subjects::history_owner(&tracked.record), id);
         self.js
             .publish_with_headers(subject, headers, payload)
             .await

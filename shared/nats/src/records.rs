@@ -203,6 +203,10 @@ async fn read_delivered(
 ) -> Result<Read, StateError> {
     let consumer = create_reader("reading the latest records", || {
         stream.create_consumer(consumer::pull::OrderedConfig {
+            // Named, so the request names its filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`)
+            // and the server's permissions can limit what a reader may filter on: a user
+            // reads their own history only.
+            name: Some(format!("mgpu-read-{}", JobId::random())),
             deliver_policy: deliver,
             filter_subject: filter.to_owned(),
             headers_only,
@@ -407,28 +411,25 @@ pub async fn get_job(js: &jetstream::Context, id: &JobId) -> Result<Option<JobRe
         return Ok(Some(pending));
     }
     // The scheduler may have recorded it between the two reads above.
-    if let Some(record) = recorded_job(&bucket, id).await? {
-        return Ok(Some(record));
-    }
-    archived_job(js, id).await
+    recorded_job(&bucket, id).await
 }
 
 /// The record of a finished job that left the live bucket for the history stream, if it is
-/// there (a stream not made yet holds nothing).
+/// there (a stream not made yet holds nothing): among `owner`'s jobs, or anyone's (None; only
+/// the scheduler and admins may read everyone's history).
 pub async fn archived_job(
     js: &jetstream::Context,
     id: &JobId,
+    owner: Option<&str>,
 ) -> Result<Option<JobRecord>, StateError> {
     if js.get_stream(subjects::HISTORY_STREAM).await.is_err() {
         return Ok(None);
     }
-    let messages = last_per_subject(
-        js,
-        subjects::HISTORY_STREAM,
-        &subjects::history_of(id),
-        false,
-    )
-    .await?;
+    let filter = owner.map_or_else(
+        || subjects::history_of(id),
+        |owner| subjects::history(owner, id),
+    );
+    let messages = last_per_subject(js, subjects::HISTORY_STREAM, &filter, false).await?;
     messages
         .last()
         .map(|message| {

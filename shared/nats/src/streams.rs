@@ -230,7 +230,7 @@ pub fn leader_bucket_config(settings: &StreamSettings) -> kv::Config {
 }
 
 /// Finished jobs' records once they left the live bucket, one message per job under
-/// `history.<user>.<id>`, kept a year and `max_bytes` at most.
+/// `history.<owner key>.<id>`, kept a year and `max_bytes` at most.
 pub fn history_stream_config(replicas: usize, max_bytes: i64) -> stream::Config {
     stream::Config {
         name: subjects::HISTORY_STREAM.into(),

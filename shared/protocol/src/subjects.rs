@@ -50,9 +50,15 @@ pub const ALL_HISTORY: &str = "history.>";
 /// Kept this long in history, and at most [`HISTORY_MAX_BYTES`].
 pub const HISTORY_MAX_AGE_SECS: u64 = 365 * 24 * 3600;
 pub const HISTORY_MAX_BYTES: i64 = 10 * 1024 * 1024 * 1024;
-/// The history subject of one job: by user, so one user's jobs are read without the others'.
-pub fn history(user: &str, job: &JobId) -> String {
-    format!("history.{user}.{job}")
+/// The history subject of one job, under its owner: the public key that signed its
+/// submission (the server's permissions let that key read its own history only, whatever
+/// Unix account the user runs under); a record without one goes under the user's name.
+pub fn history(owner: &str, job: &JobId) -> String {
+    format!("history.{owner}.{job}")
+}
+/// Who a record is filed under in history: its signer's public key, else its user's name.
+pub fn history_owner(record: &crate::job::JobRecord) -> &str {
+    record.user_key.as_deref().unwrap_or(&record.user)
 }
 /// Every history subject a job id could be under (its user unknown).
 pub fn history_of(job: &JobId) -> String {

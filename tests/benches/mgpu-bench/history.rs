@@ -3,8 +3,8 @@
 //! the history stream as the scheduler moves them there (many users' jobs, each with a
 //! typical environment). Measured, each against the same with no history:
 //! - `queue_latency_with_history`: `mgpu queue` with 1 000 waiting and 100 000 in history;
-//! - `history_query_1m`: `mgpu history --user user007 --since 1d` (that user's jobs of the last
-//!   day) with 1 000 000 in history (`--quick`: 100 000);
+//! - `history_query_1m`: alice's `mgpu history --since 1d` (her jobs of the last day, one in a
+//!   hundred) with 1 000 000 in history (`--quick`: 100 000);
 //! - `restart_with_history`: the scheduler SIGKILLed and started again, from taking the lease
 //!   to its first decision, and its memory then, with that history against none.
 
@@ -56,7 +56,7 @@ pub fn run(ctx: &Run) -> Result<()> {
     );
 
     let written = write_history(&cluster, for_queue, total)?;
-    let query = ["history", "--user", "user007", "--since", "1d"];
+    let query = ["history", "--since", "1d"];
     let history_query = median_ms(&cluster, &query, samples.min(5))?;
     let listed = run_mgpu(&cluster, &query)?
         .lines()
@@ -74,7 +74,7 @@ pub fn run(ctx: &Run) -> Result<()> {
         true,
         None,
         &history_query,
-        "ms per `mgpu history --user user007 --since 1d`",
+        "ms per alice's `mgpu history --since 1d`",
         json!({"history_jobs": total, "jobs_listed": listed,
                "write_s": round3(written.as_secs_f64())}),
     );
@@ -129,10 +129,12 @@ fn median_ms(cluster: &Cluster, args: &[&str], samples: usize) -> Result<Summary
 }
 
 /// Writes finished records `from..to` into the history stream, as the scheduler moves them
-/// there: user `user<N % 100>`, ended a minute ago, with a typical environment.
+/// there: user `user<N % 100>` (user 7 is alice, with her key), ended a minute ago, with a
+/// typical environment.
 fn write_history(cluster: &Cluster, from: usize, to: usize) -> Result<Duration> {
     progress(&format!("  writing history records {from}..{to}"));
     let env = crate::queue::environment();
+    let alice = user_key(&cluster.user_creds("alice"))?.public_key();
     let creds = cluster.creds(Role::Scheduler, "scheduler");
     cluster.with_nats(&creds, |client| async move {
         let js = async_nats::jetstream::new(client);
@@ -145,14 +147,17 @@ fn write_history(cluster: &Cluster, from: usize, to: usize) -> Result<Duration> 
                 let ack: async_nats::jetstream::context::PublishAckFuture = ack;
                 ack.await.context("a history record was not stored")?;
             }
-            let user = format!("user{:03}", index % USERS);
+            let (user, key) = match index % USERS {
+                7 => ("alice".to_owned(), Some(alice.clone())),
+                n => (format!("user{n:03}"), None),
+            };
             let mut spec = JobSpec::new(vec!["python".into(), "train.py".into()], "/home/x");
             spec.env = env.clone();
             let ended_at = Utc::now() - chrono::Duration::minutes(1);
             let record = JobRecord {
                 id: JobId::random(),
                 user: user.clone(),
-                user_key: None,
+                user_key: key,
                 spec,
                 submitted_at: ended_at - chrono::Duration::hours(1),
                 attempt: 1,
@@ -166,7 +171,7 @@ fn write_history(cluster: &Cluster, from: usize, to: usize) -> Result<Duration> 
                     usage: None,
                 }),
             };
-            let subject = subjects::history(&user, &record.id);
+            let subject = subjects::history(subjects::history_owner(&record), &record.id);
             in_flight.push_back(
                 js.publish(subject, serde_json::to_vec(&record)?.into())
                     .await?,

@@ -93,18 +93,22 @@ struct HistoryJob {
 
 pub async fn run(connection: &ConnectionArgs, args: &HistoryArgs) -> Result<ExitCode> {
     let session = Session::connect(connection).await?;
+    let mine = session.key.public_key();
     let filter = HistoryFilter {
-        user: match (&args.user, args.all_users) {
-            (_, true) => None,
-            (Some(user), false) => Some(user.clone()),
-            (None, false) => Some(session.user.clone()),
-        },
+        // Yours by your key; another user's (admins only) by name among everyone's.
+        owner: (args.user.is_none() && !args.all_users).then(|| mine.clone()),
+        user: args.user.clone().filter(|_| !args.all_users),
         states: args.state.clone(),
         since: args.since,
         until: args.until,
         node: args.node.clone(),
         name: args.name.clone(),
     };
+    if filter.owner.as_ref() != Some(&mine) && !history::may_read(&session.js, &filter).await {
+        return Err(anyhow::anyhow!(
+            "only admins may read other users' history; yours is `mgpu history`"
+        ));
+    }
     let mut jobs = history::read(&session.js, &filter).await?;
     if let Some(limit) = args.limit {
         let skip = jobs.len().saturating_sub(limit);

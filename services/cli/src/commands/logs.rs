@@ -39,7 +39,7 @@ pub struct LogsArgs {
 
 pub async fn run(connection: &ConnectionArgs, args: &LogsArgs) -> Result<ExitCode> {
     let session = Session::connect(connection).await?;
-    let id = jobs::resolve(&session.js, &args.id).await?;
+    let id = jobs::resolve_anywhere(&session, &args.id).await?;
     if args.follow {
         follow_output(&session, &id).await?;
     } else {

@@ -30,6 +30,14 @@ pub struct ReportArgs {
     #[arg(long, value_name = "WHEN", value_parser = parse::point_in_time)]
     pub until: Option<Timestamp>,
 
+    /// Only this user's jobs (admins; a user reports on their own with --mine).
+    #[arg(long, value_name = "USER", conflicts_with = "mine")]
+    pub user: Option<String>,
+
+    /// Only your own jobs (every user may; everyone's jobs are for admins).
+    #[arg(long)]
+    pub mine: bool,
+
     /// What to sum by.
     #[arg(long, value_enum, default_value = "user")]
     pub by: GroupBy,
@@ -44,7 +52,7 @@ pub struct ReportArgs {
 
     /// Each user's GPU-hours as the fair-share ledger counts them (halving every half-life),
     /// their share of all, and the points taken off their jobs' effective priority.
-    #[arg(long, conflicts_with_all = ["since", "until", "by"])]
+    #[arg(long, conflicts_with_all = ["since", "until", "by", "user", "mine"])]
     pub fairshare: bool,
 }
 
@@ -57,11 +65,19 @@ pub async fn run(connection: &ConnectionArgs, args: &ReportArgs) -> Result<ExitC
         fairshare(&cluster, now, args, &mut out)?;
     } else {
         let since = args.since.unwrap_or(now - chrono::Duration::days(30));
+        let mine = session.key.public_key();
         let filter = HistoryFilter {
+            owner: args.mine.then(|| mine.clone()),
+            user: args.user.clone(),
             since: Some(since),
             until: args.until,
             ..HistoryFilter::default()
         };
+        if filter.owner.as_ref() != Some(&mine) && !history::may_read(&session.js, &filter).await {
+            return Err(anyhow::anyhow!(
+                "only admins may report on other users' jobs; yours: `mgpu report --mine`"
+            ));
+        }
         let jobs = history::read(&session.js, &filter).await?;
         let groups = accounting::totals(&jobs, args.by);
         let period = (since, args.until.unwrap_or(now));

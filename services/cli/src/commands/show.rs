@@ -32,7 +32,7 @@ pub struct ShowArgs {
 
 pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCode> {
     let session = Session::connect(connection).await?;
-    let record = jobs::find(&session.js, &args.id).await?;
+    let record = jobs::find_anywhere(&session, &args.id).await?;
     if args.json {
         let mut value = serde_json::to_value(record.summary())?;
         if let Some(object) = value.as_object_mut() {

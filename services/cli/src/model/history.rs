@@ -17,7 +17,10 @@ use crate::errors::plain;
 /// What `mgpu history` keeps.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HistoryFilter {
-    /// Whose jobs; None: everyone's.
+    /// Whose jobs, by the key that signed them (the subject history files them under, which
+    /// a user may read for their own key only); None: everyone's.
+    pub owner: Option<String>,
+    /// Whose jobs, by user name; None: any.
     pub user: Option<String>,
     /// Ended in one of these states (`failed`, …); empty: any.
     pub states: Vec<String>,
@@ -38,6 +41,10 @@ impl HistoryFilter {
             return false;
         };
         self.user.as_ref().is_none_or(|user| &record.user == user)
+            && self
+                .owner
+                .as_deref()
+                .is_none_or(|owner| subjects::history_owner(record) == owner)
             && (self.states.is_empty() || self.states.iter().any(|s| s == record.state.name()))
             && self.since.is_none_or(|since| ending.ended_at >= since)
             && self.until.is_none_or(|until| ending.ended_at < until)
@@ -55,8 +62,8 @@ impl HistoryFilter {
 
     /// The history subjects this filter reads.
     fn subject(&self) -> String {
-        match &self.user {
-            Some(user) => format!("history.{user}.>"),
+        match &self.owner {
+            Some(owner) => format!("history.{owner}.>"),
             None => subjects::ALL_HISTORY.to_owned(),
         }
     }
@@ -89,6 +96,28 @@ pub fn glob_matches(glob: &str, text: &str) -> bool {
         }
     }
     glob[g..].iter().all(|c| *c == '*')
+}
+
+/// Whether the server lets this user read the history `filter` names: everyone may read their
+/// own, admins anyone's. A refused request gets no answer, so a short wait tells.
+pub async fn may_read(js: &jetstream::Context, filter: &HistoryFilter) -> bool {
+    let Ok(stream) = js.get_stream(subjects::HISTORY_STREAM).await else {
+        // Nothing in history yet: nothing to refuse.
+        return true;
+    };
+    let probe = stream.create_consumer(jetstream::consumer::pull::OrderedConfig {
+        name: Some(format!(
+            "mgpu-probe-{}",
+            mgpu_protocol::ids::JobId::random()
+        )),
+        filter_subject: filter.subject(),
+        deliver_policy: jetstream::consumer::DeliverPolicy::Last,
+        ..Default::default()
+    });
+    matches!(
+        tokio::time::timeout(super::jobs::ANYONE_WAIT, probe).await,
+        Ok(Ok(_))
+    )
 }
 
 /// The finished jobs `filter` keeps, live and in history, by when they ended (each once).

@@ -17,6 +17,7 @@ use mgpu_protocol::priority::effective_priority;
 
 use super::cluster::Cluster;
 use crate::errors::plain;
+use crate::session::Session;
 
 /// The job a typed id or unique prefix names; an unknown or ambiguous one is an error.
 pub async fn resolve(js: &jetstream::Context, typed: &str) -> Result<JobId> {
@@ -32,6 +33,44 @@ pub async fn find(js: &jetstream::Context, typed: &str) -> Result<JobRecord> {
         // Resolved a moment ago, so only a deletion in between gets here.
         .ok_or_else(|| anyhow!("job {} no longer exists", id.short()))
 }
+
+/// [`resolve`], and a full id of a job that moved to history.
+pub async fn resolve_anywhere(session: &Session, typed: &str) -> Result<JobId> {
+    match resolve(&session.js, typed).await {
+        Ok(id) => Ok(id),
+        Err(err) => match typed.trim().parse::<JobId>() {
+            Ok(id) if archived(session, &id).await?.is_some() => Ok(id),
+            _ => Err(err),
+        },
+    }
+}
+
+/// [`find`], and a job that moved to history, by its full id.
+pub async fn find_anywhere(session: &Session, typed: &str) -> Result<JobRecord> {
+    match find(&session.js, typed).await {
+        Ok(record) => Ok(record),
+        Err(err) => match typed.trim().parse::<JobId>() {
+            Ok(id) => archived(session, &id).await?.ok_or(err),
+            Err(_) => Err(err),
+        },
+    }
+}
+
+/// A job in history: among the user's own, else anyone's where the user may read them all
+/// (admins); the server refuses others, which reads here as not found.
+async fn archived(session: &Session, id: &JobId) -> Result<Option<JobRecord>> {
+    let own = records::archived_job(&session.js, id, Some(&session.key.public_key())).await;
+    if let Some(record) = own.map_err(plain)? {
+        return Ok(Some(record));
+    }
+    let anyone =
+        tokio::time::timeout(ANYONE_WAIT, records::archived_job(&session.js, id, None)).await;
+    Ok(anyone.ok().and_then(Result::ok).flatten())
+}
+
+/// How long a read the server may refuse (another user's history) is waited for: a refused
+/// request gets no answer at all.
+pub const ANYONE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// When a queued job (re-)entered the queue: a requeued job waits from its requeue.
 pub fn queued_at(job: &JobRecord) -> Timestamp {

@@ -200,8 +200,8 @@ fn node_permissions(name: &str, public_key: &str) -> Permissions {
     }
 }
 
-/// Users read every mgpu stream (through ephemeral consumers and direct gets) but write only
-/// requests; they cannot create, change or delete streams or consumers by name, nor publish
+/// Users read every mgpu stream (through ephemeral consumers and direct gets), of the history
+/// their own jobs only, but write only requests; they cannot create, change or delete streams or consumers by name, nor publish
 /// assignments, events, output or heartbeats.
 fn user_permissions(public_key: &str) -> Permissions {
     let mut publish = strings(&[
@@ -225,10 +225,18 @@ fn user_permissions(public_key: &str) -> Permissions {
         subjects::EVENTS_STREAM,
         subjects::OUTPUT_STREAM,
         subjects::NODES_STREAM,
-        subjects::HISTORY_STREAM,
     ] {
         publish.extend(stream_reader_subjects(stream));
     }
+    // History: the user's own subjects only (a consumer names its filter when it is created,
+    // and no direct get is allowed, since its request does not).
+    let history = subjects::HISTORY_STREAM;
+    publish.extend([
+        format!("$JS.API.STREAM.INFO.{history}"),
+        format!("$JS.API.CONSUMER.CREATE.{history}.*.history.{public_key}.>"),
+        format!("$JS.API.CONSUMER.INFO.{history}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{history}.*"),
+    ]);
     // The scheduler's durable consumer of reports is not a user's to change or drain.
     let events = subjects::EVENTS_STREAM;
     let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;

@@ -178,7 +178,7 @@ impl FileDefaults {
 pub async fn resolve_ids(session: &Session, typed: &[String]) -> Result<Vec<JobId>> {
     let mut ids: Vec<JobId> = Vec::with_capacity(typed.len());
     for text in typed.iter().filter(|t| !t.trim().is_empty()) {
-        let id = jobs::resolve(&session.js, text).await?;
+        let id = jobs::resolve_anywhere(session, text).await?;
         if !ids.contains(&id) {
             ids.push(id);
         }
