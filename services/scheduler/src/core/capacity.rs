@@ -51,6 +51,22 @@ impl FreeNode {
     }
 }
 
+/// Whether an adjustment of [`Capacity`] takes room or gives it back.
+#[derive(Clone, Copy)]
+enum Booking {
+    Take,
+    Give,
+}
+
+impl Booking {
+    fn apply(self, free: u64, amount: u64) -> u64 {
+        match self {
+            Booking::Take => free.saturating_sub(amount),
+            Booking::Give => free.saturating_add(amount),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(super) struct Capacity {
     pub nodes: Vec<FreeNode>,
@@ -141,33 +157,18 @@ impl Capacity {
     }
 
     pub fn book(&mut self, placement: &Placement) {
-        self.bookings += 1;
-        for (_, name, shares) in placement.ranks() {
-            let Some(node) = self
-                .positions
-                .get(name)
-                .and_then(|&position| self.nodes.get_mut(position))
-            else {
-                continue;
-            };
-            node.cpus_free = node
-                .cpus_free
-                .map(|free| free.saturating_sub(placement.cpus));
-            node.mem_host_free_mib = node
-                .mem_host_free_mib
-                .map(|free| free.saturating_sub(placement.mem_host_mib));
-            for share in shares {
-                if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
-                    gpu.units = gpu.units.saturating_sub(share.amount.units());
-                    gpu.memory_mib = gpu.memory_mib.saturating_sub(share.mem_mib);
-                }
-            }
-        }
+        self.adjust(placement, Booking::Take);
     }
 
     /// Gives back what `placement` booked (the job ends), as [`Capacity::book`] took it.
     pub fn release(&mut self, placement: &Placement) {
+        self.adjust(placement, Booking::Give);
+    }
+
+    /// Takes what `placement` holds from its nodes' free room, or gives it back.
+    fn adjust(&mut self, placement: &Placement, booking: Booking) {
         self.bookings += 1;
+        let (cpus, mem) = (placement.cpus, placement.mem_host_mib);
         for (_, name, shares) in placement.ranks() {
             let Some(node) = self
                 .positions
@@ -176,19 +177,15 @@ impl Capacity {
             else {
                 continue;
             };
-            node.cpus_free = node
-                .cpus_free
-                .map(|free| free.saturating_add(placement.cpus));
-            node.mem_host_free_mib = node
-                .mem_host_free_mib
-                .map(|free| free.saturating_add(placement.mem_host_mib));
+            node.cpus_free = node.cpus_free.map(|free| {
+                u32::try_from(booking.apply(free.into(), cpus.into())).unwrap_or(u32::MAX)
+            });
+            node.mem_host_free_mib = node.mem_host_free_mib.map(|free| booking.apply(free, mem));
             for share in shares {
                 if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == share.index) {
-                    gpu.units = gpu
-                        .units
-                        .saturating_add(share.amount.units())
-                        .min(GpuAmount::UNITS_PER_GPU);
-                    gpu.memory_mib = gpu.memory_mib.saturating_add(share.mem_mib);
+                    let units = booking.apply(gpu.units.into(), share.amount.units().into());
+                    gpu.units = units.min(GpuAmount::UNITS_PER_GPU.into()) as u32;
+                    gpu.memory_mib = booking.apply(gpu.memory_mib, share.mem_mib);
                 }
             }
         }
