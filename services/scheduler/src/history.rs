@@ -53,6 +53,10 @@ impl Scheduler {
         else {
             return;
         };
+        let due = self.store.ended_before(cutoff, SWEEP_BATCH);
+        if due.is_empty() {
+            return;
+        }
         let depended: HashSet<JobId> = self
             .store
             .queued()
@@ -60,7 +64,7 @@ impl Scheduler {
             .cloned()
             .collect();
         let mut moved = 0usize;
-        for id in self.store.ended_before(cutoff, SWEEP_BATCH) {
+        for id in due {
             if depended.contains(&id) {
                 continue;
             }

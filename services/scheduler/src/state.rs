@@ -148,12 +148,8 @@ impl JobStore {
             .context("publishing to history")?
             .await
             .context("storing in history")?;
-        let stream = self
-            .js
-            .get_stream(subjects::JOBS_BUCKET_STREAM)
-            .await
-            .context("opening the jobs bucket's stream")?;
-        stream
+        self.bucket
+            .stream
             .purge()
             .filter(format!("$KV.{}.{id}", subjects::JOBS_BUCKET))
             .await

@@ -308,6 +308,27 @@ pub fn one_busy_gpu() -> Result<Cluster> {
     Ok(cluster)
 }
 
+/// Submits `count` one-GPU `true` jobs of alice's (pipelined, as one program would) and waits
+/// until the scheduler has recorded them all.
+pub fn submit_waiting_jobs(cluster: &Cluster, count: usize) -> Result<()> {
+    let key = user_key(&cluster.user_creds("alice"))?;
+    cluster.with_nats(&cluster.admin_creds(), |client| async move {
+        let js = async_nats::jetstream::new(client.clone());
+        let specs = (0..count)
+            .map(|_| mgpu_protocol::job::JobSpec::new(vec!["true".into()], "/tmp"))
+            .collect();
+        submit_pipelined(&js, &key, "alice", specs, 1024).await?;
+        wait_for_status(
+            "every job recorded",
+            Duration::from_secs(600),
+            &client,
+            |s| s["jobs_total"].as_u64().unwrap_or(0) > count as u64,
+        )
+        .await
+        .map(|_| ())
+    })
+}
+
 /// Asks `mgpu.scheduler.status` until `ready` holds; returns the status and how long it took.
 pub async fn wait_for_status(
     what: &str,

@@ -36,7 +36,7 @@ pub fn run(ctx: &Run) -> Result<()> {
         "history: 1 000 waiting, then {total} finished jobs in history"
     ));
     let mut cluster = one_busy_gpu()?;
-    queue_jobs(&cluster, 1000)?;
+    submit_waiting_jobs(&cluster, 1000)?;
     let queue_before = median_ms(&cluster, &["queue"], samples)?;
     let (restart_before, rss_before) = restart(&mut cluster)?;
 
@@ -95,26 +95,6 @@ pub fn run(ctx: &Run) -> Result<()> {
                "rss_mib": round3(rss_after), "without_history_rss_mib": round3(rss_before)}),
     );
     Ok(())
-}
-
-/// `count` one-GPU jobs of alice's, waiting behind the busy GPU.
-fn queue_jobs(cluster: &Cluster, count: usize) -> Result<()> {
-    let key = user_key(&cluster.user_creds("alice"))?;
-    cluster.with_nats(&cluster.admin_creds(), |client| async move {
-        let js = async_nats::jetstream::new(client.clone());
-        let specs = (0..count)
-            .map(|_| JobSpec::new(vec!["true".into()], "/tmp"))
-            .collect();
-        submit_pipelined(&js, &key, "alice", specs, 1024).await?;
-        wait_for_status(
-            "every job recorded",
-            Duration::from_secs(600),
-            &client,
-            |s| s["jobs_total"].as_u64().unwrap_or(0) > count as u64,
-        )
-        .await
-        .map(|_| ())
-    })
 }
 
 /// `mgpu ARGS` run `samples` times; their wall times in ms.

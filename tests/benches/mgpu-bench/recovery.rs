@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use chrono::{DateTime, Utc};
-use mgpu_protocol::job::JobSpec;
 use mgpu_tests::{Cluster, without_colours};
 use serde_json::json;
 
@@ -22,28 +21,7 @@ pub fn run(ctx: &Run) -> Result<()> {
         "recovery: {jobs} jobs waiting, {samples} restarts"
     ));
     let mut cluster = one_busy_gpu()?;
-    let key = user_key(&cluster.user_creds("alice"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
-    runtime.block_on(async {
-        let client = connect(&cluster, &cluster.admin_creds()).await?;
-        let js = async_nats::jetstream::new(client.clone());
-        let specs = (0..jobs)
-            .map(|_| JobSpec::new(vec!["true".into()], "/tmp"))
-            .collect();
-        submit_pipelined(&js, &key, "alice", specs, 1024).await?;
-        wait_for_status(
-            "every job recorded",
-            Duration::from_secs(600),
-            &client,
-            |s| s["jobs_total"].as_u64().unwrap_or(0) > jobs as u64,
-        )
-        .await
-        .map(|_| ())
-    })?;
+    submit_waiting_jobs(&cluster, jobs)?;
     progress(&format!("  {jobs} jobs recorded"));
 
     let mut ready_ms = Vec::new();
