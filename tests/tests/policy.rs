@@ -347,6 +347,41 @@ fn time_limits_either_fail_the_job_or_send_it_back_to_the_queue() {
     assert!(logs.contains("restart=1 attempt=2"), "{logs}");
 }
 
+/// A job past its time slice yields only to a waiter its GPU could let start: not to a 2-GPU
+/// job on a 2-GPU node whose other GPU is busy, nor to a 1-GPU job queued behind that one
+/// (the GPU is held for the job ahead); once the 2-GPU job is gone, to the 1-GPU job.
+#[test]
+fn a_sliced_job_yields_only_to_a_waiter_its_gpu_would_let_start() {
+    let cluster = Cluster::start(&node("2x24GiB"));
+    let busy = cluster.submit(&[], "sleep 1000");
+    cluster.wait_state(&busy, "running", T);
+    let sliced = cluster.submit(
+        &["--time-limit", "1s", "--on-timeout", "requeue"],
+        "sleep 1000",
+    );
+    cluster.wait_state(&sliced, "running", T);
+    let big = cluster.submit(&["--gpus", "2"], "true");
+    let small = cluster.submit(&[], "true");
+    cluster.wait_state(&small, "queued", T);
+    // Well past its slice, with both waiting: it keeps running, as attempt 1.
+    std::thread::sleep(Duration::from_secs(3));
+    let still = cluster.show(&sliced);
+    assert_eq!(
+        (&still["state"], &still["attempt"]),
+        (&"running".into(), &1.into()),
+        "{still}"
+    );
+    // With the 2-GPU job gone, the 1-GPU job could start on its GPU: now it yields.
+    cluster.mgpu_ok(&["cancel", &big]);
+    wait_for("the sliced job to be requeued", T, || {
+        (cluster.show(&sliced)["attempt"] == 2).then_some(())
+    });
+    cluster.finished_as(&small, "succeeded", T);
+    for id in [&busy, &sliced] {
+        cluster.mgpu_ok(&["cancel", id]);
+    }
+}
+
 #[test]
 fn dependencies_wait_for_success_or_for_any_end() {
     let cluster = Cluster::start(&node("2x24GiB"));

@@ -377,9 +377,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         }
     }
     let any_online = nodes.iter().any(|n| n.online);
-    // One waiting job of each shape that found no room: what a job past its time slice
-    // would have to make room for.
-    let mut waiting_for_room: Vec<&QueuedJob> = Vec::new();
+    // One waiting job of each shape that found no room, with how many reservations jobs ahead
+    // of it held then: what a job past its time slice would have to make room for.
+    let mut waiting_for_room: Vec<(&QueuedJob, usize)> = Vec::new();
     // Not sized for the queue: most jobs wait for the reason already recorded and yield no
     // decision, and 100 000 empty slots are 15 MB of fresh pages to fault in every pass.
     let mut decisions = Vec::new();
@@ -498,7 +498,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             });
             continue;
         }
-        waiting_for_room.push(job);
+        waiting_for_room.push((job, reservations.len()));
         // Why it waits: the first constraint whose removal would let it start.
         let reason = if let Some((true, reason, _)) = known {
             reason
@@ -536,40 +536,71 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         decisions.extend(wait(reason));
     }
 
-    decisions.extend(preemptions(
-        &capacity,
-        &running,
-        &waiting_for_room,
-        settings,
-        now,
-    ));
+    let waiting = Waiters {
+        jobs: &waiting_for_room,
+        reservations: &reservations,
+    };
+    decisions.extend(preemptions(&capacity, &running, &waiting, settings, now));
     (decisions, reservations)
 }
 
+/// The jobs that waited for room in a pass, each with the number of the pass's reservations
+/// made for jobs ahead of it.
+struct Waiters<'a> {
+    jobs: &'a [(&'a QueuedJob, usize)],
+    reservations: &'a [Reservation],
+}
+
+impl Waiters<'_> {
+    /// Whether `job` could start on `capacity`, keeping off what is reserved for jobs ahead of
+    /// it (backfill never delays them).
+    fn could_start(
+        &self,
+        (job, ahead): (&QueuedJob, usize),
+        capacity: &Capacity,
+        settings: &CoreSettings,
+        now: Timestamp,
+    ) -> bool {
+        let reserved = self.reservations.get(..ahead).unwrap_or_default();
+        let ends_at = job
+            .time_limit
+            .and_then(|limit| chrono::Duration::from_std(limit).ok())
+            .map(|limit| now + limit);
+        let avoid = |position: usize, index: u32| {
+            capacity.nodes.get(position).is_some_and(|node| {
+                reserved
+                    .iter()
+                    .any(|r| r.blocks(&node.name, index, ends_at))
+            })
+        };
+        let constraints = Constraints {
+            in_service_only: true,
+            unbusy_only: true,
+            avoid: &avoid,
+        };
+        capacity.place(job, &constraints, settings).is_some()
+    }
+}
+
 /// Running jobs past their time slice that yield: each one whose GPUs (and cores, memory)
-/// would let a waiting job start that cannot start now. A job nobody can use the room of keeps
-/// running, however many others wait.
+/// would let a waiting job start that cannot start now, reservations for jobs ahead of it
+/// kept. A job nobody could use the room of keeps running, however many others wait.
 fn preemptions(
     capacity: &Capacity,
     running: &[&RunningJob],
-    waiting: &[&QueuedJob],
+    waiting: &Waiters<'_>,
     settings: &CoreSettings,
     now: Timestamp,
 ) -> Vec<Decision> {
-    if waiting.is_empty() {
-        return Vec::new();
-    }
-    let anywhere = |_: usize, _: u32| false;
-    let constraints = Constraints {
-        in_service_only: true,
-        unbusy_only: true,
-        avoid: &anywhere,
-    };
-    let blocked: Vec<&QueuedJob> = waiting
+    let blocked: Vec<(&QueuedJob, usize)> = waiting
+        .jobs
         .iter()
         .copied()
-        .filter(|job| capacity.place(job, &constraints, settings).is_none())
+        .filter(|&waiter| !waiting.could_start(waiter, capacity, settings, now))
         .collect();
+    if blocked.is_empty() {
+        return Vec::new();
+    }
     running
         .iter()
         .filter(|job| job.slice_end.is_some_and(|end| end <= now))
@@ -578,7 +609,7 @@ fn preemptions(
             freed.release(&job.placement);
             blocked
                 .iter()
-                .any(|waiter| freed.place(waiter, &constraints, settings).is_some())
+                .any(|&waiter| waiting.could_start(waiter, &freed, settings, now))
         })
         .map(|job| Decision::Preempt {
             job: job.id.clone(),

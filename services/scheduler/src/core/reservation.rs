@@ -22,7 +22,6 @@ pub(super) struct Reservation {
 
 impl Reservation {
     /// Whether a job that ends by `ends_at` (None: no limit) must keep off GPU `index` of `node`.
-    #[cfg(test)]
     pub fn blocks(&self, node: &str, index: u32, ends_at: Option<Timestamp>) -> bool {
         !ends_before(ends_at, self.start) && self.gpus.iter().any(|(n, i)| n == node && *i == index)
     }
