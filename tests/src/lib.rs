@@ -41,8 +41,11 @@ mod cli;
 mod faults;
 mod logs;
 mod nats_cluster;
+mod terminal;
+
 pub use faults::process_running;
 pub use logs::without_colours;
+pub use terminal::{PaneExit, Terminal};
 
 /// Heartbeat interval the agents use in tests (short, so node changes are seen quickly).
 pub const HEARTBEAT: &str = "200ms";

@@ -8,7 +8,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    admin, cancel, history, hold, logs, node_admin, nodes, queue, report, show, submit,
+    admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, queue, report,
+    show, submit, top, wait,
 };
 use crate::session::ConnectionArgs;
 
@@ -66,6 +67,11 @@ impl Cli {
             Command::Node(args) => node_admin::run_node(connection, args).await,
             Command::Gpu(args) => node_admin::run_gpu(connection, args).await,
             Command::Admin(args) => admin::run(connection, args).await,
+            Command::Top(args) => top::run(connection, args).await,
+            Command::Attach(args) => attach::run(connection, args).await,
+            Command::Wait(args) => wait::run(connection, args).await,
+            Command::Completions(args) => completions::run_completions(connection, args).await,
+            Command::Man(args) => completions::run_man(args),
         }
     }
 }
@@ -118,6 +124,16 @@ pub enum Command {
     Gpu(node_admin::GpuArgs),
     /// Set up the cluster: credentials, server configuration, streams.
     Admin(admin::AdminArgs),
+    /// Watch the whole cluster live, full screen: nodes, GPUs, the queue.
+    Top(top::TopArgs),
+    /// Join a running job's terminal (or follow its output): `Ctrl+]` detaches.
+    Attach(attach::AttachArgs),
+    /// Wait until jobs end; the exit status says how they ended.
+    Wait(wait::WaitArgs),
+    /// Print a shell completion script: `source <(mgpu completions bash)`.
+    Completions(completions::CompletionsArgs),
+    /// Write man pages for mgpu and every subcommand.
+    Man(completions::ManArgs),
 }
 
 #[cfg(test)]

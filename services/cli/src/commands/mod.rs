@@ -3,7 +3,9 @@
 //! come back as errors for `main` to print.
 
 pub mod admin;
+pub mod attach;
 pub mod cancel;
+pub mod completions;
 pub mod history;
 pub mod hold;
 pub mod logs;
@@ -13,3 +15,5 @@ pub mod queue;
 pub mod report;
 pub mod show;
 pub mod submit;
+pub mod top;
+pub mod wait;

@@ -1,0 +1,253 @@
+//! A real terminal for stories that drive `mgpu` the way a person does: the command runs in a
+//! tmux pane (a real pseudo-terminal with a VT100 screen behind it), keys are typed into it
+//! with `send-keys`, and the screen is read back with `capture-pane`. Each terminal has its own
+//! tmux server (its socket in the cluster's directory), killed on drop.
+//!
+//! The pane is kept after the command exits (`remain-on-exit`), so a story can read the exit
+//! status and what the command left on the screen. [`Terminal::start_shell`] runs the command
+//! inside `sh`, which then prints `stty -a` and whether the screen is the alternate one: the
+//! proof that a full-screen program gave the terminal back.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{Cluster, bin_dir, wait_for};
+
+/// One tmux server with one window running a command.
+pub struct Terminal {
+    socket: PathBuf,
+}
+
+/// What a finished pane says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaneExit {
+    pub status: i32,
+}
+
+impl Cluster {
+    /// Runs `mgpu ARGS` as alice in a terminal of `cols`×`rows`.
+    pub fn mgpu_terminal(&self, args: &[&str], cols: u16, rows: u16) -> Terminal {
+        self.mgpu_terminal_with(&self.user_creds("alice"), args, cols, rows)
+    }
+
+    /// Runs `mgpu ARGS` with the given credentials in a terminal of `cols`×`rows`.
+    pub fn mgpu_terminal_with(
+        &self,
+        creds: &Path,
+        args: &[&str],
+        cols: u16,
+        rows: u16,
+    ) -> Terminal {
+        let mut line = vec![shell_word(&bin_dir().join("mgpu").to_string_lossy())];
+        line.extend(args.iter().map(|a| shell_word(a)));
+        Terminal::start(self, creds, &line.join(" "), cols, rows)
+    }
+
+    /// Runs `mgpu ARGS` in a terminal, inside `sh`: after it exits the shell prints
+    /// `EXIT=<status>`, the terminal's `stty -a` and `ALT=<0|1>` (1 while the program left the
+    /// alternate screen on), so a story can check the terminal was restored.
+    pub fn mgpu_terminal_in_shell(&self, args: &[&str], cols: u16, rows: u16) -> Terminal {
+        let mut line = vec![shell_word(&bin_dir().join("mgpu").to_string_lossy())];
+        line.extend(args.iter().map(|a| shell_word(a)));
+        let script = format!("{}; echo EXIT=$?; stty -a; sleep 600", line.join(" "));
+        Terminal::start(
+            self,
+            &self.user_creds("alice"),
+            &format!("sh -c {}", shell_word(&script)),
+            cols,
+            rows,
+        )
+    }
+}
+
+impl Terminal {
+    /// Starts a tmux server running `command_line` (a shell command) with the cluster's `mgpu`
+    /// environment, in a window of `cols`×`rows`.
+    fn start(
+        cluster: &Cluster,
+        creds: &Path,
+        command_line: &str,
+        cols: u16,
+        rows: u16,
+    ) -> Terminal {
+        let socket = cluster.dir.path().join(format!("tmux-{}", uuid_like()));
+        let mut env = vec![
+            ("MGPU_SERVER".to_owned(), cluster.server_url()),
+            (
+                "MGPU_CREDS".to_owned(),
+                creds.to_string_lossy().into_owned(),
+            ),
+            ("USER".to_owned(), "alice".to_owned()),
+            ("TERM".to_owned(), "xterm-256color".to_owned()),
+        ];
+        // An `MGPU_CA` from the developer's shell must not leak in (tmux passes its own
+        // environment on): it is set to the cluster's, or unset.
+        let mut unset = String::from("unset MGPU_CA;");
+        if let Some(ca) = cluster.ca() {
+            env.push(("MGPU_CA".to_owned(), ca.to_string_lossy().into_owned()));
+            unset.clear();
+        }
+        env.extend(cluster.cli_env.iter().cloned());
+        let exports: Vec<String> = env
+            .iter()
+            .map(|(k, v)| format!("export {k}={};", shell_word(v)))
+            .collect();
+        let full = format!(
+            "cd {}; {unset} {} exec {}",
+            shell_word(&cluster.dir.path().to_string_lossy()),
+            exports.join(" "),
+            command_line
+        );
+        let terminal = Terminal { socket };
+        // `-f /dev/null`: no user configuration changes what the story sees.
+        terminal.tmux_ok(&[
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-x",
+            &cols.to_string(),
+            "-y",
+            &rows.to_string(),
+            "sh",
+            "-c",
+            &full,
+        ]);
+        terminal.tmux_ok(&["set-option", "-g", "remain-on-exit", "on"]);
+        terminal.tmux_ok(&["set-option", "-g", "status", "off"]);
+        terminal.tmux_ok(&[
+            "resize-window",
+            "-x",
+            &cols.to_string(),
+            "-y",
+            &rows.to_string(),
+        ]);
+        terminal
+    }
+
+    fn tmux(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tmux (scripts/setup.sh installs it): {e}"))
+    }
+
+    fn tmux_ok(&self, args: &[&str]) -> String {
+        let out = self.tmux(args);
+        assert!(
+            out.status.success(),
+            "tmux {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The visible screen, one line per row, trailing blanks trimmed.
+    pub fn screen(&self) -> String {
+        self.tmux_ok(&["capture-pane", "-p", "-t", "0"])
+    }
+
+    /// Waits until the screen holds `text`; returns the screen then.
+    pub fn wait_for_text(&self, text: &str, timeout: Duration) -> String {
+        self.wait_for_screen(&format!("the screen to show {text:?}"), timeout, |s| {
+            s.contains(text)
+        })
+    }
+
+    /// Waits until `ready` holds for the screen; returns the screen then. On a timeout the
+    /// panic message carries the last screen.
+    pub fn wait_for_screen(
+        &self,
+        what: &str,
+        timeout: Duration,
+        ready: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let screen = self.screen();
+            if ready(&screen) {
+                return screen;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("timed out waiting for {what}; the screen:\n{screen}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Types text as it is (no key names).
+    pub fn type_text(&self, text: &str) {
+        self.tmux_ok(&["send-keys", "-t", "0", "-l", text]);
+    }
+
+    /// Presses keys by tmux name: `Enter`, `Down`, `C-c`, `C-]`, `q`, `Escape`.
+    pub fn press(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "0"];
+        args.extend_from_slice(keys);
+        self.tmux_ok(&args);
+    }
+
+    /// Resizes the terminal; the program gets SIGWINCH as from any terminal.
+    pub fn resize(&self, cols: u16, rows: u16) {
+        self.tmux_ok(&[
+            "resize-window",
+            "-x",
+            &cols.to_string(),
+            "-y",
+            &rows.to_string(),
+        ]);
+    }
+
+    /// The command's exit status once it has exited, else None.
+    pub fn exit(&self) -> Option<PaneExit> {
+        let out = self.tmux_ok(&[
+            "display-message",
+            "-p",
+            "-t",
+            "0",
+            "#{pane_dead} #{pane_dead_status}",
+        ]);
+        let mut words = out.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("1"), Some(status)) => status.parse().ok().map(|status| PaneExit { status }),
+            _ => None,
+        }
+    }
+
+    /// Waits for the command to exit; its status.
+    pub fn wait_for_exit(&self, timeout: Duration) -> PaneExit {
+        wait_for("the terminal's command to exit", timeout, || self.exit())
+    }
+
+    /// Whether the program has the alternate screen on (full-screen programs turn it on).
+    pub fn alternate_screen(&self) -> bool {
+        self.tmux_ok(&["display-message", "-p", "-t", "0", "#{alternate_on}"])
+            .trim()
+            == "1"
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.tmux(&["kill-server"]);
+    }
+}
+
+/// A word the shell reads back as exactly `text`.
+fn shell_word(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// A short name unique within this process run.
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
