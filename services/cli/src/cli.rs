@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::commands::{
     admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, queue, report,
@@ -70,8 +70,10 @@ impl Cli {
             Command::Top(args) => top::run(connection, args).await,
             Command::Attach(args) => attach::run(connection, args).await,
             Command::Wait(args) => wait::run(connection, args).await,
-            Command::Completions(args) => completions::run_completions(connection, args).await,
-            Command::Man(args) => completions::run_man(args),
+            Command::Completions(args) => {
+                completions::run_completions(connection, args, Cli::command()).await
+            }
+            Command::Man(args) => completions::run_man(args, Cli::command()),
         }
     }
 }

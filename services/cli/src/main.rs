@@ -45,6 +45,7 @@ mod jobfile;
 mod model;
 mod parse;
 mod publish;
+mod raw_terminal;
 mod session;
 mod tables;
 

@@ -14,7 +14,7 @@
 //! for SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs PROGRAM as its child in the same
 //! group (looked up on the job's `PATH` when it has no `/`, as a shell would), and waits. If the agent dies, or anyone sends
 //! the guard SIGTERM, SIGINT or SIGHUP, it stops the whole group: SIGTERM, the grace period,
-//! SIGKILL. When FENCE_MS is not 0 it also stops the group once CONTACT_FILE (touched by the
+//! SIGKILL (on a job's terminal, `--pty`, SIGINT and SIGQUIT are typed keys, and the job's). When FENCE_MS is not 0 it also stops the group once CONTACT_FILE (touched by the
 //! agent whenever JetStream stored its heartbeat) is older than that: the agent is alive but
 //! cut off or frozen, and the scheduler may already run the job elsewhere. Otherwise the guard
 //! is invisible: the job inherits its standard streams, environment, directory and group, and
@@ -42,7 +42,7 @@ use core::arch::global_asm;
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicI32, Ordering};
 
-use sys::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
+use sys::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
 
 // The kernel starts the program here with argc, argv and envp on the stack.
 global_asm!(
@@ -75,6 +75,11 @@ static STOP: AtomicI32 = AtomicI32::new(0);
 extern "C" fn on_stop_signal(signal: i32) {
     STOP.store(signal, Ordering::SeqCst);
 }
+
+/// For the keys a terminal turns into signals (Ctrl+C, Ctrl+\): they are the job's, so the
+/// guard, in the same foreground group, neither stops nor dies of them. A handler rather
+/// than "ignore", since the job would inherit an ignored signal.
+extern "C" fn on_terminal_signal(_: i32) {}
 
 /// The stop signals: blocked except while the guard waits, so none comes between a check and
 /// the wait and goes unnoticed until the job ends.
@@ -276,6 +281,15 @@ fn prepare_for_agent_death(agent: i32) -> Result<(), &'static [u8]> {
             return Err(b"cannot handle stop signals");
         }
     }
+    // A job on a terminal (`--pty`): what is typed there is for the job. Hanging up the
+    // terminal (SIGHUP) still stops it.
+    if sys::is_terminal(0) {
+        for signal in [SIGINT, SIGQUIT] {
+            if sys::set_signal_handler(signal, Some(on_terminal_signal)) < 0 {
+                return Err(b"cannot handle terminal signals");
+            }
+        }
+    }
     if sys::set_parent_death_signal(SIGTERM) < 0 {
         return Err(b"cannot ask for a signal on the agent's death");
     }
@@ -295,7 +309,7 @@ unsafe fn start_job(argv: *mut *const u8, envp: *const *const u8) -> Result<i32,
         0 => {
             // A stop signal sent before the exec must stop the job, not reach the guard's
             // handler (in this copy of the guard) and vanish: default handling, then unblock.
-            for signal in [SIGTERM, SIGINT, SIGHUP] {
+            for signal in [SIGTERM, SIGINT, SIGHUP, SIGQUIT] {
                 sys::set_signal_handler(signal, None);
             }
             sys::set_signal_mask(0);

@@ -13,6 +13,7 @@ pub const ENOTDIR: isize = 20;
 
 pub const SIGHUP: i32 = 1;
 pub const SIGINT: i32 = 2;
+pub const SIGQUIT: i32 = 3;
 pub const SIGKILL: i32 = 9;
 pub const SIGTERM: i32 = 15;
 
@@ -20,6 +21,7 @@ const SYS_READ: usize = 0;
 const SYS_WRITE: usize = 1;
 const SYS_CLOSE: usize = 3;
 const SYS_FSTAT: usize = 5;
+const SYS_IOCTL: usize = 16;
 const SYS_RT_SIGACTION: usize = 13;
 const SYS_RT_SIGPROCMASK: usize = 14;
 const SYS_GETPID: usize = 39;
@@ -123,6 +125,20 @@ pub fn exit(code: i32) -> ! {
 
 pub fn getpid() -> i32 {
     plain(SYS_GETPID, 0, 0, 0) as i32
+}
+
+/// Whether `fd` is a terminal (it answers the terminal-settings query, as `isatty` asks).
+pub fn is_terminal(fd: i32) -> bool {
+    const TCGETS: usize = 0x5401;
+    // Larger than the kernel's `struct termios` (60 bytes on x86_64).
+    let mut settings = [0u8; 64];
+    // SAFETY: TCGETS writes one `struct termios` into a live buffer large enough for it.
+    unsafe {
+        syscall6(
+            SYS_IOCTL,
+            [fd as usize, TCGETS, settings.as_mut_ptr() as usize, 0, 0, 0],
+        ) == 0
+    }
 }
 
 pub fn getppid() -> i32 {

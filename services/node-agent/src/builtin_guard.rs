@@ -5,7 +5,8 @@
 //! The guard asks the kernel for SIGTERM when the agent dies (`PR_SET_PDEATHSIG`), runs
 //! PROGRAM as its child in the same group, and waits. If the agent dies (SIGKILL, crash) — or
 //! anyone sends the guard SIGTERM, SIGINT or SIGHUP — it stops the whole group: SIGTERM, the
-//! grace period, SIGKILL. Without it, a job whose agent was killed would keep running while
+//! grace period, SIGKILL (on a job's terminal, `--pty`, SIGINT and SIGQUIT are typed keys, and
+//! the job's). Without it, a job whose agent was killed would keep running while
 //! the scheduler already runs its next attempt elsewhere.
 //!
 //! The guard also fences the job when the agent is alive but cut off or frozen (SIGSTOP, a
@@ -42,6 +43,11 @@ static STOP: AtomicI32 = AtomicI32::new(0);
 extern "C" fn on_stop_signal(signal: nix::libc::c_int) {
     STOP.store(signal, Ordering::SeqCst);
 }
+
+/// For the keys a terminal turns into signals (Ctrl+C, Ctrl+\): they are the job's, so the
+/// guard, in the same foreground group, neither stops nor dies of them. A handler rather
+/// than "ignore", since the job would inherit an ignored signal.
+extern "C" fn on_terminal_signal(_: nix::libc::c_int) {}
 
 /// How long ago `file` was last touched; None when it cannot be read (the guard then keeps
 /// the job: fencing on a missing file would turn an operator's mistake into lost work).
@@ -196,6 +202,19 @@ fn prepare_for_agent_death(agent: i32) -> Result<(), String> {
     for stop in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { signal::sigaction(stop, &action) }.map_err(|e| format!("sigaction: {e}"))?;
+    }
+    // A job on a terminal (`--pty`): what is typed there is for the job. Hanging up the
+    // terminal (SIGHUP) still stops it.
+    if nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+        let typed = SigAction::new(
+            SigHandler::Handler(on_terminal_signal),
+            SaFlags::SA_RESTART,
+            SigSet::empty(),
+        );
+        for key in [Signal::SIGINT, Signal::SIGQUIT] {
+            // SAFETY: the handler does nothing.
+            unsafe { signal::sigaction(key, &typed) }.map_err(|e| format!("sigaction: {e}"))?;
+        }
     }
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(|e| format!("prctl: {e}"))?;
     // The agent may have died before the line above took effect: then nothing must start.

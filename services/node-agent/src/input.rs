@@ -1,20 +1,33 @@
-//! Standard input of interactive jobs: each message on `jobs.<id>.input` (core NATS) is written
-//! to the job's stdin as it comes; an empty message closes stdin (end of file). Forwarding stops
-//! when the job ends.
+//! Standard input of interactive and terminal jobs: each message on `jobs.<id>.input` (core
+//! NATS) is written to the job's stdin as it comes; an empty message closes the stdin of a job
+//! on pipes (end of file). Forwarding stops when the job ends.
 //!
 //! Only signed input from the job's owner (or an admin) is taken: the assignment names the
 //! keys; anything else (unsigned, forged, replayed, another user's) is dropped and logged.
+//!
+//! A terminal job's viewers also send control messages (`mgpu_protocol::terminal`): a resize
+//! sets the job's terminal size, a claim gives that viewer the keyboard, and keys from a
+//! viewer that does not hold it are dropped.
 
 use async_nats::Subscriber;
 use futures::StreamExt;
 use mgpu_nats::signing::{self, Nonces};
+use mgpu_protocol::terminal::{self, Keyboard, TerminalInput};
 use tokio::io::AsyncWriteExt;
-use tokio::process::ChildStdin;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::job_io::InputWriter;
+use crate::pty::PtyResizer;
 use crate::running::AttemptKey;
+
+/// Where a job's input goes.
+pub struct JobInput {
+    pub stdin: InputWriter,
+    /// The terminal's size control, for a terminal job.
+    pub resizer: Option<PtyResizer>,
+}
 
 /// A running stdin forwarder; [`InputForwarder::stop`] ends it.
 pub struct InputForwarder {
@@ -25,14 +38,9 @@ pub struct InputForwarder {
 impl InputForwarder {
     /// Starts forwarding. The subscription is made before the process starts, so input sent
     /// right after the job starts is not lost.
-    pub fn start(
-        input: Subscriber,
-        stdin: ChildStdin,
-        key: AttemptKey,
-        allowed: Vec<String>,
-    ) -> Self {
+    pub fn start(input: Subscriber, job: JobInput, key: AttemptKey, allowed: Vec<String>) -> Self {
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(forward(input, stdin, stopped, key, allowed));
+        let task = tokio::spawn(forward(input, job, stopped, key, allowed));
         InputForwarder { stop, task }
     }
 
@@ -64,25 +72,54 @@ pub fn classify(payload: &[u8]) -> Input<'_> {
 
 async fn forward(
     mut input: Subscriber,
-    mut stdin: ChildStdin,
+    job: JobInput,
     mut stopped: oneshot::Receiver<()>,
     key: AttemptKey,
     allowed: Vec<String>,
 ) {
+    let JobInput { mut stdin, resizer } = job;
     let mut nonces = Nonces::default();
+    let mut keyboard = Keyboard::default();
     loop {
         let message = tokio::select! {
             _ = &mut stopped => break,
             message = input.next() => message,
         };
         let Some(message) = message else { break };
-        if let Err(why) = accepted(&message, &allowed, &mut nonces) {
-            warn!(%key, "input refused: {why}");
+        let control = match accepted(&message, &allowed, &mut nonces) {
+            Ok(control) => control,
+            Err(why) => {
+                warn!(%key, "input refused: {why}");
+                continue;
+            }
+        };
+        let viewer = match control {
+            None => None,
+            Some(TerminalInput::Keys { viewer }) => Some(viewer),
+            Some(TerminalInput::Claim { viewer }) => {
+                debug!(%key, viewer, "a viewer took the keyboard");
+                keyboard.claim(&viewer);
+                continue;
+            }
+            Some(TerminalInput::Resize(size)) => {
+                if let Some(Err(err)) = resizer.as_ref().map(|r| r.resize(size)) {
+                    warn!(%key, "cannot resize the job's terminal to {size}: {err}");
+                }
+                continue;
+            }
+        };
+        if !keyboard.admits(viewer.as_deref()) {
+            debug!(%key, "keys dropped: another viewer holds the keyboard");
             continue;
         }
-        let Input::Bytes(bytes) = classify(&message.payload) else {
-            info!(%key, "closing the job's standard input (end of input received)");
-            break;
+        let bytes = match classify(&message.payload) {
+            Input::Bytes(bytes) => bytes,
+            // A terminal stays open for the next viewer: end of file is typed (Ctrl+D).
+            Input::EndOfInput if resizer.is_some() => continue,
+            Input::EndOfInput => {
+                info!(%key, "closing the job's standard input (end of input received)");
+                break;
+            }
         };
         // A job that does not read its input fills the pipe; the write then waits, and must
         // still end when the job does.
@@ -103,20 +140,27 @@ async fn forward(
     let _ = input.unsubscribe().await;
 }
 
-/// Whether an input message is signed (recently, once) by a key the job accepts.
+/// Whether an input message is signed (recently, once) by a key the job accepts; the
+/// terminal control it carries, if any (its header is part of what was signed).
 fn accepted(
     message: &async_nats::Message,
     allowed: &[String],
     nonces: &mut Nonces,
-) -> Result<(), String> {
+) -> Result<Option<TerminalInput>, String> {
     let now = mgpu_protocol::now();
-    let signed = signing::verify(
-        message.headers.as_ref(),
-        message.subject.as_str(),
-        &message.payload,
-        now,
-    )
-    .map_err(|e| e.to_string())?;
+    let header = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(terminal::TERMINAL))
+        .map(|v| v.as_str().to_owned());
+    let control = header
+        .as_deref()
+        .map(TerminalInput::parse)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let subject = terminal::signed_subject(message.subject.as_str(), header.as_deref());
+    let signed = signing::verify(message.headers.as_ref(), &subject, &message.payload, now)
+        .map_err(|e| e.to_string())?;
     nonces.check(&signed, now).map_err(|e| e.to_string())?;
     if !allowed.contains(&signed.signer) {
         return Err(format!(
@@ -124,7 +168,7 @@ fn accepted(
             signed.signer
         ));
     }
-    Ok(())
+    Ok(control)
 }
 
 #[cfg(test)]
@@ -162,7 +206,7 @@ mod tests {
         let subject = "jobs.x.input";
 
         let good = message(subject, b"ls\n", Some(signed(&owner, subject, b"ls\n")));
-        assert_eq!(accepted(&good, &allowed, &mut nonces), Ok(()));
+        assert_eq!(accepted(&good, &allowed, &mut nonces), Ok(None));
         assert!(
             accepted(&good, &allowed, &mut nonces).is_err(),
             "a replay is refused"

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use mgpu_protocol::job::{JobSpec, Placement};
 use mgpu_protocol::report::{Exit, ReportKind};
 use mgpu_protocol::{output, subjects};
 use nix::sys::signal::Signal;
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -31,7 +30,8 @@ use crate::environment::{RankInfo, job_environment};
 use crate::guard::{GuardFence, GuardProgram, guard_args};
 use crate::host::JobHost;
 use crate::hostfile::write_hostfile;
-use crate::input::InputForwarder;
+use crate::input::{InputForwarder, JobInput};
+use crate::job_io::{ConnectedIo, JobIo};
 use crate::launch::{launch, shell_program};
 use crate::output::{OutputPipeline, OutputSummary, output_headers};
 use crate::report::Reporter;
@@ -91,6 +91,8 @@ struct Streams {
     input: Option<InputForwarder>,
     /// The hostfile written for a multi-node job, removed when it ends.
     hostfile: Option<PathBuf>,
+    /// The job's batch script, removed when this is dropped.
+    script: Option<crate::batch_script::ScriptFile>,
 }
 
 /// Starts an assignment's process. The error is the `FailedToStart` text, phrased for the user
@@ -111,8 +113,11 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         node,
     )?;
     check_workdir(&spec.workdir, node).await?;
+    let script = crate::batch_script::write(spec, &key, node, account.as_ref()).await?;
+    let io = JobIo::for_spec(spec)
+        .map_err(|err| format!("cannot open a terminal for the job on {node}: {err}"))?;
     // Subscribed before the process starts, so input sent right after the start is not lost.
-    let input = if spec.interactive {
+    let input = if io.takes_input() {
         Some(subscribe_input(ctx, &key).await?)
     } else {
         None
@@ -120,38 +125,31 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
 
     let rank = assignment.rank;
     let gpus = gpus_on(&assignment.placement, node);
-    // Multi-node and distributed jobs get the rendezvous variables and a hostfile.
-    let hostfile = match &assignment.placement.launch {
-        Some(_) => Some(write_hostfile(&key, node, &assignment.placement).await?),
-        None => None,
-    };
-    let ranks = hostfile.as_ref().map(|path| RankInfo {
-        placement: &assignment.placement,
-        rank,
-        hostfile: path,
-    });
-    let environment = job_environment(spec, &key, node, &gpus, ranks.as_ref());
+    let (environment, hostfile) = environment_and_hostfile(assignment, &key, node, &gpus).await?;
     let (cpus, mem_host_mib) = (assignment.placement.cpus, assignment.placement.mem_host_mib);
     let limits = ctx.host.limits_for(&key, &gpus, cpus, mem_host_mib);
     let cgroup = ctx.containment.create(&key, &limits).map_err(|err| {
         ctx.host.cores.release(&key);
         format!("{err} on {node}")
     })?;
-    let command = guarded_command(ctx, spec, &gpus, environment, account, cgroup.as_ref());
+    let launched = crate::batch_script::launched_spec(spec, script.as_ref());
+    let parts = JobParts {
+        spec: &launched,
+        gpus: &gpus,
+        environment,
+        account,
+        cgroup: cgroup.as_ref(),
+        io: &io,
+    };
+    let command = guarded_command(ctx, parts).map_err(|err| {
+        ctx.host.cores.release(&key);
+        format!("cannot set up the job's terminal on {node}: {err}")
+    })?;
     let mut child = spawn(ctx, &key, command, &spec.workdir, cgroup.clone()).await?;
-    let (pid, stdout, stderr) = take_output(&mut child, &key, node).inspect_err(|_| {
+    let (pid, streams) = connect(&mut child, io, &key, node).inspect_err(|_| {
         ctx.host.cores.release(&key);
     })?;
-    let output = OutputPipeline::start(ctx.js.clone(), key.clone(), rank, stdout, stderr);
-    let input = match (input, child.stdin.take()) {
-        (Some(subscription), Some(stdin)) => Some(InputForwarder::start(
-            subscription,
-            stdin,
-            key.clone(),
-            assignment.input_keys.clone(),
-        )),
-        _ => None,
-    };
+    let (output, input) = carry_streams(ctx, &key, rank, streams, input, assignment);
     let stop_requests = ctx.table.insert(key.clone(), pid);
     // On disk before the assignment is acknowledged: if this agent is SIGKILLed from here on,
     // the next one finds the process and stops it.
@@ -170,9 +168,63 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
             output,
             input,
             hostfile,
+            script,
         },
         cgroup,
     })
+}
+
+/// The job's environment; multi-node and distributed jobs also get the rendezvous variables
+/// and a hostfile, whose path comes back to be removed when the job ends.
+async fn environment_and_hostfile(
+    assignment: &Assignment,
+    key: &AttemptKey,
+    node: &str,
+    gpus: &[u32],
+) -> Result<(BTreeMap<String, String>, Option<PathBuf>), String> {
+    let hostfile = match &assignment.placement.launch {
+        Some(_) => Some(write_hostfile(key, node, &assignment.placement).await?),
+        None => None,
+    };
+    let ranks = hostfile.as_ref().map(|path| RankInfo {
+        placement: &assignment.placement,
+        rank: assignment.rank,
+        hostfile: path,
+    });
+    let environment = job_environment(&assignment.spec, key, node, gpus, ranks.as_ref());
+    Ok((environment, hostfile))
+}
+
+/// Starts publishing the job's output, and passing it the input that arrives on
+/// `subscription` (when it takes input).
+fn carry_streams(
+    ctx: &JobContext,
+    key: &AttemptKey,
+    rank: u32,
+    streams: ConnectedIo,
+    subscription: Option<Subscriber>,
+    assignment: &Assignment,
+) -> (OutputPipeline, Option<InputForwarder>) {
+    let output = OutputPipeline::start(
+        ctx.js.clone(),
+        key.clone(),
+        rank,
+        streams.stdout,
+        streams.stderr,
+    );
+    let input = match (subscription, streams.stdin) {
+        (Some(subscription), Some(stdin)) => Some(InputForwarder::start(
+            subscription,
+            JobInput {
+                stdin,
+                resizer: streams.resizer,
+            },
+            key.clone(),
+            assignment.input_keys.clone(),
+        )),
+        _ => None,
+    };
+    (output, input)
 }
 
 /// Starts the guard; a cgroup made for a job that could not start is removed again.
@@ -222,19 +274,30 @@ fn gpus_on(placement: &Placement, node: &str) -> Vec<u32> {
         .collect()
 }
 
+/// What the job's command is made of.
+struct JobParts<'a> {
+    spec: &'a JobSpec,
+    gpus: &'a [u32],
+    environment: BTreeMap<String, String>,
+    account: Option<Account>,
+    cgroup: Option<&'a JobCgroup>,
+    io: &'a JobIo,
+}
+
 /// The command that starts the job under its guard, in its own process group, with exactly
 /// `environment` (and the account's variables). The job runs under a guard that stops it if
 /// the agent dies. `mgpu-job-guard` switches to the job's account itself; otherwise the child
 /// is switched between fork and exec. The guard moves into `cgroup` before it starts the job,
 /// or where the child is switched, the child moves in before it is.
-fn guarded_command(
-    ctx: &JobContext,
-    spec: &JobSpec,
-    gpus: &[u32],
-    environment: BTreeMap<String, String>,
-    account: Option<Account>,
-    cgroup: Option<&JobCgroup>,
-) -> Command {
+fn guarded_command(ctx: &JobContext, parts: JobParts<'_>) -> std::io::Result<Command> {
+    let JobParts {
+        spec,
+        gpus,
+        environment,
+        account,
+        cgroup,
+        io,
+    } = parts;
     let (program, program_args) = launch(spec, gpus).into_program(shell_program());
     let switch_in_guard = ctx.guard.switches_accounts();
     let join_before_switch = account.is_some() && !switch_in_guard;
@@ -270,16 +333,13 @@ fn guarded_command(
         .envs(account.iter().flat_map(|a| a.environment()))
         // As a shell would set it (a job started without one still sees it).
         .env("PWD", &spec.workdir)
-        .current_dir(&spec.workdir)
-        // Its own process group, so a kill reaches everything the job started.
-        .process_group(0)
-        .stdin(if spec.interactive {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .current_dir(&spec.workdir);
+    if spec.pty.is_some() && !spec.env.contains_key("TERM") {
+        // Submitted from no terminal: programs still need to know what this one speaks.
+        command.env("TERM", "xterm-256color");
+    }
+    // Before the account switch below: the session is made while still allowed to.
+    io.configure(&mut command)?;
     if let Some(account) = account.filter(|_| !switch_in_guard) {
         let join: Vec<CString> = cgroup
             .map(JobCgroup::procs_files)
@@ -297,26 +357,30 @@ fn guarded_command(
             });
         }
     }
-    command
+    Ok(command)
 }
 
-/// The spawned child's pid and output pipes. A freshly spawned child has its pid and the
-/// pipes asked for; the checks only keep a broken invariant from becoming a panic.
-fn take_output(
+/// The spawned child's pid and the agent's ends of its streams. A freshly spawned child has
+/// its pid and the pipes asked for; the checks only keep a broken invariant from becoming a
+/// panic.
+fn connect(
     child: &mut Child,
+    io: JobIo,
     key: &AttemptKey,
     node: &str,
-) -> Result<(u32, ChildStdout, ChildStderr), String> {
+) -> Result<(u32, ConnectedIo), String> {
     let Some(pid) = child.id() else {
         return Err(format!(
             "the job's process on {node} ended before it could be watched"
         ));
     };
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        signal_group(pid, Signal::SIGKILL, key);
-        return Err(format!("cannot read the job's output on {node}"));
-    };
-    Ok((pid, stdout, stderr))
+    match io.connect(child) {
+        Ok(streams) => Ok((pid, streams)),
+        Err(err) => {
+            signal_group(pid, Signal::SIGKILL, key);
+            Err(format!("cannot read the job's output on {node}: {err}"))
+        }
+    }
 }
 
 /// The state file's entry for a process just started.
@@ -400,8 +464,8 @@ fn report_started(reporter: &Reporter, key: &AttemptKey, pid: u32) -> JoinHandle
 }
 
 impl Streams {
-    /// Stops forwarding input, flushes the output, removes the hostfile and publishes the end
-    /// of the output with the job's exit code (retried until stored).
+    /// Stops forwarding input, flushes the output, removes the hostfile and the batch script,
+    /// and publishes the end of the output with the job's exit code (retried until stored).
     async fn close(
         self,
         ctx: &JobContext,
@@ -417,6 +481,7 @@ impl Streams {
         if let Some(path) = &self.hostfile {
             let _ = tokio::fs::remove_file(path).await;
         }
+        drop(self.script);
         eof_headers.insert(output::EXIT_CODE, exit_code.to_string());
         let eof = PublishMessage::build()
             .payload(Bytes::new())

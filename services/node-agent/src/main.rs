@@ -18,13 +18,14 @@
 //!   node's inbox), `running` (the attempts running here), `report` (reports retried until
 //!   stored), `shutdown` (one-way signals), `throttle` (log throttling);
 //! - one job: `job` (start, supervise), `launch` (direct or through a shell), `script` (the
-//!   shell script), `environment` (its variables), `hostfile` (multi-node), `run_as` (whose
-//!   account), `guard` (the guard it starts under), `stopping` (time limit, kills), `output`
-//!   and `input` (its streams);
+//!   shell script), `batch_script` (a script captured at submit), `environment` (its
+//!   variables), `hostfile` (multi-node), `run_as` (whose account), `guard` (the guard it
+//!   starts under), `stopping` (time limit, kills), `output` and `input` (its streams);
 //! - `builtin_guard`: this binary as a job's guard (`__mgpu-job-guard`).
 
 mod address;
 mod assignments;
+mod batch_script;
 mod builtin_guard;
 mod cgroup;
 mod cli;
@@ -40,10 +41,12 @@ mod host;
 mod hostfile;
 mod input;
 mod job;
+mod job_io;
 mod launch;
 mod lease;
 mod nvml;
 mod output;
+mod pty;
 mod reconcile;
 mod report;
 mod run_as;

@@ -51,6 +51,7 @@ pub mod request;
 pub mod signing;
 pub mod subjects;
 pub mod submit;
+pub mod terminal;
 pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.

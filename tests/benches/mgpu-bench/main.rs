@@ -7,7 +7,8 @@
 //! Groups: `cli` (scenarios 1 to 4, see [`cli`]), `queue` (4 with 100 000 jobs waiting, see
 //! [`queue`]), `scale` (5, see [`scale`], its simulated nodes in [`fleet`]), `output` (6: job output throughput and line
 //! latency, see [`output`]), `recovery` (7, see [`recovery`]), `history` (8: queue, query
-//! and restart with a large history, see [`history`]).
+//! and restart with a large history, see [`history`]), `top` (9: `mgpu top`'s frames of a
+//! 1 000-node cluster, in memory, see [`top`]).
 
 mod cli;
 mod common;
@@ -17,6 +18,7 @@ mod output;
 mod queue;
 mod recovery;
 mod scale;
+mod top;
 
 use std::path::Path;
 use std::process::Command;
@@ -27,7 +29,9 @@ use anyhow::{Result, bail};
 use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
-const GROUPS: &[&str] = &["cli", "queue", "scale", "output", "recovery", "history"];
+const GROUPS: &[&str] = &[
+    "cli", "queue", "scale", "output", "recovery", "history", "top",
+];
 
 fn main() -> Result<()> {
     let mut quick = false;
@@ -71,6 +75,7 @@ fn main() -> Result<()> {
             "output" => output::run(&ctx)?,
             "recovery" => recovery::run(&ctx)?,
             "history" => history::run(&ctx)?,
+            "top" => top::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }

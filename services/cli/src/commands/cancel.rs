@@ -32,7 +32,7 @@ pub struct CancelArgs {
 }
 
 /// What became of one cancel request.
-enum Outcome {
+pub(crate) enum Outcome {
     Stopped(JobId),
     StillStopping(JobId),
 }
@@ -62,7 +62,7 @@ pub async fn run(connection: &ConnectionArgs, args: &CancelArgs) -> Result<ExitC
     })
 }
 
-async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
+pub(crate) async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
     let id = jobs::resolve(&session.js, typed).await?;
     // Watching from before the request, so a quick stop cannot be missed.
     let mut changes = follow::watch_record(&session.js, &id).await?;

@@ -65,7 +65,7 @@ impl Action {
 
 /// What became of one request.
 #[derive(Debug, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     Held(JobId),
     Released(JobId),
     AlreadyHeld(JobId, String),
@@ -73,7 +73,7 @@ enum Outcome {
 }
 
 impl Outcome {
-    fn sentence(&self) -> String {
+    pub(crate) fn sentence(&self) -> String {
         match self {
             Outcome::Held(id) => format!(
                 "Held job {short}; `mgpu release {short}` lets it run",
@@ -109,7 +109,7 @@ pub async fn run(connection: &ConnectionArgs, args: &HoldArgs, action: Action) -
     })
 }
 
-async fn one(session: &Session, typed: &str, action: Action) -> Result<Outcome> {
+pub(crate) async fn one(session: &Session, typed: &str, action: Action) -> Result<Outcome> {
     let record = jobs::find(&session.js, typed).await?;
     let id = record.id.clone();
     if let Some(outcome) = settled_before(&record, action)? {

@@ -82,6 +82,13 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
 /// What the job asked for: command, resources, limits, environment, dependencies.
 fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     lines.push(("command", spec.command_line()));
+    if let Some(script) = &spec.script {
+        let size = script.content.len();
+        lines.push((
+            "script",
+            format!("{} ({size} bytes, as submitted)", script.path),
+        ));
+    }
     lines.push(("workdir", spec.workdir.clone()));
     lines.push(("gpus requested", spec.gpus.to_string()));
     if let Some(ids) = &spec.gpu_ids {

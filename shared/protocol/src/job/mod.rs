@@ -17,12 +17,14 @@ use crate::ids::JobId;
 
 mod listing;
 mod placement;
+mod script;
 mod state;
 mod validate;
 
 use validate::check_gpu_index;
 
 pub use placement::{GpuShare, Launch, NodeShare, Placement};
+pub use script::{BatchScript, MAX_SCRIPT_BYTES};
 pub use state::{Ending, JobState, Run, WaitReason, Waiting};
 
 /// Everything a user asks for when submitting. Fields not given take their defaults.
@@ -111,6 +113,14 @@ pub struct JobSpec {
     /// (`--distributed`); otherwise a multi-node job's command runs once, on its first node.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub distributed: bool,
+    /// Run under a pseudo-terminal of this size (`--pty`), which `mgpu attach` joins; None:
+    /// plain pipes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<crate::terminal::TermSize>,
+    /// A batch script captured at submit (`mgpu submit train.sh`): its node runs this
+    /// content, written to a private file, in place of the command's first word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<BatchScript>,
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
@@ -237,6 +247,8 @@ impl JobSpec {
             exclude: Vec::new(),
             node_gpu_ids: Vec::new(),
             distributed: false,
+            pty: None,
+            script: None,
         }
     }
 
@@ -249,7 +261,7 @@ impl JobSpec {
     /// resources (the user is compared separately). The captured environment is left out on
     /// purpose: it differs between two shells of the same person.
     pub fn dedup_key(&self) -> String {
-        let key = serde_json::json!([
+        let mut key = serde_json::json!([
             self.command,
             self.env_setup_cmd,
             self.conda_env,
@@ -267,6 +279,9 @@ impl JobSpec {
             self.cpus,
             self.mem_host_mib,
         ]);
+        if let (Some(content), Some(parts)) = (self.script_dedup_part(), key.as_array_mut()) {
+            parts.push(content.into());
+        }
         key.to_string()
     }
 

@@ -13,6 +13,9 @@ impl JobSpec {
         self.validate_extras()?;
         self.validate_nodes()?;
         self.validate_hostile()?;
+        if let Some(script) = &self.script {
+            script.validate()?;
+        }
         if let Some(limit) = self.time_limit_secs
             && (limit == 0 || limit > MAX_TIME_LIMIT.as_secs())
         {
@@ -110,6 +113,14 @@ impl JobSpec {
             return Err(InvalidInput::new(
                 "an array's `%N` limit must be at least 1",
             ));
+        }
+        if let Some(size) = &self.pty {
+            size.validate()?;
+            if self.distributed {
+                return Err(InvalidInput::new(
+                    "--pty gives one process a terminal; a --distributed job runs one per node",
+                ));
+            }
         }
         Ok(())
     }

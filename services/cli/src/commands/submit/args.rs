@@ -146,7 +146,7 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
         "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
-        "node_gpu_ids", "distributed", "cpus", "mem_host",
+        "node_gpu_ids", "distributed", "cpus", "mem_host", "pty",
     ])]
     pub file: Option<PathBuf>,
 
@@ -158,6 +158,12 @@ pub struct SubmitArgs {
     /// its exit status. Ctrl+C detaches and leaves the job running.
     #[arg(short, long, conflicts_with = "json")]
     pub interactive: bool,
+
+    /// Run the job under a pseudo-terminal on its node, sized like this terminal (80x24 when
+    /// there is none): colours, progress bars, debuggers and full-screen programs work, and
+    /// `mgpu attach ID` joins it from any machine. With -i, attach at once.
+    #[arg(long, conflicts_with = "distributed")]
+    pub pty: bool,
 
     /// Print `{"id": …}` (arrays: `{"array_id": …, "ids": […]}`) instead of a sentence.
     #[arg(long, conflicts_with = "quiet")]
@@ -171,6 +177,9 @@ pub struct SubmitArgs {
     /// The command: one argument is a shell command line ("python a.py | tee log"); several are
     /// a program and its arguments, passed as given. Put `--` before it when it has options.
     /// `{gpus}` in it is replaced by the job's GPU ids on the node (`--cuda {gpus}`).
+    /// A batch script as the first word (`train.sh ARG…`, a file here or a path, starting
+    /// with `#!` or comments) is captured now, as sbatch does, and its leading `#MGPU` lines
+    /// are read as options (`#MGPU --gpus 2`); options given here win.
     #[arg(
         required_unless_present = "file",
         trailing_var_arg = true,

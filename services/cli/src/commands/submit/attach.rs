@@ -1,16 +1,17 @@
-//! Following a job submitted with `mgpu submit -i`: status while it waits, its output while it
-//! runs, this terminal's input forwarded to it, and its exit status as ours.
+//! Following a job (`mgpu submit -i`, `mgpu attach`): status while it waits, its output while
+//! it runs, this terminal's input forwarded to it (`input.rs`), and its exit status as ours.
 //!
 //! Everything is read from JetStream, so following survives a scheduler restart and shows
-//! output written before we attached. Ctrl+C only detaches: the job belongs to the cluster.
+//! output written before we attached: for a job on a terminal, replaying it draws the screen
+//! so far. Ctrl+C only detaches (`Ctrl+]` on a terminal job, where Ctrl+C is the job's): the
+//! job belongs to the cluster.
 
-use std::io::{IsTerminal as _, Read as _, Write as _};
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
 use async_nats::jetstream::consumer::{self, pull::Ordered};
-use bytes::Bytes;
 use futures::StreamExt;
 use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::event::{JobEvent, JobEventKind};
@@ -23,38 +24,56 @@ use crate::console;
 use crate::errors::{lookup, plain};
 use crate::follow::{self, Chunk};
 use crate::human;
+use crate::raw_terminal::RawInput;
 use crate::session::Session;
+
+use super::input::{self, InputMode, InputTarget};
 
 /// How often a long wait reports how long it has been.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// After the record says the job ended, how long to wait for the rest of its output.
 const OUTPUT_GRACE: Duration = Duration::from_secs(5);
-/// Stdin is sent in chunks well under the server's message size limit.
-const STDIN_CHUNK: usize = 32 * 1024;
+/// How to follow a job.
+pub struct FollowOptions {
+    /// Print nothing but the job's own output.
+    pub quiet: bool,
+    /// What to send the job once it runs.
+    pub input: InputMode,
+    /// Joining a job submitted earlier (`mgpu attach`): no "submitted" status, and a job
+    /// found running is not announced in the middle of its replayed screen.
+    pub attaching: bool,
+}
 
 /// Follows the job until it ends, and returns its exit status (or 1 if it never ran).
-pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCode> {
+pub async fn follow(session: &Session, id: &JobId, options: FollowOptions) -> Result<ExitCode> {
     let mut output = follow::open_output(&session.js, id).await?.messages;
     let mut record_changes = follow::watch_record(&session.js, id).await?;
     let mut events = open_events(session, id).await?;
+    let (detach, mut detached) = tokio::sync::mpsc::channel(1);
+    let viewer = matches!(options.input, InputMode::Keys { .. });
 
     let mut follower = Follower {
         session,
-        status: StatusLine::new(quiet),
+        status: StatusLine::new(options.quiet),
+        viewer,
         watcher: Watcher {
             id: id.clone(),
             record: None,
             queued_since: Instant::now(),
             shown_reason: None,
             announced_run: false,
-            stdin_started: false,
+            attaching: options.attaching,
+            input: Some((options.input, detach)),
+            raw_input: None,
             output_since_record: false,
         },
         ends: follow::Ends::default(),
     };
-    follower
-        .watcher
-        .show_queued(&mut follower.status, WaitReason::Submitted, false);
+    if !options.attaching {
+        follower
+            .watcher
+            .show_queued(&mut follower.status, WaitReason::Submitted, false);
+    }
 
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -77,6 +96,7 @@ pub async fn follow(session: &Session, id: &JobId, quiet: bool) -> Result<ExitCo
                     Some(follower.detach())
                 }
             }
+            Some(()) = detached.recv() => Some(follower.detach()),
             message = output.next() => follower.on_output(message)?,
             change = record_changes.next() => {
                 let exit = follower.on_record(change)?;
@@ -111,17 +131,27 @@ type Received<S> = Option<<S as futures::Stream>::Item>;
 struct Follower<'s> {
     session: &'s Session,
     status: StatusLine,
+    /// Viewing a terminal job: detaching says how to attach again.
+    viewer: bool,
     watcher: Watcher,
     ends: follow::Ends,
 }
 
 impl Follower<'_> {
-    /// Ctrl+C: the job keeps running; say how to follow it again.
+    /// Ctrl+C (`Ctrl+]` on a terminal): the job keeps running; say how to follow it again.
     fn detach(&mut self) -> ExitCode {
         self.status.finish();
+        // This terminal as it was before the message, which must start on a fresh line.
+        self.watcher.raw_input = None;
+        let (fresh_line, hint) = if self.viewer {
+            // The job's screen may have left the cursor anywhere on a line.
+            ("\r\n", "Attach again with: mgpu attach")
+        } else {
+            ("", "Follow it with: mgpu logs -f")
+        };
         console::stderr_line(&format!(
-            "Detached from job {short}; it keeps running. Follow it with: mgpu logs -f {short}",
-            short = self.watcher.id.short()
+            "{fresh_line}Detached from job {short}; it keeps running. {hint} {short}",
+            short = self.watcher.id.short(),
         ));
         ExitCode::SUCCESS
     }
@@ -248,7 +278,11 @@ struct Watcher {
     queued_since: Instant,
     shown_reason: Option<WaitReason>,
     announced_run: bool,
-    stdin_started: bool,
+    attaching: bool,
+    /// What to send the job, until sending starts; then None.
+    input: Option<(InputMode, tokio::sync::mpsc::Sender<()>)>,
+    /// This terminal in raw mode while a terminal job's keys are passed on.
+    raw_input: Option<RawInput>,
     /// Output arrived after the last record version: a "queued" record is stale, so no
     /// progress line may be drawn into the job's output.
     output_since_record: bool,
@@ -309,6 +343,7 @@ impl Watcher {
         session: &Session,
     ) -> Option<ExitCode> {
         let state = record.state.clone();
+        let first_sight = self.record.is_none();
         self.record = Some(record);
         self.output_since_record = false;
         match state {
@@ -321,8 +356,11 @@ impl Watcher {
             }
             JobState::Running(run) => {
                 self.shown_reason = None;
-                if !self.announced_run {
-                    self.announced_run = true;
+                // Found running when attaching: its replayed screen says more than a note.
+                let found_running = self.attaching && first_sight;
+                let announce = !(self.announced_run || found_running);
+                self.announced_run = true;
+                if announce {
                     status.note(&format!(
                         "mgpu: job {} running on {} (GPUs {})",
                         self.id.short(),
@@ -380,15 +418,17 @@ impl Watcher {
         ExitCode::from(code)
     }
 
-    /// Starts forwarding our stdin to the job, once.
+    /// Starts sending the job input, once.
     fn start_stdin(&mut self, session: &Session) {
-        if self.stdin_started {
+        let Some((mode, detach)) = self.input.take() else {
             return;
-        }
-        self.stdin_started = true;
-        let client = session.client.clone();
-        let subject = subjects::input(&self.id);
-        tokio::spawn(forward_stdin(client, subject, session.key.clone()));
+        };
+        let target = InputTarget {
+            client: session.client.clone(),
+            subject: subjects::input(&self.id),
+            key: session.key.clone(),
+        };
+        self.raw_input = input::start(target, mode, detach);
     }
 }
 
@@ -397,74 +437,6 @@ fn gpu_list(indices: &[u32]) -> String {
         "none".to_owned()
     } else {
         human::index_list(indices)
-    }
-}
-
-/// Sends our stdin to the job in chunks; an empty message tells the agent to close the job's
-/// stdin, as our stdin ended.
-///
-/// Reading happens on a plain thread: a blocking read of a terminal cannot be cancelled, and a
-/// detached thread does not hold the process open once the job has ended.
-async fn forward_stdin(
-    client: async_nats::Client,
-    subject: String,
-    key: std::sync::Arc<nkeys::KeyPair>,
-) {
-    let (sender, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(4);
-    let reader = std::thread::Builder::new()
-        .name("stdin".into())
-        .spawn(move || read_stdin(&sender));
-    if let Err(err) = reader {
-        console::stderr_line(&format!(
-            "mgpu: cannot read stdin, the job gets no input: {err}"
-        ));
-    }
-    // The reader sends an empty chunk at end of input, then hangs up.
-    while let Some(chunk) = chunks.recv().await {
-        let last = chunk.is_empty();
-        // Signed, so the agent takes input only from the job's owner (or an admin).
-        let mut headers = async_nats::HeaderMap::new();
-        if let Err(err) =
-            mgpu_nats::signing::sign(&key, &subject, &chunk, mgpu_protocol::now(), &mut headers)
-        {
-            console::stderr_line(&format!("mgpu: cannot sign input for the job: {err}"));
-            return;
-        }
-        if let Err(err) = client
-            .publish_with_headers(subject.clone(), headers, chunk)
-            .await
-        {
-            console::stderr_line(&format!("mgpu: cannot send input to the job: {err}"));
-            return;
-        }
-        if last {
-            let _ = client.flush().await;
-            return;
-        }
-    }
-}
-
-fn read_stdin(sender: &tokio::sync::mpsc::Sender<Bytes>) {
-    let mut stdin = std::io::stdin().lock();
-    let mut buffer = vec![0u8; STDIN_CHUNK];
-    loop {
-        let read = match stdin.read(&mut buffer) {
-            Ok(read) => read,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(err) => {
-                console::stderr_line(&format!(
-                    "mgpu: reading stdin failed, closing the job's input: {err}"
-                ));
-                0
-            }
-        };
-        if sender
-            .blocking_send(Bytes::copy_from_slice(&buffer[..read]))
-            .is_err()
-            || read == 0
-        {
-            return;
-        }
     }
 }
 

@@ -5,20 +5,26 @@
 //! ([`plan`]: the spec from [`spec`], an id, a label), the [`pipeline`] checks them, skips
 //! duplicates ([`dedup`]) and stores the rest, and the form's reporter ([`report`]) prints what
 //! became of each. The forms differ only in how they prepare and what they print; a job file
-//! is read in passes, and watched with `--watch` ([`file`]).
+//! is read in passes, and watched with `--watch` ([`file`]). A command whose first word is a
+//! script is a batch script ([`batch_script`]): its content is captured and its `#MGPU`
+//! lines are options ([`directives`], split by [`shell_words`]).
 
 mod args;
-mod attach;
+pub(crate) mod attach;
+mod batch_script;
 mod dedup;
+mod directives;
 mod file;
+pub(crate) mod input;
 mod pipeline;
 mod plan;
 mod report;
+mod shell_words;
 mod spec;
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobSpec;
 
@@ -37,9 +43,20 @@ pub async fn run(connection: &ConnectionArgs, args: &SubmitArgs) -> Result<ExitC
         let session = Session::connect(connection).await?;
         return file::submit(&session, args, path, text).await;
     }
+    // A batch script is captured now; its #MGPU lines are options, the command line's win.
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let batch = batch_script::detect(&args.command, &cwd)?;
+    let merged = match &batch {
+        Some(batch) if !batch.directives.is_empty() => Some(directives::apply(batch, args)?),
+        _ => None,
+    };
+    let args = merged.as_ref().unwrap_or(args);
     // Mistakes in the request are reported before (and without) reaching the server.
     let mut profiles = LazyProfiles::new(args.profiles.clone());
     let mut spec = spec::from_args(args, &mut profiles)?;
+    if let Some(batch) = batch {
+        batch.attach_to(&mut spec);
+    }
     let session = Session::connect(connection).await?;
     spec.after = spec::resolve_ids(&session, &args.after).await?;
     spec.after_any = spec::resolve_ids(&session, &args.after_any).await?;
@@ -54,7 +71,19 @@ async fn submit_one(session: &Session, args: &SubmitArgs, spec: JobSpec) -> Resu
     let prepared = plan::single(spec, &session.user);
     let settled = Pipeline::new(session).run(prepared).await?;
     match report::single(args, settled)? {
-        Some(id) if args.interactive => attach::follow(session, &id, args.quiet).await,
+        Some(id) if args.interactive => {
+            let input = if args.pty {
+                input::InputMode::keys(false)
+            } else {
+                input::InputMode::Lines
+            };
+            let options = attach::FollowOptions {
+                quiet: args.quiet,
+                input,
+                attaching: false,
+            };
+            attach::follow(session, &id, options).await
+        }
         _ => Ok(ExitCode::SUCCESS),
     }
 }

@@ -1,0 +1,332 @@
+//! The two panes, drawn line by line: the nodes pane (a line per GPU: its utilisation and
+//! memory, the job holding it and whose it is, paused and drained marks) and the queue
+//! (running jobs, then waiting ones with their effective priority and why they wait).
+//! The user's own jobs carry a `*` and a colour; the selected line a `>`.
+
+use mgpu_protocol::job::{JobRecord, JobState};
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::style::{Color, Modifier, Style};
+
+use super::format;
+use super::model::{Cursor, Mode, Model, Pane};
+use super::rows::{GpuLine, JobLine, NodeState, is_mine, queued_at};
+use super::view::{LineWriter, percent_bar, title, visible_lines};
+
+fn mine_style() -> Style {
+    Style::default()
+        .fg(Color::Cyan)
+        .add_modifier(Modifier::BOLD)
+}
+
+fn dim() -> Style {
+    Style::default().add_modifier(Modifier::DIM)
+}
+
+/// The first line to show so that the selection is on screen (the model keeps this; a frame
+/// drawn before it settled must still not lose the selection).
+fn first_shown(cursor: &Cursor, height: usize) -> usize {
+    let height = height.max(1);
+    if cursor.index < cursor.offset {
+        cursor.index
+    } else if cursor.index >= cursor.offset + height {
+        cursor.index + 1 - height
+    } else {
+        cursor.offset
+    }
+}
+
+fn focused(model: &Model, pane: Pane) -> bool {
+    model.focus == pane && !matches!(model.mode(), Mode::Detail(_) | Mode::Log(_))
+}
+
+fn filter_note(model: &Model) -> String {
+    if model.filter.is_empty() {
+        String::new()
+    } else {
+        format!(" · filter: {}", model.filter.text())
+    }
+}
+
+/// Column widths of the nodes pane.
+struct NodeColumns {
+    name: u16,
+    bar: u16,
+}
+
+pub(super) fn nodes(model: &Model, area: Rect, buf: &mut Buffer) {
+    if area.height == 0 {
+        return;
+    }
+    let rows = &model.rows;
+    let focused = focused(model, Pane::Nodes);
+    let text = format!(
+        "Nodes · {} · {} shown{}",
+        format::count(rows.summary.nodes, "node"),
+        format::count(rows.gpus.len(), "GPU"),
+        filter_note(model)
+    );
+    title(area, &text, focused, buf);
+    // Wide enough for the longest name (node names are short, but some sites use FQDNs).
+    let longest = model.data.nodes.iter().map(|n| n.node.len()).max();
+    let columns = NodeColumns {
+        name: u16::try_from(longest.unwrap_or(4).clamp(4, 24)).unwrap_or(24),
+        bar: if area.width >= 120 { 12 } else { 7 },
+    };
+    let mut head = LineWriter {
+        buf: &mut *buf,
+        x: area.x,
+        y: area.y + 1,
+        right: area.right(),
+    };
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    head.cell("", 1, bold);
+    head.cell("NODE", columns.name, bold);
+    head.cell("STATE", 8, bold);
+    head.number("GPU", 3, bold);
+    head.cell("MODEL", 14, bold);
+    head.cell("UTIL", columns.bar + 5, bold);
+    head.cell("MEMORY (GiB)", columns.bar + 12, bold);
+    head.cell("JOB", 10, bold);
+    head.cell("USER", 10, bold);
+    head.rest("NOTE", bold);
+    if rows.gpus.is_empty() && area.height > 2 {
+        let what = if model.data.nodes.is_empty() {
+            "No node has reported yet."
+        } else {
+            "No GPU matches the filter."
+        };
+        buf.set_stringn(area.x + 2, area.y + 2, what, usize::from(area.width), dim());
+        return;
+    }
+    let height = visible_lines(area);
+    let offset = first_shown(&model.nodes_cursor, height);
+    for (n, (at, line)) in rows
+        .gpus
+        .iter()
+        .enumerate()
+        .skip(offset)
+        .take(height)
+        .enumerate()
+    {
+        let y = area.y + 2 + u16::try_from(n).unwrap_or(0);
+        let selected = at == model.nodes_cursor.index;
+        gpu_line(model, line, &columns, selected, (area, y), buf);
+        if selected && focused {
+            buf.set_style(
+                Rect::new(area.x, y, area.width, 1),
+                Style::default().add_modifier(Modifier::REVERSED),
+            );
+        }
+    }
+}
+
+fn gpu_line(
+    model: &Model,
+    line: &GpuLine,
+    columns: &NodeColumns,
+    selected: bool,
+    (area, y): (Rect, u16),
+    buf: &mut Buffer,
+) {
+    let Some(node) = model.data.nodes.get(line.node) else {
+        return;
+    };
+    let state = model
+        .rows
+        .node_states
+        .get(line.node)
+        .copied()
+        .unwrap_or(NodeState::Offline);
+    let base = match state {
+        NodeState::Offline => dim(),
+        NodeState::Drained | NodeState::Draining => Style::default().fg(Color::Yellow),
+        NodeState::Online => Style::default(),
+    };
+    let mut out = LineWriter {
+        buf,
+        x: area.x,
+        y,
+        right: area.right(),
+    };
+    out.cell(if selected { ">" } else { " " }, 1, base);
+    let (name, state_name) = if line.first {
+        (node.node.as_str(), state.name())
+    } else {
+        ("", "")
+    };
+    out.cell(name, columns.name, base.add_modifier(Modifier::BOLD));
+    out.cell(state_name, 8, base);
+    let Some(gpu) = line.gpu.and_then(|at| node.gpus.get(at)) else {
+        out.number("-", 3, base);
+        out.rest("no GPUs", dim());
+        return;
+    };
+    out.number(&gpu.index.to_string(), 3, base);
+    out.cell(&gpu.name, 14, base);
+    let util = f64::from(gpu.utilization_pct) / 100.0;
+    out.cell(&percent_bar(util, columns.bar), columns.bar + 5, base);
+    let used = gpu.memory_used_mib as f64 / gpu.memory_total_mib.max(1) as f64;
+    let memory = format!(
+        "{} {:>5}/{:<5}",
+        format::bar(used, usize::from(columns.bar)),
+        format::gib(gpu.memory_used_mib),
+        format::gib(gpu.memory_total_mib)
+    );
+    out.cell(&memory, columns.bar + 12, base);
+    let job = line.job.and_then(|at| model.data.jobs.get(at));
+    let job_style = match job {
+        Some(job) if is_mine(&model.me, job) => mine_style(),
+        _ => base,
+    };
+    out.cell(job.map_or("-", |j| j.id.short()), 10, job_style);
+    out.cell(job.map_or("", |j| j.user.as_str()), 10, job_style);
+    let mut notes = Vec::new();
+    if line.paused {
+        notes.push("paused".to_owned());
+    }
+    if line.sharers > 0 {
+        notes.push(format!("+{} sharing", line.sharers));
+    }
+    let foreign: u64 = gpu.foreign_processes.iter().map(|p| p.used_mib).sum();
+    if foreign > 0 {
+        notes.push(format!("{} GiB not mgpu's", format::gib(foreign)));
+    }
+    if line.first && state == NodeState::Offline {
+        notes.push(format!(
+            "silent for {}",
+            format::since(node.sent_at, model.now)
+        ));
+    }
+    out.rest(&notes.join(", "), Style::default().fg(Color::Yellow));
+}
+
+pub(super) fn jobs(model: &Model, area: Rect, buf: &mut Buffer) {
+    if area.height == 0 {
+        return;
+    }
+    let rows = &model.rows;
+    let focused = focused(model, Pane::Jobs);
+    let text = format!(
+        "Queue · {} running, {} queued · {} shown{}",
+        rows.summary.running,
+        rows.summary.queued,
+        rows.jobs.len(),
+        filter_note(model)
+    );
+    title(area, &text, focused, buf);
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let mut head = LineWriter {
+        buf: &mut *buf,
+        x: area.x,
+        y: area.y + 1,
+        right: area.right(),
+    };
+    head.cell("", 2, bold);
+    head.cell("ID", 10, bold);
+    head.cell("USER", 10, bold);
+    head.cell("NAME", 14, bold);
+    head.cell("STATE", 7, bold);
+    head.number("PRIO", 4, bold);
+    head.number("EFF", 6, bold);
+    head.number("GPUS", 4, bold);
+    head.cell("NODE:GPUS", 12, bold);
+    head.number("TIME", 7, bold);
+    head.rest("REASON", bold);
+    if rows.jobs.is_empty() && area.height > 2 {
+        let what = if model.data.jobs.is_empty() {
+            "No queued or running jobs."
+        } else {
+            "No job matches the filter."
+        };
+        buf.set_stringn(area.x + 2, area.y + 2, what, usize::from(area.width), dim());
+        return;
+    }
+    let height = visible_lines(area);
+    let offset = first_shown(&model.jobs_cursor, height);
+    for (n, (at, line)) in rows
+        .jobs
+        .iter()
+        .enumerate()
+        .skip(offset)
+        .take(height)
+        .enumerate()
+    {
+        let Some(job) = model.data.jobs.get(line.job) else {
+            continue;
+        };
+        let y = area.y + 2 + u16::try_from(n).unwrap_or(0);
+        let selected = at == model.jobs_cursor.index;
+        job_line(model, job, line, selected, (area, y), buf);
+        if selected && focused {
+            buf.set_style(
+                Rect::new(area.x, y, area.width, 1),
+                Style::default().add_modifier(Modifier::REVERSED),
+            );
+        }
+    }
+}
+
+fn job_line(
+    model: &Model,
+    job: &JobRecord,
+    line: &JobLine,
+    selected: bool,
+    (area, y): (Rect, u16),
+    buf: &mut Buffer,
+) {
+    let style = if line.mine {
+        mine_style()
+    } else {
+        Style::default()
+    };
+    let mut out = LineWriter {
+        buf,
+        x: area.x,
+        y,
+        right: area.right(),
+    };
+    // Two marks before the id: `>` selected, `*` yours.
+    let marks = format!(
+        "{}{}",
+        if selected { '>' } else { ' ' },
+        if line.mine { '*' } else { ' ' }
+    );
+    out.cell(&marks, 2, style);
+    out.cell(job.id.short(), 10, style);
+    out.cell(&job.user, 10, style);
+    out.cell(&job.spec.display_name(), 14, style);
+    out.cell(job.state.name(), 7, style);
+    out.number(&job.spec.priority.to_string(), 4, style);
+    let effective = line.effective.map_or("-".to_owned(), |e| e.to_string());
+    out.number(&effective, 6, style);
+    out.number(&job.spec.gpus.to_string(), 4, style);
+    let (place, time, reason) = match &job.state {
+        JobState::Running(run) => {
+            let place = format::placement(&run.placement);
+            let reason = match (&run.cancel_requested_by, run.started_at) {
+                (Some(_), _) => "cancelling",
+                (None, None) => "starting",
+                (None, Some(_)) => "",
+            };
+            let since = run.started_at.unwrap_or(run.assigned_at);
+            (place, format::since(since, model.now), reason.to_owned())
+        }
+        JobState::Queued(waiting) => {
+            let reason = match &waiting.held_by {
+                Some(by) => format!("held by {by}"),
+                None => waiting.reason.describe().to_owned(),
+            };
+            let waited = format::since(queued_at(job), model.now);
+            ("-".to_owned(), waited, reason)
+        }
+        _ => ("-".to_owned(), String::new(), String::new()),
+    };
+    out.cell(&place, 12, style);
+    out.number(&time, 7, style);
+    let reason_style = match &job.state {
+        JobState::Queued(w) if w.held_by.is_some() => style.fg(Color::Yellow),
+        _ => style,
+    };
+    out.rest(&reason, reason_style);
+}

@@ -1,0 +1,107 @@
+//! Records and heartbeats for the unit tests of `mgpu top`'s model and drawing (the binary's
+//! own fixtures are out of this library's reach).
+
+use chrono::Duration;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{
+    Ending, GpuShare, JobRecord, JobSpec, JobState, Placement, Run, WaitReason, Waiting,
+};
+use mgpu_protocol::node::{DEFAULT_THRESHOLD, GpuSource, GpuStatus, NodeHeartbeat};
+
+use super::model::Me;
+
+/// Alice as the screen's user: her key signs her jobs.
+pub fn alice() -> Me {
+    Me {
+        user: "alice".into(),
+        key: "UALICE".into(),
+    }
+}
+
+/// `user`'s job `name` in `state`, submitted a minute ago and signed with `U<USER>`.
+pub fn job(user: &str, name: &str, state: JobState) -> JobRecord {
+    let mut spec = JobSpec::new(vec!["sleep".into(), "300".into()], "/tmp");
+    spec.name = Some(name.to_owned());
+    JobRecord {
+        id: JobId::random(),
+        user: user.to_owned(),
+        user_key: Some(format!("U{}", user.to_ascii_uppercase())),
+        spec,
+        submitted_at: mgpu_protocol::now() - Duration::seconds(60),
+        attempt: 1,
+        state,
+    }
+}
+
+pub fn queued() -> JobState {
+    JobState::Queued(Waiting::new(WaitReason::Resources))
+}
+
+pub fn held(by: &str) -> JobState {
+    let mut waiting = Waiting::new(WaitReason::Held);
+    waiting.held_by = Some(by.to_owned());
+    JobState::Queued(waiting)
+}
+
+/// Running on `node`, holding these whole GPUs.
+pub fn running(node: &str, gpus: &[u32]) -> JobState {
+    let shares = gpus
+        .iter()
+        .map(|&index| GpuShare {
+            index,
+            amount: GpuAmount::ONE,
+            mem_mib: 0,
+        })
+        .collect();
+    let mut run = Run::assigned(Placement::single(node, shares), mgpu_protocol::now());
+    run.started_at = Some(mgpu_protocol::now() - Duration::seconds(30));
+    JobState::Running(run)
+}
+
+pub fn finished() -> JobState {
+    JobState::Cancelled(Ending {
+        placement: None,
+        started_at: None,
+        ended_at: mgpu_protocol::now(),
+        exit_code: None,
+        signal: None,
+        reason: None,
+        usage: None,
+    })
+}
+
+/// A node's fresh heartbeat with `gpus` GPUs of 24 GiB, GPU `i` at `10 × i` % utilisation.
+pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
+    NodeHeartbeat {
+        node: node.into(),
+        sent_at: mgpu_protocol::now(),
+        interval_ms: 2_000,
+        gpu_source: GpuSource::Declared,
+        gpu_note: None,
+        gpus: (0..gpus)
+            .map(|index| GpuStatus {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: "A100".into(),
+                memory_total_mib: 24_576,
+                memory_used_mib: 1_024 * u64::from(index),
+                utilization_pct: 10 * index,
+                foreign_processes: vec![],
+            })
+            .collect(),
+        running: vec![],
+        address: "127.0.0.1".into(),
+        runs_jobs_as: "mgpu".into(),
+        containment: None,
+        agent_version: "0".into(),
+        mem_threshold: DEFAULT_THRESHOLD,
+        load_threshold: DEFAULT_THRESHOLD,
+        labels: Default::default(),
+        fence_after_ms: None,
+        kill_grace_ms: 0,
+        gpu_isolation: false,
+        cpus: None,
+        mem_host_mib: None,
+    }
+}
