@@ -22,3 +22,7 @@ lint:
 # Benchmarks (release build): one JSON line per scenario, also in bench/results/.
 bench *ARGS:
     scripts/bench.sh {{ARGS}}
+
+# Debian packages (mgpu, mgpu-scheduler, mgpu-node) in target/debian/.
+package *ARGS:
+    scripts/package.sh {{ARGS}}

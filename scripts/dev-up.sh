@@ -61,7 +61,9 @@ mkdir -p "$state/logs" "$state/run" "$state/jetstream" "$state/state"
 user_name="$(id -un 2>/dev/null || echo "${USER:-user}")"
 principal="$(printf '%s' "$user_name" | tr -c 'A-Za-z0-9_-' '_')"
 
-# Credentials and server configuration (existing keys are kept).
+# Credentials and server configuration (existing keys are kept). Like every nats-server
+# configuration mgpu writes, it sets JetStream's `sync_interval: always`: each message is on
+# disk before it is acknowledged (see "Durability" in docs/operations.md).
 "$bin/mgpu" admin init --dir "$auth" --port "$port" --store-dir "$state/jetstream" --servers "$servers" "${init_args[@]}" >/dev/null
 # Every component started below inherits MGPU_CA, which makes it connect with TLS only; an
 # MGPU_CA left in this shell by an earlier TLS run must not reach a plaintext cluster.

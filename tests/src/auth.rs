@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use mgpu_cli::setup::auth::{Registry, RegistryFiles, Role, render_server_conf};
+use mgpu_cli::setup::auth::{
+    Registry, RegistryFiles, Role, SYNC_INTERVAL_LINE, render_server_conf,
+};
 use mgpu_cli::setup::tls::{ensure_certificates, server_hosts};
 use mgpu_nats::connect::read_seed;
 use mgpu_nats::records;
@@ -55,6 +57,15 @@ pub(crate) fn write_server_conf(
     let conf = render_server_conf(port, jetstream, "mgpu-test", tls_files);
     std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
     (port, tls_files.map(|files| files.ca_file.clone()))
+}
+
+/// Takes `sync_interval: always` out of `<auth_dir>/server.conf`, leaving nats-server's
+/// default (a flush every two minutes).
+pub(crate) fn use_default_sync(auth_dir: &Path) {
+    let path = auth_dir.join("server.conf");
+    let conf = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(conf.contains(SYNC_INTERVAL_LINE), "{conf}");
+    std::fs::write(&path, conf.replace(SYNC_INTERVAL_LINE, "")).unwrap_or_else(|e| panic!("{e}"));
 }
 
 impl Cluster {

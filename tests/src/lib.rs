@@ -12,6 +12,8 @@
 //! (heartbeats describing GPUs busy with foreign processes, which declared GPUs never are).
 //! [`Cluster::start_tls`] makes certificates as `mgpu admin init --tls` does and runs the server
 //! with TLS required; every component (and [`Cluster::with_nats`]) is given the CA.
+//! [`Cluster::start_with_sync`] runs the server with nats-server's default disk sync instead of
+//! mgpu's `sync_interval: always`, for the benchmark that compares them.
 //!
 //! Failures are real too: [`Cluster::kill_agent`] and [`Cluster::kill_scheduler_named`] SIGKILL
 //! one process and return once it is dead, [`Cluster::signal_agent`] sends SIGSTOP/SIGCONT, and
@@ -27,6 +29,8 @@
 //! helpers stories share; the principals' keys, the server configuration and NATS clients are
 //! in `auth.rs`, the components' logs in `logs.rs`, the CLI helpers in `cli.rs`, the failures
 //! stories cause in `faults.rs`, and clusters of several nats-servers in `nats_cluster.rs`.
+//! `installed.rs` runs the services from their configuration files instead, as the packages'
+//! units and `mgpu admin site` set them up.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -39,6 +43,7 @@ use serde_json::Value;
 mod auth;
 mod cli;
 mod faults;
+pub mod installed;
 mod logs;
 mod nats_cluster;
 mod terminal;
@@ -95,6 +100,15 @@ impl NodeSpec {
         self.agent_args = args.iter().map(|a| (*a).to_owned()).collect();
         self
     }
+}
+
+/// When the nats-server writes JetStream's messages to disk ([`Cluster::start_with_sync`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JetStreamSync {
+    /// `sync_interval: always`: before acknowledging each one, as mgpu configures it.
+    Always,
+    /// nats-server's default: every two minutes.
+    Default,
 }
 
 pub struct Cluster {
@@ -162,7 +176,8 @@ pub fn nats_server_bin() -> PathBuf {
     PathBuf::from("nats-server")
 }
 
-fn free_port() -> u16 {
+/// A TCP port nothing listens on now (for a server a story starts: a metrics endpoint).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -233,6 +248,19 @@ impl Cluster {
     /// gets `MGPU_CA`.
     pub fn start_tls(nodes: &[NodeSpec]) -> Cluster {
         let mut cluster = Cluster::prepare(nodes, true);
+        cluster.start_nats();
+        cluster.start_all(&[]);
+        cluster
+    }
+
+    /// Like [`Cluster::start`], with the server's JetStream syncing to disk as `sync` says:
+    /// the benchmark measures what `sync_interval: always` (in every configuration mgpu
+    /// writes) costs against nats-server's default.
+    pub fn start_with_sync(nodes: &[NodeSpec], sync: JetStreamSync) -> Cluster {
+        let mut cluster = Cluster::prepare(nodes, false);
+        if sync == JetStreamSync::Default {
+            auth::use_default_sync(&cluster.auth_dir);
+        }
         cluster.start_nats();
         cluster.start_all(&[]);
         cluster
@@ -324,6 +352,8 @@ impl Cluster {
         self.set_ca_env(&mut command);
         let child = command
             .args(&self.scheduler_args)
+            .env("MGPU_SCHEDULER_CONFIG", self.empty_config())
+            .env_remove("MGPU_LOG_FORMAT")
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Scheduler, "scheduler"))
             .env(
@@ -336,6 +366,17 @@ impl Cluster {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));
         self.schedulers.push((name.to_owned(), child));
+    }
+
+    /// An empty config file the components are pointed at (`MGPU_SCHEDULER_CONFIG`,
+    /// `MGPU_NODE_CONFIG`), so that this host's own `/etc/mgpu` never reaches a story; a
+    /// story's `--config FILE` still wins, as a flag does over the environment.
+    fn empty_config(&self) -> PathBuf {
+        let path = self.dir.path().join("empty.toml");
+        if !path.exists() {
+            std::fs::write(&path, "").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        path
     }
 
     /// Process ids of the running scheduler replicas (the benchmark reads their memory).
@@ -393,6 +434,8 @@ impl Cluster {
             .arg("--state-dir")
             .arg(self.state_dir())
             .args(&spec.agent_args)
+            .env("MGPU_NODE_CONFIG", self.empty_config())
+            .env_remove("MGPU_LOG_FORMAT")
             .env("MGPU_SERVER", self.server_url())
             .env("MGPU_CREDS", self.creds(Role::Node, name))
             // Stories lose nodes on purpose: fence (and requeue) within seconds, not the

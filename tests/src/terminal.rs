@@ -236,6 +236,53 @@ impl Terminal {
         }
     }
 
+    /// Every process running under the pane (the shell tmux started there, its children,
+    /// theirs, …) as its pid and command line, for a story that signals one of them as
+    /// `kill` would. Read from `/proc`; a process that exits meanwhile is left out.
+    pub fn pane_processes(&self) -> Vec<(i32, Vec<String>)> {
+        let root: i32 = self
+            .tmux_ok(&["display-message", "-p", "-t", "0", "#{pane_pid}"])
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("tmux gave no pane pid: {e}"));
+        // Each process's parent, from `/proc/<pid>/stat` (the field after the `(comm)`).
+        let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                let after = &stat[stat.rfind(')')? + 1..];
+                let parent = after.split_whitespace().nth(1)?.parse().ok()?;
+                Some((pid, parent))
+            })
+            .collect();
+        let mut under = vec![root];
+        let mut at = 0;
+        while let Some(&parent) = under.get(at) {
+            under.extend(
+                parents
+                    .iter()
+                    .filter(|(_, p)| *p == parent)
+                    .map(|(c, _)| *c),
+            );
+            at += 1;
+        }
+        under
+            .into_iter()
+            .filter_map(|pid| {
+                let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let args = line
+                    .split(|b| *b == 0)
+                    .filter(|arg| !arg.is_empty())
+                    .map(|arg| String::from_utf8_lossy(arg).into_owned())
+                    .collect();
+                Some((pid, args))
+            })
+            .collect()
+    }
+
     /// Whether the program has the alternate screen on (full-screen programs turn it on).
     pub fn alternate_screen(&self) -> bool {
         self.tmux_ok(&["display-message", "-p", "-t", "0", "#{alternate_on}"])

@@ -702,6 +702,8 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         memory_total_mib: 24_576,
         memory_used_mib: used,
         utilization_pct: load,
+        temperature_c: None,
+        power_w: None,
         foreign_processes: if used > 0 {
             vec![ForeignProcess {
                 pid: 4242,
@@ -723,6 +725,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         runs_jobs_as: "nobody".into(),
         containment: None,
         agent_version: "test".into(),
+        protocol: mgpu_protocol::version::PROTOCOL,
         mem_threshold,
         load_threshold,
         labels: Default::default(),

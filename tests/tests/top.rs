@@ -1,15 +1,17 @@
 //! `mgpu top` told as stories: the real binary in a real pseudo-terminal (tmux) against a real
 //! cluster. One frame for scripts (`--once`, also with the scheduler down); the live screen
 //! moved through, filtered and used to cancel a job with keys (a user her own only, an admin
-//! anyone's); a job's live output; and the terminal given back after `q`, after Ctrl+C and
-//! across resizes.
+//! anyone's); a job's live output; and the terminal given back after `q`, after Ctrl+C,
+//! across resizes, and when it is killed with SIGTERM or SIGHUP.
 //!
 //! The live screens run inside a shell (`mgpu_terminal_in_shell`), which prints the exit
 //! status and `stty -a` afterwards: the proof that the terminal was given back.
 
 use std::time::Duration;
 
-use mgpu_tests::{Cluster, NodeSpec, Terminal, gpus_of, wait_for};
+use mgpu_tests::{Cluster, NodeSpec, Terminal, bin_dir, gpus_of, process_running, wait_for};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -243,6 +245,56 @@ fn live_top_shows_output_follows_resizes_and_ctrl_c_restores_the_terminal() {
     terminal.press(&["C-c"]);
     assert_terminal_restored(&terminal);
     assert_eq!(cluster.state(&id), "running", "quitting top touches no job");
+}
+
+/// The pid of the `mgpu top` running in the terminal (under its shell).
+fn top_pid(terminal: &Terminal) -> i32 {
+    let mgpu = bin_dir().join("mgpu").to_string_lossy().into_owned();
+    wait_for("mgpu top's process under the pane", T, || {
+        let tops: Vec<i32> = terminal
+            .pane_processes()
+            .into_iter()
+            .filter(|(_, args)| {
+                args.first() == Some(&mgpu) && args.get(1..) == Some(&["top".to_owned()][..])
+            })
+            .map(|(pid, _)| pid)
+            .collect();
+        match tops[..] {
+            [pid] => Some(pid),
+            _ => None,
+        }
+    })
+}
+
+/// Alice's live `mgpu top` is killed from outside: with SIGTERM (a `kill`, a shutdown), and in
+/// a second terminal with SIGHUP (the window closed under it, a lost SSH session). Each time
+/// it leaves the alternate screen and raw mode before it exits: her shell echoes and reads
+/// lines again. Her job runs on.
+#[test]
+fn live_top_gives_the_terminal_back_when_killed_by_sigterm_or_sighup() {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    cluster.wait_nodes_online(1);
+    let id = cluster.submit(&["--gpus", "1"], "sleep 300");
+    cluster.wait_state(&id, "running", T);
+
+    for signal in [Signal::SIGTERM, Signal::SIGHUP] {
+        let terminal = cluster.mgpu_terminal_in_shell(&["top"], 120, 40);
+        terminal.wait_for_text(short(&id), T);
+        assert!(terminal.alternate_screen(), "{signal}: not full screen");
+        let pid = top_pid(&terminal);
+        kill(Pid::from_raw(pid), signal).unwrap_or_else(|e| panic!("kill -{signal} {pid}: {e}"));
+        let screen = assert_terminal_restored(&terminal);
+        assert!(
+            !process_running(pid),
+            "{signal}: mgpu top still runs\n{screen}"
+        );
+        // The shell's own lines come after the full screen is gone: none of it is left.
+        assert!(
+            !screen.contains("Queue ·"),
+            "{signal}: the frame is left:\n{screen}"
+        );
+    }
+    assert_eq!(cluster.state(&id), "running", "killing top touches no job");
 }
 
 /// An admin's `mgpu top` cancels anyone's job: bob's, after the confirmation.

@@ -76,6 +76,8 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
                 memory_total_mib: 1_000,
                 memory_used_mib: 100 * u64::from(index),
                 utilization_pct: 0,
+                temperature_c: None,
+                power_w: None,
                 foreign_processes: vec![],
             })
             .collect(),
@@ -84,6 +86,7 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         runs_jobs_as: "mgpu".into(),
         containment: None,
         agent_version: "0".into(),
+        protocol: mgpu_protocol::version::PROTOCOL,
         mem_threshold: DEFAULT_THRESHOLD,
         load_threshold: DEFAULT_THRESHOLD,
         labels: Default::default(),

@@ -57,6 +57,12 @@ impl Session {
             &mut headers,
         )
         .map_err(|e| anyhow!(e))?;
+        // Read by the scheduler before anything else: another release's request is refused
+        // with a sentence, never decoded wrongly.
+        headers.insert(
+            mgpu_protocol::version::HEADER,
+            mgpu_protocol::version::PROTOCOL.to_string().as_str(),
+        );
         Ok(headers)
     }
 }

@@ -253,7 +253,7 @@ impl Dispatcher {
         match self.ctx.table.status(&key) {
             AttemptStatus::Unknown => {}
             status => {
-                info!(%key, ?status, "assignment delivered again; it already ran here, ignoring it");
+                info!(job = %key.job_id, attempt = key.attempt, ?status, "assignment delivered again; it already ran here, ignoring it");
                 acknowledge(&message).await;
                 return;
             }
@@ -280,7 +280,7 @@ impl Dispatcher {
                 self.tasks.spawn(job.supervise());
             }
             Err(reason) => {
-                warn!(%key, "job failed to start: {reason}");
+                warn!(job = %key.job_id, attempt = key.attempt, "job failed to start: {reason}");
                 // Remembered as finished so a redelivery during the report does not retry it.
                 self.ctx.table.finish(&key);
                 let reporter = self.ctx.reporter.clone();
@@ -321,9 +321,9 @@ impl Dispatcher {
                     StopReason::Cancelled
                 };
                 if self.ctx.table.request_stop(&key, stop) {
-                    info!(%key, reason, requeue, "kill requested");
+                    info!(job = %key.job_id, attempt = key.attempt, reason, requeue, "kill requested");
                 } else {
-                    info!(%key, reason, requeue, "kill requested for a job attempt not running here; nothing to do");
+                    info!(job = %key.job_id, attempt = key.attempt, reason, requeue, "kill requested for a job attempt not running here; nothing to do");
                 }
             }
         }

@@ -11,10 +11,39 @@ use serde::Serialize;
 use crate::gpu::GpuProbe;
 use crate::gpu_spec::{DeclaredSpec, parse_gpu_spec};
 
+/// What `mgpu-node`'s config file holds beside its flags' keys: nothing; and the flags that
+/// are actions, not settings, and so have no key.
+pub const SERVICE: mgpu_config::Service = mgpu_config::Service {
+    command_line_only: &["print_config", "print_gpus"],
+    sections: &[],
+    legacy: None,
+};
+
 /// The mgpu node agent: reports this host's GPUs and runs the jobs the scheduler assigns to it.
 #[derive(Debug, Parser)]
 #[command(name = "mgpu-node", version)]
 pub struct Args {
+    /// Config file (TOML): a key for every flag, its long name with `_` for `-`
+    /// (`heartbeat_interval = "2s"`, `label = ["rack=r1"]`). Flags and environment override
+    /// it; the default file may be absent.
+    #[arg(
+        long,
+        env = "MGPU_NODE_CONFIG",
+        value_name = "FILE",
+        default_value = "/etc/mgpu/node.toml"
+    )]
+    pub config: PathBuf,
+
+    /// Print the settings in effect (file, environment and flags merged) as TOML, each with
+    /// where it came from, and exit.
+    #[arg(long)]
+    pub print_config: bool,
+
+    /// How log lines are written: `text`, or `json` (one object per line; `node` and `job`
+    /// are fields).
+    #[arg(long, env = "MGPU_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: mgpu_config::LogFormat,
+
     /// Name of this node in mgpu (letters, digits, `-`, `_`). Defaults to the short host name.
     #[arg(long, env = "MGPU_NODE", value_name = "NAME")]
     pub node: Option<String>,
@@ -146,6 +175,12 @@ pub struct Args {
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
 
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. `0.0.0.0:9451`: per
+    /// GPU its readings and the job holding it, per job its CPU and memory. Off by default;
+    /// the endpoint has no authentication.
+    #[arg(long, env = "MGPU_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
     /// Print the GPUs this agent would report, as JSON, and exit without connecting.
     #[arg(long)]
     pub print_gpus: bool,
@@ -258,6 +293,17 @@ fn state_dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> anyhow::Result
             "neither XDG_STATE_HOME nor HOME is set to a full path; pass --state-dir DIR"
         )),
     }
+}
+
+/// This node's name: `--node`, else the short host name; checked.
+pub fn node_name(args: &Args) -> anyhow::Result<String> {
+    let node = match args.node.clone() {
+        Some(node) => node,
+        None => short_hostname().context("cannot tell this host's name; pass --node NAME")?,
+    };
+    mgpu_protocol::ids::validate_node_name(&node)
+        .map_err(|err| anyhow::anyhow!("--node: {err}"))?;
+    Ok(node)
 }
 
 /// The host name as the kernel has it.

@@ -46,6 +46,8 @@ impl DeclaredProbe {
                 memory_total_mib,
                 memory_used_mib: 0,
                 utilization_pct: 0,
+                temperature_c: None,
+                power_w: None,
                 foreign_processes: Vec::new(),
             })
             .collect();

@@ -15,7 +15,7 @@ use async_nats::jetstream::{self, context::PublishErrorKind};
 use bytes::Bytes;
 use mgpu_protocol::node::{GpuSource, GpuStatus, NodeHeartbeat};
 use mgpu_protocol::subjects;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::MissedTickBehavior;
 use tracing::{info, warn};
 
@@ -79,6 +79,8 @@ pub struct Heartbeater {
     peaks: GpuPeaks,
     /// The last GPU sample, reused when a new one cannot be taken.
     last_gpus: Vec<GpuStatus>,
+    /// Each new sample, for the metrics endpoint (which then never samples itself).
+    readings: watch::Sender<Vec<GpuStatus>>,
     publish_failures: Throttle,
     sample_failures: Throttle,
 }
@@ -104,9 +106,15 @@ impl Heartbeater {
             contact,
             peaks,
             last_gpus: Vec::new(),
+            readings: watch::channel(Vec::new()).0,
             publish_failures: Throttle::new(REPEAT_WARNING_EVERY),
             sample_failures: Throttle::new(REPEAT_WARNING_EVERY),
         }
+    }
+
+    /// The GPUs as the latest heartbeat sampled them, updated at each heartbeat.
+    pub fn readings(&self) -> watch::Receiver<Vec<GpuStatus>> {
+        self.readings.subscribe()
     }
 
     /// Heartbeats until `stop` fires, then sends a last one. `now` asks for one out of turn.
@@ -147,6 +155,7 @@ impl Heartbeater {
                     info!("reading GPUs works again");
                 }
                 self.last_gpus = gpus;
+                self.readings.send_replace(self.last_gpus.clone());
             }
             Err(err) => {
                 if let Verdict::Log { suppressed } =
@@ -174,6 +183,7 @@ impl Heartbeater {
             cpus: self.identity.cpus,
             mem_host_mib: self.identity.mem_host_mib,
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            protocol: mgpu_protocol::version::PROTOCOL,
             mem_threshold: self.identity.thresholds.mem,
             load_threshold: self.identity.thresholds.load,
             labels: self.identity.labels.clone(),

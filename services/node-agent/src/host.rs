@@ -76,6 +76,8 @@ pub struct JobHost {
     pub pins_cpus: bool,
     /// Each running attempt's peak GPU memory, sampled by the heartbeat.
     pub gpu_peaks: crate::gpu_peaks::GpuPeaks,
+    /// Each running attempt's owner, GPUs and cgroup, for the metrics.
+    pub holdings: crate::holdings::Holdings,
 }
 
 impl JobHost {

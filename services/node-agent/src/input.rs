@@ -89,7 +89,7 @@ async fn forward(
         let control = match accepted(&message, &allowed, &mut nonces) {
             Ok(control) => control,
             Err(why) => {
-                warn!(%key, "input refused: {why}");
+                warn!(job = %key.job_id, attempt = key.attempt, "input refused: {why}");
                 continue;
             }
         };
@@ -97,19 +97,19 @@ async fn forward(
             None => None,
             Some(TerminalInput::Keys { viewer }) => Some(viewer),
             Some(TerminalInput::Claim { viewer }) => {
-                debug!(%key, viewer, "a viewer took the keyboard");
+                debug!(job = %key.job_id, attempt = key.attempt, viewer, "a viewer took the keyboard");
                 keyboard.claim(&viewer);
                 continue;
             }
             Some(TerminalInput::Resize(size)) => {
                 if let Some(Err(err)) = resizer.as_ref().map(|r| r.resize(size)) {
-                    warn!(%key, "cannot resize the job's terminal to {size}: {err}");
+                    warn!(job = %key.job_id, attempt = key.attempt, "cannot resize the job's terminal to {size}: {err}");
                 }
                 continue;
             }
         };
         if !keyboard.admits(viewer.as_deref()) {
-            debug!(%key, "keys dropped: another viewer holds the keyboard");
+            debug!(job = %key.job_id, attempt = key.attempt, "keys dropped: another viewer holds the keyboard");
             continue;
         }
         let bytes = match classify(&message.payload) {
@@ -117,7 +117,7 @@ async fn forward(
             // A terminal stays open for the next viewer: end of file is typed (Ctrl+D).
             Input::EndOfInput if resizer.is_some() => continue,
             Input::EndOfInput => {
-                info!(%key, "closing the job's standard input (end of input received)");
+                info!(job = %key.job_id, attempt = key.attempt, "closing the job's standard input (end of input received)");
                 break;
             }
         };
@@ -131,7 +131,7 @@ async fn forward(
             } => written,
         };
         if let Err(err) = written {
-            debug!(%key, "the job no longer reads its standard input: {err}");
+            debug!(job = %key.job_id, attempt = key.attempt, "the job no longer reads its standard input: {err}");
             break;
         }
     }

@@ -151,10 +151,13 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     })?;
     let (output, input) = carry_streams(ctx, &key, rank, streams, input, assignment);
     let stop_requests = ctx.table.insert(key.clone(), pid);
+    ctx.host
+        .holdings
+        .started(&key, &assignment.user, &gpus, cgroup.as_ref());
     // On disk before the assignment is acknowledged: if this agent is SIGKILLed from here on,
     // the next one finds the process and stops it.
     ctx.state.record(recorded(&key, pid)).await;
-    info!(%key, pid, rank, ?gpus, "job started");
+    info!(job = %key.job_id, attempt = key.attempt, pid, rank, ?gpus, "job started");
     Ok(StartedJob {
         ctx: ctx.clone(),
         key,
@@ -429,12 +432,13 @@ impl StartedJob {
         // cgroup is empty.
         let mut emptied = match cgroup {
             Some(cgroup) => cgroup.kill_all().await.unwrap_or_else(|err| {
-                warn!(%key, "emptying the job's cgroup: {err}");
+                warn!(job = %key.job_id, attempt = key.attempt, "emptying the job's cgroup: {err}");
                 Emptied::default()
             }),
             None => Emptied::default(),
         };
         ctx.host.cores.release(&key);
+        ctx.host.holdings.remove(&key);
         emptied.usage.gpu_peak_mem = ctx.host.gpu_peaks.take(&key);
         let (exit_code, signal) = exit_code_of(ending.status);
         let summary = streams.close(&ctx, &key, rank, exit_code).await;
@@ -442,7 +446,8 @@ impl StartedJob {
         // The scheduler must see `started` before `exited`.
         let _ = started_report.await;
         info!(
-            %key,
+            job = %key.job_id,
+            attempt = key.attempt,
             exit_code,
             ?signal,
             cancelled = ending.stopped.cancelled,

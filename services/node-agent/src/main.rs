@@ -2,10 +2,11 @@
 //! jobs in heartbeats, runs the jobs the scheduler assigns to it, streams their output and
 //! reports their starts and exits, all through NATS.
 //!
-//! This file owns the command line, startup (GPU discovery, the state file, the address,
-//! connecting, reconciling what a previous agent left running, starting the loops) and the
-//! shutdown sequence: on SIGTERM or SIGINT the agent stops taking assignments, stops every job
-//! (each still reports its exit), sends a last heartbeat and drains its connection.
+//! This file owns the command line (merged with the config file by `mgpu-config`), startup
+//! (GPU discovery, the state file, the address, connecting, reconciling what a previous agent
+//! left running, starting the loops) and the shutdown sequence: on SIGTERM or SIGINT the agent
+//! stops taking assignments, stops every job (each still reports its exit), sends a last
+//! heartbeat and drains its connection.
 //!
 //! The other modules, by concern; their imports form no cycle (no module imports one that
 //! imports it back, directly or through others):
@@ -16,7 +17,8 @@
 //!   (what a previous agent left running);
 //! - loops: `heartbeat`, `fence` (self-fencing, the guards' contact file), `assignments` (the
 //!   node's inbox), `running` (the attempts running here), `report` (reports retried until
-//!   stored), `shutdown` (one-way signals), `throttle` (log throttling);
+//!   stored), `shutdown` (one-way signals), `throttle` (log throttling), `metrics` (what
+//!   `--metrics-listen` serves to Prometheus) and `holdings` (each job's user, GPUs, cgroup);
 //! - one job: `job` (start, supervise), `launch` (direct or through a shell), `script` (the
 //!   shell script), `batch_script` (a script captured at submit), `environment` (its
 //!   variables), `hostfile` (multi-node), `run_as` (whose account), `guard` (the guard it
@@ -37,6 +39,7 @@ mod gpu_peaks;
 mod gpu_spec;
 mod guard;
 mod heartbeat;
+mod holdings;
 mod host;
 mod hostfile;
 mod input;
@@ -44,6 +47,7 @@ mod job;
 mod job_io;
 mod launch;
 mod lease;
+mod metrics;
 mod nvml;
 mod output;
 mod pty;
@@ -62,13 +66,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use clap::Parser;
 use mgpu_nats::connect::{ConnectTarget, connect_with};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, error, info, warn};
-use tracing_subscriber::EnvFilter;
 
 use crate::assignments::Dispatcher;
 use crate::cli::Args;
@@ -90,49 +92,47 @@ fn main() -> ExitCode {
     if let Some(code) = builtin_guard::run_if_guard() {
         return code;
     }
-    let args = Args::parse();
-    init_logging();
+    let loaded = mgpu_config::load_or_exit::<Args>(&cli::SERVICE);
+    let args = loaded.args;
+    if args.print_config {
+        print!("{}", loaded.settings.render());
+        return ExitCode::SUCCESS;
+    }
+    let node = match cli::node_name(&args) {
+        Ok(node) => node,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // async-nats logs every connection event at info; the agent logs them itself, once. In
+    // JSON every line names the node, so that lines from many hosts can be told apart.
+    let log_format = args.log_format;
+    mgpu_config::logging::init(log_format, "info,async_nats=warn", &[("node", &node)]);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
+            let why = format_args!("cannot start the async runtime: {err}");
+            mgpu_config::logging::fatal(log_format, &why);
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(run(args, node)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            mgpu_config::logging::fatal(log_format, &format_args!("{err:#}"));
             ExitCode::FAILURE
         }
     }
 }
 
-fn init_logging() {
-    // async-nats logs every connection event at info; the agent logs them itself, once.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,async_nats=warn"));
-    // Colours only for a person at a terminal; journald and log files get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
-}
-
 /// Startup in the order that keeps the agent safe: it learns its GPUs (or only prints them),
 /// opens its state file before connecting (an agent that cannot remember its jobs must not
 /// take any), connects, sets up the guards' fencing, then runs until SIGTERM or SIGINT.
-async fn run(args: Args) -> anyhow::Result<()> {
-    let node = match args.node.clone() {
-        Some(node) => node,
-        None => cli::short_hostname().context("cannot tell this host's name; pass --node NAME")?,
-    };
-    mgpu_protocol::ids::validate_node_name(&node).map_err(|err| anyhow!("--node: {err}"))?;
+async fn run(args: Args, node: String) -> anyhow::Result<()> {
     let mut probe =
         gpu_choice::choose_probe(&node, args.gpus.as_ref(), args.fallback_gpus.as_ref())?;
     if args.print_gpus {
@@ -144,6 +144,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let state_dir = match args.state_dir.clone() {
         Some(dir) => dir,
         None => cli::default_state_dir()?,
+    };
+    // Before connecting: a taken address stops the agent at once.
+    let metrics = match args.metrics_listen {
+        Some(address) => Some(
+            mgpu_metrics::http::bind(address)
+                .await
+                .with_context(|| format!("--metrics-listen {address}"))?,
+        ),
+        None => None,
     };
     let (state, left) = StateFile::open(&state_dir, &node)?;
     info!(file = %state.path().display(), unreported = left.len(), "state file opened");
@@ -175,6 +184,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         containment,
         host,
         lease: (holder, lease, replicas),
+        metrics,
     };
     let agent = start_loops(client, identity, probe, memory);
     wait_for_stop_signal().await?;
@@ -211,6 +221,7 @@ fn contain(
         cores: host::CoreBook::default(),
         pins_cpus: containment.pins_cpus(),
         gpu_peaks: gpu_peaks::GpuPeaks::default(),
+        holdings: holdings::Holdings::default(),
     };
     (containment, Arc::new(host))
 }
@@ -342,6 +353,8 @@ struct Memory {
     /// This agent, the node-name lease it took at start (None: not yet), and the copies of
     /// the lease bucket it makes if it must.
     lease: (lease::Holder, Option<lease::NodeLease>, usize),
+    /// Where `--metrics-listen` listens, if it was given.
+    metrics: Option<tokio::net::TcpListener>,
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -380,6 +393,14 @@ fn start_loops(
         contact,
         memory.host.gpu_peaks.clone(),
     );
+    if let Some(listener) = memory.metrics {
+        let sources = metrics::Sources {
+            node: node.clone(),
+            readings: heartbeater.readings(),
+            holdings: memory.host.holdings.clone(),
+        };
+        metrics::spawn(listener, sources);
+    }
     let (holder, taken, replicas) = memory.lease;
     let lease = tokio::spawn(lease::hold(
         js.clone(),

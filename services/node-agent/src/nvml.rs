@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use anyhow::Context;
 use mgpu_protocol::node::{ForeignProcess, GpuSource, GpuStatus};
 use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
@@ -90,18 +91,7 @@ impl GpuProbe for NvmlProbe {
                     0
                 }
             };
-            let mut processes = Vec::new();
-            match device.running_compute_processes() {
-                Ok(list) => processes.extend(list),
-                Err(err) => problems.push(format!(
-                    "GPU {index}: cannot list compute processes ({err})"
-                )),
-            }
-            // Graphics contexts use memory too (a desktop session on a workstation GPU); not
-            // every GPU or driver can list them, which is not worth a warning.
-            if let Ok(list) = device.running_graphics_processes() {
-                processes.extend(list);
-            }
+            let processes = processes_on(&device, index, &mut problems);
             self.last_processes
                 .extend(processes.iter().map(|process| GpuProcessMemory {
                     gpu: index,
@@ -115,6 +105,12 @@ impl GpuProbe for NvmlProbe {
                 memory_total_mib: memory.total / BYTES_PER_MIB,
                 memory_used_mib: memory.used / BYTES_PER_MIB,
                 utilization_pct,
+                // Not every GPU has the sensors: missing is shown as unknown, not as zero.
+                temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
+                power_w: device
+                    .power_usage()
+                    .ok()
+                    .map(|milliwatts| milliwatts / 1000),
                 foreign_processes: foreign_processes(&processes, job_pgids, process_group_of),
             });
         }
@@ -199,6 +195,27 @@ pub fn process_group_from_stat(stat: &str) -> Option<u32> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     // After the name: state (3), ppid (4), pgrp (5).
     after_comm.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// The processes using GPU `index`: compute, and graphics where they can be listed.
+fn processes_on(
+    device: &nvml_wrapper::Device<'_>,
+    index: u32,
+    problems: &mut Vec<String>,
+) -> Vec<ProcessInfo> {
+    let mut processes = Vec::new();
+    match device.running_compute_processes() {
+        Ok(list) => processes.extend(list),
+        Err(err) => problems.push(format!(
+            "GPU {index}: cannot list compute processes ({err})"
+        )),
+    }
+    // Graphics contexts use memory too (a desktop session on a workstation GPU); not every
+    // GPU or driver can list them, which is not worth a warning.
+    if let Ok(list) = device.running_graphics_processes() {
+        processes.extend(list);
+    }
+    processes
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ impl OutputPipeline {
         })
         .await;
         if drained.is_err() {
-            warn!(%key, "a process outside the job's process group still holds its output open; dropping the rest of its output");
+            warn!(job = %key.job_id, attempt = key.attempt, "a process outside the job's process group still holds its output open; dropping the rest of its output");
             // Aborting drops the readers' channel ends, which lets the publisher finish.
             for reader in &readers {
                 reader.abort();
@@ -91,7 +91,7 @@ impl OutputPipeline {
         match publisher.await {
             Ok(summary) => summary,
             Err(err) => {
-                warn!(%key, "the output publisher of the job failed: {err}");
+                warn!(job = %key.job_id, attempt = key.attempt, "the output publisher of the job failed: {err}");
                 // How far it got is unknown; the EOF message still goes out so readers stop.
                 OutputSummary {
                     next_seq: 1,
@@ -124,7 +124,7 @@ async fn read_pipe(
             }
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(err) => {
-                warn!(%key, "cannot read the job's {stream}: {err}");
+                warn!(job = %key.job_id, attempt = key.attempt, "cannot read the job's {stream}: {err}");
                 break;
             }
         }
@@ -160,7 +160,7 @@ impl Losses<'_> {
         if let Err(err) = result {
             self.count += 1;
             if self.count == 1 {
-                warn!(key = %self.key, "job output is not being stored on {}: {err}", self.subject);
+                warn!(job = %self.key.job_id, attempt = self.key.attempt, "job output is not being stored on {}: {err}", self.subject);
             }
         }
     }
@@ -215,9 +215,9 @@ async fn publish_chunks(
     }
     let lost_chunks = losses.count;
     if lost_chunks > 0 {
-        warn!(%key, "{lost_chunks} of {last_seq} output chunks of the job were not stored");
+        warn!(job = %key.job_id, attempt = key.attempt, "{lost_chunks} of {last_seq} output chunks of the job were not stored");
     } else {
-        debug!(%key, chunks = last_seq, bytes, "job output published");
+        debug!(job = %key.job_id, attempt = key.attempt, chunks = last_seq, bytes, "job output published");
     }
     OutputSummary {
         next_seq: last_seq + 1,

@@ -81,13 +81,13 @@ pub fn survey(left: Vec<RecordedAttempt>, table: &RunningTable) -> Leftovers {
     for attempt in left {
         match still_running(&attempt, boot.as_deref()) {
             Ok(()) => {
-                info!(key = %attempt.key(), pid = attempt.pid, started_at = %attempt.started_at, "orphaned attempt still running");
+                info!(job = %attempt.job_id, attempt = attempt.attempt, pid = attempt.pid, started_at = %attempt.started_at, "orphaned attempt still running");
                 // Nobody listens for stop requests: settle stops it whatever the scheduler says.
                 drop(table.insert(attempt.key(), attempt.pid));
                 leftovers.orphans.push(attempt);
             }
             Err(why) => {
-                info!(key = %attempt.key(), pid = attempt.pid, "lost attempt already gone: {why}");
+                info!(job = %attempt.job_id, attempt = attempt.attempt, pid = attempt.pid, "lost attempt already gone: {why}");
                 leftovers.gone.push(attempt);
             }
         }
@@ -119,7 +119,7 @@ pub async fn settle(leftovers: Leftovers, ctx: &JobContext) {
         // What left the attempt's process group is still in its cgroup: emptied before the
         // attempt is reported ended.
         if let Err(err) = ctx.containment.empty_left_over(&key).await {
-            warn!(%key, "emptying a previous agent's job cgroup: {err}");
+            warn!(job = %key.job_id, attempt = key.attempt, "emptying a previous agent's job cgroup: {err}");
         }
         let (exit_code, signal) = fate.exit();
         let reported = ctx
@@ -136,7 +136,7 @@ pub async fn settle(leftovers: Leftovers, ctx: &JobContext) {
             .await;
         if reported {
             ctx.state.remove(&key).await;
-            info!(%key, ?fate, exit_code, "reported the attempt as lost");
+            info!(job = %key.job_id, attempt = key.attempt, ?fate, exit_code, "reported the attempt as lost");
         }
     }
     info!("reconciliation done; taking assignments");
@@ -176,7 +176,8 @@ async fn stop_orphans(
     }
     for orphan in &orphans {
         info!(
-            key = %orphan.key(),
+            job = %orphan.job_id,
+            attempt = orphan.attempt,
             pid = orphan.pid,
             started_at = %orphan.started_at,
             "stopping an orphaned job attempt: its output can no longer be streamed"
@@ -188,7 +189,7 @@ async fn stop_orphans(
     let killed = left.clone();
     if !left.is_empty() {
         for orphan in orphans.iter().filter(|o| left.contains(&o.pid)) {
-            warn!(key = %orphan.key(), grace = ?kill_grace, "the orphan ignored SIGTERM; sending SIGKILL");
+            warn!(job = %orphan.job_id, attempt = orphan.attempt, grace = ?kill_grace, "the orphan ignored SIGTERM; sending SIGKILL");
             signal_group(orphan.pid, Signal::SIGKILL, &orphan.key());
         }
         left = wait_gone(&left, KILL_WAIT).await;
@@ -291,7 +292,9 @@ fn signal_group(pgid: u32, signal: Signal, key: &AttemptKey) {
     let Ok(raw) = i32::try_from(pgid) else { return };
     match killpg(Pid::from_raw(raw), signal) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-        Err(err) => warn!(%key, ?signal, "cannot signal the orphan's process group: {err}"),
+        Err(err) => {
+            warn!(job = %key.job_id, attempt = key.attempt, ?signal, "cannot signal the orphan's process group: {err}")
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use mgpu_protocol::report::{AgentReport, ReportKind};
-use mgpu_protocol::subjects;
+use mgpu_protocol::{subjects, version};
 use tracing::{error, info, warn};
 
 use crate::running::AttemptKey;
@@ -50,12 +50,13 @@ impl Reporter {
             Ok(payload) => Bytes::from(payload),
             Err(err) => {
                 // Serialising these plain structs cannot fail; if it ever does, say so loudly.
-                error!(%key, "cannot encode the {what} event: {err}");
+                error!(job = %key.job_id, attempt = key.attempt, "cannot encode the {what} event: {err}");
                 return false;
             }
         };
         let message = PublishMessage::build()
             .payload(payload)
+            .header(version::HEADER, version::PROTOCOL.to_string())
             // The node is part of it: each rank of a distributed job reports on its own.
             .message_id(format!(
                 "{}-{}-{}-{what}",
@@ -85,14 +86,14 @@ impl Reporter {
             let result = tokio::select! {
                 result = attempt => result,
                 () = self.give_up.fired() => {
-                    error!(%key, "gave up publishing the {what} report on {subject}: the agent is stopping");
+                    error!(job = %key.job_id, attempt = key.attempt, "gave up publishing the {what} report on {subject}: the agent is stopping");
                     return false;
                 }
             };
             match result {
                 Ok(_) => {
                     if failures > 0 {
-                        info!(%key, "published the {what} report after {failures} failed tries");
+                        info!(job = %key.job_id, attempt = key.attempt, "published the {what} report after {failures} failed tries");
                     }
                     return true;
                 }
@@ -100,14 +101,14 @@ impl Reporter {
                     failures += 1;
                     // The first failure and then every tenth: an outage retries every 5 s.
                     if failures == 1 || failures.is_multiple_of(10) {
-                        warn!(%key, "cannot publish the {what} report on {subject} (try {failures}): {err}; retrying");
+                        warn!(job = %key.job_id, attempt = key.attempt, "cannot publish the {what} report on {subject} (try {failures}): {err}; retrying");
                     }
                 }
             }
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 () = self.give_up.fired() => {
-                    error!(%key, "gave up publishing the {what} report on {subject}: the agent is stopping");
+                    error!(job = %key.job_id, attempt = key.attempt, "gave up publishing the {what} report on {subject}: the agent is stopping");
                     return false;
                 }
             }

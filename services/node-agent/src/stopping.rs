@@ -170,7 +170,7 @@ impl Watch<'_> {
             let event = tokio::select! {
                 status = child.wait() => {
                     let status = status
-                        .inspect_err(|err| error!(key = %self.key, "cannot read the job's exit status: {err}"))
+                        .inspect_err(|err| error!(job = %self.key.job_id, attempt = self.key.attempt, "cannot read the job's exit status: {err}"))
                         .ok();
                     return Ending { status, stopped: state.stopped };
                 }
@@ -200,19 +200,23 @@ impl Watch<'_> {
     fn apply(&self, event: Event, effect: Effect) {
         let key = self.key;
         match event {
-            Event::TimeLimit => info!(%key, "time limit reached; stopping the job"),
-            Event::Stop(StopReason::Cancelled) => info!(%key, "cancelling the job"),
+            Event::TimeLimit => {
+                info!(job = %key.job_id, attempt = key.attempt, "time limit reached; stopping the job")
+            }
+            Event::Stop(StopReason::Cancelled) => {
+                info!(job = %key.job_id, attempt = key.attempt, "cancelling the job")
+            }
             Event::Stop(StopReason::AgentShutdown) => {
-                info!(%key, "stopping the job: the agent is shutting down")
+                info!(job = %key.job_id, attempt = key.attempt, "stopping the job: the agent is shutting down")
             }
             Event::Stop(StopReason::Requeued) => {
-                info!(%key, "stopping the job: the scheduler puts it back in the queue")
+                info!(job = %key.job_id, attempt = key.attempt, "stopping the job: the scheduler puts it back in the queue")
             }
             Event::Stop(StopReason::Fenced) => {
-                warn!(%key, "stopping the job: this node lost contact with NATS (fenced)")
+                warn!(job = %key.job_id, attempt = key.attempt, "stopping the job: this node lost contact with NATS (fenced)")
             }
             Event::KillDue => {
-                warn!(%key, grace = ?self.kill_grace, "the job ignored SIGTERM; sending SIGKILL")
+                warn!(job = %key.job_id, attempt = key.attempt, grace = ?self.kill_grace, "the job ignored SIGTERM; sending SIGKILL")
             }
         }
         let signal = match effect {
@@ -234,10 +238,14 @@ async fn sleep_until(at: Option<Instant>) {
 pub fn signal_group(pgid: u32, signal: Signal, key: &AttemptKey) {
     let Ok(raw) = i32::try_from(pgid) else { return };
     match killpg(Pid::from_raw(raw), signal) {
-        Ok(()) => debug!(%key, ?signal, "signalled the job's process group"),
+        Ok(()) => {
+            debug!(job = %key.job_id, attempt = key.attempt, ?signal, "signalled the job's process group")
+        }
         // Nobody left in the group: the usual case after a clean exit.
         Err(nix::errno::Errno::ESRCH) => {}
-        Err(err) => warn!(%key, ?signal, "cannot signal the job's process group: {err}"),
+        Err(err) => {
+            warn!(job = %key.job_id, attempt = key.attempt, ?signal, "cannot signal the job's process group: {err}")
+        }
     }
 }
 

@@ -1,7 +1,13 @@
-//! The scheduler's configuration: a TOML file (`--config`) and flags that override it, and
-//! what follows from it for one job (its time limit).
+//! The scheduler's configuration: its config file (`--config`, by default
+//! `/etc/mgpu/scheduler.toml`), read with `mgpu-config` (a key per flag, flags and environment
+//! over the file), whose `[policy]` section is the scheduling policy; and what follows from the
+//! policy for one job (its time limit, its host resources).
 //!
 //! ```toml
+//! server = "nats://sched:4222"  # any flag, by its long name with `_` for `-`
+//! missed_heartbeats = 3
+//!
+//! [policy]
 //! placement = "fill_first"     # or "spread"
 //! max_job_time = "12h"         # cluster-wide time limit (slices for --on-timeout requeue)
 //! age_weight = 100.0           # effective-priority points per hour waited
@@ -15,6 +21,8 @@
 //! require_gpu_isolation = true # place jobs only where a job can open only its own GPUs
 //! keep_finished = "1d"         # finished jobs move to the history stream after this
 //! ```
+//!
+//! The policy file of before (these keys alone, at the top level) still loads as `[policy]`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -22,9 +30,37 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
+use mgpu_config::{Setting, Settings, Source};
 use mgpu_protocol::duration::parse_duration;
 use mgpu_protocol::job::JobSpec;
 use mgpu_protocol::priority::{PlacementPolicy, Policy};
+
+/// The keys of `[policy]`, which are [`ConfigFile`]'s fields (a test keeps the two equal).
+pub const POLICY_KEYS: &[&str] = &[
+    "placement",
+    "max_job_time",
+    "age_weight",
+    "age_cap",
+    "fairshare_weight",
+    "half_life",
+    "max_reservations",
+    "topology_label",
+    "cpus_per_gpu",
+    "mem_per_gpu",
+    "require_gpu_isolation",
+    "keep_finished",
+];
+
+/// What the config file holds beside the flags' keys: the `[policy]` section, and the policy
+/// file of before read as that section. Sections added later (per-user limits) go here too.
+pub const SERVICE: mgpu_config::Service = mgpu_config::Service {
+    command_line_only: &["print_config"],
+    sections: &["policy"],
+    legacy: Some(mgpu_config::Legacy {
+        section: "policy",
+        keys: POLICY_KEYS,
+    }),
+};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,16 +79,29 @@ struct ConfigFile {
     keep_finished: Option<String>,
 }
 
-/// Reads the policy from `path` (if any) over the defaults.
-pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
+/// The `[policy]` table of the config file, if it has one.
+pub fn policy_section(sections: &toml::Table) -> Option<&toml::Table> {
+    sections.get("policy").and_then(toml::Value::as_table)
+}
+
+/// The policy `section` sets over the defaults; `file` names it in errors.
+pub fn load_policy(section: Option<&toml::Table>, file: Option<&Path>) -> Result<Policy> {
     let mut policy = Policy::default();
-    let Some(path) = path else {
+    let Some(section) = section else {
         return Ok(policy);
     };
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config {}", path.display()))?;
-    let file: ConfigFile =
-        toml::from_str(&text).with_context(|| format!("config {}", path.display()))?;
+    let file = file.map_or_else(|| "the config file".to_owned(), |f| f.display().to_string());
+    // serde names an unknown key and lists the known ones.
+    toml::Value::Table(section.clone())
+        .try_into()
+        .map_err(anyhow::Error::from)
+        .and_then(|keys| apply_policy(&mut policy, &keys))
+        .with_context(|| format!("[policy] in {file}"))?;
+    Ok(policy)
+}
+
+/// The keys of `[policy]` over the defaults, each checked.
+fn apply_policy(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
     let seconds = |text: &str| -> Result<u64> { Ok(parse_duration(text)?.as_secs()) };
     if let Some(p) = file.placement {
         policy.placement = p;
@@ -92,8 +141,7 @@ pub fn load_policy(path: Option<&Path>) -> Result<Policy> {
         );
         policy.topology_label = label;
     }
-    apply_host_defaults(&mut policy, &file)?;
-    Ok(policy)
+    apply_host_defaults(policy, file)
 }
 
 /// `cpus_per_gpu`, `mem_per_gpu` and `require_gpu_isolation`.
@@ -113,6 +161,105 @@ fn apply_host_defaults(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
         policy.require_gpu_isolation = required;
     }
     Ok(())
+}
+
+/// `[policy]` as `--print-config` shows it: every key with the value in force, and where it
+/// came from; `placement` and `max_job_time` may come from the flags (or top-level keys) of
+/// the same name, which `flags` has.
+pub fn policy_settings(
+    policy: &Policy,
+    section: Option<&toml::Table>,
+    flags: &Settings,
+) -> Vec<Setting> {
+    use toml::Value;
+    let duration = |secs: u64| Value::String(exact_duration(secs));
+    let placement = match policy.placement {
+        PlacementPolicy::FillFirst => "fill_first",
+        PlacementPolicy::Spread => "spread",
+    };
+    let age_cap_secs = (policy.age_cap_hours * 3600.0).round() as u64;
+    let values = [
+        ("placement", Some(Value::String(placement.into()))),
+        ("max_job_time", policy.max_job_time_secs.map(duration)),
+        ("age_weight", Some(Value::Float(policy.age_weight))),
+        ("age_cap", Some(duration(age_cap_secs))),
+        (
+            "fairshare_weight",
+            Some(Value::Float(policy.fairshare_weight)),
+        ),
+        ("half_life", Some(duration(policy.half_life_secs))),
+        (
+            "max_reservations",
+            Some(Value::Integer(
+                i64::try_from(policy.max_reservations).unwrap_or(i64::MAX),
+            )),
+        ),
+        (
+            "topology_label",
+            Some(Value::String(policy.topology_label.clone())),
+        ),
+        (
+            "cpus_per_gpu",
+            Some(Value::Integer(policy.cpus_per_gpu.into())),
+        ),
+        (
+            "mem_per_gpu",
+            Some(Value::String(mib_text(policy.mem_per_gpu_mib))),
+        ),
+        (
+            "require_gpu_isolation",
+            Some(Value::Boolean(policy.require_gpu_isolation)),
+        ),
+        ("keep_finished", Some(duration(policy.keep_finished_secs))),
+    ];
+    values
+        .into_iter()
+        .map(|(key, value)| {
+            let by_flag = flags
+                .get(key)
+                .is_some_and(|flag| flag.value.is_some() && flag.source != Source::Default);
+            let source = if by_flag {
+                Source::Note(format!("from `{key}` above"))
+            } else if section.is_some_and(|keys| keys.contains_key(key)) {
+                Source::File
+            } else {
+                Source::Default
+            };
+            Setting {
+                key: key.to_owned(),
+                value,
+                source,
+            }
+        })
+        .collect()
+}
+
+/// A duration as the config file takes it, exactly: `1d2h`, `90s` rather than `1m30s`'s
+/// rounding in listings.
+fn exact_duration(secs: u64) -> String {
+    if secs == 0 {
+        return "0s".into();
+    }
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs % 86_400 / 3600, "h"),
+        (secs % 3600 / 60, "m"),
+        (secs % 60, "s"),
+    ];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect()
+}
+
+/// A size in MiB as the config file takes it: `64GiB`, `1536MiB`, `0`.
+fn mib_text(mib: u64) -> String {
+    match mib {
+        0 => "0".into(),
+        _ if mib.is_multiple_of(1024) => format!("{}GiB", mib / 1024),
+        _ => format!("{mib}MiB"),
+    }
 }
 
 /// The time limit a job runs under: its own, capped by the cluster's `max_job_time`.
@@ -142,36 +289,81 @@ pub fn effective_host_request(policy: &Policy, spec: &JobSpec) -> (u32, u64) {
 mod tests {
     use super::*;
 
+    /// The policy a `[policy]` section written as TOML gives.
+    fn policy(text: &str) -> Result<Policy> {
+        let table: toml::Table = text.parse()?;
+        load_policy(Some(&table), Some(Path::new("/etc/mgpu/scheduler.toml")))
+    }
+
     #[test]
-    fn a_config_file_sets_the_policy_and_typos_are_errors() {
-        let dir = std::env::temp_dir().join(format!("mgpu-config-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let good = dir.join("good.toml");
-        let _ = std::fs::write(
-            &good,
-            "placement = \"spread\"\nmax_job_time = \"10m\"\nhalf_life = \"1h\"\n",
+    fn the_policy_section_sets_the_policy_and_typos_are_errors() {
+        let policy = policy("placement = \"spread\"\nmax_job_time = \"10m\"\nhalf_life = \"1h\"\n")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(policy.placement, PlacementPolicy::Spread);
+        assert_eq!(policy.max_job_time_secs, Some(600));
+        assert_eq!(policy.half_life_secs, 3600);
+        let err = policy_error("placment = \"spread\"\n");
+        assert!(
+            err.contains("placment") && err.contains("[policy] in /etc/mgpu/scheduler.toml"),
+            "{err}"
         );
-        let policy = load_policy(Some(&good)).ok();
-        assert_eq!(
-            policy.as_ref().map(|p| p.placement),
-            Some(PlacementPolicy::Spread)
-        );
-        assert_eq!(policy.as_ref().and_then(|p| p.max_job_time_secs), Some(600));
-        let bad = dir.join("bad.toml");
-        let _ = std::fs::write(&bad, "placment = \"spread\"\n");
-        assert!(load_policy(Some(&bad)).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
+        let err = policy_error("half_life = \"soon\"\n");
+        assert!(err.contains("half_life") && err.contains("soon"), "{err}");
+        assert_eq!(load_policy(None, None).ok(), Some(Policy::default()));
+    }
+
+    fn policy_error(text: &str) -> String {
+        policy(text)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_policy_keys_are_the_sections_fields() {
+        // serde lists the fields it knows when it meets one it does not.
+        let err = policy_error("not_a_key = 1\n");
+        let listed: Vec<&str> = err
+            .split("expected one of")
+            .nth(1)
+            .unwrap_or_default()
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .collect();
+        assert_eq!(listed, POLICY_KEYS, "{err}");
+    }
+
+    #[test]
+    fn printed_policy_values_read_back_as_the_same_policy() {
+        let text = "placement = \"spread\"\nmax_job_time = \"1d2h3m4s\"\nage_cap = \"90m\"\n\
+                    mem_per_gpu = \"1536MiB\"\ncpus_per_gpu = 4\nrequire_gpu_isolation = true\n";
+        let first = policy(text).unwrap_or_else(|e| panic!("{e:#}"));
+        let section: toml::Table = text.parse().unwrap_or_default();
+        let settings = policy_settings(&first, Some(&section), &Settings::default());
+        let source = |key: &str| {
+            settings
+                .iter()
+                .find(|s| s.key == key)
+                .map(|s| s.source.clone())
+        };
+        assert_eq!(source("placement"), Some(Source::File));
+        assert_eq!(source("half_life"), Some(Source::Default));
+        let printed: toml::Table = settings
+            .iter()
+            .filter_map(|s| Some((s.key.clone(), s.value.clone()?)))
+            .collect();
+        let again = load_policy(Some(&printed), None).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(again, first);
+        assert_eq!(exact_duration(93_784), "1d2h3m4s");
+        assert_eq!(mib_text(64 * 1024), "64GiB");
     }
 
     #[test]
     fn host_defaults_per_gpu_apply_to_jobs_that_do_not_say() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let file = dir.path().join("host.toml");
-        let _ = std::fs::write(
-            &file,
-            "cpus_per_gpu = 4\nmem_per_gpu = \"16GiB\"\nrequire_gpu_isolation = true\n",
-        );
-        let policy = load_policy(Some(&file)).unwrap_or_else(|e| panic!("{e:#}"));
+        let policy =
+            policy("cpus_per_gpu = 4\nmem_per_gpu = \"16GiB\"\nrequire_gpu_isolation = true\n")
+                .unwrap_or_else(|e| panic!("{e:#}"));
         assert!(policy.require_gpu_isolation);
         let mut spec = JobSpec::new(vec!["true".into()], "/");
         spec.gpus = mgpu_protocol::gpu_amount::GpuAmount::whole(2);
@@ -183,8 +375,6 @@ mod tests {
             effective_host_request(&Policy::default(), &JobSpec::new(vec![], "/")),
             (0, 0)
         );
-        let _ = std::fs::write(&file, "mem_per_gpu = \"lots\"\n");
-        let err = load_policy(Some(&file)).err().map(|e| format!("{e:#}"));
-        assert!(err.is_some_and(|e| e.contains("mem_per_gpu")));
+        assert!(policy_error("mem_per_gpu = \"lots\"\n").contains("mem_per_gpu"));
     }
 }

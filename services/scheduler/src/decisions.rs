@@ -82,9 +82,32 @@ impl Scheduler {
                 (job.clone(), Input::Start { placement })
             })
             .collect();
+        // How long each waited, read before its record turns running and forgets.
+        let waited: HashMap<JobId, chrono::Duration> = starts
+            .iter()
+            .filter_map(|(job, _)| match self.store.get(job) {
+                Some(JobRecord {
+                    state: JobState::Queued(waiting),
+                    submitted_at,
+                    ..
+                }) => Some((
+                    job.clone(),
+                    now - waiting.enqueued_at.unwrap_or(*submitted_at),
+                )),
+                _ => None,
+            })
+            .collect();
         let started = self
             .write_all(&inputs, starts.iter().map(|(job, _)| job), now)
             .await;
+        {
+            let mut tally = self.metrics.tally();
+            for (job, _) in &started {
+                if let Some(waited) = waited.get(job) {
+                    tally.started_after(*waited);
+                }
+            }
+        }
         let this = &*self;
         let sent: Vec<(JobId, anyhow::Result<()>)> = futures::stream::iter(started)
             .map(|(job, todo)| async move {

@@ -17,6 +17,7 @@ use mgpu_protocol::request::Action;
 use crate::config::effective_time_limit;
 use crate::identity::Identity;
 use crate::lifecycle::{self, Effect, Input, Kill, Level, Limits, Log, Transition};
+use crate::metrics::RefusalReason;
 use crate::outbox::Sender;
 use crate::service::Scheduler;
 
@@ -117,7 +118,9 @@ impl Scheduler {
                         .audit(action, &sender, Some(job.to_string()), outcome);
                 }
                 Effect::Refuse { action, reason } => {
-                    self.refuse(action, Some(job), &sender, reason);
+                    // The lifecycle refuses only those who may not act on the job.
+                    let why = RefusalReason::NotPermitted;
+                    self.refuse(action, Some(job), &sender, why, reason);
                 }
                 Effect::AccountUsage { user, .. } => {
                     tracing::error!(job = %job, user, "internal: a usage charge was not booked");
@@ -163,14 +166,17 @@ impl Scheduler {
         self.outbox.publish_event(job, attempt, kind);
     }
 
-    /// Refuses a request about `job` (see [`crate::outbox::Outbox::refuse`]).
+    /// Refuses a request about `job` (see [`crate::outbox::Outbox::refuse`]), counted in the
+    /// metrics under `why`.
     pub(crate) fn refuse(
         &self,
         action: Action,
         job: Option<&JobId>,
         sender: &Sender<'_>,
+        why: RefusalReason,
         reason: String,
     ) {
+        self.metrics.tally().refused(action, why);
         let about = job.map(|id| (id, self.store.get(id).map(|r| r.attempt).unwrap_or(0)));
         self.outbox.refuse(action, about, sender, reason);
     }

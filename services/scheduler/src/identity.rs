@@ -15,6 +15,7 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::principals::{Principal, Registry, Role};
 
 use crate::lifecycle::{Requester, Signer};
+use crate::metrics::RefusalReason;
 
 /// The principals file, re-read when it changes.
 #[derive(Clone)]
@@ -127,6 +128,8 @@ pub struct Refusal {
     /// The key the request was signed with, when it had one.
     pub key: Option<String>,
     pub reason: String,
+    /// The reason as the metrics count it.
+    pub why: RefusalReason,
 }
 
 /// The gate every request passes: whose signature it carries, and whether it was seen before.
@@ -159,6 +162,7 @@ impl Gate {
             .map(|k| k.as_str().to_owned());
         let refuse = |err: SignatureError| Refusal {
             key: presented.clone(),
+            why: RefusalReason::of_signature(&err),
             reason: err.to_string(),
         };
         let signed = signing::verify(
@@ -179,6 +183,7 @@ impl Gate {
         remembered.map_err(refuse)?;
         let Some(principal) = self.principals.user_by_key(&signed.signer) else {
             return Err(Refusal {
+                why: RefusalReason::UnknownKey,
                 key: Some(signed.signer),
                 reason: "signed by a key that belongs to no user (removed, or never added)".into(),
             });

@@ -6,12 +6,14 @@
 
 use async_nats::jetstream;
 
+use mgpu_nats::signing;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::request::{Action, Request};
 use mgpu_protocol::submit::SubmitRequest;
-use mgpu_protocol::{now, subjects};
+use mgpu_protocol::{now, subjects, version};
 
 use crate::identity::Identity;
+use crate::metrics::RefusalReason;
 use crate::outbox::Sender;
 use crate::service::Scheduler;
 
@@ -106,6 +108,21 @@ impl Scheduler {
             acknowledge(&message).await;
             return None;
         };
+        if let Some(why) = request_incompatibility(&message) {
+            let about = subjects::job_id_of(&subject)
+                .and_then(|id| id.parse::<JobId>().ok())
+                .or_else(|| version::peek_job_id(&message.payload));
+            let key = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(signing::SIGNER))
+                .map(|k| k.as_str().to_owned());
+            let sender = Sender::Unknown { key };
+            let counted = RefusalReason::Incompatible;
+            self.refuse(action, about.as_ref(), &sender, counted, why);
+            acknowledge(&message).await;
+            return None;
+        }
         let decoded = Request::decode(&subject, &message.payload);
         // When JetStream stored it: the signature must be that recent (a replay is not).
         let stored_at = message
@@ -124,7 +141,7 @@ impl Scheduler {
                     .and_then(|id| id.parse::<JobId>().ok())
                     .or_else(|| decoded.as_ref().ok().and_then(Request::job).cloned());
                 let sender = Sender::Unknown { key: refusal.key };
-                self.refuse(action, about.as_ref(), &sender, refusal.reason);
+                self.refuse(action, about.as_ref(), &sender, refusal.why, refusal.reason);
                 acknowledge(&message).await;
                 return None;
             }
@@ -133,6 +150,9 @@ impl Scheduler {
             Ok(request) => Some((Admitted { message, identity }, request)),
             Err(err) => {
                 tracing::warn!(%subject, %err, "refusing a malformed {action} request");
+                self.metrics
+                    .tally()
+                    .refused(action, RefusalReason::Malformed);
                 acknowledge(&message).await;
                 None
             }
@@ -165,6 +185,18 @@ async fn acknowledge(message: &RequestMessage) {
     if let Err(err) = message.ack().await {
         tracing::warn!(%err, "acknowledging a request");
     }
+}
+
+/// Why a request cannot be read by this scheduler: its sender speaks another protocol.
+fn request_incompatibility(message: &RequestMessage) -> Option<String> {
+    let protocol = version::of_header(
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(version::HEADER))
+            .map(|v| v.as_str()),
+    );
+    version::incompatibility("the mgpu that sent this request", protocol)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, Placement};
 use mgpu_protocol::node::NodeHeartbeat;
-use mgpu_protocol::{Timestamp, now, subjects, wire};
+use mgpu_protocol::{Timestamp, now, subjects, version, wire};
 
 use crate::lifecycle::{self, Input};
 use crate::liveness_memory::REPAIR_EVERY;
@@ -31,6 +31,17 @@ impl Scheduler {
     /// node table. True when the node table changed in a way a pass should see.
     pub(crate) async fn on_heartbeat(&mut self, subject: &str, payload: &Bytes) -> bool {
         let now = now();
+        // The version first, alone: a heartbeat of another protocol is not decoded at all.
+        let protocol = version::peek(payload);
+        if let Some(node) = subjects::node_of(subject) {
+            let sender = format!("the agent of node {node}");
+            if let Some(why) = version::incompatibility(&sender, protocol) {
+                if self.nodes.mark_incompatible(node, protocol, now) {
+                    tracing::warn!(node, protocol, "node gets no jobs: {why}");
+                }
+                return false;
+            }
+        }
         let decoded =
             wire::decode::<NodeHeartbeat>("heartbeat", payload, wire::MAX_HEARTBEAT_BYTES)
                 .and_then(|beat| beat.validate(now).map(|()| beat))

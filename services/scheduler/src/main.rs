@@ -25,8 +25,9 @@
 //! - [`liveness_memory`]: what the liveness checks remember between runs.
 //! - [`passes`]: pass statistics and memory given back after bursts.
 //!
-//! Around them: [`config`] (the policy file), [`leader`] (the lease that makes exactly one
-//! replica active), [`status`] (the NATS micro service: `$SRV.PING`, `mgpu.scheduler.status`).
+//! Around them: [`config`] (the config file and its `[policy]`), [`leader`] (the lease that makes exactly one
+//! replica active), [`status`] (the NATS micro service: `$SRV.PING`, `mgpu.scheduler.status`),
+//! [`metrics`] (what `--metrics-listen` serves to Prometheus).
 
 mod cancel;
 mod config;
@@ -41,6 +42,7 @@ mod leader;
 mod lifecycle;
 mod liveness;
 mod liveness_memory;
+mod metrics;
 mod node_admin;
 mod nodes;
 mod outbox;
@@ -93,10 +95,24 @@ struct Args {
     /// most).
     #[arg(long, default_value_t = 10)]
     history_max_gib: i64,
-    /// Policy file (TOML): placement, max_job_time, age_weight, age_cap, fairshare_weight,
-    /// half_life, max_reservations. Flags below override it.
-    #[arg(long, env = "MGPU_SCHEDULER_CONFIG")]
-    config: Option<PathBuf>,
+    /// Config file (TOML): a key for every flag (`missed_heartbeats = 5`) and the scheduling
+    /// policy under `[policy]` (an older file of policy keys alone still loads). Flags and
+    /// environment override it; the default file may be absent.
+    #[arg(
+        long,
+        env = "MGPU_SCHEDULER_CONFIG",
+        value_name = "FILE",
+        default_value = "/etc/mgpu/scheduler.toml"
+    )]
+    config: PathBuf,
+    /// Print the settings in effect (file, environment and flags merged) as TOML, each with
+    /// where it came from, and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// How log lines are written: `text`, or `json` (one object per line; `job` and `node`
+    /// are fields).
+    #[arg(long, env = "MGPU_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: mgpu_config::LogFormat,
     /// Where jobs go when several nodes fit: fill_first (pack) or spread.
     #[arg(long, value_parser = parse_placement)]
     placement: Option<mgpu_protocol::priority::PlacementPolicy>,
@@ -104,11 +120,17 @@ struct Args {
     #[arg(long, value_parser = parse_seconds)]
     max_job_time: Option<u64>,
     /// Heartbeats a node may miss before it is offline and its running jobs are lost.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    missed_heartbeats: Option<u32>,
+    #[arg(long, default_value_t = mgpu_protocol::node::MISSED_HEARTBEATS_OFFLINE,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    missed_heartbeats: u32,
     /// Attempts a job gets when its nodes keep getting lost; then it ends `node_failed`.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    max_attempts: Option<u32>,
+    #[arg(long, default_value_t = mgpu_protocol::priority::Policy::default().max_attempts,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_attempts: u32,
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. `0.0.0.0:9450`.
+    /// Off by default; the endpoint has no authentication.
+    #[arg(long, env = "MGPU_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn parse_placement(text: &str) -> Result<mgpu_protocol::priority::PlacementPolicy, String> {
@@ -131,33 +153,45 @@ fn parse_seconds(text: &str) -> Result<u64, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Colours only for a person at a terminal; journald and log files get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
-    let args = Args::parse();
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let loaded = mgpu_config::load_or_exit::<Args>(&config::SERVICE);
+    // Before anything connects: a bad policy stops the scheduler at once.
+    let policy = match policy_of(&loaded) {
+        Ok(policy) => policy,
         Err(err) => {
             eprintln!("error: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = loaded.args;
+    if args.print_config {
+        let mut settings = loaded.settings;
+        let section = config::policy_section(&loaded.sections);
+        settings.add_section(
+            "policy",
+            config::policy_settings(&policy, section, &settings),
+        );
+        print!("{}", settings.render());
+        return ExitCode::SUCCESS;
+    }
+    let log_format = args.log_format;
+    mgpu_config::logging::init(log_format, "info", &[]);
+    match run(args, policy).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            mgpu_config::logging::fatal(log_format, &format_args!("{err:#}"));
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, policy: mgpu_protocol::priority::Policy) -> anyhow::Result<()> {
     let target = ConnectTarget {
         server: args.server.clone(),
         creds: args.creds.clone(),
         ca: args.ca.clone(),
     };
-    let policy = policy_of(&args)?;
+    let metrics = std::sync::Arc::new(metrics::SchedulerMetrics::default());
+    serve_metrics(args.metrics_listen, &metrics).await?;
     let client = connect(&target, "mgpu-scheduler").await?;
     tracing::info!(server = %args.server, "connected");
     let replicas = args.replicas.resolve(&args.server);
@@ -191,6 +225,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             principals.clone(),
             shutdown_rx.clone(),
             lease.lost.clone(),
+            metrics.clone(),
         )
         .await;
         if *shutdown_rx.borrow() {
@@ -210,21 +245,42 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The policy file (if any) with the flags over it.
-fn policy_of(args: &Args) -> anyhow::Result<mgpu_protocol::priority::Policy> {
-    let mut policy = config::load_policy(args.config.as_deref())?;
+/// Listens on `--metrics-listen` (a taken address stops the scheduler at once) and serves
+/// the metrics from then on, through standby and leadership alike.
+async fn serve_metrics(
+    listen: Option<std::net::SocketAddr>,
+    metrics: &std::sync::Arc<metrics::SchedulerMetrics>,
+) -> anyhow::Result<()> {
+    let Some(address) = listen else {
+        return Ok(());
+    };
+    let listener = mgpu_metrics::http::bind(address)
+        .await
+        .map_err(|err| anyhow::anyhow!("--metrics-listen {address}: {err}"))?;
+    tracing::info!(%address, "serving Prometheus metrics on /metrics");
+    let metrics = std::sync::Arc::clone(metrics);
+    tokio::spawn(mgpu_metrics::http::serve(listener, move || {
+        let metrics = std::sync::Arc::clone(&metrics);
+        async move { metrics.render().await }
+    }));
+    Ok(())
+}
+
+/// The config file's `[policy]` (if any) with the flags over it.
+fn policy_of(
+    loaded: &mgpu_config::Loaded<Args>,
+) -> anyhow::Result<mgpu_protocol::priority::Policy> {
+    let section = config::policy_section(&loaded.sections);
+    let mut policy = config::load_policy(section, loaded.file.as_deref())?;
+    let args = &loaded.args;
     if let Some(placement) = args.placement {
         policy.placement = placement;
     }
     if let Some(max) = args.max_job_time {
         policy.max_job_time_secs = Some(max);
     }
-    if let Some(missed) = args.missed_heartbeats {
-        policy.missed_heartbeats = missed;
-    }
-    if let Some(attempts) = args.max_attempts {
-        policy.max_attempts = attempts;
-    }
+    policy.missed_heartbeats = args.missed_heartbeats;
+    policy.max_attempts = args.max_attempts;
     Ok(policy)
 }
 

@@ -12,6 +12,7 @@ use mgpu_protocol::request::Action;
 use mgpu_protocol::{now, subjects};
 
 use crate::identity::Identity;
+use crate::metrics::RefusalReason;
 use crate::outbox::Sender;
 use crate::service::Scheduler;
 
@@ -24,7 +25,8 @@ impl Scheduler {
         let sender = Sender::Known(identity);
         if !identity.admin {
             let reason = format!("{} is not an admin", identity.name);
-            self.refuse(Action::Admin, None, &sender, reason);
+            let why = RefusalReason::NotPermitted;
+            self.refuse(Action::Admin, None, &sender, why, reason);
             return Ok(());
         }
         // Marks carry the signer, whatever name the payload gives.

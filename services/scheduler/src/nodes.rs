@@ -21,6 +21,9 @@ pub struct NodeTable {
     /// The policy's `require_gpu_isolation`: a node whose jobs could open others' GPUs takes
     /// no job, as if drained.
     pub(crate) require_gpu_isolation: bool,
+    /// Nodes whose agent speaks a protocol this scheduler cannot read, with that protocol:
+    /// alive (their heartbeats keep their running jobs from being requeued) but given no job.
+    incompatible: HashMap<String, u32>,
 }
 
 impl NodeTable {
@@ -42,6 +45,7 @@ impl NodeTable {
             lost: HashSet::new(),
             watching_since: None,
             require_gpu_isolation: false,
+            incompatible: HashMap::new(),
         }
     }
 
@@ -91,8 +95,25 @@ impl NodeTable {
                     })
             }
         };
+        let was_incompatible = self.incompatible.remove(&beat.node).is_some();
         self.nodes.insert(beat.node.clone(), beat);
-        changes_capacity
+        changes_capacity || was_incompatible
+    }
+
+    /// A heartbeat of protocol `protocol`, which this scheduler cannot read, came from `node`:
+    /// the node is alive (as of `now`; what it last said in a protocol read here stays) and
+    /// takes no job. True when this is news (first such heartbeat, or another protocol).
+    pub fn mark_incompatible(&mut self, node: &str, protocol: u32, now: Timestamp) -> bool {
+        if let Some(beat) = self.nodes.get_mut(node) {
+            beat.sent_at = now;
+        }
+        self.incompatible.insert(node.to_owned(), protocol) != Some(protocol)
+    }
+
+    /// The protocol of a node marked incompatible.
+    #[cfg(test)]
+    pub fn incompatible(&self, node: &str) -> Option<u32> {
+        self.incompatible.get(node).copied()
     }
 
     /// The node's last heartbeat.
@@ -119,6 +140,29 @@ impl NodeTable {
             .count()
     }
 
+    /// How many nodes are `online`, `drained` (online, taking no new jobs),
+    /// `incompatible` (online, speaking a protocol this scheduler cannot read) and `offline`,
+    /// for the metrics.
+    pub fn state_counts(&self, now: Timestamp) -> BTreeMap<&'static str, u64> {
+        let mut counts = BTreeMap::new();
+        for beat in self.nodes.values() {
+            let drained = self
+                .admin
+                .get(&beat.node)
+                .is_some_and(|admin| admin.drained.is_some());
+            let state = match beat.liveness_after(now, self.missed) {
+                NodeLiveness::Offline => "offline",
+                NodeLiveness::Online if self.incompatible.contains_key(&beat.node) => {
+                    "incompatible"
+                }
+                NodeLiveness::Online if drained => "drained",
+                NodeLiveness::Online => "online",
+            };
+            *counts.entry(state).or_default() += 1;
+        }
+        counts
+    }
+
     /// Nodes as the scheduling core sees them, sorted by name for deterministic passes.
     pub fn views(&self, now: Timestamp) -> Vec<NodeView> {
         let mut views: Vec<NodeView> = self
@@ -130,7 +174,8 @@ impl NodeTable {
                     name: beat.node.clone(),
                     online: beat.liveness_after(now, self.missed) == NodeLiveness::Online,
                     drained: admin.is_some_and(|a| a.drained.is_some())
-                        || (self.require_gpu_isolation && !beat.gpu_isolation),
+                        || (self.require_gpu_isolation && !beat.gpu_isolation)
+                        || self.incompatible.contains_key(&beat.node),
                     cpus: beat.cpus,
                     mem_host_mib: beat.mem_host_mib,
                     mem_threshold: beat.mem_threshold,
@@ -177,6 +222,7 @@ mod tests {
             runs_jobs_as: "u".into(),
             containment: None,
             agent_version: "0".into(),
+            protocol: mgpu_protocol::version::PROTOCOL,
             mem_threshold: 0.8,
             load_threshold: 0.8,
             labels: BTreeMap::new(),
@@ -186,6 +232,65 @@ mod tests {
             cpus: None,
             mem_host_mib: None,
         }
+    }
+
+    /// An agent of a protocol the scheduler cannot read keeps its node alive (so its running
+    /// jobs stay where they are) but the node takes no job until it speaks one it can.
+    #[test]
+    fn an_incompatible_node_stays_alive_and_takes_no_job() {
+        let start = mgpu_protocol::now();
+        let mut table = NodeTable::new(Vec::new(), BTreeMap::new(), 3);
+        table.update(beat("n1", start), start);
+        assert!(!table.views(start)[0].drained);
+
+        let later = start + chrono::Duration::seconds(60);
+        assert!(
+            table.mark_incompatible("n1", 9, later),
+            "news the first time"
+        );
+        assert!(!table.mark_incompatible("n1", 9, later), "not news again");
+        assert_eq!(table.incompatible("n1"), Some(9));
+        let view = &table.views(later)[0];
+        assert!(view.online && view.drained, "{view:?}");
+        assert!(table.newly_lost(later).is_empty());
+
+        assert!(
+            table.update(beat("n1", later), later),
+            "readable again: capacity changed"
+        );
+        assert!(!table.views(later)[0].drained);
+        assert_eq!(table.incompatible("n1"), None);
+    }
+
+    #[test]
+    fn nodes_are_counted_by_state_for_the_metrics() {
+        let start = mgpu_protocol::now();
+        let beats = ["n1", "n2", "n3", "n4"].map(|n| beat(n, start)).to_vec();
+        let mut admin = BTreeMap::new();
+        let mark = mgpu_protocol::node::AdminMark {
+            by: "admin".into(),
+            at: start,
+            reason: None,
+        };
+        admin.insert(
+            "n2".to_owned(),
+            NodeAdmin {
+                drained: Some(mark),
+                ..NodeAdmin::default()
+            },
+        );
+        let mut table = NodeTable::new(beats, admin, 3);
+        table.mark_incompatible("n3", 9, start);
+        table.update(beat("n4", start - chrono::Duration::seconds(60)), start);
+        let counts = table.state_counts(start);
+        let expected: BTreeMap<&str, u64> = [
+            ("online", 1),
+            ("drained", 1),
+            ("incompatible", 1),
+            ("offline", 1),
+        ]
+        .into();
+        assert_eq!(counts, expected);
     }
 
     #[test]
@@ -234,6 +339,8 @@ mod tests {
                     memory_total_mib: 81_559,
                     memory_used_mib: 1203,
                     utilization_pct: 37,
+                    temperature_c: None,
+                    power_w: None,
                     foreign_processes: vec![ForeignProcess {
                         pid: 4242,
                         used_mib: 1200,
@@ -280,6 +387,8 @@ mod tests {
                 memory_total_mib: 1,
                 memory_used_mib: 1,
                 utilization_pct: 0,
+                temperature_c: None,
+                power_w: None,
                 foreign_processes: vec![huge.clone(), huge],
             }
         }

@@ -4,22 +4,42 @@
 
 use async_nats::jetstream;
 
-use mgpu_protocol::now;
 use mgpu_protocol::report::AgentReport;
+use mgpu_protocol::{now, version};
 
 use crate::lifecycle::Input;
 use crate::service::Scheduler;
+
+/// How long an event of an unreadable protocol waits before it is offered again.
+const UNREADABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Scheduler {
     /// A message from the events stream: an agent's report is acted on, the scheduler's own
     /// events (they come back on the same subjects) and malformed ones are not. Acknowledged
     /// unless handling failed (then JetStream redelivers it after the ack wait).
     pub(crate) async fn on_event_message(&mut self, message: jetstream::Message) {
+        // The version first: a report this scheduler cannot read is left for a scheduler that
+        // can (the upgraded one, if the agents were upgraded first), not decoded wrongly.
+        let protocol = version::of_header(
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(version::HEADER))
+                .map(|v| v.as_str()),
+        );
+        if let Some(why) = version::incompatibility("a job event's sender", protocol) {
+            tracing::warn!(subject = %message.subject, "job event left unread: {why}");
+            let later = jetstream::AckKind::Nak(Some(UNREADABLE_RETRY));
+            if let Err(err) = message.ack_with(later).await {
+                tracing::warn!(%err, "returning an unreadable job event");
+            }
+            return;
+        }
         match AgentReport::decode(message.subject.as_str(), &message.payload, now()) {
             Ok(Some(report)) => {
                 let node = report.node.clone();
                 if let Err(err) = self.on_agent_report(report).await {
-                    tracing::error!("handling a report from {node}: {err:#}");
+                    tracing::error!(node = %node, "handling a report from {node}: {err:#}");
                     return;
                 }
             }

@@ -11,8 +11,10 @@
 //! [`Scheduler`] is made of parts that each own their data: the job table ([`JobStore`]),
 //! the node table ([`NodeTable`]), the [`Outbox`], the request [`Gate`], the
 //! [`UsageLedger`], the core's [`QueueViews`], what the liveness checks remember
-//! ([`LivenessMemory`]) and the [`PassStats`].
+//! ([`LivenessMemory`]) and the [`PassStats`]; the [`SchedulerMetrics`] are shared with the
+//! metrics endpoint, which asks the loop for the tables' counts at each scrape.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -28,6 +30,7 @@ use mgpu_protocol::{Timestamp, now, subjects};
 use crate::core::{self, CoreSettings, QueuedJob, RunningJob};
 use crate::identity::{Gate, Principals};
 use crate::liveness_memory::LivenessMemory;
+use crate::metrics::{GaugeRequests, SchedulerMetrics};
 use crate::nodes::NodeTable;
 use crate::outbox::Outbox;
 use crate::passes::{Counts, PassStats};
@@ -58,6 +61,8 @@ pub struct Scheduler {
     pub(crate) events_consumer: Option<consumer::PullConsumer>,
     /// When finished jobs were last moved to history.
     pub(crate) history: crate::history::HistoryKeeper,
+    /// What the metrics endpoint serves: counted here, read there.
+    pub(crate) metrics: Arc<SchedulerMetrics>,
 }
 
 /// What wakes the loop: heartbeats (plain subscription), agents' reports and requests
@@ -66,6 +71,8 @@ struct Inputs {
     heartbeats: async_nats::Subscriber,
     events: Pull,
     requests: Pull,
+    /// Scrapes asking for the gauges (`metrics.rs`).
+    gauge_requests: GaugeRequests,
 }
 
 /// Runs the active scheduler until `shutdown` turns true or the lease is lost. The streams
@@ -76,20 +83,25 @@ pub async fn run(
     principals: Principals,
     shutdown: watch::Receiver<bool>,
     lease_lost: watch::Receiver<bool>,
+    metrics: Arc<SchedulerMetrics>,
 ) -> Result<()> {
-    let (mut scheduler, status) = Scheduler::load(&client, policy, principals).await?;
+    // The metrics say this replica leads from here until this function returns.
+    let (_term, gauge_requests) = metrics.begin_term();
+    let (mut scheduler, status) = Scheduler::load(&client, policy, principals, metrics).await?;
     tracing::info!(
         jobs = scheduler.store.total(),
         nodes = scheduler.nodes.len(),
         "state loaded"
     );
     let service_client = client.clone();
+    // Dropped when this function returns: the micro service deregisters with the term.
+    let (_status_term, status_term_over) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        if let Err(err) = crate::status::serve(service_client, status).await {
+        if let Err(err) = crate::status::serve(service_client, status, status_term_over).await {
             tracing::error!("micro service stopped: {err:#}");
         }
     });
-    let mut inputs = scheduler.open_inputs(&client).await?;
+    let mut inputs = scheduler.open_inputs(&client, gauge_requests).await?;
     // Queued jobs depending on jobs already in history learn how those ended.
     let queued: Vec<_> = scheduler.store.queued().map(|r| r.spec.clone()).collect();
     scheduler.learn_archived(queued.iter()).await;
@@ -116,6 +128,7 @@ impl Scheduler {
         client: &async_nats::Client,
         policy: Policy,
         principals: Principals,
+        metrics: Arc<SchedulerMetrics>,
     ) -> Result<(Self, watch::Receiver<Status>)> {
         let js = jetstream::new(client.clone());
         let store = JobStore::load(&js).await.context("loading job records")?;
@@ -154,6 +167,7 @@ impl Scheduler {
             next_slice_end: None,
             events_consumer: None,
             history: crate::history::HistoryKeeper::default(),
+            metrics,
         };
         Ok((scheduler, status_rx))
     }
@@ -161,7 +175,11 @@ impl Scheduler {
     /// Subscribes to heartbeats, handles the agents' reports written while no scheduler was
     /// active (only then is it known which assignments never reached their node), sends those
     /// again, and opens the requests.
-    async fn open_inputs(&mut self, client: &async_nats::Client) -> Result<Inputs> {
+    async fn open_inputs(
+        &mut self,
+        client: &async_nats::Client,
+        gauge_requests: GaugeRequests,
+    ) -> Result<Inputs> {
         let heartbeats = client
             .subscribe(subjects::ALL_HEARTBEATS)
             .await
@@ -202,6 +220,7 @@ impl Scheduler {
             heartbeats,
             events,
             requests,
+            gauge_requests,
         })
     }
 
@@ -249,6 +268,11 @@ impl Scheduler {
                 Some(message) = inputs.heartbeats.next() => {
                     let changed = self.on_heartbeat(&message.subject, &message.payload).await;
                     changed | self.drain_heartbeats(&mut inputs.heartbeats).await
+                }
+                // A scrape: counted between two inputs, nothing changes.
+                Some(reply) = inputs.gauge_requests.recv() => {
+                    let _ = reply.send(self.gauges(now()));
+                    false
                 }
             };
             if changed {
@@ -325,7 +349,9 @@ impl Scheduler {
             sample.changes = self.carry_out_all(decisions, now).await;
         }
         self.usage.save(false).await;
-        sample.total_us = micros(began.elapsed());
+        let took = began.elapsed();
+        sample.total_us = micros(took);
+        self.metrics.tally().pass(took);
         let (jobs_queued, jobs_running) = self.store.counts();
         let counts = Counts {
             jobs_queued,

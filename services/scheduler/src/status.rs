@@ -1,11 +1,14 @@
 //! The scheduler as a NATS micro service: `$SRV.PING` / `$SRV.INFO` answer with
-//! `mgpu-scheduler`, and `mgpu.scheduler.status` answers with the counters below.
+//! `mgpu-scheduler`, `mgpu.scheduler.status` answers with the counters below, and
+//! `$SRV.STATS` with how many status requests were answered, refused and how long they took.
 
 use anyhow::{Result, anyhow};
 use async_nats::service::ServiceExt;
+use async_nats::service::error::Error as ServiceError;
+use bytes::Bytes;
 use futures::StreamExt;
-use serde::Serialize;
-use tokio::sync::watch;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
 
 use mgpu_protocol::subjects;
 
@@ -42,8 +45,27 @@ pub struct PassSample {
     pub changes: usize,
 }
 
-/// Registers the service and answers status requests until the client closes.
-pub async fn serve(client: async_nats::Client, status: watch::Receiver<Status>) -> Result<()> {
+/// What a status request may ask: nothing (an empty body: the whole status), or a JSON
+/// object with `recent_passes`, the most passes to return (the newest).
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct StatusQuery {
+    #[serde(default)]
+    recent_passes: Option<usize>,
+}
+
+/// Registers the service and answers status requests until `term_over` resolves (the sender
+/// is dropped when this replica stops acting; a replica that acts again registers anew),
+/// then deregisters, so that `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` list active
+/// schedulers only.
+///
+/// Each request is answered through the endpoint's own request object, refused ones with an
+/// error: that is what makes `$SRV.STATS` count requests, errors and processing time.
+pub async fn serve(
+    client: async_nats::Client,
+    status: watch::Receiver<Status>,
+    term_over: oneshot::Receiver<()>,
+) -> Result<()> {
     let service = client
         .service_builder()
         .description("mgpu scheduler: places queued GPU jobs on nodes")
@@ -54,11 +76,110 @@ pub async fn serve(client: async_nats::Client, status: watch::Receiver<Status>) 
         .endpoint(subjects::SCHEDULER_STATUS)
         .await
         .map_err(|e| anyhow!("adding the status endpoint: {e}"))?;
-    while let Some(request) = endpoint.next().await {
-        let body = serde_json::to_vec(&*status.borrow()).unwrap_or_default();
-        if let Err(err) = request.respond(Ok(body.into())).await {
+    tokio::pin!(term_over);
+    loop {
+        let request = tokio::select! {
+            _ = &mut term_over => break,
+            request = endpoint.next() => match request {
+                Some(request) => request,
+                None => break,
+            },
+        };
+        let answer = answer(&request.message.payload, &status.borrow());
+        if let Err(err) = &answer {
+            tracing::debug!(%err, "refusing a status request");
+        }
+        if let Err(err) = request.respond(answer).await {
             tracing::warn!(%err, "answering a status request");
         }
     }
-    Ok(())
+    service
+        .stop()
+        .await
+        .map_err(|e| anyhow!("deregistering the micro service: {e}"))
+}
+
+/// The answer to a status request with this body: the status as JSON, or a refusal (code
+/// 400) of a body that is not a [`StatusQuery`].
+fn answer(body: &[u8], status: &Status) -> Result<Bytes, ServiceError> {
+    let query: StatusQuery = if body.iter().all(u8::is_ascii_whitespace) {
+        StatusQuery::default()
+    } else {
+        serde_json::from_slice(body).map_err(|err| ServiceError {
+            status: format!("a status request is empty or {{\"recent_passes\": N}}: {err}"),
+            code: 400,
+        })?
+    };
+    let encoded = match query.recent_passes {
+        Some(keep) if keep < status.recent_passes.len() => {
+            let mut trimmed = status.clone();
+            let drop = trimmed.recent_passes.len() - keep;
+            trimmed.recent_passes.drain(..drop);
+            serde_json::to_vec(&trimmed)
+        }
+        _ => serde_json::to_vec(status),
+    };
+    encoded.map(Bytes::from).map_err(|err| ServiceError {
+        status: format!("encoding the status: {err}"),
+        code: 500,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_with_passes(passes: u64) -> Status {
+        let mut status = Status {
+            jobs_queued: 3,
+            ..Status::default()
+        };
+        for total_us in 0..passes {
+            status.recent_passes.push_back(PassSample {
+                total_us,
+                ..PassSample::default()
+            });
+        }
+        status
+    }
+
+    fn decoded(answer: Result<Bytes, ServiceError>) -> serde_json::Value {
+        let bytes = answer.unwrap_or_else(|e| panic!("refused: {e}"));
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON: {e}"))
+    }
+
+    #[test]
+    fn an_empty_request_gets_the_whole_status() {
+        let status = status_with_passes(5);
+        for body in [&b""[..], b" \n"] {
+            let whole = decoded(answer(body, &status));
+            assert_eq!(whole["jobs_queued"], 3);
+            assert_eq!(whole["recent_passes"].as_array().map(Vec::len), Some(5));
+        }
+    }
+
+    #[test]
+    fn a_request_may_ask_for_the_newest_passes_only() {
+        let status = status_with_passes(5);
+        let newest = decoded(answer(br#"{"recent_passes": 2}"#, &status));
+        let passes = newest["recent_passes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let totals: Vec<_> = passes.iter().map(|p| p["total_us"].clone()).collect();
+        assert_eq!(totals, vec![3, 4]);
+        let all = decoded(answer(br#"{"recent_passes": 50}"#, &status));
+        assert_eq!(all["recent_passes"].as_array().map(Vec::len), Some(5));
+    }
+
+    #[test]
+    fn a_request_that_is_not_a_query_is_refused_with_400() {
+        let status = status_with_passes(1);
+        for body in [&b"status please"[..], br#"{"passes": 1}"#, br#""1""#] {
+            match answer(body, &status) {
+                Err(err) => assert_eq!(err.code, 400, "{err}"),
+                Ok(_) => panic!("{} was answered", String::from_utf8_lossy(body)),
+            }
+        }
+    }
 }

@@ -12,6 +12,7 @@ use mgpu_protocol::submit::SubmitRequest;
 
 use crate::identity::Identity;
 use crate::lifecycle::{self, Transition};
+use crate::metrics::SubmitOutcome;
 use crate::service::Scheduler;
 
 impl Scheduler {
@@ -30,11 +31,13 @@ impl Scheduler {
         let id = request.id.clone();
         let transition = lifecycle::submit(request, &identity.signer(), twin.as_ref(), now());
         let Transition { record, effects } = transition;
+        let outcome = SubmitOutcome::of(record.as_ref(), twin.is_some());
         let created = match record {
             Some(record) => self.store.create(record).await?,
             None => true,
         };
-        self.after_submit(&id, created, effects, identity).await;
+        self.after_submit(&id, created, (effects, outcome), identity)
+            .await;
         Ok(())
     }
 
@@ -58,8 +61,9 @@ impl Scheduler {
             // Each its own time, so jobs of a batch keep their order in the queue.
             let transition = lifecycle::submit(request, &identity.signer(), None, now());
             let stored = transition.record.is_some();
+            let outcome = SubmitOutcome::of(transition.record.as_ref(), false);
             records.extend(transition.record);
-            followups.push((id, stored, transition.effects, identity));
+            followups.push((id, stored, (transition.effects, outcome), identity));
         }
         let mut created = self.store.create_many(records).await.into_iter();
         let mut results = Vec::with_capacity(followups.len());
@@ -82,19 +86,20 @@ impl Scheduler {
         results
     }
 
-    /// Carries out a submission's effects once its record is stored (`created`); a
-    /// redelivered submission, already recorded, only gets a log line.
+    /// Carries out a submission's effects once its record is stored (`created`) and counts
+    /// it with its outcome; a redelivered submission, already recorded, only gets a log line.
     async fn after_submit(
         &self,
         id: &JobId,
         created: bool,
-        effects: Vec<lifecycle::Effect>,
+        (effects, outcome): (Vec<lifecycle::Effect>, SubmitOutcome),
         identity: &Identity,
     ) {
         if !created {
             tracing::debug!(job = %id, "submission already recorded");
             return;
         }
+        self.metrics.tally().submitted(&identity.name, outcome);
         if let Err(err) = self.carry_out_effects(id, effects, Some(identity)).await {
             tracing::error!(job = %id, "after a submission: {err:#}");
         }

@@ -500,7 +500,15 @@ pub async fn list_nodes(js: &jetstream::Context) -> Result<Vec<NodeHeartbeat>, S
         .filter_map(|m| match serde_json::from_slice(&m.payload) {
             Ok(beat) => Some(beat),
             Err(err) => {
-                tracing::warn!(subject = %m.subject, %err, "ignoring a malformed heartbeat");
+                // Another release's heartbeat is named as such, not called malformed.
+                let protocol = mgpu_protocol::version::peek(&m.payload);
+                let sender = format!("the agent heartbeating on {}", m.subject);
+                match mgpu_protocol::version::incompatibility(&sender, protocol) {
+                    Some(why) => tracing::warn!("node left out: {why}"),
+                    None => {
+                        tracing::warn!(subject = %m.subject, %err, "ignoring a malformed heartbeat")
+                    }
+                }
                 None
             }
         })

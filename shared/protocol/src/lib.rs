@@ -52,6 +52,7 @@ pub mod signing;
 pub mod subjects;
 pub mod submit;
 pub mod terminal;
+pub mod version;
 pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.

@@ -44,6 +44,12 @@ pub struct GpuStatus {
     pub memory_used_mib: u64,
     /// Percent of time a kernel ran over the last sample period.
     pub utilization_pct: u32,
+    /// Core temperature in °C, where NVML reads it (None for declared GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
+    /// Power draw in watts, where NVML reads it (None for declared GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<u32>,
     #[serde(default)]
     pub foreign_processes: Vec<ForeignProcess>,
 }
@@ -62,6 +68,13 @@ impl GpuStatus {
             return Err(InvalidInput::new(format!(
                 "GPU {}: {} MiB total, {} MiB used is not plausible",
                 self.index, self.memory_total_mib, self.memory_used_mib
+            )));
+        }
+        if self.temperature_c.is_some_and(|t| t > 200) || self.power_w.is_some_and(|w| w > 100_000)
+        {
+            return Err(InvalidInput::new(format!(
+                "GPU {}: {:?} °C, {:?} W is not plausible",
+                self.index, self.temperature_c, self.power_w
             )));
         }
         if self.utilization_pct > 100 {
@@ -127,6 +140,10 @@ pub struct NodeHeartbeat {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mem_host_mib: Option<u64>,
     pub agent_version: String,
+    /// The wire protocol the agent speaks (`version::PROTOCOL`); read first, alone, by the
+    /// scheduler, which marks a node of another protocol incompatible.
+    #[serde(default = "crate::version::unversioned")]
+    pub protocol: u32,
     /// A GPU whose memory used by processes mgpu did not start exceeds this share of its
     /// total is not offered.
     #[serde(default = "default_threshold")]

@@ -73,7 +73,10 @@ fn submit_true(cluster: &Cluster) -> Result<String> {
 
 /// The submit loop of scenarios 1 and 3: `count` CLI processes one after another. Returns the
 /// ids, each run's duration in ms, and the loop's wall time.
-fn submit_loop(cluster: &Cluster, count: usize) -> Result<(Vec<String>, Vec<f64>, Duration)> {
+pub(crate) fn submit_loop(
+    cluster: &Cluster,
+    count: usize,
+) -> Result<(Vec<String>, Vec<f64>, Duration)> {
     let mut ids = Vec::with_capacity(count);
     let mut durations = Vec::with_capacity(count);
     let start = Instant::now();
@@ -324,7 +327,10 @@ fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Resu
 
 /// Waits until every job in `ids` succeeded (an error as soon as one did not); returns the
 /// latest `ended_at` among them.
-fn wait_drained(cluster: &Cluster, ids: &HashSet<String>) -> Result<chrono::DateTime<chrono::Utc>> {
+pub(crate) fn wait_drained(
+    cluster: &Cluster,
+    ids: &HashSet<String>,
+) -> Result<chrono::DateTime<chrono::Utc>> {
     wait_until(
         "every drain job to succeed",
         Duration::from_secs(600),

@@ -139,6 +139,8 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
                 memory_total_mib: 81_920,
                 memory_used_mib: 0,
                 utilization_pct: 0,
+                temperature_c: None,
+                power_w: None,
                 foreign_processes: Vec::new(),
             })
             .collect(),
@@ -147,6 +149,7 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
         runs_jobs_as: "nobody".into(),
         containment: None,
         agent_version: "bench".into(),
+        protocol: mgpu_protocol::version::PROTOCOL,
         mem_threshold: mgpu_protocol::node::DEFAULT_THRESHOLD,
         load_threshold: mgpu_protocol::node::DEFAULT_THRESHOLD,
         fence_after_ms: None,

@@ -8,10 +8,13 @@
 //! [`queue`]), `scale` (5, see [`scale`], its simulated nodes in [`fleet`]), `output` (6: job output throughput and line
 //! latency, see [`output`]), `recovery` (7, see [`recovery`]), `history` (8: queue, query
 //! and restart with a large history, see [`history`]), `top` (9: `mgpu top`'s frames of a
-//! 1 000-node cluster, in memory, see [`top`]).
+//! 1 000-node cluster, in memory, see [`top`]), `durability` (10: the drain and the submission
+//! rate with JetStream's `sync_interval: always` and with nats-server's default, see
+//! [`durability`]).
 
 mod cli;
 mod common;
+mod durability;
 mod fleet;
 mod history;
 mod output;
@@ -30,7 +33,14 @@ use common::{Run, progress};
 
 /// The scenario groups, in the order a full run takes them.
 const GROUPS: &[&str] = &[
-    "cli", "queue", "scale", "output", "recovery", "history", "top",
+    "cli",
+    "queue",
+    "scale",
+    "output",
+    "recovery",
+    "history",
+    "top",
+    "durability",
 ];
 
 fn main() -> Result<()> {
@@ -76,6 +86,7 @@ fn main() -> Result<()> {
             "recovery" => recovery::run(&ctx)?,
             "history" => history::run(&ctx)?,
             "top" => top::run(&ctx)?,
+            "durability" => durability::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }

@@ -159,6 +159,8 @@ fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHear
                     memory_total_mib: 81_920,
                     memory_used_mib: u64::from(load) * 800,
                     utilization_pct: load,
+                    temperature_c: None,
+                    power_w: None,
                     foreign_processes: vec![],
                 }
             })
@@ -171,6 +173,7 @@ fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHear
         cpus: Some(64),
         mem_host_mib: Some(512 * 1024),
         agent_version: "0".into(),
+        protocol: mgpu_protocol::version::PROTOCOL,
         mem_threshold: 0.8,
         load_threshold: 0.8,
         fence_after_ms: None,

@@ -135,15 +135,20 @@ fn details(node: &NodeHeartbeat, row: &NodeRow, view: &View<'_>) -> String {
         text.push_str(&format!("  drained by {}{running}\n", mark_text(mark)));
     }
     text.push_str(&format!(
-        "  address {}  runs jobs as {}  agent {}\n",
+        "  address {}  runs jobs as {}  agent {} (protocol {})\n",
         node.address,
         if node.runs_jobs_as == mgpu_protocol::node::RUNS_AS_OWNER {
             "each job's owner"
         } else {
             node.runs_jobs_as.as_str()
         },
-        node.agent_version
+        node.agent_version,
+        node.protocol,
     ));
+    let sender = format!("its agent {}", node.agent_version);
+    if let Some(why) = mgpu_protocol::version::incompatibility(&sender, node.protocol) {
+        text.push_str(&format!("  incompatible, gets no jobs: {why}\n"));
+    }
     if let Some(containment) = &node.containment {
         text.push_str(&format!("  containment: {containment}\n"));
     }
@@ -172,22 +177,41 @@ fn details(node: &NodeHeartbeat, row: &NodeRow, view: &View<'_>) -> String {
     text
 }
 
-/// The node's GPUs, one row each, with the admins' pauses.
+/// The node's GPUs, one row each, with the admins' pauses; their temperature and power
+/// draw where NVML reads them (a node whose GPUs report neither has no such columns).
 fn gpu_table(node: &NodeHeartbeat, admin: &NodeAdmin) -> String {
     // NVML reads the GPUs; otherwise the operator declared them.
     let origin = match node.gpu_source {
         GpuSource::Nvml => "detected",
         GpuSource::Declared => "declared",
     };
-    let mut table = Table::new([
-        "GPU",
-        "NAME",
-        "MEM (MiB)",
-        "UTIL",
-        "FOREIGN",
-        "SOURCE",
-        "ADMIN",
-    ])
+    let sensors = node
+        .gpus
+        .iter()
+        .any(|gpu| gpu.temperature_c.is_some() || gpu.power_w.is_some());
+    let mut table = if sensors {
+        Table::new([
+            "GPU",
+            "NAME",
+            "MEM (MiB)",
+            "UTIL",
+            "TEMP",
+            "POWER",
+            "FOREIGN",
+            "SOURCE",
+            "ADMIN",
+        ])
+    } else {
+        Table::new([
+            "GPU",
+            "NAME",
+            "MEM (MiB)",
+            "UTIL",
+            "FOREIGN",
+            "SOURCE",
+            "ADMIN",
+        ])
+    }
     .indent(2);
     for gpu in &node.gpus {
         let paused = admin
@@ -195,17 +219,29 @@ fn gpu_table(node: &NodeHeartbeat, admin: &NodeAdmin) -> String {
             .get(&gpu.index)
             .map(|mark| format!("paused by {}", mark_text(mark)))
             .unwrap_or_default();
-        table.row(vec![
+        let mut cells = vec![
             gpu.index.to_string(),
             gpu.name.clone(),
             human::mib_pair(gpu.memory_used_mib, gpu.memory_total_mib),
             format!("{}%", gpu.utilization_pct),
+        ];
+        if sensors {
+            cells.push(reading(gpu.temperature_c, "°C"));
+            cells.push(reading(gpu.power_w, "W"));
+        }
+        cells.extend([
             gpu.foreign_processes.len().to_string(),
             origin.to_owned(),
             paused,
         ]);
+        table.row(cells);
     }
     table.render()
+}
+
+/// `67°C`, `250W`; `-` where the GPU gave no reading.
+fn reading(value: Option<u32>, unit: &str) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v}{unit}"))
 }
 
 #[cfg(test)]
@@ -228,6 +264,8 @@ mod tests {
                 memory_total_mib: 24_576,
                 memory_used_mib: 100,
                 utilization_pct: 7,
+                temperature_c: None,
+                power_w: None,
                 foreign_processes: vec![ForeignProcess {
                     pid: 9,
                     used_mib: 100,
@@ -238,6 +276,7 @@ mod tests {
             runs_jobs_as: "mgpu".into(),
             containment: None,
             agent_version: "0.1.0".into(),
+            protocol: mgpu_protocol::version::PROTOCOL,
             mem_threshold: DEFAULT_THRESHOLD,
             load_threshold: DEFAULT_THRESHOLD,
             labels: Default::default(),
@@ -295,6 +334,54 @@ mod tests {
         assert_eq!(json["state"], "drained");
         assert_eq!(json["admin"]["drained"]["by"], "root");
         assert_eq!(json["admin"]["paused_gpus"]["0"]["reason"], "fan noise");
+    }
+
+    #[test]
+    fn gpus_show_their_temperature_and_power_where_nvml_reads_them() {
+        let now = mgpu_protocol::now();
+        let mut node = heartbeat(now);
+        node.gpu_source = GpuSource::Nvml;
+        node.gpu_note = None;
+        node.gpus[0].temperature_c = Some(67);
+        node.gpus[0].power_w = Some(250);
+        let mut second = node.gpus[0].clone();
+        second.index = 1;
+        second.foreign_processes.clear();
+        // NVML may read one and not the other.
+        (second.temperature_c, second.power_w) = (Some(41), None);
+        node.gpus.push(second);
+        let view = View {
+            now,
+            jobs: &[],
+            admin: NodeAdmin::default(),
+            missed_heartbeats: 3,
+        };
+        let text = render(&node, &view);
+        assert!(
+            text.contains(
+                "  GPU  NAME        MEM (MiB)  UTIL  TEMP  POWER  FOREIGN  SOURCE    ADMIN\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  0    Fake 24GiB  100/24576  7%    67°C  250W   1        detected\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  1    Fake 24GiB  100/24576  7%    41°C  -      0        detected\n"),
+            "{text}"
+        );
+        // `--json` carries them as read, and leaves out what was not.
+        let json = json_value(&node, &view).unwrap_or_default();
+        assert_eq!(json["gpus"][0]["temperature_c"], 67);
+        assert_eq!(json["gpus"][0]["power_w"], 250);
+        assert_eq!(json["gpus"][1]["temperature_c"], 41);
+        assert!(json["gpus"][1].get("power_w").is_none(), "{json}");
+        // Declared GPUs report neither: no such columns, nothing in the JSON.
+        let text = render(&heartbeat(now), &view);
+        assert!(!text.contains("TEMP") && !text.contains("POWER"), "{text}");
+        let json = json_value(&heartbeat(now), &view).unwrap_or_default();
+        assert!(json["gpus"][0].get("temperature_c").is_none(), "{json}");
     }
 
     #[test]

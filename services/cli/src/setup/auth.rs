@@ -270,6 +270,24 @@ fn stream_reader_subjects(stream: &str) -> [String; 8] {
     ]
 }
 
+/// JetStream's `sync_interval` in every configuration mgpu writes: `always` makes the server
+/// write each message to disk (fsync) before it acknowledges it. nats-server's default flushes
+/// every two minutes, and Jepsen's analysis of NATS 2.12.1 (2025) showed that an OS crash or a
+/// power failure then loses writes that were acknowledged: a submission `mgpu submit` reported
+/// stored, a job's record. A single server (most labs) has no replica to recover them from.
+/// What it costs, and how to relax it, is in docs/operations.md ("Durability"); the test
+/// harness removes this line to measure the default.
+pub const SYNC_INTERVAL_LINE: &str = "  sync_interval: always\n";
+
+/// The `jetstream` block of a server configuration: its store directory, and
+/// [`SYNC_INTERVAL_LINE`].
+pub fn render_jetstream_block(store_dir: &Path) -> String {
+    format!(
+        "jetstream {{\n  store_dir: {store}\n{SYNC_INTERVAL_LINE}}}\n",
+        store = json!(store_dir.display().to_string()),
+    )
+}
+
 /// A complete single-server nats-server configuration that includes `auth.conf`; with `tls`,
 /// clients must connect with TLS.
 pub fn render_server_conf(
@@ -280,12 +298,12 @@ pub fn render_server_conf(
 ) -> String {
     format!(
         "# Written by mgpu.\nserver_name: {name}\nlisten: \"127.0.0.1:{port}\"\n{tls}\
-         jetstream {{\n  store_dir: {store}\n}}\ninclude \"{auth}\"\n",
+         {jetstream}include \"{auth}\"\n",
         name = json!(server_name),
         tls = tls
             .map(|files| render_tls_block(files, "", false))
             .unwrap_or_default(),
-        store = json!(store_dir.display().to_string()),
+        jetstream = render_jetstream_block(store_dir),
         auth = AUTH_CONF_FILE,
     )
 }
@@ -373,7 +391,7 @@ pub fn render_cluster_server_conf(
     Some(format!(
         "# Written by mgpu: server {n} of {total} of cluster {cluster}.\n\
          server_name: {name}\nlisten: \"127.0.0.1:{port}\"\n{client_tls}\
-         jetstream {{\n  store_dir: {store}\n}}\n\
+         {jetstream}\
          cluster {{\n  name: {cluster}\n  listen: \"127.0.0.1:{cluster_port}\"\n{route_tls}  routes: [\n{routes}  ]\n}}\n\
          include \"{auth}\"\n",
         n = index + 1,
@@ -381,7 +399,7 @@ pub fn render_cluster_server_conf(
         cluster = json!(cluster_name),
         name = json!(me.name),
         port = me.client_port,
-        store = json!(me.store_dir.display().to_string()),
+        jetstream = render_jetstream_block(&me.store_dir),
         cluster_port = me.cluster_port,
         client_tls = tls
             .map(|files| render_tls_block(files, "", false))
@@ -488,6 +506,21 @@ mod tests {
         );
         assert_eq!(cluster_conf_file_name(0), "server.conf");
         assert_eq!(cluster_conf_file_name(2), "server-3.conf");
+    }
+
+    #[test]
+    fn every_server_syncs_each_write_to_disk() {
+        let single = render_server_conf(4222, Path::new("/srv/js"), "mgpu", None);
+        assert!(
+            single.contains("jetstream {\n  store_dir: \"/srv/js\"\n  sync_interval: always\n}\n"),
+            "{single}"
+        );
+        let members = local_cluster(3, 4222, 6222, Path::new("/srv/js"), "mgpu");
+        for index in 0..3 {
+            let conf =
+                render_cluster_server_conf(CLUSTER_NAME, &members, index, None).unwrap_or_default();
+            assert_eq!(conf.matches(SYNC_INTERVAL_LINE).count(), 1, "{conf}");
+        }
     }
 
     #[test]

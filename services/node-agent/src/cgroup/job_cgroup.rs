@@ -1,5 +1,6 @@
 //! One attempt's cgroup once made: the `cgroup.procs` files its guard joins, killing
-//! everything in it, and what it used (read after the kill, before it is removed).
+//! everything in it, what it uses while it runs (for the metrics), and what it used (read
+//! after the kill, before it is removed).
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -33,7 +34,50 @@ pub struct Emptied {
     pub out_of_memory: bool,
 }
 
+/// What a running job's cgroup says it uses now; None where its hierarchy lacks the
+/// controller (no memory controller on this v1 host, say).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LiveUsage {
+    /// CPU time used so far, every process of the job together.
+    pub cpu_seconds: Option<f64>,
+    /// Host memory it uses now (page cache included, as the limit counts it).
+    pub memory_bytes: Option<u64>,
+}
+
 impl JobCgroup {
+    /// What the job uses now: cheap reads of a couple of small files.
+    pub fn live_usage(&self) -> LiveUsage {
+        let current = if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        };
+        LiveUsage {
+            cpu_seconds: self.cpu_time().map(|time| time.as_secs_f64()),
+            memory_bytes: self
+                .memory
+                .as_deref()
+                .and_then(|dir| std::fs::read_to_string(dir.join(current)).ok())
+                .and_then(|text| text.trim().parse().ok()),
+        }
+    }
+
+    /// CPU time used so far: `cpu.stat` (µs) on v2, `cpuacct.usage` (ns) on v1.
+    fn cpu_time(&self) -> Option<Duration> {
+        let read = |dir: &Path, file: &str| std::fs::read_to_string(dir.join(file)).ok();
+        if self.v2 {
+            read(&self.dir, "cpu.stat")
+                .and_then(|text| keyed_value(&text, "usage_usec"))
+                .map(Duration::from_micros)
+        } else {
+            self.cpuacct
+                .as_deref()
+                .and_then(|dir| read(dir, "cpuacct.usage"))
+                .and_then(|text| text.trim().parse::<u64>().ok())
+                .map(Duration::from_nanos)
+        }
+    }
+
     /// The `cgroup.procs` files a process writes `0` to, to move itself in (one per
     /// hierarchy on v1).
     pub fn procs_files(&self) -> Vec<PathBuf> {
@@ -147,17 +191,9 @@ impl JobCgroup {
                 memory.and_then(|dir| read(dir, "memory.oom_control")),
             )
         };
-        let cpu_time_ms = if self.v2 {
-            read(&self.dir, "cpu.stat")
-                .and_then(|text| keyed_value(&text, "usage_usec"))
-                .map(|usec| usec / 1000)
-        } else {
-            self.cpuacct
-                .as_deref()
-                .and_then(|dir| read(dir, "cpuacct.usage"))
-                .and_then(|text| text.trim().parse::<u64>().ok())
-                .map(|ns| ns / 1_000_000)
-        };
+        let cpu_time_ms = self
+            .cpu_time()
+            .map(|time| u64::try_from(time.as_millis()).unwrap_or(u64::MAX));
         Emptied {
             usage: JobUsage {
                 peak_mem_host_bytes: peak.and_then(|text| text.trim().parse().ok()),
@@ -246,5 +282,41 @@ mod tests {
         assert_eq!(measured.usage.peak_mem_host_bytes, Some(1_048_576));
         assert_eq!(measured.usage.cpu_time_ms, Some(1500));
         assert!(!measured.out_of_memory);
+    }
+
+    #[test]
+    fn a_running_job_s_usage_is_read_where_each_version_keeps_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, text: &str| {
+            std::fs::write(dir.path().join(name), text).unwrap_or_else(|e| panic!("{e}"))
+        };
+        write("memory.current", "52428800\n");
+        write("cpu.stat", "usage_usec 1250000\nuser_usec 1000000\n");
+        write("memory.usage_in_bytes", "4096\n");
+        write("cpuacct.usage", "2000000000\n");
+        let v2 = JobCgroup {
+            dir: dir.path().to_owned(),
+            v2: true,
+            v1_others: Vec::new(),
+            memory: Some(dir.path().to_owned()),
+            cpuacct: None,
+        };
+        let usage = v2.live_usage();
+        assert_eq!(usage.memory_bytes, Some(52_428_800));
+        assert_eq!(usage.cpu_seconds, Some(1.25));
+        let v1 = JobCgroup {
+            v2: false,
+            cpuacct: Some(dir.path().to_owned()),
+            ..v2.clone()
+        };
+        let usage = v1.live_usage();
+        assert_eq!(usage.memory_bytes, Some(4096));
+        assert_eq!(usage.cpu_seconds, Some(2.0));
+        let bare = JobCgroup {
+            memory: None,
+            cpuacct: None,
+            ..v1
+        };
+        assert_eq!(bare.live_usage(), LiveUsage::default());
     }
 }

@@ -22,7 +22,7 @@ mod v2;
 
 use std::path::{Path, PathBuf};
 
-pub use job_cgroup::{Emptied, JobCgroup};
+pub use job_cgroup::{Emptied, JobCgroup, LiveUsage};
 use v1::V1;
 use v2::V2;
 

@@ -13,6 +13,7 @@ mod list;
 mod registry;
 mod remove;
 mod setup;
+mod site;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,6 +58,10 @@ pub enum AdminCommand {
     Audit(audit::AuditArgs),
     /// Create mgpu's JetStream streams and buckets (needs admin credentials).
     Setup(setup::SetupArgs),
+    /// Write a whole site (servers, schedulers, GPU hosts, users) from one description into
+    /// a directory per host, ready to copy. Safe to run again: existing keys are kept and
+    /// only files that differ are written.
+    Site(site::SiteArgs),
 }
 
 pub async fn run(connection: &ConnectionArgs, args: &AdminArgs) -> Result<ExitCode> {
@@ -69,6 +74,7 @@ pub async fn run(connection: &ConnectionArgs, args: &AdminArgs) -> Result<ExitCo
         AdminCommand::Remove(remove_args) => remove::run(connection, dir, remove_args).await?,
         AdminCommand::Audit(audit_args) => audit::run(connection, audit_args).await?,
         AdminCommand::Setup(setup_args) => setup::run(connection, setup_args).await?,
+        AdminCommand::Site(site_args) => site::run(site_args)?,
     }
     Ok(ExitCode::SUCCESS)
 }

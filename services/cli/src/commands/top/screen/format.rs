@@ -1,4 +1,5 @@
-//! How `mgpu top` writes numbers for people: bars, memory sizes, waiting times, GPU lists.
+//! How `mgpu top` writes numbers for people: bars, memory sizes, temperatures and power,
+//! waiting times, GPU lists.
 //! Bars are ASCII (`[|||   ]`) so they read the same on any terminal and in a captured screen.
 
 use std::time::Duration;
@@ -37,6 +38,16 @@ pub fn count(n: usize, thing: &str) -> String {
 /// MiB as GiB with one decimal: `23.6`.
 pub fn gib(mib: u64) -> String {
     format!("{:.1}", mib as f64 / 1024.0)
+}
+
+/// A GPU's temperature as `67°C`; `-` where none was read (declared GPUs).
+pub fn celsius(temperature_c: Option<u32>) -> String {
+    temperature_c.map_or_else(|| "-".to_owned(), |t| format!("{t}°C"))
+}
+
+/// A GPU's power draw as `250W`; `-` where none was read (declared GPUs).
+pub fn watts(power_w: Option<u32>) -> String {
+    power_w.map_or_else(|| "-".to_owned(), |w| format!("{w}W"))
 }
 
 /// Time from `then` to `now` as `4m05s`; zero when the clocks disagree about the order.
@@ -86,6 +97,10 @@ mod tests {
         assert_eq!(indices([0, 2, 3].into_iter()), "0,2,3");
         assert_eq!(count(1, "node"), "1 node");
         assert_eq!(count(0, "GPU"), "0 GPUs");
+        assert_eq!(celsius(Some(67)), "67°C");
+        assert_eq!(celsius(None), "-");
+        assert_eq!(watts(Some(250)), "250W");
+        assert_eq!(watts(None), "-");
         let now = mgpu_protocol::now();
         assert_eq!(since(now - chrono::Duration::seconds(65), now), "1m05s");
         assert_eq!(since(now + chrono::Duration::seconds(5), now), "0s");

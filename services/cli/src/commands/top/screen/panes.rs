@@ -1,9 +1,12 @@
 //! The two panes, drawn line by line: the nodes pane (a line per GPU: its utilisation and
-//! memory, the job holding it and whose it is, paused and drained marks) and the queue
+//! memory, its temperature and power where NVML reads them, the job holding it and whose it
+//! is, paused and drained marks) and the queue
 //! (running jobs, then waiting ones with their effective priority and why they wait).
 //! The user's own jobs carry a `*` and a colour; the selected line a `>`.
 
+use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::node::GpuStatus;
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
@@ -49,9 +52,58 @@ fn filter_note(model: &Model) -> String {
 }
 
 /// Column widths of the nodes pane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct NodeColumns {
     name: u16,
     bar: u16,
+    /// The `TEMP` and `POWER` columns are drawn.
+    sensors: bool,
+}
+
+/// Width of the `TEMP` (`100°C`) and `POWER` (`1000W`) columns each.
+const SENSOR: u16 = 5;
+
+/// Columns left for the notes before the temperature and power columns give way.
+const NOTE_ROOM: u16 = 12;
+
+impl NodeColumns {
+    /// The columns for a pane `width` wide: wide bars from 120 columns; temperature and power
+    /// when some GPU reports them (`reported`) and the line still leaves [`NOTE_ROOM`] for
+    /// notes, with narrow bars if that is what makes them fit; without them otherwise, so a
+    /// narrow terminal shows the same columns as for GPUs that report neither.
+    fn fit(width: u16, name: u16, reported: bool) -> NodeColumns {
+        let bar = if width >= 120 { 12 } else { 7 };
+        let plain = NodeColumns {
+            name,
+            bar,
+            sensors: false,
+        };
+        if !reported {
+            return plain;
+        }
+        [bar, 7]
+            .into_iter()
+            .map(|bar| NodeColumns {
+                name,
+                bar,
+                sensors: true,
+            })
+            .find(|columns| columns.note_x().saturating_add(NOTE_ROOM) <= width)
+            .unwrap_or(plain)
+    }
+
+    /// Where the notes start: the widths of the columns before them, each and its gap.
+    fn note_x(&self) -> u16 {
+        let fixed: u16 = [1, self.name, 8, 3, 14, self.bar + 5, self.bar + 12, 10, 10]
+            .iter()
+            .map(|width| width + 1)
+            .sum();
+        if self.sensors {
+            fixed + 2 * (SENSOR + 1)
+        } else {
+            fixed
+        }
+    }
 }
 
 pub(super) fn nodes(model: &Model, area: Rect, buf: &mut Buffer) {
@@ -69,10 +121,8 @@ pub(super) fn nodes(model: &Model, area: Rect, buf: &mut Buffer) {
     title(area, &text, focused, buf);
     // Wide enough for the longest name (node names are short, but some sites use FQDNs).
     let longest = model.data.nodes.iter().map(|n| n.node.len()).max();
-    let columns = NodeColumns {
-        name: u16::try_from(longest.unwrap_or(4).clamp(4, 24)).unwrap_or(24),
-        bar: if area.width >= 120 { 12 } else { 7 },
-    };
+    let name = u16::try_from(longest.unwrap_or(4).clamp(4, 24)).unwrap_or(24);
+    let columns = NodeColumns::fit(area.width, name, rows.sensors);
     let mut head = LineWriter {
         buf: &mut *buf,
         x: area.x,
@@ -87,6 +137,10 @@ pub(super) fn nodes(model: &Model, area: Rect, buf: &mut Buffer) {
     head.cell("MODEL", 14, bold);
     head.cell("UTIL", columns.bar + 5, bold);
     head.cell("MEMORY (GiB)", columns.bar + 12, bold);
+    if columns.sensors {
+        head.number("TEMP", SENSOR, bold);
+        head.number("POWER", SENSOR, bold);
+    }
     head.cell("JOB", 10, bold);
     head.cell("USER", 10, bold);
     head.rest("NOTE", bold);
@@ -174,6 +228,10 @@ fn gpu_line(
         format::gib(gpu.memory_total_mib)
     );
     out.cell(&memory, columns.bar + 12, base);
+    if columns.sensors {
+        out.number(&format::celsius(gpu.temperature_c), SENSOR, base);
+        out.number(&format::watts(gpu.power_w), SENSOR, base);
+    }
     let job = line.job.and_then(|at| model.data.jobs.get(at));
     let job_style = match job {
         Some(job) if is_mine(&model.me, job) => mine_style(),
@@ -181,6 +239,18 @@ fn gpu_line(
     };
     out.cell(job.map_or("-", |j| j.id.short()), 10, job_style);
     out.cell(job.map_or("", |j| j.user.as_str()), 10, job_style);
+    let notes = notes(line, gpu, state, node.sent_at, model.now);
+    out.rest(&notes, Style::default().fg(Color::Yellow));
+}
+
+/// A GPU line's notes: `paused`, `+N sharing`, `… GiB not mgpu's`, `silent for …`.
+fn notes(
+    line: &GpuLine,
+    gpu: &GpuStatus,
+    state: NodeState,
+    sent_at: Timestamp,
+    now: Timestamp,
+) -> String {
     let mut notes = Vec::new();
     if line.paused {
         notes.push("paused".to_owned());
@@ -193,12 +263,9 @@ fn gpu_line(
         notes.push(format!("{} GiB not mgpu's", format::gib(foreign)));
     }
     if line.first && state == NodeState::Offline {
-        notes.push(format!(
-            "silent for {}",
-            format::since(node.sent_at, model.now)
-        ));
+        notes.push(format!("silent for {}", format::since(sent_at, now)));
     }
-    out.rest(&notes.join(", "), Style::default().fg(Color::Yellow));
+    notes.join(", ")
 }
 
 pub(super) fn jobs(model: &Model, area: Rect, buf: &mut Buffer) {
@@ -329,4 +396,118 @@ fn job_line(
         _ => style,
     };
     out.rest(&reason, reason_style);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::top::model::Input;
+    use crate::top::test_data::{alice, heartbeat, nvml_heartbeat};
+    use crate::top::view::{render, to_text};
+    use mgpu_protocol::node::NodeHeartbeat;
+
+    /// The screen of `width`×20 columns after these heartbeats, as text.
+    fn frame(beats: &[NodeHeartbeat], width: u16, now: Timestamp) -> String {
+        let mut model = Model::new(alice(), now, (width, 20));
+        for beat in beats {
+            model.update(Input::heartbeat(beat.clone()));
+        }
+        model.settle();
+        let area = Rect::new(0, 0, width, 20);
+        let mut buf = Buffer::empty(area);
+        render(&model, area, &mut buf);
+        to_text(&buf)
+    }
+
+    /// The GPU lines of model `model_name` with index `index` (node names show once).
+    fn gpu_row<'a>(text: &'a str, model_name: &str, index: u32) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| l.contains(model_name) && l.contains("/24.0"))
+            .filter(|l| l.split_whitespace().any(|w| w == index.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn gpus_show_their_temperature_and_power_where_nvml_reads_them() {
+        let mut declared = heartbeat("node002", 1);
+        declared.gpus[0].name = "L4".into();
+        let now = mgpu_protocol::now();
+        let text = frame(&[nvml_heartbeat("node001", 2), declared], 120, now);
+        let head = text
+            .lines()
+            .find(|l| l.contains("NODE"))
+            .unwrap_or_default();
+        assert!(head.contains(" TEMP POWER JOB "), "{text}");
+        // Right-aligned under their headings, in the column the heading ends in.
+        let end_of = |line: &str, word: &str| {
+            line.find(word)
+                .map(|at| line[..at + word.len()].chars().count())
+        };
+        let gpu1 = gpu_row(&text, "A100", 1);
+        assert_eq!(gpu1.len(), 1, "{text}");
+        assert!(gpu1[0].contains(" 61°C  260W "), "{text}");
+        assert_eq!(end_of(gpu1[0], "°C"), end_of(head, "TEMP"), "{text}");
+        assert_eq!(end_of(gpu1[0], "260W"), end_of(head, "POWER"), "{text}");
+        // A GPU that reports neither shows a dash in each.
+        let l4 = gpu_row(&text, "L4", 0);
+        assert_eq!(l4.len(), 1, "{text}");
+        let dashes: Vec<usize> = l4[0]
+            .char_indices()
+            .filter(|(_, c)| *c == '-')
+            .map(|(at, _)| l4[0][..=at].chars().count())
+            .collect();
+        assert!(
+            dashes.contains(&end_of(head, "TEMP").unwrap_or(0)),
+            "{text}"
+        );
+        assert!(
+            dashes.contains(&end_of(head, "POWER").unwrap_or(0)),
+            "{text}"
+        );
+        // The notes still have their room: the heading is on screen.
+        assert!(head.ends_with("NOTE"), "{text}");
+    }
+
+    #[test]
+    fn without_readings_or_room_the_nodes_pane_is_as_before() {
+        let now = mgpu_protocol::now();
+        let declared = frame(&[heartbeat("node001", 2)], 120, now);
+        assert!(
+            !declared.contains("TEMP") && !declared.contains("°C"),
+            "{declared}"
+        );
+        // Too narrow for them: the same frame as for GPUs that report neither.
+        for width in [80, 100, 116] {
+            let nvml = frame(&[nvml_heartbeat("node001", 2)], width, now);
+            assert!(!nvml.contains("TEMP"), "{nvml}");
+            assert_eq!(nvml, frame(&[heartbeat("node001", 2)], width, now));
+        }
+        // Wide enough for the wide bars as well.
+        let wide = frame(&[nvml_heartbeat("node001", 2)], 140, now);
+        assert!(
+            wide.contains("TEMP POWER") && wide.contains("[|         ]"),
+            "{wide}"
+        );
+    }
+
+    #[test]
+    fn temperature_and_power_fit_where_the_notes_keep_their_room() {
+        let fit = NodeColumns::fit;
+        let columns = |bar, sensors| NodeColumns {
+            name: 7,
+            bar,
+            sensors,
+        };
+        assert_eq!(fit(120, 7, false), columns(12, false));
+        assert_eq!(fit(100, 7, false), columns(7, false));
+        // At 120 the bars narrow to make room; from 127 both fit.
+        assert_eq!(fit(120, 7, true), columns(7, true));
+        assert_eq!(fit(126, 7, true), columns(7, true));
+        assert_eq!(fit(127, 7, true), columns(12, true));
+        assert_eq!(fit(116, 7, true), columns(7, false));
+        // A long node name leaves no room at 120.
+        assert!(!fit(120, 24, true).sensors);
+        assert_eq!(columns(7, true).note_x() + NOTE_ROOM, 117);
+        assert_eq!(columns(12, false).note_x(), 103);
+    }
 }

@@ -100,6 +100,9 @@ pub struct Rows {
     /// Each node's state, by index into [`Data::nodes`].
     pub node_states: Vec<NodeState>,
     pub summary: Summary,
+    /// Some GPU, shown or not, reports its temperature or power (NVML reads them; declared
+    /// GPUs have neither): the nodes pane makes room for them.
+    pub sensors: bool,
 }
 
 /// Whose a job is: signed with the user's key, or (records from before requests were signed)
@@ -132,11 +135,17 @@ pub fn derive(data: &Data, filter: &Filter, me: &Me, now: Timestamp) -> Rows {
         .filter(|s| **s != NodeState::Offline)
         .count();
     let gpus = gpu_lines(data, filter, &holders, &node_states, &mut summary);
+    let sensors = data
+        .nodes
+        .iter()
+        .flat_map(|beat| &beat.gpus)
+        .any(|gpu| gpu.temperature_c.is_some() || gpu.power_w.is_some());
     Rows {
         gpus,
         jobs,
         node_states,
         summary,
+        sensors,
     }
 }
 
@@ -382,7 +391,7 @@ fn job_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::test_data::{alice, heartbeat, held, job, queued, running};
+    use crate::top::test_data::{alice, heartbeat, held, job, nvml_heartbeat, queued, running};
     use mgpu_protocol::node::{AdminMark, NodeAdmin};
 
     fn names(data: &Data, rows: &Rows) -> Vec<String> {
@@ -507,5 +516,23 @@ mod tests {
         assert_eq!(rows.node_states, [NodeState::Offline]);
         assert_eq!(rows.summary.gpus.offline, 1);
         assert_eq!(rows.summary.nodes_online, 0);
+    }
+
+    #[test]
+    fn temperature_and_power_get_room_once_any_gpu_reports_them() {
+        let mut data = Data::default();
+        data.put_heartbeat(heartbeat("n1", 2));
+        let rows = derive(&data, &Filter::default(), &alice(), mgpu_protocol::now());
+        assert!(!rows.sensors, "declared GPUs report neither");
+        data.put_heartbeat(nvml_heartbeat("n2", 1));
+        // Even while the filter hides the GPU that reports them: the columns stay put.
+        let rows = derive(
+            &data,
+            &Filter::parse("node:n1"),
+            &alice(),
+            mgpu_protocol::now(),
+        );
+        assert!(rows.sensors);
+        assert_eq!(rows.gpus.len(), 2);
     }
 }

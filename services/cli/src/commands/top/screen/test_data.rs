@@ -87,6 +87,8 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
                 memory_total_mib: 24_576,
                 memory_used_mib: 1_024 * u64::from(index),
                 utilization_pct: 10 * index,
+                temperature_c: None,
+                power_w: None,
                 foreign_processes: vec![],
             })
             .collect(),
@@ -95,6 +97,7 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         runs_jobs_as: "mgpu".into(),
         containment: None,
         agent_version: "0".into(),
+        protocol: mgpu_protocol::version::PROTOCOL,
         mem_threshold: DEFAULT_THRESHOLD,
         load_threshold: DEFAULT_THRESHOLD,
         labels: Default::default(),
@@ -104,4 +107,15 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         cpus: None,
         mem_host_mib: None,
     }
+}
+
+/// [`heartbeat`] as NVML reports it: GPU `i` also at `60 + i` °C drawing `250 + 10 × i` W.
+pub fn nvml_heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
+    let mut beat = heartbeat(node, gpus);
+    beat.gpu_source = GpuSource::Nvml;
+    for gpu in &mut beat.gpus {
+        gpu.temperature_c = Some(60 + gpu.index);
+        gpu.power_w = Some(250 + 10 * gpu.index);
+    }
+    beat
 }
