@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Debian packages of mgpu from the workspace: mgpu (the CLI), mgpu-scheduler and
-# mgpu-node (the agent with mgpu-job-guard), each staged under target/debian/stage/ from the
+# mgpu-node (the agent with mgpu-job-guard), each staged in OUT/stage/ from the
 # release binaries and packaging/, then packed with dpkg-deb.
 #
 #   scripts/package.sh [--bin-dir DIR] [--out DIR] [--fast]

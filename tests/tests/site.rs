@@ -1,8 +1,9 @@
-//! A whole site written by `mgpu admin site` from one description, then run: one head (its
-//! nats-server and the scheduler), two GPU hosts and two users. Every process starts from the
-//! files written for its host, as they would be copied there, with only what puts several
-//! hosts on one machine changed: `/etc/mgpu/` becomes that host's directory in the output,
-//! the agents' state directories are temporary, and the server listens on 127.0.0.1 only.
+//! A whole site written by `mgpu admin site` from one description, then run, once without TLS
+//! and once with: one head (its nats-server and the scheduler), two GPU hosts and two users.
+//! Every process starts from the files written for its host, as they would be copied there,
+//! with only what puts several hosts on one machine changed: `/etc/mgpu/` becomes that host's
+//! directory in the output, the agents' state directories are temporary, the server listens on
+//! 127.0.0.1 only, and the agents run jobs as their own account (the users have none here).
 //! Each user submits a job from their own home directory, set up as the user's `mgpu.env`
 //! says, and both run. Then a user is added to the description: running it again writes only
 //! that user's files and those naming every principal, keeps every existing key, and the new
@@ -19,10 +20,10 @@ use mgpu_tests::{bin_dir, nats_server_bin, wait_for};
 /// The site's head: its host name is an address here, so the URLs written for it work.
 const HEAD: &str = "127.0.0.1";
 
-fn site_toml(port: u16, jetstream: &Path, users: &[&str]) -> String {
+fn site_toml(tls: bool, port: u16, jetstream: &Path, users: &[&str]) -> String {
     let users: Vec<String> = users.iter().map(|u| format!("{u:?}")).collect();
     format!(
-        "tls = false\nusers = [{users}]\nadmins = [\"root-admin\"]\n\n\
+        "tls = {tls}\nusers = [{users}]\nadmins = [\"root-admin\"]\n\n\
          [[server]]\nname = \"mgpu-site\"\nhost = \"{HEAD}\"\nport = {port}\nstore_dir = {store:?}\n\n\
          [[node]]\nname = \"gpu01\"\ngpus = \"1x24GiB\"\n\n\
          [[node]]\nname = \"gpu02\"\nhost = \"gpu02.lab\"\ngpus = \"1x24GiB\"\n",
@@ -87,8 +88,8 @@ fn localized(out: &Path, host: &str, file: &str, run: &Path, state: &Path) -> Pa
     path
 }
 
-/// The head's server configuration listening on loopback only, beside the generated one
-/// (nats-server finds `auth.conf` relative to it).
+/// The head's server configuration listening on loopback only, its TLS files where they
+/// are in the output, beside the generated one (nats-server finds `auth.conf` relative to it).
 fn loopback_server_conf(out: &Path) -> PathBuf {
     let etc = out.join(HEAD).join("etc/mgpu");
     let conf =
@@ -97,7 +98,8 @@ fn loopback_server_conf(out: &Path) -> PathBuf {
     let path = etc.join("nats-server.loopback.conf");
     std::fs::write(
         &path,
-        conf.replace("listen: \"0.0.0.0:", "listen: \"127.0.0.1:"),
+        conf.replace("listen: \"0.0.0.0:", "listen: \"127.0.0.1:")
+            .replace("\"/etc/mgpu/", &format!("\"{}/", etc.display())),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     path
@@ -106,11 +108,16 @@ fn loopback_server_conf(out: &Path) -> PathBuf {
 /// `mgpu ARGS` as `user` would run it on a host of the site: HOME set up as their
 /// `mgpu.env` says (their key in ~/.config/mgpu/), then that file sourced.
 fn mgpu_as(out: &Path, home: &Path, user: &str, args: &[&str]) -> Command {
-    let key = home.join(".config/mgpu/mgpu.nk");
-    if !key.exists() {
-        std::fs::create_dir_all(home.join(".config/mgpu")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::copy(out.join("users").join(user).join("mgpu.nk"), &key)
-            .unwrap_or_else(|e| panic!("{e}"));
+    let config = home.join(".config/mgpu");
+    if !config.exists() {
+        std::fs::create_dir_all(&config).unwrap_or_else(|e| panic!("{e}"));
+        // Everything handed to the user: the key, and with TLS the CA.
+        for file in ["mgpu.nk", "ca.pem"] {
+            let given = out.join("users").join(user).join(file);
+            if given.exists() {
+                std::fs::copy(&given, config.join(file)).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
     }
     let env = out.join("users").join(user).join("mgpu.env");
     let mut command = Command::new("bash");
@@ -168,6 +175,16 @@ fn run_job(out: &Path, home: &Path, user: &str) {
 
 #[test]
 fn a_generated_site_runs_a_job_per_user_and_grows_by_a_user() {
+    site_story(false);
+}
+
+#[test]
+fn a_generated_site_with_tls_runs_a_job_per_user_and_grows_by_a_user() {
+    site_story(true);
+}
+
+/// The whole story, with TLS or without.
+fn site_story(tls: bool) {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -175,8 +192,11 @@ fn a_generated_site_runs_a_job_per_user_and_grows_by_a_user() {
         .unwrap_or_else(|e| panic!("{e}"));
     let description = tmp.path().join("site.toml");
     let jetstream = tmp.path().join("jetstream");
-    std::fs::write(&description, site_toml(port, &jetstream, &["alice", "bob"]))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        &description,
+        site_toml(tls, port, &jetstream, &["alice", "bob"]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let out = tmp.path().join("site");
     let written = write_site(&description, &out);
     assert!(written.len() >= 20, "{written:?}");
@@ -226,7 +246,7 @@ fn a_generated_site_runs_a_job_per_user_and_grows_by_a_user() {
     // A third user: only that user's files and those naming every principal change.
     std::fs::write(
         &description,
-        site_toml(port, &jetstream, &["alice", "bob", "carol"]),
+        site_toml(tls, port, &jetstream, &["alice", "bob", "carol"]),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let before: Vec<PathBuf> = keys.keys().cloned().collect();
@@ -241,6 +261,9 @@ fn a_generated_site_runs_a_job_per_user_and_grows_by_a_user() {
         "users/carol/mgpu.env".to_owned(),
         "users/carol/mgpu.nk".to_owned(),
     ];
+    if tls {
+        expected.push("users/carol/ca.pem".to_owned());
+    }
     expected.sort();
     assert_eq!(rewritten, expected);
     let after = seeds(&out);

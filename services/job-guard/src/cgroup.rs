@@ -50,6 +50,13 @@ pub fn kill(list: &[u8], signal: i32) {
         return;
     };
     let me = sys::getpid();
+    // The group's members get a stop signal from the group's own; a second SIGTERM would run
+    // a job's TERM handler twice. SIGKILL goes to every member, whatever its group.
+    let group = if signal == sys::SIGKILL {
+        0
+    } else {
+        sys::getpgrp()
+    };
     for _ in 0..20 {
         let fd = sys::open_read(path);
         if fd < 0 {
@@ -74,7 +81,9 @@ pub fn kill(list: &[u8], signal: i32) {
                     }
                     _ => {
                         if let Some(found) = pid.take().filter(|found| *found != me) {
-                            sys::kill(found, signal);
+                            if group == 0 || sys::getpgid(found) != group {
+                                sys::kill(found, signal);
+                            }
                             others += 1;
                         }
                     }

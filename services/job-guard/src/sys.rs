@@ -33,6 +33,7 @@ const SYS_SETUID: usize = 105;
 const SYS_SETGID: usize = 106;
 const SYS_GETPPID: usize = 110;
 const SYS_GETPGRP: usize = 111;
+const SYS_GETPGID: usize = 121;
 const SYS_SETGROUPS: usize = 116;
 const SYS_PRCTL: usize = 157;
 const SYS_CLOCK_GETTIME: usize = 228;
@@ -147,6 +148,11 @@ pub fn getppid() -> i32 {
 
 pub fn getpgrp() -> i32 {
     plain(SYS_GETPGRP, 0, 0, 0) as i32
+}
+
+/// The process group of `pid`; negative when it is gone.
+pub fn getpgid(pid: i32) -> i32 {
+    plain(SYS_GETPGID, pid as usize, 0, 0) as i32
 }
 
 /// `kill(pid, signal)`; a negative pid names a process group.

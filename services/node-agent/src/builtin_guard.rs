@@ -307,8 +307,14 @@ fn kill_cgroup(list: &str, signal: Signal) {
         if others.is_empty() {
             return;
         }
-        for pid in others {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
+        // The group's members get a stop signal from the group's own; a second SIGTERM would
+        // run a job's TERM handler twice. SIGKILL goes to every member, whatever its group.
+        let group = nix::unistd::getpgrp();
+        for pid in others.into_iter().map(Pid::from_raw) {
+            let in_group = nix::unistd::getpgid(Some(pid)).is_ok_and(|g| g == group);
+            if signal == Signal::SIGKILL || !in_group {
+                let _ = nix::sys::signal::kill(pid, signal);
+            }
         }
         if signal != Signal::SIGKILL {
             return;
