@@ -87,6 +87,17 @@ pub async fn run(
 ) -> Result<()> {
     // The metrics say this replica leads from here until this function returns.
     let (_term, gauge_requests) = metrics.begin_term();
+    // Subscribed (and the server has taken the subscription: the flush's round trip) before
+    // the stored heartbeats are read, so a node's beat stored in between is not missed: a
+    // node that beats rarely would otherwise wait a whole interval to be seen.
+    let heartbeats = client
+        .subscribe(subjects::ALL_HEARTBEATS)
+        .await
+        .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
+    client
+        .flush()
+        .await
+        .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
     let (mut scheduler, status) = Scheduler::load(&client, policy, principals, metrics).await?;
     tracing::info!(
         jobs = scheduler.store.total(),
@@ -101,7 +112,7 @@ pub async fn run(
             tracing::error!("micro service stopped: {err:#}");
         }
     });
-    let mut inputs = scheduler.open_inputs(&client, gauge_requests).await?;
+    let mut inputs = scheduler.open_inputs(heartbeats, gauge_requests).await?;
     // Queued jobs depending on jobs already in history learn how those ended.
     let queued: Vec<_> = scheduler.store.queued().map(|r| r.spec.clone()).collect();
     scheduler.learn_archived(queued.iter()).await;
@@ -172,18 +183,14 @@ impl Scheduler {
         Ok((scheduler, status_rx))
     }
 
-    /// Subscribes to heartbeats, handles the agents' reports written while no scheduler was
-    /// active (only then is it known which assignments never reached their node), sends those
-    /// again, and opens the requests.
+    /// Handles the agents' reports written while no scheduler was active (only then is it
+    /// known which assignments never reached their node), sends those again, and opens the
+    /// requests; `heartbeats` is the subscription made before the state was loaded.
     async fn open_inputs(
         &mut self,
-        client: &async_nats::Client,
+        heartbeats: async_nats::Subscriber,
         gauge_requests: GaugeRequests,
     ) -> Result<Inputs> {
-        let heartbeats = client
-            .subscribe(subjects::ALL_HEARTBEATS)
-            .await
-            .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
         let events_consumer = durable_consumer(
             &self.js,
             subjects::EVENTS_STREAM,
