@@ -150,6 +150,30 @@ impl Cluster {
         });
     }
 
+    /// Publishes a job event as `signer` (a node's or an admin's seed file) would: signed,
+    /// with the protocol header, stored by JetStream.
+    pub fn publish_report(&self, signer: &Path, event: &mgpu_protocol::event::JobEvent) {
+        let payload = serde_json::to_vec(event).unwrap_or_else(|e| panic!("{e}"));
+        let subject = subjects::events(&event.job_id);
+        let seed = mgpu_nats::connect::read_seed(signer).unwrap_or_else(|e| panic!("{e}"));
+        let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
+        self.with_nats(signer, |client| async move {
+            let mut headers = async_nats::HeaderMap::new();
+            mgpu_nats::signing::sign(&key, &subject, &payload, mgpu_protocol::now(), &mut headers)
+                .unwrap_or_else(|e| panic!("{e}"));
+            headers.insert(
+                mgpu_protocol::version::HEADER,
+                mgpu_protocol::version::PROTOCOL.to_string().as_str(),
+            );
+            async_nats::jetstream::new(client)
+                .publish_with_headers(subject, headers, payload.into())
+                .await
+                .unwrap_or_else(|e| panic!("publishing a report: {e}"))
+                .await
+                .unwrap_or_else(|e| panic!("report not stored: {e}"));
+        });
+    }
+
     /// Drained nodes and paused GPUs as the scheduler recorded them (empty until it did).
     pub fn node_admin(&self) -> BTreeMap<String, NodeAdmin> {
         self.with_nats(&self.admin_creds(), |client| async move {

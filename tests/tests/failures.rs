@@ -491,18 +491,9 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
             source: EventSource::Node("ghost01".into()),
             kind,
         };
-        let payload = serde_json::to_vec(&event).unwrap_or_else(|e| panic!("{e}"));
-        let subject = mgpu_protocol::subjects::events(&job);
-        cluster.with_nats(
+        cluster.publish_report(
             &cluster.creds(mgpu_protocol::principals::Role::Node, "ghost01"),
-            |client| async move {
-                async_nats::jetstream::new(client)
-                    .publish(subject, payload.into())
-                    .await
-                    .unwrap_or_else(|e| panic!("publishing a report: {e}"))
-                    .await
-                    .unwrap_or_else(|e| panic!("report not stored: {e}"));
-            },
+            &event,
         );
     };
     let running = |id: &JobId| {

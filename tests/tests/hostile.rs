@@ -275,3 +275,77 @@ fn a_node_cannot_touch_another_nodes_name_lease() {
         "{log}"
     );
 }
+
+/// A node cannot end another node's job. node002 (a node with its own key, played by the
+/// story) publishes an exit report for the job running on node001: claiming to be node001
+/// (signed with its own key), and unsigned. Both are refused and audited; the job keeps
+/// running, and ends only when it really does.
+#[test]
+fn a_node_cannot_report_another_nodes_job_as_ended() {
+    use mgpu_protocol::event::{EventSource, JobEvent, JobEventKind};
+    use mgpu_protocol::ids::JobId;
+
+    let cluster = Cluster::start(&[
+        NodeSpec::new("node001", "1x24GiB"),
+        NodeSpec::without_agent("node002"),
+    ]);
+    cluster.wait_nodes_online(1);
+    let id = cluster.submit(&[], "sleep 300");
+    cluster.wait_state(&id, "running", Duration::from_secs(20));
+    let job: JobId = id.parse().unwrap_or_else(|e| panic!("{id}: {e:?}"));
+    let forged = JobEvent {
+        job_id: job.clone(),
+        attempt: 1,
+        at: mgpu_protocol::now(),
+        source: EventSource::Node("node001".into()),
+        kind: JobEventKind::Exited {
+            exit_code: 0,
+            signal: None,
+            cancelled: false,
+            timed_out: false,
+            preempted: false,
+            lost: false,
+            out_of_memory: false,
+            usage: None,
+        },
+    };
+    let node002 = cluster.creds(Role::Node, "node002");
+    cluster.publish_report(&node002, &forged);
+    let unsigned = serde_json::to_vec(&forged).unwrap_or_default();
+    let subject = subjects::events(&job);
+    cluster.with_nats(&node002, |client| async move {
+        jetstream::new(client)
+            .publish(subject, unsigned.into())
+            .await
+            .unwrap_or_else(|e| panic!("publishing: {e}"))
+            .await
+            .unwrap_or_else(|e| panic!("not stored: {e}"));
+    });
+
+    let log_path = cluster.log_path("scheduler");
+    mgpu_tests::wait_for("both forgeries refused", Duration::from_secs(20), || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let signed = log.contains("node node002 signed a report that says it is from node node001");
+        let unsigned = log.contains("a report said to be from node001: ");
+        (signed && unsigned).then_some(())
+    });
+    let audit = cluster.mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"]);
+    let refused: Vec<Value> = audit
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["action"] == "report" && record["accepted"] == false)
+        .collect();
+    assert_eq!(refused.len(), 2, "{audit}");
+    assert!(
+        refused.iter().any(|r| r["target"] == id.as_str()),
+        "{refused:?}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        cluster.state(&id),
+        "running",
+        "the forged exits changed nothing"
+    );
+    cluster.mgpu_ok(&["cancel", &id]);
+    cluster.finished_as(&id, "cancelled", Duration::from_secs(20));
+}

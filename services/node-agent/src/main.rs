@@ -141,6 +141,13 @@ async fn run(args: Args, node: String) -> anyhow::Result<()> {
     let Some(creds) = args.creds.clone() else {
         return Err(anyhow!("--creds FILE (or MGPU_CREDS) is required"));
     };
+    // The node's key also signs its job reports, so no other node can speak for it.
+    let signer = mgpu_nats::connect::read_seed(&creds)
+        .map_err(|err| anyhow!("{err}"))
+        .and_then(|seed| {
+            nkeys::KeyPair::from_seed(&seed)
+                .map_err(|err| anyhow!("{}: not a valid nkey seed: {err}", creds.display()))
+        })?;
     let state_dir = match args.state_dir.clone() {
         Some(dir) => dir,
         None => cli::default_state_dir()?,
@@ -185,6 +192,7 @@ async fn run(args: Args, node: String) -> anyhow::Result<()> {
         host,
         lease: (holder, lease, replicas),
         metrics,
+        signer: Arc::new(signer),
     };
     let agent = start_loops(client, identity, probe, memory);
     wait_for_stop_signal().await?;
@@ -355,6 +363,8 @@ struct Memory {
     lease: (lease::Holder, Option<lease::NodeLease>, usize),
     /// Where `--metrics-listen` listens, if it was given.
     metrics: Option<tokio::net::TcpListener>,
+    /// The node's key, which signs its job reports.
+    signer: Arc<nkeys::KeyPair>,
 }
 
 /// Starts the heartbeat, then (once what a previous agent left running is stopped and
@@ -417,7 +427,7 @@ fn start_loops(
         node: node.clone(),
         kill_grace,
         table: table.clone(),
-        reporter: Reporter::new(js, node, give_up),
+        reporter: Reporter::new(js, node, give_up, memory.signer.clone()),
         state: memory.state,
         heartbeat_now,
         guard: memory.guards.program,

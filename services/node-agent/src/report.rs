@@ -7,10 +7,12 @@
 //! Each report carries a `Nats-Msg-Id` naming the attempt, the node and what happened, so a retry after
 //! a lost acknowledgement is stored once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
+use mgpu_nats::signing;
 use mgpu_protocol::report::{AgentReport, ReportKind};
 use mgpu_protocol::{subjects, version};
 use tracing::{error, info, warn};
@@ -27,11 +29,24 @@ pub struct Reporter {
     node: String,
     /// Fired when shutdown stops waiting for reports; retries end then.
     give_up: Signal,
+    /// The node's key: every report is signed, and the scheduler takes a report only from the
+    /// node it names (any node may publish on `jobs.<id>.events`).
+    signer: Arc<nkeys::KeyPair>,
 }
 
 impl Reporter {
-    pub fn new(js: jetstream::Context, node: String, give_up: Signal) -> Self {
-        Reporter { js, node, give_up }
+    pub fn new(
+        js: jetstream::Context,
+        node: String,
+        give_up: Signal,
+        signer: Arc<nkeys::KeyPair>,
+    ) -> Self {
+        Reporter {
+            js,
+            node,
+            give_up,
+            signer,
+        }
     }
 
     /// Publishes a report about an attempt until it is stored. False only when the agent gave
@@ -54,16 +69,28 @@ impl Reporter {
                 return false;
             }
         };
+        let subject = subjects::events(&key.job_id);
+        let mut headers = async_nats::HeaderMap::new();
+        if let Err(err) = signing::sign(
+            &self.signer,
+            &subject,
+            &payload,
+            mgpu_protocol::now(),
+            &mut headers,
+        ) {
+            error!(%key, "cannot sign the {what} report: {err}");
+            return false;
+        }
+        headers.insert(version::HEADER, version::PROTOCOL.to_string().as_str());
         let message = PublishMessage::build()
             .payload(payload)
-            .header(version::HEADER, version::PROTOCOL.to_string())
+            .headers(headers)
             // The node is part of it: each rank of a distributed job reports on its own.
             .message_id(format!(
                 "{}-{}-{}-{what}",
                 key.job_id, key.attempt, self.node
             ));
-        self.publish_until_stored(subjects::events(&key.job_id), message, key, what)
-            .await
+        self.publish_until_stored(subject, message, key, what).await
     }
 
     /// Publishes `message` on `subject` until JetStream stores it. `what` names it in logs.

@@ -57,6 +57,15 @@ impl Principals {
 
     /// The user or admin whose key is `key`. The file is re-read first when it changed, so a
     /// user just added is known and one just removed is not.
+    /// The node a key belongs to.
+    pub fn node_by_key(&mut self, key: &str) -> Option<Principal> {
+        self.refresh();
+        self.registry
+            .by_key(key)
+            .filter(|p| p.role == Role::Node)
+            .cloned()
+    }
+
     pub fn user_by_key(&mut self, key: &str) -> Option<Principal> {
         self.refresh();
         self.registry

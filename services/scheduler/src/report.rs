@@ -4,10 +4,13 @@
 
 use async_nats::jetstream;
 
+use mgpu_nats::signing;
 use mgpu_protocol::report::AgentReport;
+use mgpu_protocol::request::Action;
 use mgpu_protocol::{now, version};
 
 use crate::lifecycle::Input;
+use crate::outbox::Sender;
 use crate::service::Scheduler;
 
 /// How long an event of an unreadable protocol waits before it is offered again.
@@ -37,6 +40,16 @@ impl Scheduler {
         }
         match AgentReport::decode(message.subject.as_str(), &message.payload, now()) {
             Ok(Some(report)) => {
+                if let Err((signer, why)) = self.check_reporter(&message, &report) {
+                    tracing::warn!(job = %report.job, node = report.node, "report refused: {why}");
+                    let sender = Sender::Unknown { key: signer };
+                    let target = Some(report.job.to_string());
+                    self.outbox.audit(Action::Report, &sender, target, Err(why));
+                    if let Err(err) = message.ack().await {
+                        tracing::warn!(%err, "acknowledging a job event");
+                    }
+                    return;
+                }
                 let node = report.node.clone();
                 if let Err(err) = self.on_agent_report(report).await {
                     tracing::error!(node = %node, "handling a report from {node}: {err:#}");
@@ -50,6 +63,65 @@ impl Scheduler {
         }
         if let Err(err) = message.ack().await {
             tracing::warn!(%err, "acknowledging a job event");
+        }
+    }
+
+    /// Whether the report is signed by the node it names (or an admin): any node may publish
+    /// on `jobs.<id>.events`, so what the payload says of its sender proves nothing. The error
+    /// is the signer's key (when there is one) and why the report is refused.
+    fn check_reporter(
+        &mut self,
+        message: &jetstream::Message,
+        report: &AgentReport,
+    ) -> Result<(), (Option<String>, String)> {
+        // When JetStream stored it: the signature must be that recent.
+        let stored_at = message
+            .info()
+            .ok()
+            .and_then(|info| {
+                let nanos = i64::try_from(info.published.unix_timestamp_nanos()).ok()?;
+                Some(chrono::DateTime::from_timestamp_nanos(nanos))
+            })
+            .unwrap_or_else(now);
+        let signed = signing::verify(
+            message.headers.as_ref(),
+            message.subject.as_str(),
+            &message.payload,
+            stored_at,
+        )
+        .map_err(|err| {
+            (
+                None,
+                format!("a report said to be from {}: {err}", report.node),
+            )
+        })?;
+        let signer = signed.signer;
+        // Admins may speak for any node, as they may cancel any job (the scale benchmark's
+        // simulated fleet reports as an admin).
+        if self
+            .gate
+            .principals
+            .user_by_key(&signer)
+            .is_some_and(|p| p.is_admin())
+        {
+            return Ok(());
+        }
+        match self.gate.principals.node_by_key(&signer) {
+            Some(node) if node.name == report.node => Ok(()),
+            Some(node) => Err((
+                Some(signer),
+                format!(
+                    "node {} signed a report that says it is from node {}",
+                    node.name, report.node
+                ),
+            )),
+            None => Err((
+                Some(signer),
+                format!(
+                    "a report said to be from {} is signed by a key of no node",
+                    report.node
+                ),
+            )),
         }
     }
 

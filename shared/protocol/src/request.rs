@@ -21,6 +21,9 @@ pub enum Action {
     Hold,
     Release,
     Admin,
+    /// A node's report about a job's process (`jobs.<id>.events`): no request, but refused
+    /// and audited like one when its signer is not the node it names.
+    Report,
 }
 
 impl Action {
@@ -49,6 +52,7 @@ impl Action {
             Action::Hold => "hold",
             Action::Release => "release",
             Action::Admin => "admin",
+            Action::Report => "report",
         }
     }
 }
@@ -123,6 +127,11 @@ impl Request {
                     wire::decode("admin request", payload, MAX_REQUEST_BYTES)?;
                 request.validate()?;
                 Request::Admin(request)
+            }
+            Action::Report => {
+                return Err(InvalidInput::new(format!(
+                    "{subject} carries job events, not requests"
+                )));
             }
         })
     }

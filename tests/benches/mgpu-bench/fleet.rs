@@ -26,6 +26,9 @@ pub const GPUS_PER_NODE: u32 = 8;
 /// and nats-server, arrived so late that whole racks were declared offline.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
+/// The key every simulated node's report is signed with (set by [`Fleet::start`]).
+static SIGNER: std::sync::OnceLock<nkeys::KeyPair> = std::sync::OnceLock::new();
+
 /// The jobs each simulated node runs, by node name.
 type Running = Arc<Mutex<HashMap<String, Vec<RunningJob>>>>;
 
@@ -37,11 +40,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// `signer`: the admin key the simulated nodes sign their reports with (the scheduler
+    /// takes a report only from the node it names, or from an admin).
     pub async fn start(
         js: async_nats::jetstream::Context,
         heartbeat_client: async_nats::Client,
         nodes: usize,
+        signer: nkeys::KeyPair,
     ) -> Result<Fleet> {
+        // One fleet per process; a second start keeps the first key, which is the same admin's.
+        let _ = SIGNER.set(signer);
         let names: Vec<String> = (1..=nodes).map(|i| format!("sim{i:04}")).collect();
         let running: Running = Arc::new(Mutex::new(
             names.iter().map(|n| (n.clone(), Vec::new())).collect(),
@@ -327,7 +335,25 @@ async fn report(
     let Ok(payload) = serde_json::to_vec(&event) else {
         return;
     };
-    match js.publish(subjects::events(job_id), payload.into()).await {
+    let subject = subjects::events(job_id);
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(signer) = SIGNER.get() {
+        let signed = mgpu_nats::signing::sign(
+            signer,
+            &subject,
+            &payload,
+            mgpu_protocol::now(),
+            &mut headers,
+        );
+        if let Err(err) = signed {
+            progress(&format!("  cannot sign a report: {err}"));
+            return;
+        }
+    }
+    match js
+        .publish_with_headers(subject, headers, payload.into())
+        .await
+    {
         Ok(ack) => {
             if let Err(err) = ack.await {
                 progress(&format!("  a report was not stored: {err}"));

@@ -73,6 +73,7 @@ pub fn run(ctx: &Run) -> Result<()> {
 /// dumps the cluster's logs.
 fn measure_on(cluster: &Cluster, sizes: &Sizes) -> Result<Measured> {
     let key = user_key(&cluster.user_creds("alice"))?;
+    let admin_key = user_key(&cluster.admin_creds())?;
     // Two worker threads: the simulated fleet must keep heartbeating on time while it
     // answers thousands of assignments (one thread fell seconds behind).
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -83,7 +84,7 @@ fn measure_on(cluster: &Cluster, sizes: &Sizes) -> Result<Measured> {
     let measured: Result<Measured> = runtime.block_on(async {
         let client = connect(cluster, &cluster.admin_creds()).await?;
         let heartbeat_client = connect(cluster, &cluster.admin_creds()).await?;
-        measure(client, heartbeat_client, key, sizes).await
+        measure(client, heartbeat_client, (key, admin_key), sizes).await
     });
     keep_log(cluster, "scheduler", "scale");
     if measured.is_err() {
@@ -195,7 +196,7 @@ struct Pass {
 async fn measure(
     client: async_nats::Client,
     heartbeat_client: async_nats::Client,
-    key: nkeys::KeyPair,
+    (key, admin_key): (nkeys::KeyPair, nkeys::KeyPair),
     sizes: &Sizes,
 ) -> Result<Measured> {
     let js = async_nats::jetstream::new(client.clone());
@@ -204,7 +205,7 @@ async fn measure(
     // arriving at 20 000/s leave a thousand simulated agents and the scheduler too little CPU
     // to keep heartbeats on time (whole racks were declared offline), which says more about
     // the machine than about a pass.
-    let fleet = Fleet::start(js.clone(), heartbeat_client, sizes.nodes).await?;
+    let fleet = Fleet::start(js.clone(), heartbeat_client, sizes.nodes, admin_key).await?;
     let (status, _) = wait_for_status(
         "every simulated node online and the GPUs busy",
         Duration::from_secs(120),
