@@ -348,4 +348,15 @@ fn a_node_cannot_report_another_nodes_job_as_ended() {
     );
     cluster.mgpu_ok(&["cancel", &id]);
     cluster.finished_as(&id, "cancelled", Duration::from_secs(20));
+    // `--user` keeps one user's requests: alice's submit and cancel, no report.
+    let alices = cluster.mgpu_ok_with(
+        &cluster.admin_creds(),
+        &["admin", "audit", "--json", "--user", "alice"],
+    );
+    let actions: Vec<String> = alices
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .map(|record| record["action"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(actions, ["submit", "cancel"], "{alices}");
 }

@@ -1,4 +1,4 @@
-//! `mgpu admin audit [--since DUR] [--json]`: the audit trail, read from its stream: every
+//! `mgpu admin audit [--since DUR] [--user U] [--json]`: the audit trail, read from its stream: every
 //! request the scheduler handled, who signed it, and whether it was carried out.
 
 use std::time::Duration;
@@ -21,9 +21,18 @@ pub struct AuditArgs {
     #[arg(long, value_name = "DUR", default_value = "1d")]
     pub since: String,
 
+    /// Only what this user (or node) asked for, by name.
+    #[arg(long, value_name = "U")]
+    pub user: Option<String>,
+
     /// Print one JSON object per line.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Whether `--user` keeps the record: every record without it.
+fn wanted(record: &AuditRecord, user: Option<&str>) -> bool {
+    user.is_none_or(|user| record.by.as_deref() == Some(user))
 }
 
 /// Prints the audit records of the last `--since`.
@@ -33,13 +42,16 @@ pub async fn run(connection: &ConnectionArgs, args: &AuditArgs) -> Result<()> {
     let consumer = open_trail(&session, since).await?;
     let pending = consumer.cached_info().num_pending;
     let mut table = Table::new(["TIME", "ACTION", "BY", "TARGET", "OUTCOME", "DETAIL"]);
+    let mut shown = 0usize;
     if pending > 0 {
         let mut messages = consumer.messages().await.map_err(plain)?;
         while let Some(message) = messages.next().await {
             let message = message.map_err(plain)?;
             let left = message.info().map_err(plain)?.pending;
             // A record this version cannot read is left out rather than ending the listing.
-            if let Ok(record) = serde_json::from_slice::<AuditRecord>(&message.payload) {
+            let record = serde_json::from_slice::<AuditRecord>(&message.payload).ok();
+            if let Some(record) = record.filter(|r| wanted(r, args.user.as_deref())) {
+                shown += 1;
                 if args.json {
                     println(&serde_json::to_string(&record)?)?;
                 } else {
@@ -52,8 +64,16 @@ pub async fn run(connection: &ConnectionArgs, args: &AuditArgs) -> Result<()> {
         }
     }
     if !args.json {
-        if pending == 0 {
-            println(&format!("No audit records in the last {}.", args.since))?;
+        if shown == 0 {
+            let whose = args
+                .user
+                .as_ref()
+                .map(|user| format!(" of {user}"))
+                .unwrap_or_default();
+            println(&format!(
+                "No audit records{whose} in the last {}.",
+                args.since
+            ))?;
         } else {
             print(&table.render())?;
         }
