@@ -95,7 +95,10 @@ fn main() -> ExitCode {
     let loaded = mgpu_config::load_or_exit::<Args>(&cli::SERVICE);
     let args = loaded.args;
     if args.print_config {
-        print!("{}", loaded.settings.render());
+        // Written, not `print!`ed: `--print-config | head` closes the pipe early, which is
+        // the reader's choice and no reason to panic.
+        let _ =
+            std::io::Write::write_all(&mut std::io::stdout(), loaded.settings.render().as_bytes());
         return ExitCode::SUCCESS;
     }
     let node = match cli::node_name(&args) {

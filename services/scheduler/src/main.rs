@@ -170,7 +170,9 @@ async fn main() -> ExitCode {
             "policy",
             config::policy_settings(&policy, section, &settings),
         );
-        print!("{}", settings.render());
+        // Written, not `print!`ed: `--print-config | head` closes the pipe early, which is
+        // the reader's choice and no reason to panic.
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), settings.render().as_bytes());
         return ExitCode::SUCCESS;
     }
     let log_format = args.log_format;
