@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::{JobRecord, JobState};
-use mgpu_protocol::node::{GpuSource, NodeAdmin, NodeHeartbeat, NodeLiveness};
+use mgpu_protocol::node::{GpuSource, NodeAdmin, NodeHeartbeat};
 use serde::Serialize;
 
 /// One node as `mgpu queue` shows it, and as its `--json` prints it.
@@ -83,40 +83,8 @@ pub fn busy_gpus(node: &str, jobs: &[JobRecord]) -> BTreeSet<u32> {
         .collect()
 }
 
-/// What listings say a node is doing: liveness first (an offline node runs nothing that can be
-/// seen), then the admin's drain mark.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeState {
-    /// Heartbeats arrive and new jobs may start there.
-    Online,
-    /// Drained by an admin, but jobs still run there.
-    Draining,
-    /// Drained by an admin and idle.
-    Drained,
-    /// More heartbeats missed than the scheduler's policy allows (`missed_heartbeats`).
-    Offline,
-}
-
-impl NodeState {
-    pub fn of(liveness: NodeLiveness, drained: bool, jobs_running: usize) -> NodeState {
-        match (liveness, drained) {
-            (NodeLiveness::Offline, _) => NodeState::Offline,
-            (NodeLiveness::Online, true) if jobs_running > 0 => NodeState::Draining,
-            (NodeLiveness::Online, true) => NodeState::Drained,
-            (NodeLiveness::Online, false) => NodeState::Online,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            NodeState::Online => "online",
-            NodeState::Draining => "draining",
-            NodeState::Drained => "drained",
-            NodeState::Offline => "offline",
-        }
-    }
-}
+/// Shared with `mgpu top`, which the library holds (for its benchmark).
+pub use mgpu_cli::top::rows::NodeState;
 
 #[cfg(test)]
 mod tests {

@@ -44,18 +44,31 @@ pub struct JobLine {
     pub mine: bool,
 }
 
-/// A node as the panes say it is: liveness first, then the admins' drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a node is doing, as `mgpu top`, `mgpu queue` and `mgpu nodes` say it: liveness first
+/// (an offline node runs nothing that can be seen), then the admins' drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum NodeState {
+    /// Heartbeats arrive and new jobs may start there.
     Online,
-    /// Drained, jobs still running.
+    /// Drained by an admin, but jobs still run there.
     Draining,
+    /// Drained by an admin and idle.
     Drained,
-    /// More heartbeats missed than the scheduler's policy allows.
+    /// More heartbeats missed than the scheduler's policy allows (`missed_heartbeats`).
     Offline,
 }
 
 impl NodeState {
+    pub fn of(liveness: NodeLiveness, drained: bool, jobs_running: usize) -> NodeState {
+        match (liveness, drained) {
+            (NodeLiveness::Offline, _) => NodeState::Offline,
+            (NodeLiveness::Online, true) if jobs_running > 0 => NodeState::Draining,
+            (NodeLiveness::Online, true) => NodeState::Drained,
+            (NodeLiveness::Online, false) => NodeState::Online,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             NodeState::Online => "online",
@@ -191,15 +204,8 @@ fn node_states(data: &Data, holders: &Holders<'_>, now: Timestamp) -> Vec<NodeSt
                 .copied()
                 .unwrap_or(0)
                 .max(beat.running.len());
-            match (
-                beat.liveness_after(now, data.policy.missed_heartbeats),
-                drained,
-            ) {
-                (NodeLiveness::Offline, _) => NodeState::Offline,
-                (NodeLiveness::Online, true) if running > 0 => NodeState::Draining,
-                (NodeLiveness::Online, true) => NodeState::Drained,
-                (NodeLiveness::Online, false) => NodeState::Online,
-            }
+            let liveness = beat.liveness_after(now, data.policy.missed_heartbeats);
+            NodeState::of(liveness, drained, running)
         })
         .collect()
 }
