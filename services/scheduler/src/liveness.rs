@@ -31,8 +31,14 @@ impl Scheduler {
     /// node table. True when the node table changed in a way a pass should see.
     pub(crate) async fn on_heartbeat(&mut self, subject: &str, payload: &Bytes) -> bool {
         let now = now();
-        // The version first, alone: a heartbeat of another protocol is not decoded at all.
-        let protocol = version::peek(payload);
+        let strict = wire::decode::<NodeHeartbeat>("heartbeat", payload, wire::MAX_HEARTBEAT_BYTES);
+        // The version before anything the heartbeat says is used. One this release reads
+        // decodes strictly and says its protocol; only one that does not decode is read again
+        // for the version alone (a second parse of every heartbeat would cost every node's).
+        let protocol = match &strict {
+            Ok(beat) => beat.protocol,
+            Err(_) => version::peek(payload),
+        };
         if let Some(node) = subjects::node_of(subject) {
             let sender = format!("the agent of node {node}");
             if let Some(why) = version::incompatibility(&sender, protocol) {
@@ -42,21 +48,20 @@ impl Scheduler {
                 return false;
             }
         }
-        let decoded =
-            wire::decode::<NodeHeartbeat>("heartbeat", payload, wire::MAX_HEARTBEAT_BYTES)
-                .and_then(|beat| beat.validate(now).map(|()| beat))
-                .and_then(|beat| {
-                    // The server lets a node publish only its own subject; the payload must not
-                    // speak for another node.
-                    if subjects::node_of(subject) == Some(beat.node.as_str()) {
-                        Ok(beat)
-                    } else {
-                        Err(wire::InvalidInput::new(format!(
-                            "heartbeat for node {} published on {subject}",
-                            beat.node
-                        )))
-                    }
-                });
+        let decoded = strict
+            .and_then(|beat| beat.validate(now).map(|()| beat))
+            .and_then(|beat| {
+                // The server lets a node publish only its own subject; the payload must not
+                // speak for another node.
+                if subjects::node_of(subject) == Some(beat.node.as_str()) {
+                    Ok(beat)
+                } else {
+                    Err(wire::InvalidInput::new(format!(
+                        "heartbeat for node {} published on {subject}",
+                        beat.node
+                    )))
+                }
+            });
         match decoded {
             Ok(beat) => {
                 self.reconcile_heartbeat(&beat).await;

@@ -3,8 +3,10 @@
 //!
 //! Every heartbeat carries `protocol`, and every request from a user or a node carries the
 //! [`HEADER`] header. A message without one speaks protocol 1, the protocol of the releases
-//! before versions were sent. The scheduler reads the version *before* it decodes anything
-//! else (with [`peek`], which ignores every other field), and refuses what it cannot read:
+//! before versions were sent. The scheduler checks the version before it uses anything else
+//! a message says (a heartbeat this release's strict decoding reads gives its `protocol`; one
+//! it cannot read is read again with [`peek`], which ignores every other field), and refuses
+//! what it cannot read:
 //! - a heartbeat of another protocol marks its node incompatible: the node stays alive (its
 //!   running jobs are not requeued) but gets no job until its agent speaks a protocol the
 //!   scheduler accepts;
