@@ -68,6 +68,17 @@ pub(crate) fn use_default_sync(auth_dir: &Path) {
     std::fs::write(&path, conf.replace(SYNC_INTERVAL_LINE, "")).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// Caps the JetStream storage of `<auth_dir>/server.conf` at `limit` (`1G`): what
+/// nats-server grants by itself on a machine with little free disk (75% of it).
+pub(crate) fn limit_jetstream_storage(auth_dir: &Path, limit: &str) {
+    let path = auth_dir.join("server.conf");
+    let conf = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(conf.contains(SYNC_INTERVAL_LINE), "{conf}");
+    let limited = format!("{SYNC_INTERVAL_LINE}  max_file_store: {limit}\n");
+    std::fs::write(&path, conf.replace(SYNC_INTERVAL_LINE, &limited))
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 impl Cluster {
     /// The CA certificate clients must trust, when the server requires TLS.
     pub fn ca(&self) -> Option<&Path> {

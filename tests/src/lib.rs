@@ -290,6 +290,15 @@ impl Cluster {
         cluster
     }
 
+    /// Only the nats-server, its JetStream storage capped at `limit` (`1G`), as on a machine
+    /// with little free disk.
+    pub fn server_only_with_storage(nodes: &[NodeSpec], limit: &str) -> Cluster {
+        let mut cluster = Cluster::prepare(nodes, false);
+        auth::limit_jetstream_storage(&cluster.auth_dir, limit);
+        cluster.start_nats();
+        cluster
+    }
+
     /// Credentials and a single-server configuration (requiring TLS with `tls`), nothing
     /// started yet.
     fn prepare(nodes: &[NodeSpec], tls: bool) -> Cluster {
@@ -345,6 +354,12 @@ impl Cluster {
     pub fn start_scheduler(&mut self) {
         assert!(self.schedulers.is_empty(), "scheduler already running");
         self.spawn_scheduler("scheduler");
+    }
+
+    /// Starts the scheduler with `args` (after [`Cluster::server_only`]).
+    pub fn start_scheduler_with(&mut self, args: &[&str]) {
+        self.scheduler_args = args.iter().map(|a| (*a).to_owned()).collect();
+        self.start_scheduler();
     }
 
     fn spawn_scheduler(&mut self, name: &str) {

@@ -307,6 +307,75 @@ fn a_replayed_hold_changes_nothing() {
     cluster.finished_as(&waiting, "succeeded", T);
 }
 
+#[test]
+fn a_hold_and_a_cancel_replayed_after_a_scheduler_restart_are_refused() {
+    let mut cluster = cluster();
+    let blocker = cluster.submit(&[], "sleep 60");
+    cluster.wait_state(&blocker, "running", T);
+    let waiting = cluster.submit(&[], "true");
+    let cancelled = cluster.submit(&[], "true");
+    let alice = key_of(&cluster, Role::User, "alice");
+
+    // Alice holds one job and cancels the other with messages someone copies.
+    let copies: Vec<(String, String, HeaderMap, Vec<u8>)> = [
+        (
+            "hold",
+            &waiting,
+            serde_json::to_vec(&HoldRequest {
+                user: "alice".into(),
+            }),
+        ),
+        (
+            "cancel",
+            &cancelled,
+            serde_json::to_vec(&CancelRequest {
+                user: "alice".into(),
+                reason: None,
+            }),
+        ),
+    ]
+    .into_iter()
+    .map(|(action, job, payload)| {
+        let id: JobId = job.parse().unwrap_or_else(|e| panic!("{e}"));
+        let subject = if action == "hold" {
+            subjects::hold(&id)
+        } else {
+            subjects::cancel(&id)
+        };
+        let payload = payload.unwrap_or_default();
+        let headers = signed_by(&alice, &subject, &payload, mgpu_protocol::now());
+        (action.to_owned(), subject, headers, payload)
+    })
+    .collect();
+    for (_, subject, headers, payload) in &copies {
+        publish(
+            &cluster,
+            Role::User,
+            "alice",
+            subject.clone(),
+            headers.clone(),
+            payload.clone(),
+        );
+    }
+    cluster.wait_reason(&waiting, "held: `mgpu release` lets it run", T);
+    cluster.finished_as(&cancelled, "cancelled", T);
+    cluster.mgpu_ok(&["release", &waiting]);
+
+    // The scheduler restarts (its memory of nonces gone with the process), then the copies
+    // come again, well within the signatures' two minutes.
+    cluster.kill_scheduler();
+    cluster.start_scheduler();
+    for (_, subject, headers, payload) in copies.iter().cloned() {
+        publish(&cluster, Role::User, "bob", subject, headers, payload);
+    }
+    refused_in_audit(&cluster, "hold", &waiting, "already received");
+    refused_in_audit(&cluster, "cancel", &cancelled, "already received");
+    let job = cluster.show(&waiting);
+    assert_ne!(job["reason"], "held: `mgpu release` lets it run", "{job}");
+    cluster.mgpu_ok(&["cancel", &blocker]);
+    cluster.finished_as(&waiting, "succeeded", T);
+}
+
 /// Maps mgpu user `user` to Unix account `unix_user` while the scheduler runs (it re-reads
 /// the principals file; give it a moment).
 fn map_user(cluster: &Cluster, user: &str, unix_user: &str) {

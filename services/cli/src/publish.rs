@@ -127,7 +127,8 @@ async fn send(
     session: &Session,
     request: &SubmitRequest,
 ) -> std::result::Result<PublishAckFuture, Failure> {
-    let payload = serde_json::to_vec(request)
+    let request = keep_env_apart(session, request).await?;
+    let payload = serde_json::to_vec(&*request)
         .context("encoding the submission")
         .map_err(|error| Failure {
             kind: PublishErrorKind::Other,
@@ -151,6 +152,40 @@ async fn send(
         .map_err(|err| Failure::new(err.kind(), &err))
 }
 
+/// Stores the job's environment in the `mgpu-job-env` bucket under this user's key, where
+/// other users cannot read it, and returns the request without it (the submission, like the
+/// job record made of it, is readable by every user). Stored before the submission is sent,
+/// so the scheduler finds it when it assigns the job.
+async fn keep_env_apart<'a>(
+    session: &Session,
+    request: &'a SubmitRequest,
+) -> std::result::Result<std::borrow::Cow<'a, SubmitRequest>, Failure> {
+    if request.spec.env.is_empty() {
+        return Ok(std::borrow::Cow::Borrowed(request));
+    }
+    let env = serde_json::to_vec(&request.spec.env)
+        .context("encoding the environment")
+        .map_err(|error| Failure {
+            kind: PublishErrorKind::Other,
+            error,
+        })?;
+    check_size(env.len(), &request.spec.env).map_err(|error| Failure {
+        kind: PublishErrorKind::MaxPayloadExceeded,
+        error,
+    })?;
+    let subject = subjects::job_env(&session.key.public_key(), &request.id);
+    let stored = session
+        .js
+        .publish(subject, env.into())
+        .await
+        .map_err(|err| Failure::new(err.kind(), &err))?;
+    acknowledged(stored).await?;
+    let mut apart = request.clone();
+    apart.spec.env.clear();
+    apart.spec.private_env = true;
+    Ok(std::borrow::Cow::Owned(apart))
+}
+
 async fn acknowledged(ack: PublishAckFuture) -> std::result::Result<(), Failure> {
     ack.await
         .map(|_| ())
@@ -163,6 +198,13 @@ pub fn check_size(bytes: usize, env: &BTreeMap<String, String>) -> Result<()> {
         return Ok(());
     }
     let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if env_bytes == 0 {
+        bail!(
+            "the submission is {} KiB, over the {} KiB limit: shorten the command or the script",
+            bytes.div_ceil(1024),
+            MAX_SUBMIT_BYTES / 1024
+        );
+    }
     bail!(
         "the submission is {} KiB, over the {} KiB limit; {} KiB of it is your environment, \
          which the job inherits: unset large environment variables and submit again",

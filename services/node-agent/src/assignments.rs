@@ -101,10 +101,9 @@ impl Dispatcher {
                         "assignments and controls of node {}",
                         self.ctx.node
                     )),
-                    filter_subjects: vec![
-                        self.assign_subject.clone(),
-                        self.control_subject.clone(),
-                    ],
+                    // One filter: the create request then names it in its subject, the
+                    // only form a node is allowed (so it cannot filter another's).
+                    filter_subject: subjects::node_assignment_filter(&self.ctx.node),
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: ACK_WAIT,
                     ..Default::default()
@@ -163,7 +162,10 @@ impl Dispatcher {
             return;
         }
         for wanted in [&self.assign_subject, &self.control_subject] {
-            if !filters.contains(&wanted.as_str()) {
+            if !filters
+                .iter()
+                .any(|filter| subjects::subject_matches(filter, wanted))
+            {
                 warn!(
                     consumer = %config.durable_name.as_deref().unwrap_or_default(),
                     ?filters,

@@ -11,6 +11,8 @@ use anyhow::{Context, Result};
 use async_nats::jetstream;
 
 use mgpu_nats::signing::{self, Nonces, SignatureError};
+
+use crate::replay_memory::SeenNonce;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::principals::{Principal, Registry, Role};
 
@@ -163,7 +165,7 @@ impl Gate {
         &mut self,
         message: &jetstream::Message,
         stored_at: Timestamp,
-    ) -> Result<Identity, Refusal> {
+    ) -> Result<(Identity, SeenNonce), Refusal> {
         let presented = message
             .headers
             .as_ref()
@@ -183,13 +185,17 @@ impl Gate {
         .map_err(refuse)?;
         // The same stored message delivered again (its handling failed, it is to be handled
         // again) is not a replay; a copy published again is.
-        let remembered = match message.info() {
-            Ok(info) => self
-                .nonces
-                .check_stored(&signed, stored_at, info.stream_sequence),
-            Err(_) => self.nonces.check(&signed, stored_at),
+        let sequence = message.info().ok().map(|info| info.stream_sequence);
+        let remembered = match sequence {
+            Some(sequence) => self.nonces.check_stored(&signed, stored_at, sequence),
+            None => self.nonces.check(&signed, stored_at),
         };
         remembered.map_err(refuse)?;
+        let seen = SeenNonce {
+            nonce: signed.nonce.clone(),
+            signed_at: signed.signed_at,
+            sequence,
+        };
         let Some(principal) = self.principals.user_by_key(&signed.signer) else {
             return Err(Refusal {
                 why: RefusalReason::UnknownKey,
@@ -197,10 +203,19 @@ impl Gate {
                 reason: "signed by a key that belongs to no user (removed, or never added)".into(),
             });
         };
-        Ok(Identity {
+        let identity = Identity {
             admin: principal.is_admin(),
             name: principal.name,
             key: signed.signer,
-        })
+        };
+        Ok((identity, seen))
+    }
+
+    /// Takes back the nonces a scheduler before this one saw ([`crate::replay_memory`]).
+    pub fn restore_nonces(&mut self, seen: Vec<SeenNonce>) {
+        for nonce in seen {
+            self.nonces
+                .restore(nonce.nonce, nonce.signed_at, nonce.sequence);
+        }
     }
 }

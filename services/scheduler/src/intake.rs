@@ -15,6 +15,7 @@ use mgpu_protocol::{now, subjects, version};
 use crate::identity::Identity;
 use crate::metrics::RefusalReason;
 use crate::outbox::Sender;
+use crate::replay_memory::SeenNonce;
 use crate::service::Scheduler;
 
 /// A request read from the requests stream.
@@ -24,6 +25,8 @@ pub(crate) type RequestMessage = jetstream::Message;
 struct Admitted {
     message: RequestMessage,
     identity: Identity,
+    /// Its nonce, written to the bucket before the request is acted on.
+    nonce: SeenNonce,
 }
 
 /// One step of handling a batch of requests, in the order they came.
@@ -67,6 +70,7 @@ impl Scheduler {
                 admitted.push(request);
             }
         }
+        let admitted = self.keep_nonces(admitted).await;
         for step in steps(admitted) {
             match step {
                 Step::Record(submissions) => self.record_submissions(submissions).await,
@@ -76,6 +80,30 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Writes the admitted requests' nonces to the bucket, so a copy sent after a restart is
+    /// still refused; a request whose nonce could not be written is left unacknowledged (and
+    /// not acted on): JetStream redelivers it, and its own redelivery is no replay.
+    async fn keep_nonces(
+        &mut self,
+        admitted: Vec<(Admitted, Request)>,
+    ) -> Vec<(Admitted, Request)> {
+        let nonces: Vec<&SeenNonce> = admitted.iter().map(|(a, _)| &a.nonce).collect();
+        let stored = crate::replay_memory::remember(&self.js, &nonces).await;
+        admitted
+            .into_iter()
+            .zip(stored)
+            .filter_map(|(request, stored)| {
+                if !stored {
+                    tracing::warn!(
+                        subject = %request.0.message.subject,
+                        "could not remember a request's nonce; it is handled when redelivered"
+                    );
+                }
+                stored.then_some(request)
+            })
+            .collect()
     }
 
     /// Records plain submissions together and acknowledges those stored.
@@ -133,8 +161,8 @@ impl Scheduler {
                 Some(chrono::DateTime::from_timestamp_nanos(nanos))
             })
             .unwrap_or_else(now);
-        let identity = match self.gate.authenticate(&message, stored_at) {
-            Ok(identity) => identity,
+        let (identity, nonce) = match self.gate.authenticate(&message, stored_at) {
+            Ok(admitted) => admitted,
             Err(refusal) => {
                 // The job a refused request names, so its submitter hears why.
                 let about = subjects::job_id_of(&subject)
@@ -147,7 +175,14 @@ impl Scheduler {
             }
         };
         match decoded {
-            Ok(request) => Some((Admitted { message, identity }, request)),
+            Ok(request) => Some((
+                Admitted {
+                    message,
+                    identity,
+                    nonce,
+                },
+                request,
+            )),
             Err(err) => {
                 tracing::warn!(%subject, %err, "refusing a malformed {action} request");
                 self.metrics

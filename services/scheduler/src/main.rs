@@ -14,12 +14,14 @@
 //! - [`liveness`]: heartbeats, lost nodes, lost jobs and fencing of stale attempts.
 //! - [`decisions`]: carrying out a pass's decisions through the lifecycle.
 //! - [`effects`]: carrying out a lifecycle transition: the record stored, then its effects.
+//! - [`private_env`]: jobs' environments, kept apart from the records users read.
 //!
 //! The parts, each owning its data:
 //! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
 //! - [`nodes`]: the node table built from heartbeats.
 //! - [`outbox`]: what the scheduler publishes (assignments, kills, events, audit records).
 //! - [`identity`]: the principals file and the gate every request's signature passes.
+//! - [`replay_memory`]: the nonces of recent requests, kept in KV across restarts.
 //! - [`usage`]: the fair-share usage ledger.
 //! - [`queue_view`]: the core's view of the queued and running jobs, kept between passes.
 //! - [`liveness_memory`]: what the liveness checks remember between runs.
@@ -47,7 +49,9 @@ mod node_admin;
 mod nodes;
 mod outbox;
 mod passes;
+mod private_env;
 mod queue_view;
+mod replay_memory;
 mod report;
 mod service;
 mod state;
@@ -62,7 +66,7 @@ use clap::Parser;
 use tokio::sync::watch;
 
 use mgpu_nats::connect::{ConnectTarget, connect};
-use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings};
+use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -162,6 +166,10 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let sizes_chosen = SizesChosen {
+        output: was_chosen(&loaded.settings, "output_max_mib"),
+        history: was_chosen(&loaded.settings, "history_max_gib"),
+    };
     let args = loaded.args;
     if args.print_config {
         let mut settings = loaded.settings;
@@ -177,7 +185,7 @@ async fn main() -> ExitCode {
     }
     let log_format = args.log_format;
     mgpu_config::logging::init(log_format, "info", &[]);
-    match run(args, policy).await {
+    match run(args, policy, sizes_chosen).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             mgpu_config::logging::fatal(log_format, &format_args!("{err:#}"));
@@ -186,7 +194,32 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args, policy: mgpu_protocol::priority::Policy) -> anyhow::Result<()> {
+/// Which stream sizes someone set (file, environment or flag) rather than left at the
+/// default: those are kept or refused, never shrunk to fit the server's storage.
+struct SizesChosen {
+    output: bool,
+    history: bool,
+}
+
+fn was_chosen(settings: &mgpu_config::print::Settings, key: &str) -> bool {
+    settings
+        .get(key)
+        .is_some_and(|setting| setting.source != mgpu_config::print::Source::Default)
+}
+
+fn when_too_large(chosen: bool) -> WhenTooLarge {
+    if chosen {
+        WhenTooLarge::Refuse
+    } else {
+        WhenTooLarge::Shrink
+    }
+}
+
+async fn run(
+    args: Args,
+    policy: mgpu_protocol::priority::Policy,
+    sizes_chosen: SizesChosen,
+) -> anyhow::Result<()> {
     let target = ConnectTarget {
         server: args.server.clone(),
         creds: args.creds.clone(),
@@ -203,6 +236,8 @@ async fn run(args: Args, policy: mgpu_protocol::priority::Policy) -> anyhow::Res
         replicas,
         output_max_bytes: args.output_max_mib.saturating_mul(1024 * 1024),
         history_max_bytes: args.history_max_gib.saturating_mul(1024 * 1024 * 1024),
+        output_when_too_large: when_too_large(sizes_chosen.output),
+        history_when_too_large: when_too_large(sizes_chosen.history),
         ..StreamSettings::default()
     };
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);

@@ -118,7 +118,7 @@ impl Outbox {
             return Ok(());
         };
         // The agent enforces hard limits only; time slices (requeue) are the scheduler's.
-        let mut spec = record.spec.clone();
+        let mut spec = crate::private_env::spec_with_env(&self.js.client(), record).await?;
         spec.time_limit_secs = match spec.on_timeout {
             OnTimeout::Fail => limit.map(|l| l.as_secs().max(1)),
             OnTimeout::Requeue => None,

@@ -162,6 +162,8 @@ impl Scheduler {
             .put(subjects::POLICY_KEY, serde_json::to_vec(&policy)?.into())
             .await
             .map_err(|e| anyhow!("storing the policy: {e}"))?;
+        let mut gate = Gate::new(principals);
+        gate.restore_nonces(crate::replay_memory::recall(&js).await?);
         let (status_tx, status_rx) = watch::channel(Status::default());
         let scheduler = Scheduler {
             outbox: Outbox::new(js.clone()),
@@ -171,7 +173,7 @@ impl Scheduler {
             nodes,
             cluster,
             policy,
-            gate: Gate::new(principals),
+            gate,
             views: QueueViews::default(),
             watch: LivenessMemory::default(),
             stats: PassStats::new(status_tx),

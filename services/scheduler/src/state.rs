@@ -28,6 +28,8 @@ pub struct JobStore {
     /// For pipelined writes, which the KV API does not offer.
     js: jetstream::Context,
     bucket: kv::Store,
+    /// The jobs' environments (`mgpu-job-env`), dropped as their jobs move to history.
+    env_bucket: kv::Store,
     jobs: HashMap<JobId, Tracked>,
     /// Ids of the queued jobs, and of the running ones: a pass, a heartbeat and the status
     /// look at these, never at every record (finished jobs pile up by the hundred thousand).
@@ -47,6 +49,10 @@ impl JobStore {
     /// Loads every record from the bucket.
     pub async fn load(js: &jetstream::Context) -> Result<Self> {
         let bucket = records::jobs_bucket(js).await?;
+        let env_bucket = js
+            .get_key_value(subjects::JOB_ENV_BUCKET)
+            .await
+            .context("opening the environments' bucket")?;
         let messages = records::last_per_subject(
             js,
             subjects::JOBS_BUCKET_STREAM,
@@ -57,6 +63,7 @@ impl JobStore {
         let mut store = JobStore {
             js: js.clone(),
             bucket,
+            env_bucket,
             jobs: HashMap::with_capacity(messages.len()),
             queued: HashSet::new(),
             changed: HashSet::new(),
@@ -139,6 +146,8 @@ impl JobStore {
             return Ok(false);
         }
         let payload = Bytes::from(serde_json::to_vec(&tracked.record)?);
+        let env_owner = (tracked.record.spec.private_env)
+            .then(|| subjects::history_owner(&tracked.record).to_owned());
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", id.as_str());
         let subject = subjects::history(subjects::history_owner(&tracked.record), id);
@@ -154,6 +163,9 @@ impl JobStore {
             .filter(format!("$KV.{}.{id}", subjects::JOBS_BUCKET))
             .await
             .context("purging the moved record")?;
+        if let Some(owner) = env_owner {
+            crate::private_env::forget_env(&self.env_bucket, &owner, id).await;
+        }
         self.forget(id);
         Ok(true)
     }

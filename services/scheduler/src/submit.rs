@@ -19,9 +19,10 @@ impl Scheduler {
     /// Records one submission, looking for its twin first when it asks for `--dedup`.
     pub(crate) async fn on_submit(
         &mut self,
-        request: SubmitRequest,
+        mut request: SubmitRequest,
         identity: &Identity,
     ) -> Result<()> {
+        self.keep_env_apart(&mut request, identity).await;
         self.learn_archived(std::iter::once(&request.spec)).await;
         let twin = request
             .spec
@@ -56,7 +57,8 @@ impl Scheduler {
         self.learn_archived(depending.iter()).await;
         let mut records = Vec::with_capacity(submissions.len());
         let mut followups = Vec::with_capacity(submissions.len());
-        for (request, identity) in submissions {
+        for (mut request, identity) in submissions {
+            self.keep_env_apart(&mut request, identity).await;
             let id = request.id.clone();
             // Each its own time, so jobs of a batch keep their order in the queue.
             let transition = lifecycle::submit(request, &identity.signer(), None, now());

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`connect`]: connecting with an nkey (and TLS), with errors a person can act on.
 //! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
+//! - [`job_env`]: the environments captured at submit, kept apart from the job records.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
 //! - [`pull`]: continuous pulls from durable consumers that survive losing the consumer's leader.
 //! - [`signing`]: request signatures put on and read off message headers.
@@ -11,6 +12,7 @@
 
 pub mod connect;
 pub mod error;
+pub mod job_env;
 pub mod pull;
 pub mod records;
 pub mod signing;

@@ -100,7 +100,36 @@ pub struct StreamSettings {
     pub events_max_age: Duration,
     /// Finished jobs' records kept in history, in bytes; the oldest go first.
     pub history_max_bytes: i64,
+    /// What to do when the server has no room to reserve the output stream's `max_bytes`
+    /// (JetStream reserves it whole, against its `max_file_store`).
+    pub output_when_too_large: WhenTooLarge,
+    /// The same for the history stream.
+    pub history_when_too_large: WhenTooLarge,
 }
+
+impl StreamSettings {
+    fn when_too_large(&self, stream: &str) -> WhenTooLarge {
+        if stream == subjects::HISTORY_STREAM {
+            self.history_when_too_large
+        } else {
+            self.output_when_too_large
+        }
+    }
+}
+
+/// What [`ensure`] does when JetStream cannot reserve a stream's size (error 10047).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WhenTooLarge {
+    /// Keep less, saying so: for sizes nobody chose (the defaults), so that a small disk
+    /// (a laptop, a CI machine) still runs a cluster.
+    #[default]
+    Shrink,
+    /// Fail, naming the setting: an administrator's own size is kept or refused, never cut.
+    Refuse,
+}
+
+/// The least [`WhenTooLarge::Shrink`] goes down to before it gives up.
+const SMALLEST_SHRUNK_BYTES: i64 = 64 * 1024 * 1024;
 
 impl Default for StreamSettings {
     fn default() -> Self {
@@ -110,6 +139,8 @@ impl Default for StreamSettings {
             output_max_bytes: 4 * 1024 * 1024 * 1024,
             events_max_age: Duration::from_secs(7 * 24 * 3600),
             history_max_bytes: subjects::HISTORY_MAX_BYTES,
+            output_when_too_large: WhenTooLarge::Shrink,
+            history_when_too_large: WhenTooLarge::Shrink,
         }
     }
 }
@@ -208,6 +239,33 @@ pub fn jobs_bucket_config(settings: &StreamSettings) -> kv::Config {
     }
 }
 
+/// The captured environments ([`crate::job_env`]): one value per live job, each at most a
+/// submission's size.
+pub fn job_env_bucket_config(settings: &StreamSettings) -> kv::Config {
+    kv::Config {
+        bucket: subjects::JOB_ENV_BUCKET.into(),
+        description: "mgpu jobs' environments, readable by their owners, admins and the scheduler"
+            .into(),
+        history: 1,
+        max_value_size: MAX_SUBMIT_BYTES as i32,
+        num_replicas: settings.replicas.max(1),
+        ..Default::default()
+    }
+}
+
+/// The request nonces seen lately, so that a replay is known after a scheduler restart.
+pub fn nonce_bucket_config(settings: &StreamSettings) -> kv::Config {
+    kv::Config {
+        bucket: subjects::NONCE_BUCKET.into(),
+        description: "request nonces the mgpu scheduler saw lately (replays are refused)".into(),
+        history: 1,
+        max_age: Duration::from_secs(subjects::NONCE_TTL_SECS),
+        max_value_size: 1024,
+        num_replicas: settings.replicas.max(1),
+        ..Default::default()
+    }
+}
+
 pub fn cluster_bucket_config(settings: &StreamSettings) -> kv::Config {
     kv::Config {
         bucket: subjects::CLUSTER_BUCKET.into(),
@@ -270,14 +328,13 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
     for config in stream_configs(settings) {
         let name = config.name.clone();
         let before = replicas_of(js, &name).await;
-        let info = js
-            .create_or_update_stream(config)
-            .await
-            .map_err(|e| StateError::JetStream(format!("creating stream {name}: {e}")))?;
+        let info = create_within_storage(js, config, settings.when_too_large(&name)).await?;
         log_replicas(&name, before, info.config.num_replicas, settings.replicas);
     }
     for config in [
         jobs_bucket_config(settings),
+        job_env_bucket_config(settings),
+        nonce_bucket_config(settings),
         cluster_bucket_config(settings),
         leader_bucket_config(settings),
         node_lease_bucket_config(settings.replicas),
@@ -292,6 +349,85 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
         log_replicas(&stream, before, after, settings.replicas);
     }
     Ok(())
+}
+
+/// Creates or updates one stream. When the server cannot reserve its `max_bytes`, either
+/// halves it until it fits (down to [`SMALLEST_SHRUNK_BYTES`]), warning with what was kept and
+/// how to get the rest, or fails naming the setting, as `when_too_large` says.
+async fn create_within_storage(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+    when_too_large: WhenTooLarge,
+) -> Result<stream::Info, StateError> {
+    let name = config.name.clone();
+    let asked = config.max_bytes;
+    loop {
+        let error = match js.create_or_update_stream(config.clone()).await {
+            Ok(info) => {
+                if config.max_bytes != asked {
+                    tracing::warn!(
+                        stream = %name,
+                        asked = %human_bytes(asked),
+                        kept = %human_bytes(config.max_bytes),
+                        "JetStream has no room to reserve this stream's size: it keeps less \
+                         (give nats-server more storage with `jetstream {{ max_file_store }}`, \
+                         or set {} to what fits)",
+                        size_setting(&name)
+                    );
+                }
+                return Ok(info);
+            }
+            Err(error) => error,
+        };
+        let no_room = is_storage_exceeded(&error) && config.max_bytes > 0;
+        if no_room && when_too_large == WhenTooLarge::Shrink {
+            let smaller = config.max_bytes / 2;
+            if smaller >= SMALLEST_SHRUNK_BYTES {
+                config.max_bytes = smaller;
+                continue;
+            }
+        }
+        let why = if no_room {
+            format!(
+                "creating stream {name}: JetStream has no room to reserve {} for it ({error}); \
+                 lower {} or give nats-server more storage (`jetstream {{ max_file_store }}`, \
+                 by default 75% of the free disk)",
+                human_bytes(config.max_bytes),
+                size_setting(&name)
+            )
+        } else {
+            format!("creating stream {name}: {error}")
+        };
+        return Err(StateError::JetStream(why));
+    }
+}
+
+fn is_storage_exceeded(error: &async_nats::jetstream::context::CreateStreamError) -> bool {
+    use async_nats::jetstream::context::CreateStreamErrorKind;
+    matches!(
+        error.kind(),
+        CreateStreamErrorKind::JetStream(e)
+            if e.error_code() == async_nats::jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
+    )
+}
+
+/// The scheduler setting that sizes a stream.
+fn size_setting(stream: &str) -> &'static str {
+    if stream == subjects::HISTORY_STREAM {
+        "history_max_gib"
+    } else {
+        "output_max_mib"
+    }
+}
+
+/// Bytes as GiB or MiB, whichever reads better.
+fn human_bytes(bytes: i64) -> String {
+    const MIB: i64 = 1024 * 1024;
+    if bytes >= 1024 * MIB && bytes % (1024 * MIB) == 0 {
+        format!("{} GiB", bytes / (1024 * MIB))
+    } else {
+        format!("{} MiB", bytes / MIB)
+    }
 }
 
 /// The replicas an existing stream has (None when it does not exist yet or cannot be read).

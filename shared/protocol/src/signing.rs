@@ -57,6 +57,12 @@ fn signed_bytes(subject: &str, signed_at_ms: i64, nonce: &str, payload: &[u8]) -
     bytes
 }
 
+/// The key a nonce is kept under in a KV bucket: its hex (a nonce is any text its signer
+/// chose, and KV keys allow a few characters only).
+pub fn nonce_key(nonce: &str) -> String {
+    hex(nonce.as_bytes())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -158,6 +164,11 @@ impl Nonces {
         sequence: u64,
     ) -> Result<(), SignatureError> {
         self.remember(signed, now, Some(sequence))
+    }
+
+    /// Takes back a nonce remembered before a restart (the scheduler keeps them in KV).
+    pub fn restore(&mut self, nonce: String, signed_at: Timestamp, sequence: Option<u64>) {
+        self.seen.insert(nonce, (signed_at, sequence));
     }
 
     fn remember(

@@ -93,6 +93,27 @@ pub fn node_lease(node: &str) -> String {
     format!("$KV.{NODE_LEASE_BUCKET}.{node}")
 }
 pub const USAGE_KEY: &str = "usage";
+/// KV bucket of the environments captured at submit, out of the job records every user
+/// reads: key `<owner key>.<job id>`, written by the owner (or by the scheduler for a
+/// submission that carried it inline), read by the owner, admins and the scheduler, which
+/// puts it in the job's assignments.
+pub const JOB_ENV_BUCKET: &str = "mgpu-job-env";
+pub const JOB_ENV_BUCKET_STREAM: &str = "KV_mgpu-job-env";
+/// KV bucket of the request nonces the scheduler saw lately (key: the nonce's hex), each kept
+/// [`NONCE_TTL_SECS`]: a request copied and sent again after a scheduler restart is still known.
+pub const NONCE_BUCKET: &str = "mgpu-nonces";
+pub const NONCE_BUCKET_STREAM: &str = "KV_mgpu-nonces";
+/// Twice the signature's allowed skew (2 minutes), and a minute more: a copy can pass the skew
+/// check only within that long of the original's storing.
+pub const NONCE_TTL_SECS: u64 = 5 * 60;
+/// The key of a job's environment in [`JOB_ENV_BUCKET`].
+pub fn job_env_key(owner: &str, job: &JobId) -> String {
+    format!("{owner}.{job}")
+}
+/// The subject a job's environment is written on (the KV's own naming).
+pub fn job_env(owner: &str, job: &JobId) -> String {
+    format!("$KV.{JOB_ENV_BUCKET}.{}", job_env_key(owner, job))
+}
 pub fn node_admin_key(node: &str) -> String {
     format!("node.{node}")
 }
@@ -136,6 +157,13 @@ pub fn assign(node: &str) -> String {
 pub fn control(node: &str) -> String {
     format!("nodes.control.{node}")
 }
+/// The one filter of a node's consumer on the assignment stream: `nodes.*.<node>`, which
+/// in that stream (it holds `nodes.assign.*` and `nodes.control.*` only) is the node's
+/// assignments and controls. A single filter is named in the consumer's create request
+/// subject, so the server's permissions can pin a node to its own (two filters are not).
+pub fn node_assignment_filter(node: &str) -> String {
+    format!("nodes.*.{node}")
+}
 /// The durable consumer a node's agent reads its assignments and controls through.
 pub fn node_consumer(node: &str) -> String {
     format!("node-{node}")
@@ -159,6 +187,20 @@ pub fn node_of(subject: &str) -> Option<&str> {
     }
 }
 
+/// Whether the NATS subject pattern `filter` (with `*` and `>` wildcards) takes `subject`.
+pub fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut wanted = subject.split('.');
+    for token in filter.split('.') {
+        match (token, wanted.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (token, Some(got)) if token == got => {}
+            _ => return false,
+        }
+    }
+    wanted.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +211,16 @@ mod tests {
         assert_eq!(job_id_of("jobs.submit"), None);
         assert_eq!(node_of("nodes.heartbeat.node001"), Some("node001"));
         assert_eq!(node_of("nodes.heartbeat"), None);
+    }
+
+    #[test]
+    fn a_nodes_filter_takes_its_assignments_and_controls_only() {
+        let filter = node_assignment_filter("node001");
+        assert!(subject_matches(&filter, &assign("node001")));
+        assert!(subject_matches(&filter, &control("node001")));
+        assert!(!subject_matches(&filter, &assign("node002")));
+        assert!(!subject_matches(&filter, "nodes.assign.node001.x"));
+        assert!(subject_matches("history.>", "history.U.1"));
+        assert!(!subject_matches("history.>", "history"));
     }
 }

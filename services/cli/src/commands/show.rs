@@ -16,6 +16,7 @@ use mgpu_protocol::job::{
 
 use crate::console::{print, print_json};
 use crate::human;
+use crate::model::environment::{self, Environment};
 use crate::model::jobs;
 use crate::session::{ConnectionArgs, Session};
 
@@ -31,25 +32,40 @@ pub struct ShowArgs {
 }
 
 pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCode> {
-    let session = Session::connect(connection).await?;
-    let record = jobs::find_anywhere(&session, &args.id).await?;
+    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let mut record = jobs::find_anywhere(&session, &args.id).await?;
+    let environment = environment::read(&session, &mut refusals, &record).await;
     if args.json {
+        if let Environment::Shown(env) = &environment {
+            record.spec.env = env.clone();
+        }
         let mut value = serde_json::to_value(record.summary())?;
         if let Some(object) = value.as_object_mut() {
+            object.insert("environment".to_owned(), environment_json(&environment));
             object.insert("record".to_owned(), serde_json::to_value(&record)?);
         }
         print_json(&value)?;
     } else {
-        print(&render(&record, mgpu_protocol::now()))?;
+        print(&render(&record, &environment, mgpu_protocol::now()))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `environment` in `show --json`: `shown` (the record's `spec.env` holds it), `withheld`,
+/// or `not available: why`.
+fn environment_json(environment: &Environment) -> serde_json::Value {
+    match environment {
+        Environment::Shown(_) => "shown".into(),
+        Environment::Withheld => "withheld".into(),
+        other => other.describe().into(),
+    }
 }
 
 /// One line of the listing: its key and its value.
 type Line = (&'static str, String);
 
 /// Aligned `key: value` lines; lines that do not apply to the job's state are left out.
-fn render(record: &JobRecord, now: Timestamp) -> String {
+fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> String {
     let mut lines: Vec<Line> = vec![
         ("id", record.id.to_string()),
         ("name", record.spec.display_name()),
@@ -57,6 +73,7 @@ fn render(record: &JobRecord, now: Timestamp) -> String {
         ("state", record.state.name().to_owned()),
     ];
     request_lines(&record.spec, &mut lines);
+    lines.push(("environment", environment.describe()));
     launch_lines(&record.spec, &mut lines);
     if let Some(placement) = record.state.placement() {
         placement_lines(placement, &mut lines);
@@ -319,7 +336,7 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
         };
-        let text = render(&record, now);
+        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          queued\n"), "{text}");
         assert!(text.contains("\nwaiting:        1m15s\n"), "{text}");
         assert!(
@@ -358,7 +375,7 @@ mod tests {
             attempt: 2,
             state: JobState::Queued(waiting),
         };
-        let text = render(&record, now);
+        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         for expected in [
             format!("after:          {dependency}\n"),
             format!("array:          {array_id}\n"),
@@ -400,7 +417,7 @@ mod tests {
                 usage: None,
             }),
         };
-        let text = render(&record, now);
+        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          timed_out\n"), "{text}");
         assert!(
             text.contains("\nreason:         time limit of 1m reached\n"),
@@ -430,7 +447,7 @@ mod tests {
                 usage: None,
             }),
         };
-        let text = render(&record, now);
+        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          node_failed\n"), "{text}");
         assert!(text.contains("\nno requeue:     yes"), "{text}");
         assert!(

@@ -6,6 +6,7 @@
 //! - [`snapshot`]: the jobs, nodes and cluster state, read at once for `mgpu queue` and
 //!   `mgpu nodes`;
 //! - [`cluster`]: the cluster bucket (policy, usage, drained nodes and paused GPUs);
+//! - [`environment`]: a job's environment, as the reader may see it;
 //! - [`jobs`]: finding one job by id or prefix, and the queue's listing order with effective
 //!   priorities;
 //! - [`nodes`]: a node's row: its state, free and paused GPUs, running jobs;
@@ -14,6 +15,7 @@
 
 pub mod accounting;
 pub mod cluster;
+pub mod environment;
 pub mod history;
 pub mod jobs;
 pub mod nodes;

@@ -145,6 +145,8 @@ fn scheduler_permissions() -> Permissions {
             "$JS.ACK.>",
             "$JS.FC.>",
             "$KV.mgpu-jobs.>",
+            "$KV.mgpu-job-env.>",
+            "$KV.mgpu-nonces.>",
             "$KV.mgpu-cluster.>",
             "$KV.mgpu-leader.>",
             "$KV.mgpu-node-leases.>",
@@ -174,6 +176,7 @@ fn node_permissions(name: &str, public_key: &str) -> Permissions {
     let assign = subjects::ASSIGN_STREAM;
     let leases = subjects::NODE_LEASE_BUCKET_STREAM;
     let lease = subjects::node_lease(name);
+    let filter = subjects::node_assignment_filter(name);
     Permissions {
         publish: vec![
             subjects::heartbeat(name),
@@ -186,8 +189,9 @@ fn node_permissions(name: &str, public_key: &str) -> Permissions {
             subjects::ALL_OUTPUT.to_owned(),
             subjects::ALL_EVENTS.to_owned(),
             format!("$JS.API.STREAM.INFO.{assign}"),
-            format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}"),
-            format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}.>"),
+            // Only the create request that names its filter, and only the node's own: a
+            // request without the filter in its subject could name another node's.
+            format!("$JS.API.CONSUMER.CREATE.{assign}.{consumer}.{filter}"),
             format!("$JS.API.CONSUMER.INFO.{assign}.{consumer}"),
             format!("$JS.API.CONSUMER.MSG.NEXT.{assign}.{consumer}"),
             format!("$JS.ACK.{assign}.{consumer}.>"),
@@ -236,6 +240,16 @@ fn user_permissions(public_key: &str) -> Permissions {
         format!("$JS.API.CONSUMER.CREATE.{history}.*.history.{public_key}.>"),
         format!("$JS.API.CONSUMER.INFO.{history}.*"),
         format!("$JS.API.CONSUMER.MSG.NEXT.{history}.*"),
+    ]);
+    // Environments: the user's own keys only, written and read by name (a direct get that
+    // names its subject), never listed.
+    let env_keys = format!("$KV.{}.{public_key}.>", subjects::JOB_ENV_BUCKET);
+    publish.extend([
+        format!(
+            "$JS.API.DIRECT.GET.{}.{env_keys}",
+            subjects::JOB_ENV_BUCKET_STREAM
+        ),
+        env_keys,
     ]);
     // The scheduler's durable consumer of reports is not a user's to change or drain.
     let events = subjects::EVENTS_STREAM;

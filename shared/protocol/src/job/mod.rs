@@ -67,9 +67,14 @@ pub struct JobSpec {
     pub env_setup_cmd: Option<String>,
     /// Absolute directory the job runs in.
     pub workdir: String,
-    /// The submitter's environment, captured at submit.
+    /// The submitter's environment, captured at submit. Empty in the records users read
+    /// when [`JobSpec::private_env`] is set; filled in the job's assignments.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The environment is kept apart, in the `mgpu-job-env` bucket under the owner's key,
+    /// readable by the owner, admins and the scheduler only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private_env: bool,
     /// The submitter is attached and may send standard input.
     #[serde(default)]
     pub interactive: bool,
@@ -233,6 +238,7 @@ impl JobSpec {
             env_setup_cmd: None,
             workdir: workdir.into(),
             env: BTreeMap::new(),
+            private_env: false,
             interactive: false,
             conda_env: None,
             on_timeout: OnTimeout::Requeue,

@@ -1,0 +1,233 @@
+//! Users who don't trust each other, told as attacks by a second user or a second node with
+//! the real server's permissions: bob looks for alice's environment everywhere a user can
+//! look (her job's record in KV, her submission, the environments' bucket, `mgpu show`) and
+//! finds nothing of it, while her job gets it and she still sees it; a node cannot make its
+//! assignment consumer take another node's assignments.
+
+use std::time::Duration;
+
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::principals::Role;
+use mgpu_protocol::subjects;
+use mgpu_tests::{Cluster, NodeSpec, wait_for};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+/// How long an answer a refused request will never get is waited for.
+const REFUSED_WAIT: Duration = Duration::from_secs(2);
+
+/// `mgpu show ID --json` as `creds`.
+fn show_as(cluster: &Cluster, creds: &std::path::Path, id: &str) -> (Value, String) {
+    let out = cluster.mgpu_ok_with(creds, &["show", id, "--json"]);
+    let value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    (value, out)
+}
+
+/// The bytes bob gets from a direct get of `subject` on `stream` (empty when refused or
+/// when there is nothing).
+fn direct_get_as(cluster: &Cluster, creds: &std::path::Path, request: String) -> Vec<u8> {
+    cluster.with_nats(creds, |client| async move {
+        match tokio::time::timeout(REFUSED_WAIT, client.request(request, "".into())).await {
+            Ok(Ok(reply)) if reply.status.is_none() => reply.payload.to_vec(),
+            _ => Vec::new(),
+        }
+    })
+}
+
+#[test]
+fn another_user_finds_a_jobs_environment_nowhere_while_the_job_and_its_owner_get_it() {
+    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    let secret = format!("wandb-{}", JobId::random());
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let expected = dir.path().join("expected");
+    let go = dir.path().join("go");
+    std::fs::write(&expected, &secret).unwrap_or_else(|e| panic!("{e}"));
+    // The job waits for the word, then says whether the key reached it (never the key: its
+    // output is readable by every user).
+    let command = format!(
+        "while [ ! -e {go} ]; do sleep 0.1; done; \
+         [ \"$WANDB_API_KEY\" = \"$(cat {expected})\" ] && echo key-arrived",
+        go = go.display(),
+        expected = expected.display()
+    );
+    cluster.set_cli_env("WANDB_API_KEY", &secret);
+    let id = cluster.submit(&[], &command);
+    cluster.wait_state(&id, "running", T);
+
+    let bob = cluster.user_creds("bob");
+    // mgpu show: withheld, in both forms.
+    let (shown, text) = show_as(&cluster, &bob, &id);
+    assert_eq!(shown["environment"], "withheld", "{text}");
+    assert!(!text.contains(&secret), "bob's show has the key: {text}");
+    let human = cluster.mgpu_ok_with(&bob, &["show", &id]);
+    assert!(
+        human.contains("environment:") && human.contains("withheld"),
+        "{human}"
+    );
+    assert!(!human.contains(&secret), "{human}");
+
+    // The job record, straight from KV.
+    let record = direct_get_as(
+        &cluster,
+        &bob,
+        format!(
+            "$JS.API.DIRECT.GET.{}.$KV.{}.{id}",
+            subjects::JOBS_BUCKET_STREAM,
+            subjects::JOBS_BUCKET
+        ),
+    );
+    let record = String::from_utf8_lossy(&record).into_owned();
+    assert!(
+        record.contains(&id),
+        "bob could not read the record at all: {record}"
+    );
+    assert!(
+        !record.contains(&secret),
+        "the record has the key: {record}"
+    );
+
+    // The environments' bucket, under alice's key: the server refuses, nothing comes.
+    let alice_key = shown["record"]["user_key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no owner key in {shown}"))
+        .to_owned();
+    let job: JobId = id.parse().unwrap_or_else(|e| panic!("{e}"));
+    let stolen = direct_get_as(
+        &cluster,
+        &bob,
+        mgpu_nats::job_env::get_subject(&alice_key, &job),
+    );
+    assert!(
+        stolen.is_empty(),
+        "bob read alice's environment: {stolen:?}"
+    );
+
+    // The owner and an admin see it.
+    let (own, _) = show_as(&cluster, &cluster.user_creds("alice"), &id);
+    assert_eq!(own["environment"], "shown");
+    assert_eq!(
+        own["record"]["spec"]["env"]["WANDB_API_KEY"],
+        secret.as_str()
+    );
+    let (admin, _) = show_as(&cluster, &cluster.admin_creds(), &id);
+    assert_eq!(
+        admin["record"]["spec"]["env"]["WANDB_API_KEY"],
+        secret.as_str()
+    );
+
+    // And the job got it through its assignment.
+    std::fs::write(&go, "").unwrap_or_else(|e| panic!("{e}"));
+    cluster.finished_as(&id, "succeeded", T);
+    let logs = cluster.mgpu_ok(&["logs", &id]);
+    assert!(logs.contains("key-arrived"), "{logs}");
+}
+
+#[test]
+fn a_pending_submission_carries_no_environment_for_another_user_to_read() {
+    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    // With the scheduler stopped, the submission waits in MGPU_REQUESTS, where users read
+    // pending submissions (mgpu queue lists them).
+    cluster.kill_scheduler();
+    let secret = format!("token-{}", JobId::random());
+    cluster.set_cli_env("HF_TOKEN", &secret);
+    let id = cluster.submit(&[], "true");
+    let pending = direct_get_as(
+        &cluster,
+        &cluster.user_creds("bob"),
+        format!(
+            "$JS.API.DIRECT.GET.{}.{}",
+            subjects::REQUESTS_STREAM,
+            subjects::SUBMIT
+        ),
+    );
+    let pending = String::from_utf8_lossy(&pending).into_owned();
+    assert!(
+        pending.contains(&id),
+        "bob could not read the submission: {pending}"
+    );
+    assert!(
+        !pending.contains(&secret),
+        "the submission has the token: {pending}"
+    );
+    // The scheduler takes it later, and the job runs with it.
+    cluster.start_scheduler();
+    let job = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(job["id"], id.as_str());
+}
+
+#[test]
+fn a_node_cannot_make_its_consumer_take_another_nodes_assignments() {
+    let cluster = Cluster::start(&[
+        NodeSpec::new("node001", "1x24GiB"),
+        NodeSpec::without_agent("node002"),
+    ]);
+    let stream = subjects::ASSIGN_STREAM;
+    let victim = subjects::assign("node001");
+    // node002 asks for consumers filtering node001's assignments: named as its own, named as
+    // node001's, named with the filter in the body only (no filter in the subject), and
+    // ephemeral.
+    let mine = subjects::node_consumer("node002");
+    let theirs = subjects::node_consumer("node001");
+    let body = serde_json::json!({
+        "stream_name": stream,
+        "config": {
+            "durable_name": mine,
+            "filter_subject": victim,
+            "ack_policy": "explicit",
+        },
+    })
+    .to_string();
+    let attempts = [
+        format!("$JS.API.CONSUMER.CREATE.{stream}.{mine}.{victim}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.{theirs}.{victim}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.{mine}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+    ];
+    let node = cluster.creds(Role::Node, "node002");
+    for subject in attempts {
+        let body = body.clone();
+        let answered = cluster.with_nats(&node, |client| async move {
+            tokio::time::timeout(REFUSED_WAIT, client.request(subject, body.into()))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|reply| String::from_utf8_lossy(&reply.payload).into_owned())
+        });
+        assert!(
+            answered.is_none(),
+            "the server answered node002: {answered:?}"
+        );
+    }
+    // node002's own filter, as its agent asks, is allowed.
+    let own_filter = subjects::node_assignment_filter("node002");
+    let own = serde_json::json!({
+        "stream_name": stream,
+        "config": {
+            "durable_name": mine,
+            "filter_subject": own_filter,
+            "ack_policy": "explicit",
+        },
+    })
+    .to_string();
+    let created = cluster.with_nats(&node, |client| async move {
+        let subject = format!("$JS.API.CONSUMER.CREATE.{stream}.{mine}.{own_filter}");
+        let reply = tokio::time::timeout(REFUSED_WAIT, client.request(subject, own.into()))
+            .await
+            .unwrap_or_else(|_| panic!("node002 may create its own consumer"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8_lossy(&reply.payload).into_owned()
+    });
+    assert!(!created.contains("\"error\""), "{created}");
+
+    // node001's jobs still reach node001.
+    let id = cluster.submit(&[], "echo on-node001");
+    let job = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(job["nodes"][0], "node001", "{job}");
+    wait_for("the output", T, || {
+        cluster
+            .mgpu_ok(&["logs", &id])
+            .contains("on-node001")
+            .then_some(())
+    });
+}

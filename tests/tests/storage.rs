@@ -1,0 +1,59 @@
+//! A server with little storage, told as stories. JetStream reserves a size-bounded stream's
+//! whole `max_bytes` against its `max_file_store` (by default 75% of the free disk), so the
+//! default 4 GiB of output and 10 GiB of history do not fit on a small disk. Left at their
+//! defaults, the scheduler keeps less and says so; an administrator's own size is kept or
+//! refused at start, naming the setting, never cut.
+
+use std::time::Duration;
+
+use mgpu_tests::{Cluster, NodeSpec, wait_for};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The server grants 1 GB: not the 14 GiB the defaults ask for.
+const SMALL_STORE: &str = "1G";
+
+fn scheduler_log(cluster: &Cluster) -> String {
+    std::fs::read_to_string(cluster.log_path("scheduler")).unwrap_or_default()
+}
+
+#[test]
+fn with_default_sizes_the_scheduler_keeps_less_on_a_small_server_and_says_so() {
+    let mut cluster =
+        Cluster::server_only_with_storage(&[NodeSpec::new("node001", "1x24GiB")], SMALL_STORE);
+    cluster.start_scheduler_with(&[]);
+    cluster.start_agent("node001");
+    cluster.wait_nodes_online(1);
+
+    let id = cluster.submit(&[], "echo stored");
+    cluster.finished_as(&id, "succeeded", T);
+
+    let log = scheduler_log(&cluster);
+    for stream in ["MGPU_HISTORY", "MGPU_OUTPUT"] {
+        let warning = log
+            .lines()
+            .find(|line| line.contains("keeps less") && line.contains(stream))
+            .unwrap_or_else(|| panic!("no warning for {stream} in\n{log}"));
+        assert!(warning.contains("max_file_store"), "{warning}");
+    }
+    assert!(log.contains("history_max_gib"), "{log}");
+}
+
+#[test]
+fn a_chosen_history_size_that_does_not_fit_stops_the_scheduler_naming_the_setting() {
+    let mut cluster =
+        Cluster::server_only_with_storage(&[NodeSpec::without_agent("node001")], SMALL_STORE);
+    // The output stream's default shrinks; the history's 10 GiB was asked for.
+    cluster.start_scheduler_with(&["--history-max-gib", "10"]);
+    wait_for("the scheduler to stop", T, || {
+        (!cluster.exited_components().is_empty()).then_some(())
+    });
+    let log = scheduler_log(&cluster);
+    let error = log
+        .lines()
+        .find(|line| line.contains("creating stream MGPU_HISTORY"))
+        .unwrap_or_else(|| panic!("no error for MGPU_HISTORY in\n{log}"));
+    assert!(error.contains("no room to reserve 10 GiB"), "{error}");
+    assert!(error.contains("history_max_gib"), "{error}");
+    assert!(error.contains("max_file_store"), "{error}");
+}
