@@ -51,11 +51,11 @@ pub const POLICY_KEYS: &[&str] = &[
     "keep_finished",
 ];
 
-/// What the config file holds beside the flags' keys: the `[policy]` section, and the policy
-/// file of before read as that section. Sections added later (per-user limits) go here too.
+/// What the config file holds beside the flags' keys: the `[policy]` section (and the policy
+/// file of before read as that section) and the per-user `[limits]` (`limits.rs`).
 pub const SERVICE: mgpu_config::Service = mgpu_config::Service {
     command_line_only: &["print_config"],
-    sections: &["policy"],
+    sections: &["policy", "limits"],
     legacy: Some(mgpu_config::Legacy {
         section: "policy",
         keys: POLICY_KEYS,

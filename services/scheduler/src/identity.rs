@@ -38,11 +38,11 @@ impl Principals {
     }
 
     /// Re-reads the file if it changed since it was read (a `stat`, cheap enough to make
-    /// whenever a key is not known).
-    fn refresh(&mut self) {
+    /// whenever a key is not known); true when it was read again.
+    pub fn refresh(&mut self) -> bool {
         let now_modified = modified(&self.path);
         if now_modified == self.modified {
-            return;
+            return false;
         }
         match read(&self.path) {
             Ok(registry) => {
@@ -52,9 +52,27 @@ impl Principals {
                 );
                 self.registry = registry;
                 self.modified = now_modified;
+                true
             }
-            Err(err) => tracing::warn!("reloading the principals file: {err:#}"),
+            Err(err) => {
+                tracing::warn!("reloading the principals file: {err:#}");
+                false
+            }
         }
+    }
+
+    /// Every user and admin, with the group whose limits apply to them.
+    pub fn users_with_groups(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+        self.registry
+            .principals
+            .iter()
+            .filter(|p| matches!(p.role, Role::User | Role::Admin))
+            .map(|p| (p.name.as_str(), p.group.as_deref()))
+    }
+
+    /// The group of the user or admin named `name`.
+    pub fn group_of(&self, name: &str) -> Option<&str> {
+        self.user_by_name(name).and_then(|p| p.group.as_deref())
     }
 
     /// The user or admin whose key is `key`. The file is re-read first when it changed, so a

@@ -20,6 +20,7 @@
 //! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
 //! - [`nodes`]: the node table built from heartbeats.
 //! - [`outbox`]: what the scheduler publishes (assignments, kills, events, audit records).
+//! - [`limits`]: per-user limits (`[limits]` of the config file), re-read when it changes.
 //! - [`identity`]: the principals file and the gate every request's signature passes.
 //! - [`replay_memory`]: the nonces of recent requests, kept in KV across restarts.
 //! - [`usage`]: the fair-share usage ledger.
@@ -42,6 +43,7 @@ mod identity;
 mod intake;
 mod leader;
 mod lifecycle;
+mod limits;
 mod liveness;
 mod liveness_memory;
 mod metrics;
@@ -166,6 +168,14 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Like the policy, bad limits stop the scheduler before it connects.
+    let limits = match limits::LimitsFile::new(loaded.file.as_deref(), &loaded.sections) {
+        Ok(limits) => limits,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let sizes_chosen = SizesChosen {
         output: was_chosen(&loaded.settings, "output_max_mib"),
         history: was_chosen(&loaded.settings, "history_max_gib"),
@@ -178,6 +188,9 @@ async fn main() -> ExitCode {
             "policy",
             config::policy_settings(&policy, section, &settings),
         );
+        for (name, table) in limits.limits.printable() {
+            settings.add_section(&name, table);
+        }
         // Written, not `print!`ed: `--print-config | head` closes the pipe early, which is
         // the reader's choice and no reason to panic.
         let _ = std::io::Write::write_all(&mut std::io::stdout(), settings.render().as_bytes());
@@ -185,7 +198,7 @@ async fn main() -> ExitCode {
     }
     let log_format = args.log_format;
     mgpu_config::logging::init(log_format, "info", &[]);
-    match run(args, policy, sizes_chosen).await {
+    match run(args, (policy, limits), sizes_chosen).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             mgpu_config::logging::fatal(log_format, &format_args!("{err:#}"));
@@ -217,7 +230,7 @@ fn when_too_large(chosen: bool) -> WhenTooLarge {
 
 async fn run(
     args: Args,
-    policy: mgpu_protocol::priority::Policy,
+    (policy, limits): (mgpu_protocol::priority::Policy, limits::LimitsFile),
     sizes_chosen: SizesChosen,
 ) -> anyhow::Result<()> {
     let target = ConnectTarget {
@@ -260,6 +273,7 @@ async fn run(
             client.clone(),
             policy.clone(),
             principals.clone(),
+            limits.clone(),
             shutdown_rx.clone(),
             lease.lost.clone(),
             metrics.clone(),

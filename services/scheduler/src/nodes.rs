@@ -417,6 +417,7 @@ mod tests {
                     placement: PlacementPolicy::FillFirst,
                     max_reservations: 4,
                     topology_label: Some("rack".into()),
+                    gpu_caps: Default::default(),
                 };
                 let queue = [
                     QueuedJob::new(JobId::random(), GpuAmount::ONE, now),

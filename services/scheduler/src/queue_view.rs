@@ -170,6 +170,7 @@ fn queued_job(
         .usage
         .gpu_hours(&record.user, now, policy.half_life_secs);
     QueuedJob {
+        owner: record.user.clone(),
         id: record.id.clone(),
         effective_priority: effective_priority(
             record.spec.priority,
@@ -209,6 +210,7 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
         .map(|limit| began + limit);
     let sliced = record.spec.on_timeout == OnTimeout::Requeue && !run.preempt_requested;
     RunningJob {
+        owner: record.user.clone(),
         id: record.id.clone(),
         placement: run.placement.clone(),
         expected_end: end,

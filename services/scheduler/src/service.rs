@@ -14,6 +14,7 @@
 //! ([`LivenessMemory`]) and the [`PassStats`]; the [`SchedulerMetrics`] are shared with the
 //! metrics endpoint, which asks the loop for the tables' counts at each scrape.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use mgpu_protocol::{Timestamp, now, subjects};
 
 use crate::core::{self, CoreSettings, QueuedJob, RunningJob};
 use crate::identity::{Gate, Principals};
+use crate::limits::LimitsFile;
 use crate::liveness_memory::LivenessMemory;
 use crate::metrics::{GaugeRequests, SchedulerMetrics};
 use crate::nodes::NodeTable;
@@ -63,6 +65,10 @@ pub struct Scheduler {
     pub(crate) history: crate::history::HistoryKeeper,
     /// What the metrics endpoint serves: counted here, read there.
     pub(crate) metrics: Arc<SchedulerMetrics>,
+    /// Per-user limits (`[limits]` of the config file), re-read when the file changes.
+    pub(crate) limits: LimitsFile,
+    /// Each capped user's most GPUs running at once, from `limits` and users' groups.
+    pub(crate) gpu_caps: Arc<HashMap<String, u64>>,
 }
 
 /// What wakes the loop: heartbeats (plain subscription), agents' reports and requests
@@ -81,6 +87,7 @@ pub async fn run(
     client: async_nats::Client,
     policy: Policy,
     principals: Principals,
+    limits: LimitsFile,
     shutdown: watch::Receiver<bool>,
     lease_lost: watch::Receiver<bool>,
     metrics: Arc<SchedulerMetrics>,
@@ -98,7 +105,8 @@ pub async fn run(
         .flush()
         .await
         .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
-    let (mut scheduler, status) = Scheduler::load(&client, policy, principals, metrics).await?;
+    let (mut scheduler, status) =
+        Scheduler::load(&client, policy, (principals, limits), metrics).await?;
     tracing::info!(
         jobs = scheduler.store.total(),
         nodes = scheduler.nodes.len(),
@@ -138,7 +146,7 @@ impl Scheduler {
     async fn load(
         client: &async_nats::Client,
         policy: Policy,
-        principals: Principals,
+        (principals, limits): (Principals, LimitsFile),
         metrics: Arc<SchedulerMetrics>,
     ) -> Result<(Self, watch::Receiver<Status>)> {
         let js = jetstream::new(client.clone());
@@ -162,6 +170,7 @@ impl Scheduler {
             .put(subjects::POLICY_KEY, serde_json::to_vec(&policy)?.into())
             .await
             .map_err(|e| anyhow!("storing the policy: {e}"))?;
+        let gpu_caps = Arc::new(limits.limits.running_caps(principals.users_with_groups()));
         let mut gate = Gate::new(principals);
         gate.restore_nonces(crate::replay_memory::recall(&js).await?);
         let (status_tx, status_rx) = watch::channel(Status::default());
@@ -181,6 +190,8 @@ impl Scheduler {
             events_consumer: None,
             history: crate::history::HistoryKeeper::default(),
             metrics,
+            limits,
+            gpu_caps,
         };
         Ok((scheduler, status_rx))
     }
@@ -298,7 +309,27 @@ impl Scheduler {
         // A change no pass stored since (they come too often for that) is stored here.
         self.usage.save(false).await;
         self.keep_history().await;
-        self.check_liveness().await || changed
+        let limits_changed = self.refresh_limits();
+        self.check_liveness().await || changed || limits_changed
+    }
+
+    /// Re-reads the limits and the users' groups when their files changed; true when the caps
+    /// on running GPUs did (a pass then starts what a raised cap lets start).
+    fn refresh_limits(&mut self) -> bool {
+        let limits_changed = self.limits.refresh();
+        let groups_changed = self.gate.principals.refresh();
+        if !limits_changed && !groups_changed {
+            return false;
+        }
+        let caps = self
+            .limits
+            .limits
+            .running_caps(self.gate.principals.users_with_groups());
+        if caps == *self.gpu_caps {
+            return false;
+        }
+        self.gpu_caps = Arc::new(caps);
+        true
     }
 
     /// Handles the heartbeats already waiting; true when one changed the node table.
@@ -349,6 +380,7 @@ impl Scheduler {
                 max_reservations: self.policy.max_reservations,
                 topology_label: Some(self.policy.topology_label.clone())
                     .filter(|label| !label.is_empty()),
+                gpu_caps: Arc::clone(&self.gpu_caps),
             };
             let nodes = self.nodes.views(now);
             sample.view_us = micros(began.elapsed());

@@ -3,6 +3,8 @@
 //! (it must see them to find its twin). The record and what follows from it are the job
 //! lifecycle's ([`lifecycle::submit`]).
 
+use std::collections::HashMap;
+
 use anyhow::Result;
 
 use mgpu_protocol::ids::JobId;
@@ -11,7 +13,7 @@ use mgpu_protocol::now;
 use mgpu_protocol::submit::SubmitRequest;
 
 use crate::identity::Identity;
-use crate::lifecycle::{self, Transition};
+use crate::lifecycle::{self, NotAdded, Transition};
 use crate::metrics::SubmitOutcome;
 use crate::service::Scheduler;
 
@@ -29,8 +31,14 @@ impl Scheduler {
             .dedup
             .then(|| self.twin_of(&request, identity))
             .flatten();
+        let over_limit = self.over_limit(&mut request, identity, &mut QueuedByUser::default());
+        let not_added = match (&twin, over_limit) {
+            (Some(twin), _) => Some(NotAdded::Duplicate(twin)),
+            (None, Some(why)) => Some(NotAdded::OverLimit(why)),
+            (None, None) => None,
+        };
         let id = request.id.clone();
-        let transition = lifecycle::submit(request, &identity.signer(), twin.as_ref(), now());
+        let transition = lifecycle::submit(request, &identity.signer(), not_added, now());
         let Transition { record, effects } = transition;
         let outcome = SubmitOutcome::of(record.as_ref(), twin.is_some());
         let created = match record {
@@ -57,11 +65,15 @@ impl Scheduler {
         self.learn_archived(depending.iter()).await;
         let mut records = Vec::with_capacity(submissions.len());
         let mut followups = Vec::with_capacity(submissions.len());
+        let mut queued = QueuedByUser::default();
         for (mut request, identity) in submissions {
             self.keep_env_apart(&mut request, identity).await;
+            let not_added = self
+                .over_limit(&mut request, identity, &mut queued)
+                .map(NotAdded::OverLimit);
             let id = request.id.clone();
             // Each its own time, so jobs of a batch keep their order in the queue.
-            let transition = lifecycle::submit(request, &identity.signer(), None, now());
+            let transition = lifecycle::submit(request, &identity.signer(), not_added, now());
             let stored = transition.record.is_some();
             let outcome = SubmitOutcome::of(transition.record.as_ref(), false);
             records.extend(transition.record);
@@ -107,6 +119,36 @@ impl Scheduler {
         }
     }
 
+    /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`), counting
+    /// the jobs `queued` knows of; within them, a job without a time limit gets `max_time_limit` and counts as
+    /// one more queued job of its owner.
+    fn over_limit(
+        &self,
+        request: &mut SubmitRequest,
+        identity: &Identity,
+        queued: &mut QueuedByUser,
+    ) -> Option<String> {
+        if self.limits.limits.is_empty() {
+            return None;
+        }
+        // The signer owns the job, whatever name the payload gives.
+        let user = identity.name.as_str();
+        let limits = self
+            .limits
+            .limits
+            .for_user(user, self.gate.principals.group_of(user));
+        let count = match &limits.max_jobs_queued {
+            Some(_) => queued.of(user, &self.store),
+            None => 0,
+        };
+        if let Some(why) = limits.refusal(user, &request.spec, count) {
+            return Some(why);
+        }
+        limits.cap_time_limit(&mut request.spec);
+        queued.add(user);
+        None
+    }
+
     /// The queued or running job of the same user that `--dedup` finds identical.
     fn twin_of(&self, request: &SubmitRequest, identity: &Identity) -> Option<JobId> {
         let key = request.spec.dedup_key();
@@ -120,5 +162,27 @@ impl Scheduler {
                     && r.spec.dedup_key() == key
             })
             .map(|r| r.id.clone())
+    }
+}
+
+/// Users' queued jobs, counted once per batch of submissions (only for users with a
+/// `max_jobs_queued`), plus those the batch queued.
+#[derive(Default)]
+struct QueuedByUser(HashMap<String, usize>);
+
+impl QueuedByUser {
+    fn of(&mut self, user: &str, store: &crate::state::JobStore) -> usize {
+        if let Some(count) = self.0.get(user) {
+            return *count;
+        }
+        let count = store.queued().filter(|record| record.user == user).count();
+        self.0.insert(user.to_owned(), count);
+        count
+    }
+
+    fn add(&mut self, user: &str) {
+        if let Some(count) = self.0.get_mut(user) {
+            *count += 1;
+        }
     }
 }

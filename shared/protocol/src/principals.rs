@@ -41,6 +41,9 @@ pub struct Principal {
     /// None: the account named like the user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unix_user: Option<String>,
+    /// The group whose `[limits.group.<name>]` apply to this user (`--group`); None: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl Principal {

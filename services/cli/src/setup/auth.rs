@@ -56,6 +56,7 @@ impl RegistryFiles for Registry {
             role,
             public_key: pair.public_key(),
             unix_user: None,
+            group: None,
         };
         fs::create_dir_all(&keys)?;
         let path = keys.join(principal.key_file_name());

@@ -7,7 +7,9 @@
 //! queue time, then id. For each job:
 //! 1. held → waits (`Held`); dependencies not met → waits (`Dependency`), or is rejected when
 //!    a dependency can no longer succeed; its array already runs `%N` tasks → `ArrayLimit`;
-//! 2. a request no known node could ever satisfy, even idle, is rejected with the reason;
+//! 2. a request no known node could ever satisfy, even idle, is rejected with the reason; one
+//!    that would take its owner past their `max_gpus_running` waits (`UserLimit`), booking and
+//!    reserving nothing, so other users' jobs behind it go on as if it were not there;
 //! 3. it starts if it fits now on GPUs that are offered (node online and not drained, GPU not
 //!    paused, not busy with processes mgpu did not start) and not reserved for a job ahead of
 //!    it — unless it will end before that reservation begins (backfill);
@@ -27,12 +29,16 @@
 //! that share the value of the topology label (`rack`). It is reserved for like any other job.
 
 mod capacity;
+mod owner_gpus;
+#[cfg(test)]
+mod owner_gpus_tests;
 mod reservation;
 #[cfg(test)]
 mod tests;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
@@ -43,6 +49,7 @@ use mgpu_protocol::priority::PlacementPolicy;
 
 pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};
+use owner_gpus::OwnerGpus;
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 
 /// One GPU of a node as the core sees it.
@@ -79,6 +86,8 @@ pub struct NodeView {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunningJob {
     pub id: JobId,
+    /// The user it runs for.
+    pub owner: String,
     pub placement: Placement,
     /// When it will be gone at the latest (start + time limit); None when it has no limit.
     pub expected_end: Option<Timestamp>,
@@ -100,6 +109,8 @@ pub enum Dependencies {
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueuedJob {
     pub id: JobId,
+    /// The user it belongs to (caps on running GPUs are per user).
+    pub owner: String,
     pub effective_priority: i64,
     pub queued_at: Timestamp,
     pub gpus: GpuAmount,
@@ -138,6 +149,7 @@ impl QueuedJob {
     pub fn new(id: JobId, gpus: GpuAmount, queued_at: Timestamp) -> Self {
         QueuedJob {
             id,
+            owner: String::new(),
             effective_priority: 0,
             queued_at,
             gpus,
@@ -320,6 +332,8 @@ pub struct CoreSettings {
     pub max_reservations: usize,
     /// Multi-node jobs prefer nodes sharing this label's value (`rack`); None: no preference.
     pub topology_label: Option<String>,
+    /// Each capped user's most GPUs running at once, in `GpuAmount` units.
+    pub gpu_caps: Arc<HashMap<String, u64>>,
 }
 
 /// The order jobs are considered in: effective priority, then queue time, then id (what
@@ -377,6 +391,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         }
     }
     let any_online = nodes.iter().any(|n| n.online);
+    let mut owner_gpus = OwnerGpus::new(&settings.gpu_caps, &running);
     // One waiting job of each shape that found no room, with how many reservations jobs ahead
     // of it held then: what a job past its time slice would have to make room for.
     let mut waiting_for_room: Vec<(&QueuedJob, usize)> = Vec::new();
@@ -439,6 +454,10 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             decisions.extend(wait(WaitReason::NoNodes));
             continue;
         }
+        if !owner_gpus.allows(job) {
+            decisions.extend(wait(WaitReason::UserLimit));
+            continue;
+        }
         let ends_at = job
             .time_limit
             .and_then(|limit| chrono::Duration::from_std(limit).ok())
@@ -479,6 +498,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         };
         if let Some(placement) = placed {
             capacity.book(&placement);
+            owner_gpus.book(&job.owner, &placement);
             if let Some(releases) = &mut releases {
                 releases.add(&capacity, &placement, ends_at);
             }
@@ -487,6 +507,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             }
             started.push(RunningJob {
                 id: job.id.clone(),
+                owner: job.owner.clone(),
                 placement: placement.clone(),
                 expected_end: ends_at,
                 slice_end: None,

@@ -9,14 +9,14 @@ use proptest::prelude::*;
 use super::*;
 use mgpu_protocol::job::{GpuShare, NodeGpuIds};
 
-fn t0() -> Timestamp {
+pub(super) fn t0() -> Timestamp {
     chrono::Utc
         .timestamp_opt(1_700_000_000, 0)
         .single()
         .unwrap_or_default()
 }
 
-fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
+pub(super) fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
     NodeView {
         name: name.into(),
         online: true,
@@ -38,19 +38,20 @@ fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
     }
 }
 
-fn id(n: u32) -> JobId {
+pub(super) fn id(n: u32) -> JobId {
     format!("{n:032x}")
         .parse()
         .unwrap_or_else(|_| JobId::random())
 }
 
-fn job(n: u32, gpus: GpuAmount) -> QueuedJob {
+pub(super) fn job(n: u32, gpus: GpuAmount) -> QueuedJob {
     QueuedJob::new(id(n), gpus, t0() + chrono::Duration::seconds(i64::from(n)))
 }
 
-fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) -> RunningJob {
+pub(super) fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) -> RunningJob {
     RunningJob {
         id: id(1000 + n),
+        owner: String::new(),
         placement: Placement::single(
             node,
             gpus.iter()
@@ -67,19 +68,24 @@ fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) -> RunningJob
     }
 }
 
-fn settings() -> CoreSettings {
+pub(super) fn settings() -> CoreSettings {
     CoreSettings {
         placement: PlacementPolicy::FillFirst,
         max_reservations: 16,
         topology_label: Some("rack".into()),
+        gpu_caps: Default::default(),
     }
 }
 
-fn run(nodes: &[NodeView], holding: &[RunningJob], queue: &[QueuedJob]) -> Vec<Decision> {
+pub(super) fn run(
+    nodes: &[NodeView],
+    holding: &[RunningJob],
+    queue: &[QueuedJob],
+) -> Vec<Decision> {
     plan(nodes, holding, queue, &settings(), t0())
 }
 
-fn started(decisions: &[Decision]) -> Vec<(&JobId, &Placement)> {
+pub(super) fn started(decisions: &[Decision]) -> Vec<(&JobId, &Placement)> {
     decisions
         .iter()
         .filter_map(|d| match d {
@@ -89,7 +95,7 @@ fn started(decisions: &[Decision]) -> Vec<(&JobId, &Placement)> {
         .collect()
 }
 
-fn reason_of(decisions: &[Decision], job: &JobId) -> Option<WaitReason> {
+pub(super) fn reason_of(decisions: &[Decision], job: &JobId) -> Option<WaitReason> {
     decisions.iter().find_map(|d| match d {
         Decision::Wait { job: j, reason } if j == job => Some(*reason),
         _ => None,
@@ -338,7 +344,7 @@ fn amount() -> impl Strategy<Value = GpuAmount> {
     ]
 }
 
-fn arb_queue() -> impl Strategy<Value = Vec<QueuedJob>> {
+pub(super) fn arb_queue() -> impl Strategy<Value = Vec<QueuedJob>> {
     prop::collection::vec(
         (
             amount(),
@@ -377,7 +383,7 @@ fn arb_queue() -> impl Strategy<Value = Vec<QueuedJob>> {
     })
 }
 
-fn arb_cluster() -> impl Strategy<Value = (Vec<NodeView>, Vec<RunningJob>)> {
+pub(super) fn arb_cluster() -> impl Strategy<Value = (Vec<NodeView>, Vec<RunningJob>)> {
     prop::collection::vec(
         (
             1u32..5,
@@ -459,7 +465,7 @@ proptest! {
         // the jobs ahead of it started: re-planning it alone on that remainder starts nothing.
         let mut remaining = holding.clone();
         for (job_id, placement) in started(&decisions) {
-            remaining.push(RunningJob { id: job_id.clone(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None });
+            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None });
         }
         for job in &queue {
             if reason_of(&decisions, &job.id) == Some(WaitReason::Resources) {

@@ -24,7 +24,7 @@ use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, WaitReason};
 use mgpu_protocol::report::AgentReport;
 use mgpu_protocol::request::Action;
 
-pub use requests::{Signer, submit};
+pub use requests::{NotAdded, Signer, submit};
 pub use scheduling::SLICE_OVER;
 
 /// What the lifecycle needs of the scheduler's policy.

@@ -18,14 +18,23 @@ pub struct Signer {
     pub key: String,
 }
 
+/// Why a valid submission is not added to the queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotAdded<'a> {
+    /// `--dedup` found its twin, queued or running.
+    Duplicate(&'a JobId),
+    /// It is over one of its owner's limits (the reason names it).
+    OverLimit(String),
+}
+
 /// The record a submission makes, signed by `signer` at `now`: queued, or failed when its
-/// spec is invalid or `duplicate_of` (`--dedup` found its twin). A submission whose sender
-/// field is not a user name makes no record; its submitter hears why from the event.
+/// spec is invalid or it is `not_added` (a `--dedup` twin, over a limit). A submission whose
+/// sender field is not a user name makes no record; its submitter hears why from the event.
 /// The effects are for a record just created: a redelivered submission's are dropped.
 pub fn submit(
     request: SubmitRequest,
     signer: &Signer,
-    duplicate_of: Option<&JobId>,
+    not_added: Option<NotAdded<'_>>,
     now: Timestamp,
 ) -> Transition {
     if let Err(invalid) = request.validate_sender() {
@@ -39,15 +48,18 @@ pub fn submit(
             ],
         };
     }
-    let state = match (request.spec.validate(), duplicate_of) {
+    let state = match (request.spec.validate(), not_added) {
         (Err(invalid), _) => JobState::Failed(ended_unstarted(
             now,
             format!("invalid submission: {invalid}"),
         )),
-        (Ok(()), Some(original)) => JobState::Failed(ended_unstarted(
+        (Ok(()), Some(NotAdded::Duplicate(original))) => JobState::Failed(ended_unstarted(
             now,
             format!("not added: identical to job {} (--dedup)", original.short()),
         )),
+        (Ok(()), Some(NotAdded::OverLimit(why))) => {
+            JobState::Failed(ended_unstarted(now, format!("not added: {why}")))
+        }
         (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),
     };
     let mut effects = Vec::with_capacity(4);

@@ -1351,10 +1351,31 @@ fn an_invalid_submission_is_recorded_as_failed_saying_why() {
 #[test]
 fn a_duplicate_submission_is_recorded_as_failed_naming_its_twin() {
     let twin = id(3);
-    let transition = submit(submission("alice", spec()), &signer(), Some(&twin), at(1));
+    let transition = submit(
+        submission("alice", spec()),
+        &signer(),
+        Some(NotAdded::Duplicate(&twin)),
+        at(1),
+    );
     let record = stored(&transition);
     assert!(matches!(record.state, JobState::Failed(_)));
     let reason = format!("not added: identical to job {} (--dedup)", twin.short());
+    assert_eq!(reason_of(&record), Some(reason.as_str()));
+    assert!(
+        transition
+            .effects
+            .contains(&Effect::Publish(JobEventKind::Rejected { reason }))
+    );
+}
+
+#[test]
+fn a_submission_over_a_limit_is_recorded_as_failed_naming_the_limit() {
+    let why = "over the limit max_jobs_queued = 2 ([limits.default]): alice has 2 jobs queued";
+    let over = Some(NotAdded::OverLimit(why.to_owned()));
+    let transition = submit(submission("alice", spec()), &signer(), over, at(1));
+    let record = stored(&transition);
+    assert!(matches!(record.state, JobState::Failed(_)));
+    let reason = format!("not added: {why}");
     assert_eq!(reason_of(&record), Some(reason.as_str()));
     assert!(
         transition

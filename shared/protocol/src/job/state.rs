@@ -25,6 +25,9 @@ pub enum WaitReason {
     GpusBusy,
     /// As many tasks of its array run as `%N` allows.
     ArrayLimit,
+    /// Starting it would take its owner past their `max_gpus_running` limit (the scheduler's
+    /// `[limits]`); it starts when their running jobs end or the limit is raised.
+    UserLimit,
     /// Its node went silent while it ran: it waits until that node's agent has surely
     /// stopped the old attempt (its `--fence-after` plus kill grace), so it never runs twice.
     Fencing,
@@ -44,6 +47,9 @@ impl WaitReason {
                 "waiting: the GPUs it could use are busy with work outside mgpu"
             }
             WaitReason::ArrayLimit => "waiting: its array runs as many tasks as allowed",
+            WaitReason::UserLimit => {
+                "waiting: its owner runs as many GPUs as their max_gpus_running limit allows"
+            }
             WaitReason::Fencing => {
                 "waiting until its lost node has surely stopped the previous attempt"
             }

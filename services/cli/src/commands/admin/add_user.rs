@@ -1,5 +1,6 @@
-//! `mgpu admin add-user NAME [--admin] [--unix-user ACCOUNT] [--out PATH]`: a user who may
-//! submit jobs, or an administrator, with the Unix account their jobs run as.
+//! `mgpu admin add-user NAME [--admin] [--unix-user ACCOUNT] [--group GROUP] [--out PATH]`: a
+//! user who may submit jobs, or an administrator, with the Unix account their jobs run as and
+//! the group whose limits apply to them. Run again for an existing user, it changes those.
 
 use std::path::{Path, PathBuf};
 
@@ -29,13 +30,24 @@ pub struct AddUserArgs {
     /// account named like the user).
     #[arg(long, value_name = "ACCOUNT")]
     pub unix_user: Option<String>,
+
+    /// The group whose `[limits.group.GROUP]` (the scheduler's config) apply to this user,
+    /// where the user has no table of their own; `--group ''` takes the user out of theirs.
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
 }
 
 pub async fn run(connection: &ConnectionArgs, dir: &Path, args: &AddUserArgs) -> Result<()> {
     let role = if args.admin { Role::Admin } else { Role::User };
+    if let Some(group) = &args.group {
+        check_group_name(group)?;
+    }
     add_principal(dir, role, &args.name, args.out.as_deref())?;
     if let Some(account) = &args.unix_user {
         set_unix_user(dir, role, &args.name, account)?;
+    }
+    if let Some(group) = &args.group {
+        set_group(dir, role, &args.name, group)?;
     }
     let what = format!("added {} {}", role.as_str(), args.name);
     announce::credentials_changed(connection, dir, &args.name, what).await
@@ -66,4 +78,56 @@ fn set_unix_user(dir: &Path, role: Role, name: &str, account: &str) -> Result<()
         "{name}'s jobs run as Unix account {account} (on agents running as root)"
     ))?;
     Ok(())
+}
+
+/// A group name as `[limits.group.<name>]` can name it: letters, digits, `-` and `_`.
+fn check_group_name(group: &str) -> Result<()> {
+    let valid = group.len() <= 64
+        && group
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c));
+    if valid {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "`{group}` is not a group name (letters, digits, `-` and `_`, at most 64)"
+        ))
+    }
+}
+
+/// Records the group whose limits apply to a user (empty: none).
+fn set_group(dir: &Path, role: Role, name: &str, group: &str) -> Result<()> {
+    let mut registry = load(dir)?;
+    if let Some(principal) = registry
+        .principals
+        .iter_mut()
+        .find(|p| p.role == role && p.name == name)
+    {
+        principal.group = (!group.is_empty()).then(|| group.to_owned());
+    }
+    save(&registry, dir)?;
+    if group.is_empty() {
+        println(&format!("{name} is in no group"))?;
+    } else {
+        println(&format!(
+            "{name} is in group {group} ([limits.group.{group}] applies)"
+        ))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_names_are_those_a_limits_table_can_name() {
+        assert!(check_group_name("students").is_ok());
+        assert!(check_group_name("").is_ok());
+        let err = check_group_name("a.b")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("not a group name"), "{err}");
+    }
 }

@@ -1,0 +1,524 @@
+//! Per-user limits, for labs where one person could fill the cluster (Slurm's QOS limits): the
+//! `[limits.default]`, `[limits.group.<name>]` and `[limits.user.<name>]` tables of the
+//! scheduler's config file. Each key is resolved on its own: the user's table if it sets it,
+//! else their group's (`mgpu admin add-user NAME --group G`), else the default; a key set
+//! nowhere is no limit.
+//!
+//! ```toml
+//! [limits.default]
+//! max_gpus_running = 4    # GPUs a user's running jobs hold at most (shares count as shares)
+//! max_jobs_queued = 100   # a submission past this many queued jobs of the user is refused
+//! max_time_limit = "2d"   # a longer --time-limit is refused; a job without one gets this
+//! max_gpus_per_job = 8    # a job asking for more (GPUs x nodes) is refused
+//!
+//! [limits.group.students]
+//! max_gpus_running = 2
+//!
+//! [limits.user.alice]
+//! max_gpus_running = 8
+//! ```
+//!
+//! A job that would take its owner past `max_gpus_running` waits (`WaitReason::UserLimit`)
+//! without holding anything up for other users (the core skips it, see `core::owner_gpus`);
+//! the other limits refuse a submission at once, naming the limit. The file is re-read when it
+//! changes ([`LimitsFile`]); new limits apply from the next pass and to later submissions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+
+use mgpu_protocol::duration::{format_duration, parse_duration};
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::job::JobSpec;
+
+/// One table as written: every key optional.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TableText {
+    max_gpus_running: Option<toml::Value>,
+    max_jobs_queued: Option<i64>,
+    max_time_limit: Option<String>,
+    max_gpus_per_job: Option<toml::Value>,
+}
+
+/// `[limits]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SectionText {
+    default: Option<TableText>,
+    #[serde(default)]
+    group: BTreeMap<String, TableText>,
+    #[serde(default)]
+    user: BTreeMap<String, TableText>,
+}
+
+/// One table, checked: GPU amounts in [`GpuAmount::UNITS_PER_GPU`] units.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Table {
+    max_gpus_running: Option<u64>,
+    max_jobs_queued: Option<u32>,
+    max_time_limit_secs: Option<u64>,
+    max_gpus_per_job: Option<u64>,
+}
+
+/// One limit in force for a user, with the table that set it (`[limits.user.alice]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit<T> {
+    pub value: T,
+    pub from: String,
+}
+
+/// The limits in force for one user.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserLimits {
+    /// In GPU units.
+    pub max_gpus_running: Option<Limit<u64>>,
+    pub max_jobs_queued: Option<Limit<u32>>,
+    pub max_time_limit_secs: Option<Limit<u64>>,
+    /// In GPU units.
+    pub max_gpus_per_job: Option<Limit<u64>>,
+}
+
+/// Every table of `[limits]`, checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    default: Table,
+    groups: BTreeMap<String, Table>,
+    users: BTreeMap<String, Table>,
+}
+
+impl Limits {
+    /// `[limits]` of a config file (None: no limits); errors name the table and the key.
+    pub fn parse(section: Option<&toml::Value>) -> Result<Limits> {
+        let Some(section) = section else {
+            return Ok(Limits::default());
+        };
+        let text: SectionText = section
+            .clone()
+            .try_into()
+            .context("[limits] has tables default, group.<name> and user.<name>")?;
+        let check_all = |tables: BTreeMap<String, TableText>, kind: &str| {
+            tables
+                .into_iter()
+                .map(|(name, table)| {
+                    let checked = check(&table, &format!("[limits.{kind}.{name}]"))?;
+                    Ok((name, checked))
+                })
+                .collect::<Result<BTreeMap<_, _>>>()
+        };
+        Ok(Limits {
+            default: check(&text.default.unwrap_or_default(), "[limits.default]")?,
+            groups: check_all(text.group, "group")?,
+            users: check_all(text.user, "user")?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// The limits of `user`, a member of `group`: each key from the most specific table.
+    pub fn for_user(&self, user: &str, group: Option<&str>) -> UserLimits {
+        let tables: Vec<(String, &Table)> = [
+            self.users
+                .get(user)
+                .map(|t| (format!("[limits.user.{user}]"), t)),
+            group.and_then(|g| {
+                self.groups
+                    .get(g)
+                    .map(|t| (format!("[limits.group.{g}]"), t))
+            }),
+            Some(("[limits.default]".to_owned(), &self.default)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        fn pick<T: Copy>(
+            tables: &[(String, &Table)],
+            key: impl Fn(&Table) -> Option<T>,
+        ) -> Option<Limit<T>> {
+            tables.iter().find_map(|(from, table)| {
+                key(table).map(|value| Limit {
+                    value,
+                    from: from.clone(),
+                })
+            })
+        }
+        UserLimits {
+            max_gpus_running: pick(&tables, |t| t.max_gpus_running),
+            max_jobs_queued: pick(&tables, |t| t.max_jobs_queued),
+            max_time_limit_secs: pick(&tables, |t| t.max_time_limit_secs),
+            max_gpus_per_job: pick(&tables, |t| t.max_gpus_per_job),
+        }
+    }
+
+    /// Each user's cap on running GPUs (in units), for those who have one: `users` are the
+    /// known users with their groups.
+    pub fn running_caps<'a>(
+        &self,
+        users: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    ) -> HashMap<String, u64> {
+        users
+            .into_iter()
+            .filter_map(|(user, group)| {
+                self.for_user(user, group)
+                    .max_gpus_running
+                    .map(|limit| (user.to_owned(), limit.value))
+            })
+            .collect()
+    }
+}
+
+impl Limits {
+    /// The tables as `--print-config` shows them: `limits.default`, then groups and users.
+    pub fn printable(&self) -> Vec<(String, Vec<mgpu_config::Setting>)> {
+        let named = std::iter::once(("limits.default".to_owned(), &self.default))
+            .chain(
+                self.groups
+                    .iter()
+                    .map(|(n, t)| (format!("limits.group.{n}"), t)),
+            )
+            .chain(
+                self.users
+                    .iter()
+                    .map(|(n, t)| (format!("limits.user.{n}"), t)),
+            );
+        named
+            .map(|(name, table)| (name, table.settings()))
+            .filter(|(_, settings)| !settings.is_empty())
+            .collect()
+    }
+}
+
+impl Table {
+    fn settings(&self) -> Vec<mgpu_config::Setting> {
+        let gpus = |units: u64| match gpus_text(units).parse::<i64>() {
+            Ok(whole) => toml::Value::Integer(whole),
+            Err(_) => toml::Value::Float(units as f64 / f64::from(GpuAmount::UNITS_PER_GPU)),
+        };
+        let values = [
+            ("max_gpus_running", self.max_gpus_running.map(gpus)),
+            (
+                "max_jobs_queued",
+                self.max_jobs_queued
+                    .map(|n| toml::Value::Integer(i64::from(n))),
+            ),
+            (
+                "max_time_limit",
+                self.max_time_limit_secs.map(|secs| {
+                    toml::Value::String(format_duration(std::time::Duration::from_secs(secs)))
+                }),
+            ),
+            ("max_gpus_per_job", self.max_gpus_per_job.map(gpus)),
+        ];
+        values
+            .into_iter()
+            .filter_map(|(key, value)| {
+                value.map(|value| mgpu_config::Setting {
+                    key: key.to_owned(),
+                    value: Some(value),
+                    source: mgpu_config::Source::File,
+                })
+            })
+            .collect()
+    }
+}
+
+fn check(table: &TableText, name: &str) -> Result<Table> {
+    let gpus = |value: &Option<toml::Value>, key: &str| -> Result<Option<u64>> {
+        value
+            .as_ref()
+            .map(|value| gpu_units(value).with_context(|| format!("{key} in {name}")))
+            .transpose()
+    };
+    let max_jobs_queued = table
+        .max_jobs_queued
+        .map(|n| {
+            u32::try_from(n)
+                .map_err(|_| anyhow!("max_jobs_queued in {name}: {n} is not 0 to 4294967295"))
+        })
+        .transpose()?;
+    let max_time_limit_secs = table
+        .max_time_limit
+        .as_deref()
+        .map(|text| {
+            parse_duration(text)
+                .map(|d| d.as_secs().max(1))
+                .with_context(|| format!("max_time_limit in {name}"))
+        })
+        .transpose()?;
+    Ok(Table {
+        max_gpus_running: gpus(&table.max_gpus_running, "max_gpus_running")?,
+        max_jobs_queued,
+        max_time_limit_secs,
+        max_gpus_per_job: gpus(&table.max_gpus_per_job, "max_gpus_per_job")?,
+    })
+}
+
+/// A GPU count written as a number (`2`, `0.5`), in units.
+fn gpu_units(value: &toml::Value) -> Result<u64> {
+    let gpus = match value {
+        toml::Value::Integer(n) => *n as f64,
+        toml::Value::Float(x) => *x,
+        other => bail!("`{other}` is not a number of GPUs"),
+    };
+    if !gpus.is_finite() || gpus < 0.0 {
+        bail!("`{gpus}` is not a number of GPUs: 0 or more");
+    }
+    Ok((gpus * f64::from(GpuAmount::UNITS_PER_GPU)).round() as u64)
+}
+
+/// GPU units as a person reads them (`2`, `0.5`).
+pub fn gpus_text(units: u64) -> String {
+    let per = u64::from(GpuAmount::UNITS_PER_GPU);
+    if units.is_multiple_of(per) {
+        (units / per).to_string()
+    } else {
+        let text = format!("{:.4}", units as f64 / per as f64);
+        text.trim_end_matches('0').to_owned()
+    }
+}
+
+/// GPU units a job asks for: per node, times its nodes.
+pub fn job_gpu_units(spec: &JobSpec) -> u64 {
+    u64::from(spec.gpus.units()) * u64::from(spec.nodes.max(1))
+}
+
+impl UserLimits {
+    /// Why a submission of `spec` by `user`, who has `queued` jobs queued, is refused at once;
+    /// None when it is within every limit.
+    pub fn refusal(&self, user: &str, spec: &JobSpec, queued: usize) -> Option<String> {
+        if let Some(limit) = &self.max_jobs_queued
+            && queued >= limit.value as usize
+        {
+            return Some(format!(
+                "over the limit max_jobs_queued = {} ({}): {user} has {queued} jobs queued",
+                limit.value, limit.from
+            ));
+        }
+        if let Some(limit) = &self.max_gpus_per_job {
+            let asked = job_gpu_units(spec);
+            if asked > limit.value {
+                return Some(format!(
+                    "over the limit max_gpus_per_job = {} ({}): the job asks for {} GPUs",
+                    gpus_text(limit.value),
+                    limit.from,
+                    gpus_text(asked)
+                ));
+            }
+        }
+        if let (Some(limit), Some(asked)) = (&self.max_time_limit_secs, spec.time_limit_secs)
+            && asked > limit.value
+        {
+            return Some(format!(
+                "over the limit max_time_limit = {} ({}): the job asks for {}",
+                format_duration(std::time::Duration::from_secs(limit.value)),
+                limit.from,
+                format_duration(std::time::Duration::from_secs(asked))
+            ));
+        }
+        None
+    }
+
+    /// A job submitted without a time limit gets `max_time_limit`, as Slurm's QOS gives it.
+    pub fn cap_time_limit(&self, spec: &mut JobSpec) {
+        if spec.time_limit_secs.is_none()
+            && let Some(limit) = &self.max_time_limit_secs
+        {
+            spec.time_limit_secs = Some(limit.value);
+        }
+    }
+}
+
+/// The config file's `[limits]`, re-read when the file changes.
+#[derive(Clone)]
+pub struct LimitsFile {
+    path: Option<PathBuf>,
+    modified: Option<SystemTime>,
+    pub limits: Limits,
+}
+
+impl LimitsFile {
+    /// The limits `sections` (the file read at start) set; `path` is re-read when it changes.
+    pub fn new(path: Option<&Path>, sections: &toml::Table) -> Result<Self> {
+        let limits = Limits::parse(sections.get("limits")).with_context(|| describe(path))?;
+        Ok(LimitsFile {
+            path: path.map(Path::to_owned),
+            modified: path.and_then(modified),
+            limits,
+        })
+    }
+
+    /// Re-reads the file if it changed: true when the limits did. A file that no longer
+    /// parses keeps the limits in force, and says so.
+    pub fn refresh(&mut self) -> bool {
+        let Some(path) = self.path.clone() else {
+            return false;
+        };
+        let now_modified = modified(&path);
+        if now_modified == self.modified {
+            return false;
+        }
+        self.modified = now_modified;
+        match read_limits(&path) {
+            Ok(limits) if limits == self.limits => false,
+            Ok(limits) => {
+                tracing::info!(file = %path.display(), "limits changed; in force from now on");
+                self.limits = limits;
+                true
+            }
+            Err(err) => {
+                tracing::warn!("{err:#}; the limits in force stay");
+                false
+            }
+        }
+    }
+}
+
+fn read_limits(path: &Path) -> Result<Limits> {
+    let text = std::fs::read_to_string(path).with_context(|| describe(Some(path)))?;
+    let table: toml::Table = text.parse().with_context(|| describe(Some(path)))?;
+    Limits::parse(table.get("limits")).with_context(|| describe(Some(path)))
+}
+
+fn describe(path: Option<&Path>) -> String {
+    match path {
+        Some(path) => format!("reading the limits in {}", path.display()),
+        None => "reading the limits".to_owned(),
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(text: &str) -> Result<Limits> {
+        let table: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}"));
+        Limits::parse(table.get("limits"))
+    }
+
+    const UNIT: u64 = GpuAmount::UNITS_PER_GPU as u64;
+
+    #[test]
+    fn each_key_comes_from_the_most_specific_table_that_sets_it() {
+        let limits = limits(
+            r#"
+            [limits.default]
+            max_gpus_running = 4
+            max_jobs_queued = 100
+            [limits.group.students]
+            max_gpus_running = 2
+            max_time_limit = "1d"
+            [limits.user.alice]
+            max_gpus_running = 0.5
+            "#,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let alice = limits.for_user("alice", Some("students"));
+        assert_eq!(
+            alice.max_gpus_running.as_ref().map(|l| l.value),
+            Some(UNIT / 2)
+        );
+        assert_eq!(
+            alice.max_gpus_running.map(|l| l.from),
+            Some("[limits.user.alice]".to_owned())
+        );
+        assert_eq!(alice.max_time_limit_secs.map(|l| l.value), Some(86_400));
+        assert_eq!(alice.max_jobs_queued.map(|l| l.value), Some(100));
+        let bob = limits.for_user("bob", Some("students"));
+        assert_eq!(bob.max_gpus_running.map(|l| l.value), Some(2 * UNIT));
+        let carol = limits.for_user("carol", None);
+        assert_eq!(carol.max_gpus_running.map(|l| l.value), Some(4 * UNIT));
+        assert_eq!(carol.max_time_limit_secs, None);
+        let caps = limits.running_caps([("alice", Some("students")), ("carol", None)]);
+        assert_eq!(caps.get("carol"), Some(&(4 * UNIT)));
+    }
+
+    #[test]
+    fn bad_limits_name_the_table_and_the_key() {
+        let err = limits("[limits.user.bob]\nmax_gpus_running = -1\n")
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            err.contains("max_gpus_running in [limits.user.bob]"),
+            "{err}"
+        );
+        let err = limits("[limits.default]\nmax_gpu = 1\n")
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("max_gpu"), "{err}");
+        let err = limits("[limits.default]\nmax_time_limit = \"soon\"\n")
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("max_time_limit in [limits.default]"), "{err}");
+        assert!(limits("").map(|l| l.is_empty()).unwrap_or(false));
+    }
+
+    #[test]
+    fn submissions_over_a_limit_are_refused_naming_it() {
+        let limits = limits(
+            r#"
+            [limits.default]
+            max_jobs_queued = 2
+            max_gpus_per_job = 4
+            max_time_limit = "2h"
+            "#,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let alice = limits.for_user("alice", None);
+        let mut spec = JobSpec::new(vec!["true".into()], "/w");
+        assert_eq!(alice.refusal("alice", &spec, 1), None);
+        let queued = alice.refusal("alice", &spec, 2).unwrap_or_default();
+        assert!(
+            queued.contains("max_jobs_queued = 2 ([limits.default])"),
+            "{queued}"
+        );
+        spec.gpus = GpuAmount::whole(2);
+        spec.nodes = 3;
+        let big = alice.refusal("alice", &spec, 0).unwrap_or_default();
+        assert!(
+            big.contains("max_gpus_per_job = 4") && big.contains("6 GPUs"),
+            "{big}"
+        );
+        spec.nodes = 1;
+        spec.time_limit_secs = Some(3 * 3600);
+        let long = alice.refusal("alice", &spec, 0).unwrap_or_default();
+        assert!(long.contains("max_time_limit = 2h"), "{long}");
+        spec.time_limit_secs = None;
+        alice.cap_time_limit(&mut spec);
+        assert_eq!(spec.time_limit_secs, Some(7200));
+    }
+
+    #[test]
+    fn print_config_shows_each_table_set() {
+        let limits = limits(
+            "[limits.default]\nmax_gpus_running = 2\n[limits.user.bob]\nmax_gpus_per_job = 0.5\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let printed: Vec<(String, Vec<String>)> = limits
+            .printable()
+            .into_iter()
+            .map(|(name, settings)| {
+                let values = settings
+                    .iter()
+                    .map(|s| format!("{} = {:?}", s.key, s.value))
+                    .collect();
+                (name, values)
+            })
+            .collect();
+        assert_eq!(printed.len(), 2, "{printed:?}");
+        assert_eq!(printed[0].0, "limits.default");
+        assert_eq!(printed[0].1, ["max_gpus_running = Some(Integer(2))"]);
+        assert_eq!(printed[1].1, ["max_gpus_per_job = Some(Float(0.5))"]);
+    }
+}
