@@ -231,3 +231,141 @@ fn a_node_cannot_make_its_consumer_take_another_nodes_assignments() {
             .then_some(())
     });
 }
+
+/// What arrives on `subscriptions` until nothing more comes for half a second.
+async fn drained(subscriptions: &mut [async_nats::Subscriber]) -> Vec<String> {
+    use futures::StreamExt;
+    let mut seen = Vec::new();
+    for subscription in subscriptions.iter_mut() {
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(500), subscription.next()).await
+        {
+            seen.push(format!(
+                "{}: {}",
+                message.subject,
+                String::from_utf8_lossy(&message.payload)
+            ));
+        }
+    }
+    seen
+}
+
+#[test]
+fn private_output_reaches_its_owner_and_admins_and_not_a_byte_of_it_anyone_else() {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    let bob = cluster.user_creds("bob");
+    let cluster_ref = &cluster;
+    let (private, public, heard) = cluster.with_nats(&bob, |client| async move {
+        let cluster = cluster_ref;
+        // Bob listens wherever he may, and where he may not, before the jobs run.
+        let mut subscriptions = Vec::new();
+        for subject in [subjects::ALL_OUTPUT, subjects::ALL_PRIVATE_OUTPUT, ">"] {
+            if let Ok(subscription) = client.subscribe(subject).await {
+                subscriptions.push(subscription);
+            }
+        }
+        let _ = client.flush().await;
+        let private = cluster.submit(&["--private"], "echo private-words");
+        let public = cluster.submit(&[], "echo public-words");
+        for id in [&private, &public] {
+            while cluster.state(id) != "succeeded" {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        (private, public, drained(&mut subscriptions).await)
+    });
+    let heard = heard.join("\n");
+    assert!(
+        heard.contains("public-words"),
+        "nats sub 'jobs.*.output' still works: {heard}"
+    );
+    assert!(
+        !heard.contains("private-words"),
+        "bob heard private output: {heard}"
+    );
+
+    // Its owner and admins read it with mgpu logs; bob is told it is private, and gets none.
+    let own = cluster.mgpu_ok(&["logs", &private]);
+    assert!(own.contains("private-words"), "{own}");
+    let admin = cluster.mgpu_ok_with(&cluster.admin_creds(), &["logs", &private]);
+    assert!(admin.contains("private-words"), "{admin}");
+    let refused = cluster.mgpu_with(&bob, &["logs", &private], None);
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("output is private"), "{said}");
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("private-words"));
+    let theirs = cluster.mgpu_ok_with(&bob, &["logs", &public]);
+    assert!(theirs.contains("public-words"), "{theirs}");
+
+    // Nor can bob make a consumer read it from the stream, under any filter that covers it.
+    let alice_key = cluster.show(&private)["record"]["user_key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let job: JobId = private.parse().unwrap_or_else(|e| panic!("{e}"));
+    let stream = subjects::OUTPUT_STREAM;
+    for filter in [
+        subjects::private_output(&alice_key, &job),
+        subjects::ALL_PRIVATE_OUTPUT.to_owned(),
+        ">".to_owned(),
+    ] {
+        let name = format!("bob-{}", JobId::random());
+        let body = serde_json::json!({
+            "stream_name": stream,
+            "config": {"name": name, "filter_subject": filter, "deliver_policy": "all"},
+        })
+        .to_string();
+        for subject in [
+            format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
+            format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
+            format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        ] {
+            let answered = cluster.with_nats(&bob, |client| {
+                let body = body.clone();
+                async move {
+                    tokio::time::timeout(REFUSED_WAIT, client.request(subject, body.into()))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .map(|reply| String::from_utf8_lossy(&reply.payload).into_owned())
+                }
+            });
+            assert!(
+                answered.is_none(),
+                "bob made a consumer on {filter}: {answered:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cluster_that_makes_output_private_by_default_keeps_every_jobs_output_to_its_owner() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = dir.path().join("scheduler.toml");
+    std::fs::write(&config, "[policy]\nprivate_output = true\n").unwrap_or_else(|e| panic!("{e}"));
+    let config = config.display().to_string();
+    let cluster = Cluster::start_with(
+        &[NodeSpec::new("node001", "1x24GiB")],
+        &["--config", &config],
+    );
+    let id = cluster.submit(&[], "echo by-default");
+    cluster.finished_as(&id, "succeeded", T);
+    let job = cluster.show(&id);
+    assert_eq!(job["record"]["spec"]["private_output"], true, "{job}");
+    assert!(cluster.mgpu_ok(&["logs", &id]).contains("by-default"));
+    let refused = cluster.mgpu_with(&cluster.user_creds("bob"), &["logs", &id], None);
+    assert!(!refused.status.success());
+    // -i follows it too (the CLI cannot know beforehand that the cluster made it private).
+    let out = cluster.mgpu_with(
+        &cluster.user_creds("alice"),
+        &["submit", "-i", "--", "echo interactive-private"],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("interactive-private"), "{text}");
+}

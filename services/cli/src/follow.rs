@@ -14,39 +14,100 @@ use mgpu_protocol::{output, subjects};
 
 use crate::errors::{lookup, plain};
 
+/// A job's output messages, as they come from one ordered consumer or several merged.
+pub type OutputMessages =
+    futures::stream::BoxStream<'static, Result<jetstream::Message, consumer::pull::OrderedError>>;
+
 /// The job's output messages, oldest first, and how many were stored when we started.
 pub struct OutputFeed {
-    pub messages: consumer::pull::Ordered,
-    /// Messages stored when the consumer was created: 0 means there is nothing to replay.
+    pub messages: OutputMessages,
+    /// Messages stored when the consumers were created: 0 means there is nothing to replay.
     pub initially_pending: u64,
 }
 
-/// Opens an ordered consumer on the job's output subject from the very first message.
-/// Ordered consumers are ephemeral and need no acks, so readers leave nothing behind.
-pub async fn open_output(js: &jetstream::Context, id: &JobId) -> Result<OutputFeed> {
+/// Where `record`'s output is: its one subject (`subjects::output_of`).
+pub fn output_subjects_of(record: &JobRecord) -> Vec<String> {
+    vec![subjects::output_of(record)]
+}
+
+/// Where the output of a job this user just submitted may be before its record says which:
+/// the public subject, or the user's own private one (the cluster may make every job
+/// private). Only one of them ever gets any.
+pub fn own_output_subjects(own_key: &str, id: &JobId) -> Vec<String> {
+    vec![subjects::output(id), subjects::private_output(own_key, id)]
+}
+
+/// Opens an ordered consumer on each of the job's output subjects from the very first message,
+/// merged. Ordered consumers are ephemeral and need no acks, so readers leave nothing behind.
+/// Named, so the request names its filter: the server lets a user filter on public output and
+/// on their own private output only.
+pub async fn open_output(js: &jetstream::Context, filters: &[String]) -> Result<OutputFeed> {
     let stream = js
         .get_stream(subjects::OUTPUT_STREAM)
         .await
         .map_err(lookup)?;
-    let consumer = records::create_reader("reading the job's output", || {
-        stream.create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: subjects::output(id),
-            deliver_policy: consumer::DeliverPolicy::All,
-            ..Default::default()
+    let mut feeds = Vec::with_capacity(filters.len());
+    let mut initially_pending = 0;
+    for subject in filters {
+        let consumer = records::create_reader("reading the job's output", || {
+            stream.create_consumer(consumer::pull::OrderedConfig {
+                name: Some(format!("mgpu-output-{}", JobId::random())),
+                filter_subject: subject.clone(),
+                deliver_policy: consumer::DeliverPolicy::All,
+                ..Default::default()
+            })
         })
-    })
-    .await
-    .map_err(plain)?;
-    let initially_pending = consumer.cached_info().num_pending;
-    let messages = consumer
-        .messages()
         .await
-        .map_err(plain)
-        .context("reading the job's output")?;
+        .map_err(plain)?;
+        initially_pending += consumer.cached_info().num_pending;
+        let messages = consumer
+            .messages()
+            .await
+            .map_err(plain)
+            .context("reading the job's output")?;
+        feeds.push(messages);
+    }
+    let messages: OutputMessages = if feeds.len() == 1 {
+        feeds.remove(0).boxed()
+    } else {
+        futures::stream::select_all(feeds).boxed()
+    };
     Ok(OutputFeed {
         messages,
         initially_pending,
     })
+}
+
+/// Refuses, in words, to follow another user's private output the server will not let this
+/// session read: the server's refusal (`refusals`, see
+/// [`crate::session::Session::connect_watching_permissions`]) comes at once, where waiting for
+/// the reader would take seconds. Admins, and the job's owner, pass.
+pub async fn check_output_readable(
+    session: &crate::session::Session,
+    refusals: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    record: &JobRecord,
+) -> Result<()> {
+    let own = record.user_key.as_deref() == Some(session.key.public_key().as_str());
+    if !record.spec.private_output || own {
+        return Ok(());
+    }
+    let filters = output_subjects_of(record);
+    let refused = async {
+        while let Some(refusal) = refusals.recv().await {
+            if refusal.contains(subjects::OUTPUT_STREAM) {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = refused => anyhow::bail!(
+            "job {}'s output is private: only {} and admins may read it",
+            record.id.short(),
+            record.user
+        ),
+        opened = open_output(&session.js, &filters) => opened.map(drop),
+    }
 }
 
 /// What one output message is.

@@ -430,6 +430,7 @@ mod tests {
                 rank: 0,
                 input_keys: Vec::new(),
                 unix_user: None,
+                output_subject: None,
             })
             .unwrap_or_default()
         }

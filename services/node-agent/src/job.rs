@@ -88,6 +88,8 @@ pub struct StartedJob {
 /// What carries the job's data besides its process, closed once the job ended.
 struct Streams {
     output: OutputPipeline,
+    /// Where the output goes (public, or the owner's private subject), its end marker too.
+    output_subject: String,
     input: Option<InputForwarder>,
     /// The hostfile written for a multi-node job, removed when it ends.
     hostfile: Option<PathBuf>,
@@ -169,6 +171,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         stop_requests,
         streams: Streams {
             output,
+            output_subject: assignment.output_subject(),
             input,
             hostfile,
             script,
@@ -210,7 +213,7 @@ fn carry_streams(
 ) -> (OutputPipeline, Option<InputForwarder>) {
     let output = OutputPipeline::start(
         ctx.js.clone(),
-        key.clone(),
+        (key.clone(), assignment.output_subject()),
         rank,
         streams.stdout,
         streams.stderr,
@@ -493,7 +496,7 @@ impl Streams {
             .headers(eof_headers)
             .message_id(format!("{}-{}-{}-eof", key.job_id, key.attempt, ctx.node));
         ctx.reporter
-            .publish_until_stored(subjects::output(&key.job_id), eof, key, "output end")
+            .publish_until_stored(self.output_subject.clone(), eof, key, "output end")
             .await;
         summary
     }

@@ -11,7 +11,6 @@ use async_nats::jetstream::{self, context::PublishError};
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use mgpu_protocol::output;
-use mgpu_protocol::subjects;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -51,7 +50,7 @@ impl OutputPipeline {
     /// `rank`: which of the job's processes this is (0 unless it is distributed).
     pub fn start(
         js: jetstream::Context,
-        key: AttemptKey,
+        (key, subject): (AttemptKey, String),
         rank: u32,
         stdout: impl AsyncRead + Unpin + Send + 'static,
         stderr: impl AsyncRead + Unpin + Send + 'static,
@@ -61,7 +60,7 @@ impl OutputPipeline {
             tokio::spawn(read_pipe(stdout, output::STDOUT, tx.clone(), key.clone())),
             tokio::spawn(read_pipe(stderr, output::STDERR, tx, key.clone())),
         ];
-        let publisher = tokio::spawn(publish_chunks(js, key, rank, rx));
+        let publisher = tokio::spawn(publish_chunks(js, (key, subject), rank, rx));
         OutputPipeline { readers, publisher }
     }
 
@@ -168,11 +167,10 @@ impl Losses<'_> {
 
 async fn publish_chunks(
     js: jetstream::Context,
-    key: AttemptKey,
+    (key, subject): (AttemptKey, String),
     rank: u32,
     mut rx: mpsc::Receiver<Chunk>,
 ) -> OutputSummary {
-    let subject = subjects::output(&key.job_id);
     let mut losses = Losses {
         key: &key,
         subject: &subject,

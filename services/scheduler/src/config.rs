@@ -20,6 +20,7 @@
 //! mem_per_gpu = "64GiB"        # host memory a job without --mem-host gets per GPU ("0" = none)
 //! require_gpu_isolation = true # place jobs only where a job can open only its own GPUs
 //! keep_finished = "1d"         # finished jobs move to the history stream after this
+//! private_output = true        # every job's output readable by its owner and admins only
 //! ```
 //!
 //! The policy file of before (these keys alone, at the top level) still loads as `[policy]`.
@@ -49,6 +50,7 @@ pub const POLICY_KEYS: &[&str] = &[
     "mem_per_gpu",
     "require_gpu_isolation",
     "keep_finished",
+    "private_output",
 ];
 
 /// What the config file holds beside the flags' keys: the `[policy]` section (and the policy
@@ -77,6 +79,7 @@ struct ConfigFile {
     mem_per_gpu: Option<String>,
     require_gpu_isolation: Option<bool>,
     keep_finished: Option<String>,
+    private_output: Option<bool>,
 }
 
 /// The `[policy]` table of the config file, if it has one.
@@ -144,7 +147,7 @@ fn apply_policy(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
     apply_host_defaults(policy, file)
 }
 
-/// `cpus_per_gpu`, `mem_per_gpu` and `require_gpu_isolation`.
+/// `cpus_per_gpu`, `mem_per_gpu`, `require_gpu_isolation` and `private_output`.
 fn apply_host_defaults(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
     if let Some(cpus) = file.cpus_per_gpu {
         anyhow::ensure!(
@@ -159,6 +162,9 @@ fn apply_host_defaults(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
     }
     if let Some(required) = file.require_gpu_isolation {
         policy.require_gpu_isolation = required;
+    }
+    if let Some(private) = file.private_output {
+        policy.private_output = private;
     }
     Ok(())
 }
@@ -211,6 +217,10 @@ pub fn policy_settings(
             Some(Value::Boolean(policy.require_gpu_isolation)),
         ),
         ("keep_finished", Some(duration(policy.keep_finished_secs))),
+        (
+            "private_output",
+            Some(Value::Boolean(policy.private_output)),
+        ),
     ];
     values
         .into_iter()

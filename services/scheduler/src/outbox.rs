@@ -130,6 +130,10 @@ impl Outbox {
         let unix_user = principals
             .user_by_name(&record.user)
             .map(|p| p.unix_account().to_owned());
+        let output_subject = record
+            .spec
+            .private_output
+            .then(|| subjects::output_of(record));
         // Every rank that runs a process gets its own assignment; all are recorded before
         // any is sent (the record above), so a job is never half-placed.
         for (rank, node) in run.placement.launched_ranks() {
@@ -142,6 +146,7 @@ impl Outbox {
                 rank,
                 input_keys: input_keys.clone(),
                 unix_user: unix_user.clone(),
+                output_subject: output_subject.clone(),
             };
             let mut headers = HeaderMap::new();
             let msg_id = if rank == 0 {

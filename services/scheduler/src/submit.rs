@@ -25,6 +25,7 @@ impl Scheduler {
         identity: &Identity,
     ) -> Result<()> {
         self.keep_env_apart(&mut request, identity).await;
+        request.spec.private_output |= self.policy.private_output;
         self.learn_archived(std::iter::once(&request.spec)).await;
         let twin = request
             .spec
@@ -68,6 +69,7 @@ impl Scheduler {
         let mut queued = QueuedByUser::default();
         for (mut request, identity) in submissions {
             self.keep_env_apart(&mut request, identity).await;
+            request.spec.private_output |= self.policy.private_output;
             let not_added = self
                 .over_limit(&mut request, identity, &mut queued)
                 .map(NotAdded::OverLimit);

@@ -193,7 +193,10 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
         stream::Config {
             name: subjects::OUTPUT_STREAM.into(),
             description: Some("mgpu job output (raw bytes)".into()),
-            subjects: vec![subjects::ALL_OUTPUT.into()],
+            subjects: vec![
+                subjects::ALL_OUTPUT.into(),
+                subjects::ALL_PRIVATE_OUTPUT.into(),
+            ],
             retention: stream::RetentionPolicy::Limits,
             max_age: settings.output_max_age,
             max_bytes: settings.output_max_bytes,

@@ -24,6 +24,19 @@ pub struct Assignment {
     /// The Unix account the job runs as, where the agent runs as root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unix_user: Option<String>,
+    /// Where the job's output goes when it is private (`users.<owner key>.jobs.<id>.output`);
+    /// None: the public `jobs.<id>.output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_subject: Option<String>,
+}
+
+impl Assignment {
+    /// The subject the job's output goes to.
+    pub fn output_subject(&self) -> String {
+        self.output_subject
+            .clone()
+            .unwrap_or_else(|| crate::subjects::output(&self.job_id))
+    }
 }
 
 /// Control messages for a node's agent.
@@ -61,6 +74,20 @@ impl Assignment {
                 self.rank,
                 self.placement.node_count()
             )));
+        }
+        if let Some(subject) = &self.output_subject {
+            let wanted = format!(".jobs.{}.output", self.job_id);
+            let owner = subject
+                .strip_prefix("users.")
+                .and_then(|rest| rest.strip_suffix(&wanted));
+            let valid = owner.is_some_and(|key| {
+                !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric())
+            });
+            if !valid {
+                return Err(InvalidInput::new(format!(
+                    "output subject `{subject}` is not users.<key>{wanted}"
+                )));
+            }
         }
         Ok(())
     }

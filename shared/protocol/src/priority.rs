@@ -68,6 +68,9 @@ pub struct Policy {
     pub require_gpu_isolation: bool,
     /// Finished jobs leave the live bucket for the history stream this long after they ended.
     pub keep_finished_secs: u64,
+    /// Every job's output goes to its owner's private subject, as with `mgpu submit --private`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub private_output: bool,
 }
 
 impl Default for Policy {
@@ -87,6 +90,7 @@ impl Default for Policy {
             mem_per_gpu_mib: 0,
             require_gpu_isolation: false,
             keep_finished_secs: 24 * 3600,
+            private_output: false,
         }
     }
 }

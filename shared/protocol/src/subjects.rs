@@ -26,6 +26,9 @@ pub const ALL_EVENTS: &str = "jobs.*.events";
 /// scheduler with the identity that signed each request.
 pub const ALL_AUDIT: &str = "audit.>";
 pub const ALL_OUTPUT: &str = "jobs.*.output";
+/// Every job's output that only its owner and admins may read (`mgpu submit --private`):
+/// `users.<owner key>.jobs.<id>.output`.
+pub const ALL_PRIVATE_OUTPUT: &str = "users.*.jobs.*.output";
 pub const ALL_HEARTBEATS: &str = "nodes.heartbeat.*";
 pub const ALL_ASSIGNMENTS: &str = "nodes.assign.*";
 pub const ALL_CONTROLS: &str = "nodes.control.*";
@@ -144,6 +147,19 @@ pub fn events(job: &JobId) -> String {
 }
 pub fn output(job: &JobId) -> String {
     format!("jobs.{job}.output")
+}
+/// The output subject of a job with private output, under its owner's public key: a user's
+/// permissions can name exactly their own (`users.<their key>.>`).
+pub fn private_output(owner_key: &str, job: &JobId) -> String {
+    format!("users.{owner_key}.jobs.{job}.output")
+}
+/// Where `record`'s output goes: its owner's private subject for a job with private output
+/// (and a known owner key), else the public `jobs.<id>.output`.
+pub fn output_of(record: &crate::job::JobRecord) -> String {
+    match (&record.user_key, record.spec.private_output) {
+        (Some(key), true) => private_output(key, &record.id),
+        _ => output(&record.id),
+    }
 }
 pub fn input(job: &JobId) -> String {
     format!("jobs.{job}.input")

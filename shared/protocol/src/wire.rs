@@ -307,6 +307,7 @@ mod fuzz {
             rank: 1,
             input_keys: vec![nkeys::KeyPair::new_user().public_key()],
             unix_user: Some("alice".into()),
+            output_subject: None,
         }))) {
             check::<Assignment>(&payload, MAX_ASSIGNMENT_BYTES, |a| {
                 a.validate()?;

@@ -38,8 +38,9 @@ pub struct AttachArgs {
 }
 
 pub async fn run(connection: &ConnectionArgs, args: &AttachArgs) -> Result<ExitCode> {
-    let session = Session::connect(connection).await?;
+    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
     let record = jobs::find_anywhere(&session, &args.id).await?;
+    crate::follow::check_output_readable(&session, &mut refusals, &record).await?;
     if record.state.is_finished() {
         return Ok(ended(&record));
     }
@@ -59,6 +60,7 @@ pub async fn run(connection: &ConnectionArgs, args: &AttachArgs) -> Result<ExitC
         quiet: args.quiet,
         input,
         attaching: true,
+        output: crate::follow::output_subjects_of(&record),
     };
     follow(&session, &record.id, options).await
 }

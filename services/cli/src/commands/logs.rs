@@ -38,19 +38,23 @@ pub struct LogsArgs {
 }
 
 pub async fn run(connection: &ConnectionArgs, args: &LogsArgs) -> Result<ExitCode> {
-    let session = Session::connect(connection).await?;
-    let id = jobs::resolve_anywhere(&session, &args.id).await?;
+    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let record = jobs::find_anywhere(&session, &args.id).await?;
+    follow::check_output_readable(&session, &mut refusals, &record).await?;
+    // Public output, or its owner's private subject (which the server lets only them and
+    // admins read).
+    let output = follow::output_subjects_of(&record);
     if args.follow {
-        follow_output(&session, &id).await?;
+        follow_output(&session, &record.id, &output).await?;
     } else {
-        print_stored(&session, &id).await?;
+        print_stored(&session, &output).await?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Prints what is stored now and returns.
-async fn print_stored(session: &Session, id: &mgpu_protocol::ids::JobId) -> Result<()> {
-    let mut feed = follow::open_output(&session.js, id).await?;
+async fn print_stored(session: &Session, output: &[String]) -> Result<()> {
+    let mut feed = follow::open_output(&session.js, output).await?;
     if feed.initially_pending == 0 {
         return Ok(());
     }
@@ -68,9 +72,13 @@ async fn print_stored(session: &Session, id: &mgpu_protocol::ids::JobId) -> Resu
 }
 
 /// Prints everything, then new output as it comes, until the job's current attempt ended.
-async fn follow_output(session: &Session, id: &mgpu_protocol::ids::JobId) -> Result<()> {
+async fn follow_output(
+    session: &Session,
+    id: &mgpu_protocol::ids::JobId,
+    output: &[String],
+) -> Result<()> {
     let mut out = OutputWriter::new()?;
-    let result = follow_into(session, id, &mut out).await;
+    let result = follow_into(session, (id, output), &mut out).await;
     // Whatever was read is printed, also when following failed.
     out.flush()?;
     result
@@ -78,10 +86,10 @@ async fn follow_output(session: &Session, id: &mgpu_protocol::ids::JobId) -> Res
 
 async fn follow_into(
     session: &Session,
-    id: &mgpu_protocol::ids::JobId,
+    (id, output): (&mgpu_protocol::ids::JobId, &[String]),
     out: &mut OutputWriter,
 ) -> Result<()> {
-    let mut feed = follow::open_output(&session.js, id).await?;
+    let mut feed = follow::open_output(&session.js, output).await?;
     let mut changes = follow::watch_record(&session.js, id).await?;
     let mut record: Option<JobRecord> = None;
     let mut read = OutputRead {
@@ -154,7 +162,7 @@ impl OutputRead {
     fn write_batch(
         &mut self,
         first: Received,
-        messages: &mut consumer::pull::Ordered,
+        messages: &mut follow::OutputMessages,
         out: &mut OutputWriter,
     ) -> Result<()> {
         let mut message = first;

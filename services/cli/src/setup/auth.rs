@@ -188,6 +188,7 @@ fn node_permissions(name: &str, public_key: &str) -> Permissions {
             "$JS.API.INFO".to_owned(),
             format!("$JS.API.DIRECT.GET.{leases}.{lease}"),
             subjects::ALL_OUTPUT.to_owned(),
+            subjects::ALL_PRIVATE_OUTPUT.to_owned(),
             subjects::ALL_EVENTS.to_owned(),
             format!("$JS.API.STREAM.INFO.{assign}"),
             // Only the create request that names its filter, and only the node's own: a
@@ -228,11 +229,24 @@ fn user_permissions(public_key: &str) -> Permissions {
         subjects::JOBS_BUCKET_STREAM,
         subjects::CLUSTER_BUCKET_STREAM,
         subjects::EVENTS_STREAM,
-        subjects::OUTPUT_STREAM,
         subjects::NODES_STREAM,
     ] {
         publish.extend(stream_reader_subjects(stream));
     }
+    // Output: public jobs' and the user's own private jobs', through consumers that name their
+    // filter (no direct gets, whose requests do not).
+    let output = subjects::OUTPUT_STREAM;
+    let own_output = private_output_of(public_key);
+    publish.extend([
+        format!("$JS.API.STREAM.INFO.{output}"),
+        format!(
+            "$JS.API.CONSUMER.CREATE.{output}.*.{}",
+            subjects::ALL_OUTPUT
+        ),
+        format!("$JS.API.CONSUMER.CREATE.{output}.*.{own_output}"),
+        format!("$JS.API.CONSUMER.INFO.{output}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{output}.*"),
+    ]);
     // History: the user's own subjects only (a consumer names its filter when it is created,
     // and no direct get is allowed, since its request does not).
     let history = subjects::HISTORY_STREAM;
@@ -260,6 +274,7 @@ fn user_permissions(public_key: &str) -> Permissions {
         subscribe: vec![
             format!("{}.>", inbox_prefix(public_key)),
             subjects::ALL_OUTPUT.to_owned(),
+            own_output,
             subjects::ALL_EVENTS.to_owned(),
             subjects::ALL_HEARTBEATS.to_owned(),
         ],
@@ -269,6 +284,11 @@ fn user_permissions(public_key: &str) -> Permissions {
             format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
         ],
     }
+}
+
+/// Every private output subject of the user whose key is `public_key`.
+fn private_output_of(public_key: &str) -> String {
+    format!("users.{public_key}.jobs.*.output")
 }
 
 /// The JetStream API subjects that read `stream`: its info, ephemeral consumers, direct gets.

@@ -75,6 +75,10 @@ pub struct JobSpec {
     /// readable by the owner, admins and the scheduler only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub private_env: bool,
+    /// Its output goes to `users.<owner key>.jobs.<id>.output`, which only its owner and
+    /// admins may read (`mgpu submit --private`, or the scheduler's `private_output`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private_output: bool,
     /// The submitter is attached and may send standard input.
     #[serde(default)]
     pub interactive: bool,
@@ -239,6 +243,7 @@ impl JobSpec {
             workdir: workdir.into(),
             env: BTreeMap::new(),
             private_env: false,
+            private_output: false,
             interactive: false,
             conda_env: None,
             on_timeout: OnTimeout::Requeue,

@@ -100,6 +100,12 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub no_requeue: bool,
 
+    /// Send the job's output to a subject only you and admins may read
+    /// (`users.<your key>.jobs.<id>.output`) instead of `jobs.<id>.output`, which every user
+    /// may read. `mgpu logs`, `-i` and `mgpu attach` follow either.
+    #[arg(long)]
+    pub private: bool,
+
     /// Shell code run before the command, in the same shell (`source venv/bin/activate`).
     #[arg(long, value_name = "CMD")]
     pub env_setup_cmd: Option<String>,

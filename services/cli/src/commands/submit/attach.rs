@@ -42,11 +42,16 @@ pub struct FollowOptions {
     /// Joining a job submitted earlier (`mgpu attach`): no "submitted" status, and a job
     /// found running is not announced in the middle of its replayed screen.
     pub attaching: bool,
+    /// The subjects its output may be on (`follow::output_subjects_of`,
+    /// `follow::own_output_subjects`).
+    pub output: Vec<String>,
 }
 
 /// Follows the job until it ends, and returns its exit status (or 1 if it never ran).
 pub async fn follow(session: &Session, id: &JobId, options: FollowOptions) -> Result<ExitCode> {
-    let mut output = follow::open_output(&session.js, id).await?.messages;
+    let mut output = follow::open_output(&session.js, &options.output)
+        .await?
+        .messages;
     let mut record_changes = follow::watch_record(&session.js, id).await?;
     let mut events = open_events(session, id).await?;
     let (detach, mut detached) = tokio::sync::mpsc::channel(1);
@@ -158,7 +163,7 @@ impl Follower<'_> {
 
     /// Output is written as it comes; the current attempt's end-of-output marker (every
     /// rank's, for a distributed job) ends following with its exit status.
-    fn on_output(&mut self, message: Received<Ordered>) -> Result<Option<ExitCode>> {
+    fn on_output(&mut self, message: Received<follow::OutputMessages>) -> Result<Option<ExitCode>> {
         let message = message
             .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
             .map_err(plain)

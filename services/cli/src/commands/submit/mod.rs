@@ -81,6 +81,7 @@ async fn submit_one(session: &Session, args: &SubmitArgs, spec: JobSpec) -> Resu
                 quiet: args.quiet,
                 input,
                 attaching: false,
+                output: crate::follow::own_output_subjects(&session.key.public_key(), &id),
             };
             attach::follow(session, &id, options).await
         }

@@ -58,6 +58,7 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     spec.pty = args.pty.then(crate::raw_terminal::size_or_default);
     spec.dedup = args.dedup;
     spec.no_requeue = args.no_requeue;
+    spec.private_output = args.private;
     spec.nodelist = args.nodelist.clone();
     spec.exclude = args.exclude.clone();
     spec.nodes = args.nodes.unwrap_or(if node_gpu_ids.is_empty() {
@@ -101,6 +102,8 @@ pub struct FileDefaults {
     pub env_setup_cmd: Option<String>,
     /// `--no-requeue`: every job of the file ends as `node_failed` if its node is lost.
     pub no_requeue: bool,
+    /// `--private`: every job of the file writes its output where only its owner reads it.
+    pub private_output: bool,
     pub after: Vec<JobId>,
     pub after_any: Vec<JobId>,
 }
@@ -154,6 +157,7 @@ pub fn from_draft(
     spec.after_any = defaults.after_any.clone();
     spec.dedup = draft.dedup;
     spec.no_requeue = draft.no_requeue.unwrap_or(defaults.no_requeue);
+    spec.private_output = defaults.private_output;
     Ok(spec)
 }
 
@@ -168,6 +172,7 @@ impl FileDefaults {
             on_timeout: args.on_timeout.map(Into::into),
             env_setup_cmd: args.env_setup_cmd.clone(),
             no_requeue: args.no_requeue,
+            private_output: args.private,
             after: resolve_ids(session, &args.after).await?,
             after_any: resolve_ids(session, &args.after_any).await?,
         })

@@ -35,9 +35,9 @@ pub async fn hold(session: &Session, id: JobId, action: hold::Action) -> Input {
 }
 
 /// The job's output from its first line on, and what follows, as `mgpu logs -f` reads it.
-pub fn follow_log(js: jetstream::Context, id: JobId) -> BoxStream<'static, Input> {
+pub fn follow_log(js: jetstream::Context, id: JobId, subject: String) -> BoxStream<'static, Input> {
     stream::once(async move {
-        match follow::open_output(&js, &id).await {
+        match follow::open_output(&js, &[subject]).await {
             Ok(feed) => {
                 let job = id.clone();
                 feed.messages

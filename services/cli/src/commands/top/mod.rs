@@ -252,8 +252,8 @@ impl<'a> Loop<'a> {
                 Effect::Release(id) => self
                     .work
                     .push(effects::hold(session, id, hold::Action::Release).boxed_local()),
-                Effect::FollowLog(id) => {
-                    self.log = Some(effects::follow_log(session.js.clone(), id));
+                Effect::FollowLog(id, subject) => {
+                    self.log = Some(effects::follow_log(session.js.clone(), id, subject));
                 }
                 Effect::StopLog => self.log = None,
             }

@@ -95,9 +95,10 @@ impl Model {
             return Vec::new();
         };
         let id = job.id.clone();
+        let subject = mgpu_protocol::subjects::output_of(job);
         let title = format!("{} {} ({})", id.short(), job.spec.display_name(), job.user);
         self.mode = Mode::Log(LogPane::new(id.clone(), title));
-        vec![Effect::FollowLog(id)]
+        vec![Effect::FollowLog(id, subject)]
     }
 
     /// Why the user may not change `job`, if we know they may not: the scheduler refuses
@@ -358,7 +359,8 @@ mod tests {
         press(&mut model, KeyCode::Esc);
         assert_eq!(model.mode, Mode::Normal);
         let effects = press(&mut model, KeyCode::Char('l'));
-        assert_eq!(effects, [Effect::FollowLog(jobs[0].id.clone())]);
+        let subject = mgpu_protocol::subjects::output(&jobs[0].id);
+        assert_eq!(effects, [Effect::FollowLog(jobs[0].id.clone(), subject)]);
         model.update(Input::Log {
             job: jobs[0].id.clone(),
             bytes: b"step 1\n".to_vec(),

@@ -84,8 +84,9 @@ pub enum Effect {
     Cancel(JobId),
     Hold(JobId),
     Release(JobId),
-    /// Start reading this job's output into the log pane (replacing any other).
-    FollowLog(JobId),
+    /// Start reading this job's output (on this subject) into the log pane (replacing any
+    /// other).
+    FollowLog(JobId, String),
     StopLog,
     Quit,
 }
