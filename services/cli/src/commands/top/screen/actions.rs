@@ -94,6 +94,15 @@ impl Model {
             self.say("No job on this line.");
             return Vec::new();
         };
+        if job.spec.private_output && self.admin == Some(false) && !is_mine(&self.me, job) {
+            let said = format!(
+                "Job {}'s output is private: only {} and admins may read it.",
+                job.id.short(),
+                job.user
+            );
+            self.say(&said);
+            return Vec::new();
+        }
         let id = job.id.clone();
         let subject = mgpu_protocol::subjects::output_of(job);
         let title = format!("{} {} ({})", id.short(), job.spec.display_name(), job.user);
@@ -333,6 +342,26 @@ mod tests {
         model.update(Input::Admin(true));
         press(&mut model, KeyCode::Char('c'));
         assert!(matches!(model.mode, Mode::Confirm { .. }));
+    }
+
+    #[test]
+    fn another_users_private_output_is_not_followed_but_said_to_be_private() {
+        let (mut model, jobs) = cluster();
+        let mut private = jobs[1].clone();
+        private.spec.private_output = true;
+        model.update(Input::job(private));
+        model.update(Input::Admin(false));
+        press(&mut model, KeyCode::Down);
+        assert_eq!(model.selected_job().map(|j| &j.id), Some(&jobs[1].id));
+        assert!(press(&mut model, KeyCode::Char('l')).is_empty());
+        assert!(model.status().is_some_and(|s| s.contains("private")));
+        // An admin follows it, on its owner's private subject.
+        model.update(Input::Admin(true));
+        let effects = press(&mut model, KeyCode::Char('l'));
+        assert!(
+            matches!(&effects[..], [Effect::FollowLog(_, subject)] if subject.starts_with("users.")),
+            "{effects:?}"
+        );
     }
 
     #[test]
