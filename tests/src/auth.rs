@@ -109,6 +109,11 @@ impl Cluster {
         self.creds(Role::Admin, "admin")
     }
 
+    /// The credentials directory (`principals.json`, `keys/`), for `mgpu admin --dir`.
+    pub fn auth_dir(&self) -> PathBuf {
+        self.auth_dir.clone()
+    }
+
     /// Runs `work` with a NATS client connected with `creds`, on a runtime of its own: the
     /// stories are synchronous, and a few speak NATS directly (as a node, as an admin).
     pub fn with_nats<T, Fut>(&self, creds: &Path, work: impl FnOnce(async_nats::Client) -> Fut) -> T

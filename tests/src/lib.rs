@@ -280,6 +280,14 @@ impl Cluster {
             self.start_agent(name);
         }
         self.wait_nodes_online(with_agents.len());
+        // Listings read heartbeats straight from JetStream, so nodes show online before the
+        // scheduler has loaded its state: a story starts once it acts, and hears what comes
+        // next live.
+        let log = self.log_path("scheduler");
+        wait_for("the scheduler to be ready", Duration::from_secs(30), || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("scheduler ready").then_some(())
+        });
     }
 
     /// Only the nats-server, with credentials for the scheduler, `admin`, users `alice` and

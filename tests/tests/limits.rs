@@ -94,16 +94,6 @@ fn a_user_at_their_gpu_cap_waits_while_others_start_and_a_raised_cap_starts_the_
     }
 }
 
-/// The credentials directory (`DIR/keys/admin-admin.nk` → `DIR`), for `mgpu admin --dir`.
-fn auth_dir(cluster: &Cluster) -> PathBuf {
-    cluster
-        .admin_creds()
-        .parent()
-        .and_then(|keys| keys.parent())
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
 fn ended_reason(cluster: &Cluster, id: &str) -> String {
     let job: Value = cluster.finished_as(id, "failed", T);
     job["reason"].as_str().unwrap_or_default().to_owned()
@@ -124,7 +114,7 @@ max_gpus_per_job = 1
 max_time_limit = "1h"
 "#,
     );
-    let dir = auth_dir(&cluster).display().to_string();
+    let dir = cluster.auth_dir().display().to_string();
     cluster.mgpu_ok_with(
         &cluster.admin_creds(),
         &[

@@ -35,6 +35,19 @@ fn direct_get_as(cluster: &Cluster, creds: &std::path::Path, request: String) ->
     })
 }
 
+/// Asserts that `creds` can read what `request` (a direct get) answers, which names `id`, and
+/// that `secret` is not in it.
+fn readable_without(
+    cluster: &Cluster,
+    creds: &std::path::Path,
+    request: String,
+    (id, secret): (&str, &str),
+) {
+    let read = String::from_utf8_lossy(&direct_get_as(cluster, creds, request)).into_owned();
+    assert!(read.contains(id), "bob could not read it at all: {read}");
+    assert!(!read.contains(secret), "it has the secret: {read}");
+}
+
 #[test]
 fn another_user_finds_a_jobs_environment_nowhere_while_the_job_and_its_owner_get_it() {
     let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
@@ -68,7 +81,7 @@ fn another_user_finds_a_jobs_environment_nowhere_while_the_job_and_its_owner_get
     assert!(!human.contains(&secret), "{human}");
 
     // The job record, straight from KV.
-    let record = direct_get_as(
+    readable_without(
         &cluster,
         &bob,
         format!(
@@ -76,15 +89,7 @@ fn another_user_finds_a_jobs_environment_nowhere_while_the_job_and_its_owner_get
             subjects::JOBS_BUCKET_STREAM,
             subjects::JOBS_BUCKET
         ),
-    );
-    let record = String::from_utf8_lossy(&record).into_owned();
-    assert!(
-        record.contains(&id),
-        "bob could not read the record at all: {record}"
-    );
-    assert!(
-        !record.contains(&secret),
-        "the record has the key: {record}"
+        (&id, &secret),
     );
 
     // The environments' bucket, under alice's key: the server refuses, nothing comes.
@@ -132,7 +137,7 @@ fn a_pending_submission_carries_no_environment_for_another_user_to_read() {
     let secret = format!("token-{}", JobId::random());
     cluster.set_cli_env("HF_TOKEN", &secret);
     let id = cluster.submit(&[], "true");
-    let pending = direct_get_as(
+    readable_without(
         &cluster,
         &cluster.user_creds("bob"),
         format!(
@@ -140,15 +145,7 @@ fn a_pending_submission_carries_no_environment_for_another_user_to_read() {
             subjects::REQUESTS_STREAM,
             subjects::SUBMIT
         ),
-    );
-    let pending = String::from_utf8_lossy(&pending).into_owned();
-    assert!(
-        pending.contains(&id),
-        "bob could not read the submission: {pending}"
-    );
-    assert!(
-        !pending.contains(&secret),
-        "the submission has the token: {pending}"
+        (&id, &secret),
     );
     // The scheduler takes it later, and the job runs with it.
     cluster.start_scheduler();

@@ -61,16 +61,6 @@ fn signed_by(
     headers
 }
 
-/// The credentials directory (`DIR/keys/admin-admin.nk` → `DIR`), for `mgpu admin --dir`.
-fn auth_dir(cluster: &Cluster) -> std::path::PathBuf {
-    cluster
-        .admin_creds()
-        .parent()
-        .and_then(|keys| keys.parent())
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default()
-}
-
 /// The audit records, as `mgpu admin audit --json` prints them.
 fn audit(cluster: &Cluster) -> Vec<Value> {
     cluster
@@ -379,7 +369,7 @@ fn a_hold_and_a_cancel_replayed_after_a_scheduler_restart_are_refused() {
 /// Maps mgpu user `user` to Unix account `unix_user` while the scheduler runs (it re-reads
 /// the principals file; give it a moment).
 fn map_user(cluster: &Cluster, user: &str, unix_user: &str) {
-    let dir = auth_dir(cluster).display().to_string();
+    let dir = cluster.auth_dir().display().to_string();
     cluster.mgpu_ok_with(
         &cluster.admin_creds(),
         &[
@@ -604,7 +594,7 @@ fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
 #[test]
 fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_connections() {
     let cluster = cluster();
-    let auth_dir = auth_dir(&cluster);
+    let auth_dir = cluster.auth_dir();
     // Where `scripts/dev-up.sh` keeps pid files: next to the credentials directory.
     let run_dir = auth_dir.parent().map(|p| p.join("run")).unwrap_or_default();
     std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));
