@@ -190,20 +190,7 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             ..Default::default()
         },
         history_stream_config(replicas, settings.history_max_bytes),
-        stream::Config {
-            name: subjects::OUTPUT_STREAM.into(),
-            description: Some("mgpu job output (raw bytes)".into()),
-            subjects: vec![
-                subjects::ALL_OUTPUT.into(),
-                subjects::ALL_PRIVATE_OUTPUT.into(),
-            ],
-            retention: stream::RetentionPolicy::Limits,
-            max_age: settings.output_max_age,
-            max_bytes: settings.output_max_bytes,
-            discard: stream::DiscardPolicy::Old,
-            num_replicas: replicas,
-            ..Default::default()
-        },
+        output_stream_config(settings),
         stream::Config {
             name: subjects::NODES_STREAM.into(),
             description: Some("last heartbeat of every mgpu node".into()),
@@ -229,6 +216,25 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             ..Default::default()
         },
     ]
+}
+
+/// Jobs' output, public (`jobs.<id>.output`) and private (`users.<key>.jobs.<id>.output`),
+/// kept `output_max_age` and `output_max_bytes` at most, the oldest going first.
+fn output_stream_config(settings: &StreamSettings) -> stream::Config {
+    stream::Config {
+        name: subjects::OUTPUT_STREAM.into(),
+        description: Some("mgpu job output (raw bytes)".into()),
+        subjects: vec![
+            subjects::ALL_OUTPUT.into(),
+            subjects::ALL_PRIVATE_OUTPUT.into(),
+        ],
+        retention: stream::RetentionPolicy::Limits,
+        max_age: settings.output_max_age,
+        max_bytes: settings.output_max_bytes,
+        discard: stream::DiscardPolicy::Old,
+        num_replicas: settings.replicas.max(1),
+        ..Default::default()
+    }
 }
 
 pub fn jobs_bucket_config(settings: &StreamSettings) -> kv::Config {

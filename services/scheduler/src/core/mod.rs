@@ -29,6 +29,7 @@
 //! that share the value of the topology label (`rack`). It is reserved for like any other job.
 
 mod capacity;
+mod fast_hash;
 mod owner_gpus;
 #[cfg(test)]
 mod owner_gpus_tests;
@@ -49,6 +50,7 @@ use mgpu_protocol::priority::PlacementPolicy;
 
 pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};
+use fast_hash::FastHash;
 use owner_gpus::OwnerGpus;
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 
@@ -252,47 +254,6 @@ impl<'a> Shape<'a> {
             exclude: &job.exclude,
             node_gpu_ids: &job.node_gpu_ids,
         }
-    }
-}
-
-/// Hashing for the per-pass shape maps, looked up twice per queued job: SipHash (the
-/// standard one, made to resist hash flooding) was a sixth of a pass over 100 000 jobs, and
-/// these keys are built by the scheduler from already validated requests.
-type FastHash = std::hash::BuildHasherDefault<FxHasher>;
-
-/// The multiply-rotate hash of rustc's FxHash.
-#[derive(Default)]
-struct FxHasher(u64);
-
-impl std::hash::Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.add(value);
-    }
-
-    fn write_u32(&mut self, value: u32) {
-        self.add(u64::from(value));
-    }
-
-    fn write_usize(&mut self, value: usize) {
-        self.add(value as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
 }
 
