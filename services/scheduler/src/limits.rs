@@ -20,8 +20,10 @@
 //!
 //! A job that would take its owner past `max_gpus_running` waits (`WaitReason::UserLimit`)
 //! without holding anything up for other users (the core skips it, see `core::owner_gpus`);
-//! the other limits refuse a submission at once, naming the limit. The file is re-read when it
-//! changes ([`LimitsFile`]); new limits apply from the next pass and to later submissions.
+//! the other limits refuse a submission at once, naming the limit. A time limit given by
+//! `max_time_limit` is like any other: it ends an `--on-timeout fail` job, and is a time slice
+//! for one that requeues. The file is re-read when it changes ([`LimitsFile`]); new limits
+//! apply from the next pass and to later submissions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
