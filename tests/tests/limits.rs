@@ -45,8 +45,8 @@ fn states(cluster: &Cluster, ids: &[String]) -> Vec<String> {
 
 #[test]
 fn a_user_at_their_gpu_cap_waits_while_others_start_and_a_raised_cap_starts_the_rest() {
-    let (cluster, config, _dir) =
-        cluster_with_limits("6x24GiB", "[limits.default]\nmax_gpus_running = 2\n");
+    let (cluster, config, dir) =
+        cluster_with_limits("8x24GiB", "[limits.default]\nmax_gpus_running = 2\n");
     let alices: Vec<String> = (0..4)
         .map(|_| submit_as(&cluster, "alice", &["--gpus", "1"], "sleep 60"))
         .collect();
@@ -81,17 +81,70 @@ fn a_user_at_their_gpu_cap_waits_while_others_start_and_a_raised_cap_starts_the_
         .count();
     assert_eq!(running, 2, "alice's cap held while bob's job started");
 
-    // The cap raised in the file, no restart: the rest of alice's jobs start.
+    // Carol, added while the scheduler runs, has the default cap too.
+    let carols = add_user_and_submit(&cluster, dir.path(), "carol", 3);
+    wait_for("two of carol's jobs to run", T, || {
+        let running = states(&cluster, &carols)
+            .iter()
+            .filter(|s| *s == "running")
+            .count();
+        (running == 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        states(&cluster, &carols)
+            .iter()
+            .filter(|s| *s == "running")
+            .count(),
+        2,
+        "carol's cap held"
+    );
+
+    // The cap raised in the file, no restart: the rest of alice's and carol's jobs start.
     write_config(&config, "[limits.default]\nmax_gpus_running = 4\n");
-    wait_for("all of alice's jobs to run", T, || {
+    wait_for("all of alice's and carol's jobs to run", T, || {
         states(&cluster, &alices)
             .iter()
+            .chain(&states(&cluster, &carols))
             .all(|s| s == "running")
             .then_some(())
     });
-    for id in alices.iter().chain([&bobs]) {
+    for id in alices.iter().chain(&carols).chain([&bobs]) {
         cluster.mgpu_ok_with(&cluster.admin_creds(), &["cancel", id]);
     }
+}
+
+/// Adds `user` while the cluster runs (the server reloads its configuration, as for
+/// `scripts/dev-up.sh`), and submits `jobs` one-GPU jobs as them; their ids.
+fn add_user_and_submit(cluster: &Cluster, scratch: &Path, user: &str, jobs: usize) -> Vec<String> {
+    let auth_dir = cluster.auth_dir();
+    let run_dir = auth_dir.parent().map(|p| p.join("run")).unwrap_or_default();
+    std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));
+    let pid = cluster
+        .nats_pid()
+        .unwrap_or_else(|| panic!("no nats-server"));
+    std::fs::write(run_dir.join("nats-server.pid"), pid.to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = scratch.join(format!("{user}.nk"));
+    let (dir, out) = (auth_dir.display().to_string(), key.display().to_string());
+    cluster.mgpu_ok_with(
+        &cluster.admin_creds(),
+        &["admin", "add-user", user, "--dir", &dir, "--out", &out],
+    );
+    (0..jobs)
+        .map(|_| {
+            wait_for(&format!("{user} to be let in"), T, || {
+                let out = cluster.mgpu_with(
+                    &key,
+                    &["submit", "-q", "--gpus", "1", "--", "sleep 60"],
+                    None,
+                );
+                out.status
+                    .success()
+                    .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            })
+        })
+        .collect()
 }
 
 fn ended_reason(cluster: &Cluster, id: &str) -> String {

@@ -85,21 +85,22 @@ pub async fn submit_all(session: &Session, requests: &[SubmitRequest]) -> Vec<Re
     results
 }
 
-/// One pass over the submissions at `indices`, pipelined.
+/// One pass over the submissions at `indices`, pipelined: first the jobs' environments, then
+/// the submissions of the jobs whose environment is stored (a job is never sent without it).
 async fn submit_round(
     session: &Session,
     requests: &[SubmitRequest],
     indices: &[usize],
 ) -> Vec<(usize, std::result::Result<(), Failure>)> {
-    let mut outcomes = Vec::with_capacity(indices.len());
+    let (ready, mut outcomes) = store_envs(session, requests, indices).await;
     let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
-    for &index in indices {
+    for index in ready {
         if in_flight.len() >= WINDOW
             && let Some((done, ack)) = in_flight.pop_front()
         {
             outcomes.push((done, acknowledged(ack).await));
         }
-        match send(session, &requests[index]).await {
+        match send(session, &without_env(&requests[index])).await {
             Ok(ack) => in_flight.push_back((index, ack)),
             Err(failure) => outcomes.push((index, Err(failure))),
         }
@@ -109,6 +110,46 @@ async fn submit_round(
     }
     outcomes
 }
+
+/// Stores the environments of the jobs at `indices` in the `mgpu-job-env` bucket under this
+/// user's key, where other users cannot read them (the submission, like the job record made
+/// of it, is readable by every user), pipelined. Returns the jobs whose environment is stored
+/// (or who have none), and the failures.
+async fn store_envs(
+    session: &Session,
+    requests: &[SubmitRequest],
+    indices: &[usize],
+) -> (Vec<usize>, Outcomes) {
+    let mut ready = Vec::with_capacity(indices.len());
+    let mut failed = Vec::new();
+    let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
+    for &index in indices {
+        if in_flight.len() >= WINDOW
+            && let Some((done, ack)) = in_flight.pop_front()
+        {
+            match acknowledged(ack).await {
+                Ok(()) => ready.push(done),
+                Err(failure) => failed.push((done, Err(failure))),
+            }
+        }
+        match put_env(session, &requests[index]).await {
+            Ok(Some(ack)) => in_flight.push_back((index, ack)),
+            Ok(None) => ready.push(index),
+            Err(failure) => failed.push((index, Err(failure))),
+        }
+    }
+    while let Some((done, ack)) = in_flight.pop_front() {
+        match acknowledged(ack).await {
+            Ok(()) => ready.push(done),
+            Err(failure) => failed.push((done, Err(failure))),
+        }
+    }
+    // In the order asked: the submissions keep their order in the queue.
+    ready.sort_unstable();
+    (ready, failed)
+}
+
+type Outcomes = Vec<(usize, std::result::Result<(), Failure>)>;
 
 /// False only when the server says mgpu's job bucket does not exist: then "no responders" means
 /// mgpu was never set up here, and waiting would not help. A bucket that does not answer (its
@@ -127,8 +168,7 @@ async fn send(
     session: &Session,
     request: &SubmitRequest,
 ) -> std::result::Result<PublishAckFuture, Failure> {
-    let request = keep_env_apart(session, request).await?;
-    let payload = serde_json::to_vec(&*request)
+    let payload = serde_json::to_vec(request)
         .context("encoding the submission")
         .map_err(|error| Failure {
             kind: PublishErrorKind::Other,
@@ -152,16 +192,14 @@ async fn send(
         .map_err(|err| Failure::new(err.kind(), &err))
 }
 
-/// Stores the job's environment in the `mgpu-job-env` bucket under this user's key, where
-/// other users cannot read it, and returns the request without it (the submission, like the
-/// job record made of it, is readable by every user). Stored before the submission is sent,
-/// so the scheduler finds it when it assigns the job.
-async fn keep_env_apart<'a>(
+/// Publishes the job's environment to its key in `mgpu-job-env`; the acknowledgement to
+/// await, or None for a job without one.
+async fn put_env(
     session: &Session,
-    request: &'a SubmitRequest,
-) -> std::result::Result<std::borrow::Cow<'a, SubmitRequest>, Failure> {
+    request: &SubmitRequest,
+) -> std::result::Result<Option<PublishAckFuture>, Failure> {
     if request.spec.env.is_empty() {
-        return Ok(std::borrow::Cow::Borrowed(request));
+        return Ok(None);
     }
     let env = serde_json::to_vec(&request.spec.env)
         .context("encoding the environment")
@@ -174,16 +212,23 @@ async fn keep_env_apart<'a>(
         error,
     })?;
     let subject = subjects::job_env(&session.key.public_key(), &request.id);
-    let stored = session
+    session
         .js
         .publish(subject, env.into())
         .await
-        .map_err(|err| Failure::new(err.kind(), &err))?;
-    acknowledged(stored).await?;
+        .map(Some)
+        .map_err(|err| Failure::new(err.kind(), &err))
+}
+
+/// The submission as sent: without its environment (stored apart), marked so.
+fn without_env(request: &SubmitRequest) -> std::borrow::Cow<'_, SubmitRequest> {
+    if request.spec.env.is_empty() {
+        return std::borrow::Cow::Borrowed(request);
+    }
     let mut apart = request.clone();
     apart.spec.env.clear();
     apart.spec.private_env = true;
-    Ok(std::borrow::Cow::Owned(apart))
+    std::borrow::Cow::Owned(apart)
 }
 
 async fn acknowledged(ack: PublishAckFuture) -> std::result::Result<(), Failure> {

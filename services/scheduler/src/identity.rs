@@ -25,6 +25,10 @@ pub struct Principals {
     path: PathBuf,
     registry: Registry,
     modified: Option<SystemTime>,
+    /// How many times the file was read: whoever derives something from it (the caps on
+    /// running GPUs, from users' groups) knows by this whether to derive it again, whichever
+    /// lookup happened to re-read it.
+    generation: u64,
 }
 
 impl Principals {
@@ -34,6 +38,7 @@ impl Principals {
             path: path.to_owned(),
             registry,
             modified: modified(path),
+            generation: 0,
         })
     }
 
@@ -52,6 +57,7 @@ impl Principals {
                 );
                 self.registry = registry;
                 self.modified = now_modified;
+                self.generation += 1;
                 true
             }
             Err(err) => {
@@ -59,6 +65,11 @@ impl Principals {
                 false
             }
         }
+    }
+
+    /// How many times the file was read again since it was loaded.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Every user and admin, with the group whose limits apply to them.

@@ -83,27 +83,25 @@ impl Scheduler {
     }
 
     /// Writes the admitted requests' nonces to the bucket, so a copy sent after a restart is
-    /// still refused; a request whose nonce could not be written is left unacknowledged (and
-    /// not acted on): JetStream redelivers it, and its own redelivery is no replay.
+    /// still refused. From the first request whose nonce could not be written on, the batch is
+    /// left unacknowledged and not acted on, so requests keep their order (a cancel never
+    /// overtakes its job's submission): JetStream redelivers them, and a request's own
+    /// redelivery is no replay.
     async fn keep_nonces(
         &mut self,
-        admitted: Vec<(Admitted, Request)>,
+        mut admitted: Vec<(Admitted, Request)>,
     ) -> Vec<(Admitted, Request)> {
         let nonces: Vec<&SeenNonce> = admitted.iter().map(|(a, _)| &a.nonce).collect();
         let stored = crate::replay_memory::remember(&self.js, &nonces).await;
+        if let Some(first_lost) = stored.iter().position(|stored| !stored) {
+            tracing::warn!(
+                left = admitted.len() - first_lost,
+                "could not remember a request's nonce; it and the requests after it are \
+                 handled when redelivered"
+            );
+            admitted.truncate(first_lost);
+        }
         admitted
-            .into_iter()
-            .zip(stored)
-            .filter_map(|(request, stored)| {
-                if !stored {
-                    tracing::warn!(
-                        subject = %request.0.message.subject,
-                        "could not remember a request's nonce; it is handled when redelivered"
-                    );
-                }
-                stored.then_some(request)
-            })
-            .collect()
     }
 
     /// Records plain submissions together and acknowledges those stored.

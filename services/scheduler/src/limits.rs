@@ -301,6 +301,18 @@ impl UserLimits {
                 limit.value, limit.from
             ));
         }
+        if let Some(limit) = &self.max_gpus_running {
+            let asked = job_gpu_units(spec);
+            if asked > limit.value {
+                return Some(format!(
+                    "over the limit max_gpus_running = {} ({}): the job asks for {} GPUs, so it \
+                     could never start",
+                    gpus_text(limit.value),
+                    limit.from,
+                    gpus_text(asked)
+                ));
+            }
+        }
         if let Some(limit) = &self.max_gpus_per_job {
             let asked = job_gpu_units(spec);
             if asked > limit.value {
@@ -408,6 +420,10 @@ mod tests {
 
     const UNIT: u64 = GpuAmount::UNITS_PER_GPU as u64;
 
+    fn limits_of(text: &str) -> Limits {
+        limits(text).unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
     #[test]
     fn each_key_comes_from_the_most_specific_table_that_sets_it() {
         let limits = limits(
@@ -499,6 +515,15 @@ mod tests {
         spec.time_limit_secs = None;
         alice.cap_time_limit(&mut spec);
         assert_eq!(spec.time_limit_secs, Some(7200));
+        let capped = limits_of("[limits.default]\nmax_gpus_running = 2\n").for_user("bob", None);
+        spec.gpus = GpuAmount::whole(3);
+        let never = capped.refusal("bob", &spec, 0).unwrap_or_default();
+        assert!(
+            never.contains("max_gpus_running = 2") && never.contains("never start"),
+            "{never}"
+        );
+        spec.gpus = GpuAmount::whole(2);
+        assert_eq!(capped.refusal("bob", &spec, 0), None);
     }
 
     #[test]

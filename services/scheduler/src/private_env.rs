@@ -13,21 +13,25 @@ use crate::service::Scheduler;
 
 impl Scheduler {
     /// Moves an inline environment of `request` to the bucket, under its signer's key. Should
-    /// that fail, the environment stays inline: the job still runs as its owner asked.
-    pub(crate) async fn keep_env_apart(&self, request: &mut SubmitRequest, identity: &Identity) {
+    /// that fail, the submission is not to be recorded now (its environment would be in a
+    /// record every user reads): the error leaves it for JetStream to deliver again.
+    pub(crate) async fn keep_env_apart(
+        &self,
+        request: &mut SubmitRequest,
+        identity: &Identity,
+    ) -> anyhow::Result<()> {
         if request.spec.env.is_empty() {
-            return;
+            return Ok(());
         }
         let owner = identity.signer().key;
-        match job_env::put(&self.js, &owner, &request.id, &request.spec.env).await {
-            Ok(()) => {
-                request.spec.env.clear();
-                request.spec.private_env = true;
-            }
-            Err(err) => {
-                tracing::warn!(job = %request.id, "keeping the environment apart: {err}");
-            }
-        }
+        job_env::put(&self.js, &owner, &request.id, &request.spec.env)
+            .await
+            .map_err(|err| {
+                anyhow::anyhow!("keeping job {}'s environment apart: {err}", request.id)
+            })?;
+        request.spec.env.clear();
+        request.spec.private_env = true;
+        Ok(())
     }
 }
 

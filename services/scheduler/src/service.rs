@@ -67,8 +67,9 @@ pub struct Scheduler {
     pub(crate) metrics: Arc<SchedulerMetrics>,
     /// Per-user limits (`[limits]` of the config file), re-read when the file changes.
     pub(crate) limits: LimitsFile,
-    /// Each capped user's most GPUs running at once, from `limits` and users' groups.
-    pub(crate) gpu_caps: Arc<HashMap<String, u64>>,
+    /// Each capped user's most GPUs running at once, from `limits` and users' groups, and the
+    /// principals file's generation it was derived from.
+    pub(crate) gpu_caps: (Arc<HashMap<String, u64>>, u64),
 }
 
 /// What wakes the loop: heartbeats (plain subscription), agents' reports and requests
@@ -191,7 +192,7 @@ impl Scheduler {
             history: crate::history::HistoryKeeper::default(),
             metrics,
             limits,
-            gpu_caps,
+            gpu_caps: (gpu_caps, 0),
         };
         Ok((scheduler, status_rx))
     }
@@ -317,19 +318,25 @@ impl Scheduler {
     /// on running GPUs did (a pass then starts what a raised cap lets start).
     fn refresh_limits(&mut self) -> bool {
         let limits_changed = self.limits.refresh();
-        let groups_changed = self.gate.principals.refresh();
-        if !limits_changed && !groups_changed {
+        self.gate.principals.refresh();
+        self.derive_caps(limits_changed)
+    }
+
+    /// Derives the caps on running GPUs again when the limits changed or the principals file
+    /// was read again since (by any lookup: a request from a user just added re-reads it, and
+    /// the pass that follows must already cap that user); true when they changed.
+    fn derive_caps(&mut self, limits_changed: bool) -> bool {
+        let generation = self.gate.principals.generation();
+        if !limits_changed && generation == self.gpu_caps.1 {
             return false;
         }
         let caps = self
             .limits
             .limits
             .running_caps(self.gate.principals.users_with_groups());
-        if caps == *self.gpu_caps {
-            return false;
-        }
-        self.gpu_caps = Arc::new(caps);
-        true
+        let changed = caps != *self.gpu_caps.0;
+        self.gpu_caps = (Arc::new(caps), generation);
+        changed
     }
 
     /// Handles the heartbeats already waiting; true when one changed the node table.
@@ -353,6 +360,7 @@ impl Scheduler {
             policy: &self.policy,
         };
         self.views.refresh(changed, &sources, now);
+        self.derive_caps(false);
         let queue: Vec<&QueuedJob> = self.views.queued().collect();
         let running: Vec<&RunningJob> = self.views.running().collect();
         // Only slices still to come arm the timer: one already over is acted on by the next
@@ -380,7 +388,7 @@ impl Scheduler {
                 max_reservations: self.policy.max_reservations,
                 topology_label: Some(self.policy.topology_label.clone())
                     .filter(|label| !label.is_empty()),
-                gpu_caps: Arc::clone(&self.gpu_caps),
+                gpu_caps: Arc::clone(&self.gpu_caps.0),
             };
             let nodes = self.nodes.views(now);
             sample.view_us = micros(began.elapsed());

@@ -24,7 +24,7 @@ impl Scheduler {
         mut request: SubmitRequest,
         identity: &Identity,
     ) -> Result<()> {
-        self.keep_env_apart(&mut request, identity).await;
+        self.keep_env_apart(&mut request, identity).await?;
         request.spec.private_output |= self.policy.private_output;
         self.learn_archived(std::iter::once(&request.spec)).await;
         let twin = request
@@ -68,7 +68,11 @@ impl Scheduler {
         let mut followups = Vec::with_capacity(submissions.len());
         let mut queued = QueuedByUser::default();
         for (mut request, identity) in submissions {
-            self.keep_env_apart(&mut request, identity).await;
+            // Not recorded without its environment put apart: left for JetStream to redeliver.
+            if let Err(err) = self.keep_env_apart(&mut request, identity).await {
+                followups.push(Err(err));
+                continue;
+            }
             request.spec.private_output |= self.policy.private_output;
             let not_added = self
                 .over_limit(&mut request, identity, &mut queued)
@@ -77,13 +81,27 @@ impl Scheduler {
             // Each its own time, so jobs of a batch keep their order in the queue.
             let transition = lifecycle::submit(request, &identity.signer(), not_added, now());
             let stored = transition.record.is_some();
+            if transition
+                .record
+                .as_ref()
+                .is_some_and(|r| matches!(r.state, JobState::Queued(_)))
+            {
+                queued.add(&identity.name);
+            }
             let outcome = SubmitOutcome::of(transition.record.as_ref(), false);
             records.extend(transition.record);
-            followups.push((id, stored, (transition.effects, outcome), identity));
+            followups.push(Ok((id, stored, (transition.effects, outcome), identity)));
         }
         let mut created = self.store.create_many(records).await.into_iter();
         let mut results = Vec::with_capacity(followups.len());
-        for (id, stored, effects, identity) in followups {
+        for followup in followups {
+            let (id, stored, effects, identity) = match followup {
+                Ok(followup) => followup,
+                Err(err) => {
+                    results.push(Err(err));
+                    continue;
+                }
+            };
             let outcome = if stored {
                 created
                     .next()
@@ -122,8 +140,8 @@ impl Scheduler {
     }
 
     /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`), counting
-    /// the jobs `queued` knows of; within them, a job without a time limit gets `max_time_limit` and counts as
-    /// one more queued job of its owner.
+    /// the jobs `queued` knows of; within them, a job without a time limit gets
+    /// `max_time_limit`.
     fn over_limit(
         &self,
         request: &mut SubmitRequest,
@@ -147,7 +165,6 @@ impl Scheduler {
             return Some(why);
         }
         limits.cap_time_limit(&mut request.spec);
-        queued.add(user);
         None
     }
 

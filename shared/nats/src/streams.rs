@@ -145,6 +145,10 @@ impl Default for StreamSettings {
     }
 }
 
+/// How long a job's environment is kept at most: a job queued or running longer than this
+/// runs without it when it is started again.
+pub const JOB_ENV_MAX_AGE: Duration = Duration::from_secs(90 * 24 * 3600);
+
 /// How long JetStream remembers a message id to drop a repeated submission or assignment.
 const DEDUP_WINDOW: Duration = Duration::from_secs(120);
 
@@ -249,13 +253,15 @@ pub fn jobs_bucket_config(settings: &StreamSettings) -> kv::Config {
 }
 
 /// The captured environments ([`crate::job_env`]): one value per live job, each at most a
-/// submission's size.
+/// submission's size, and [`JOB_ENV_MAX_AGE`] old at most (so that the environment of a
+/// submission that never became a job, which nobody drops, does not stay forever).
 pub fn job_env_bucket_config(settings: &StreamSettings) -> kv::Config {
     kv::Config {
         bucket: subjects::JOB_ENV_BUCKET.into(),
         description: "mgpu jobs' environments, readable by their owners, admins and the scheduler"
             .into(),
         history: 1,
+        max_age: JOB_ENV_MAX_AGE,
         max_value_size: MAX_SUBMIT_BYTES as i32,
         num_replicas: settings.replicas.max(1),
         ..Default::default()
