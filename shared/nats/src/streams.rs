@@ -128,7 +128,8 @@ pub enum WhenTooLarge {
     Refuse,
 }
 
-/// The least [`WhenTooLarge::Shrink`] goes down to before it gives up.
+/// The least [`WhenTooLarge::Shrink`] goes down to for a new stream before it gives up (an
+/// existing one is never shrunk below its present size).
 const SMALLEST_SHRUNK_BYTES: i64 = 64 * 1024 * 1024;
 
 impl Default for StreamSettings {
@@ -367,8 +368,9 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
 }
 
 /// Creates or updates one stream. When the server cannot reserve its `max_bytes`, either
-/// halves it until it fits (down to [`SMALLEST_SHRUNK_BYTES`]), warning with what was kept and
-/// how to get the rest, or fails naming the setting, as `when_too_large` says.
+/// halves it until it fits (down to [`SMALLEST_SHRUNK_BYTES`], or the size the stream already
+/// has), warning with what was kept and how to get the rest, or fails naming the setting, as
+/// `when_too_large` says.
 async fn create_within_storage(
     js: &jetstream::Context,
     mut config: stream::Config,
@@ -396,8 +398,13 @@ async fn create_within_storage(
         };
         let no_room = is_storage_exceeded(&error) && config.max_bytes > 0;
         if no_room && when_too_large == WhenTooLarge::Shrink {
-            let smaller = config.max_bytes / 2;
-            if smaller >= SMALLEST_SHRUNK_BYTES {
+            // Never below what an existing stream already keeps: shrinking that would throw
+            // away its oldest messages (history, output) for a reservation it already has.
+            let least = existing_max_bytes(js, &name)
+                .await
+                .unwrap_or(SMALLEST_SHRUNK_BYTES);
+            let smaller = (config.max_bytes / 2).max(least);
+            if smaller < config.max_bytes {
                 config.max_bytes = smaller;
                 continue;
             }
@@ -415,6 +422,12 @@ async fn create_within_storage(
         };
         return Err(StateError::JetStream(why));
     }
+}
+
+/// The `max_bytes` of stream `name` as it exists (None: no such stream, or it cannot be read).
+async fn existing_max_bytes(js: &jetstream::Context, name: &str) -> Option<i64> {
+    let stream = js.get_stream(name).await.ok()?;
+    Some(stream.cached_info().config.max_bytes).filter(|bytes| *bytes > 0)
 }
 
 fn is_storage_exceeded(error: &async_nats::jetstream::context::CreateStreamError) -> bool {
