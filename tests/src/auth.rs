@@ -109,6 +109,21 @@ impl Cluster {
         self.creds(Role::Admin, "admin")
     }
 
+    /// Lets `mgpu admin add-user`/`add-node`/`remove` reload this cluster's nats-server, as
+    /// they reload `scripts/dev-up.sh`'s: its pid file in `run/`, beside the credentials
+    /// directory.
+    pub fn let_admin_reload_server(&self) {
+        let run_dir = self
+            .auth_dir
+            .parent()
+            .map(|p| p.join("run"))
+            .unwrap_or_default();
+        std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));
+        let pid = self.nats_pid().unwrap_or_else(|| panic!("no nats-server"));
+        std::fs::write(run_dir.join("nats-server.pid"), pid.to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// The credentials directory (`principals.json`, `keys/`), for `mgpu admin --dir`.
     pub fn auth_dir(&self) -> PathBuf {
         self.auth_dir.clone()

@@ -24,15 +24,33 @@ fn show_as(cluster: &Cluster, creds: &std::path::Path, id: &str) -> (Value, Stri
     (value, out)
 }
 
-/// The bytes bob gets from a direct get of `subject` on `stream` (empty when refused or
-/// when there is nothing).
-fn direct_get_as(cluster: &Cluster, creds: &std::path::Path, request: String) -> Vec<u8> {
+/// The answer `creds` gets to a request of `body` on `subject`; None when none comes (the
+/// server refused the request: it answers nothing then).
+fn request_as(
+    cluster: &Cluster,
+    creds: &std::path::Path,
+    subject: String,
+    body: String,
+) -> Option<async_nats::Message> {
     cluster.with_nats(creds, |client| async move {
-        match tokio::time::timeout(REFUSED_WAIT, client.request(request, "".into())).await {
-            Ok(Ok(reply)) if reply.status.is_none() => reply.payload.to_vec(),
-            _ => Vec::new(),
-        }
+        tokio::time::timeout(REFUSED_WAIT, client.request(subject, body.into()))
+            .await
+            .ok()
+            .and_then(Result::ok)
     })
+}
+
+/// The payload of `request_as`'s answer, as text.
+fn answer_text(reply: async_nats::Message) -> String {
+    String::from_utf8_lossy(&reply.payload).into_owned()
+}
+
+/// The bytes `creds` gets from a direct get (empty when refused or when there is nothing).
+fn direct_get_as(cluster: &Cluster, creds: &std::path::Path, request: String) -> Vec<u8> {
+    request_as(cluster, creds, request, String::new())
+        .filter(|reply| reply.status.is_none())
+        .map(|reply| reply.payload.to_vec())
+        .unwrap_or_default()
 }
 
 /// Asserts that `creds` can read what `request` (a direct get) answers, which names `id`, and
@@ -183,14 +201,7 @@ fn a_node_cannot_make_its_consumer_take_another_nodes_assignments() {
     ];
     let node = cluster.creds(Role::Node, "node002");
     for subject in attempts {
-        let body = body.clone();
-        let answered = cluster.with_nats(&node, |client| async move {
-            tokio::time::timeout(REFUSED_WAIT, client.request(subject, body.into()))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|reply| String::from_utf8_lossy(&reply.payload).into_owned())
-        });
+        let answered = request_as(&cluster, &node, subject, body.clone()).map(answer_text);
         assert!(
             answered.is_none(),
             "the server answered node002: {answered:?}"
@@ -207,14 +218,10 @@ fn a_node_cannot_make_its_consumer_take_another_nodes_assignments() {
         },
     })
     .to_string();
-    let created = cluster.with_nats(&node, |client| async move {
-        let subject = format!("$JS.API.CONSUMER.CREATE.{stream}.{mine}.{own_filter}");
-        let reply = tokio::time::timeout(REFUSED_WAIT, client.request(subject, own.into()))
-            .await
-            .unwrap_or_else(|_| panic!("node002 may create its own consumer"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        String::from_utf8_lossy(&reply.payload).into_owned()
-    });
+    let subject = format!("$JS.API.CONSUMER.CREATE.{stream}.{mine}.{own_filter}");
+    let created = request_as(&cluster, &node, subject, own)
+        .map(answer_text)
+        .unwrap_or_else(|| panic!("node002 may create its own consumer"));
     assert!(!created.contains("\"error\""), "{created}");
 
     // node001's jobs still reach node001.
@@ -317,16 +324,7 @@ fn private_output_reaches_its_owner_and_admins_and_not_a_byte_of_it_anyone_else(
             format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
             format!("$JS.API.CONSUMER.CREATE.{stream}"),
         ] {
-            let answered = cluster.with_nats(&bob, |client| {
-                let body = body.clone();
-                async move {
-                    tokio::time::timeout(REFUSED_WAIT, client.request(subject, body.into()))
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .map(|reply| String::from_utf8_lossy(&reply.payload).into_owned())
-                }
-            });
+            let answered = request_as(&cluster, &bob, subject, body.clone()).map(answer_text);
             assert!(
                 answered.is_none(),
                 "bob made a consumer on {filter}: {answered:?}"
@@ -365,4 +363,65 @@ fn a_cluster_that_makes_output_private_by_default_keeps_every_jobs_output_to_its
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("interactive-private"), "{text}");
+}
+
+#[test]
+fn an_environment_sent_inline_is_put_apart_by_the_scheduler() {
+    let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    // As a program of its own (or an mgpu of before) submits: the environment in the
+    // submission, signed with alice's key.
+    let secret = format!("inline-{}", JobId::random());
+    let id = JobId::random();
+    let mut spec = mgpu_protocol::job::JobSpec::new(
+        vec!["[ -n \"$OLD_TOKEN\" ] && echo token-arrived".into()],
+        "/tmp",
+    );
+    spec.env = [("OLD_TOKEN", secret.as_str()), ("PATH", "/usr/bin:/bin")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let request = mgpu_protocol::submit::SubmitRequest {
+        id: id.clone(),
+        user: "alice".into(),
+        spec,
+    };
+    let payload = serde_json::to_vec(&request).unwrap_or_default();
+    let creds = cluster.user_creds("alice");
+    let seed = mgpu_nats::connect::read_seed(&creds).unwrap_or_else(|e| panic!("{e}"));
+    let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
+    cluster.with_nats(&creds, |client| async move {
+        let mut headers = async_nats::HeaderMap::new();
+        mgpu_nats::signing::sign(
+            &key,
+            subjects::SUBMIT,
+            &payload,
+            mgpu_protocol::now(),
+            &mut headers,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        async_nats::jetstream::new(client)
+            .publish_with_headers(subjects::SUBMIT, headers, payload.into())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    });
+    cluster.finished_as(id.as_str(), "succeeded", T);
+    assert!(
+        cluster
+            .mgpu_ok(&["logs", id.as_str()])
+            .contains("token-arrived")
+    );
+    readable_without(
+        &cluster,
+        &cluster.user_creds("bob"),
+        format!(
+            "$JS.API.DIRECT.GET.{}.$KV.{}.{id}",
+            subjects::JOBS_BUCKET_STREAM,
+            subjects::JOBS_BUCKET
+        ),
+        (id.as_str(), &secret),
+    );
+    let (own, _) = show_as(&cluster, &cluster.user_creds("alice"), id.as_str());
+    assert_eq!(own["record"]["spec"]["env"]["OLD_TOKEN"], secret.as_str());
 }

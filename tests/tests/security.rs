@@ -595,14 +595,7 @@ fn a_user_cannot_read_another_users_replies_nor_drain_the_schedulers_reports() {
 fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_connections() {
     let cluster = cluster();
     let auth_dir = cluster.auth_dir();
-    // Where `scripts/dev-up.sh` keeps pid files: next to the credentials directory.
-    let run_dir = auth_dir.parent().map(|p| p.join("run")).unwrap_or_default();
-    std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));
-    let pid = cluster
-        .nats_pid()
-        .unwrap_or_else(|| panic!("no nats-server"));
-    std::fs::write(run_dir.join("nats-server.pid"), pid.to_string())
-        .unwrap_or_else(|e| panic!("{e}"));
+    cluster.let_admin_reload_server();
     let dir = auth_dir.display().to_string();
     let admin = cluster.admin_creds();
 

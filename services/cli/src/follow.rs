@@ -92,14 +92,7 @@ pub async fn check_output_readable(
         return Ok(());
     }
     let filters = output_subjects_of(record);
-    let refused = async {
-        while let Some(refusal) = refusals.recv().await {
-            if refusal.contains(subjects::OUTPUT_STREAM) {
-                return;
-            }
-        }
-        std::future::pending::<()>().await;
-    };
+    let refused = crate::session::refused(refusals, subjects::OUTPUT_STREAM);
     tokio::select! {
         () = refused => anyhow::bail!(
             "job {}'s output is private: only {} and admins may read it",

@@ -36,6 +36,11 @@ struct Failure {
 }
 
 impl Failure {
+    /// A failure that is ours, not the server's: it will not pass by retrying.
+    fn local(kind: PublishErrorKind) -> impl FnOnce(anyhow::Error) -> Failure {
+        move |error| Failure { kind, error }
+    }
+
     fn new(kind: PublishErrorKind, err: &dyn std::fmt::Display) -> Failure {
         Failure {
             kind,
@@ -170,20 +175,12 @@ async fn send(
 ) -> std::result::Result<PublishAckFuture, Failure> {
     let payload = serde_json::to_vec(request)
         .context("encoding the submission")
-        .map_err(|error| Failure {
-            kind: PublishErrorKind::Other,
-            error,
-        })?;
-    check_size(payload.len(), &request.spec.env).map_err(|error| Failure {
-        kind: PublishErrorKind::MaxPayloadExceeded,
-        error,
-    })?;
+        .map_err(Failure::local(PublishErrorKind::Other))?;
+    check_size(payload.len(), &request.spec.env)
+        .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
     let mut headers = session
         .sign(subjects::SUBMIT, &payload)
-        .map_err(|error| Failure {
-            kind: PublishErrorKind::Other,
-            error,
-        })?;
+        .map_err(Failure::local(PublishErrorKind::Other))?;
     headers.insert(header::NATS_MESSAGE_ID, request.id.as_str());
     session
         .js
@@ -203,14 +200,9 @@ async fn put_env(
     }
     let env = serde_json::to_vec(&request.spec.env)
         .context("encoding the environment")
-        .map_err(|error| Failure {
-            kind: PublishErrorKind::Other,
-            error,
-        })?;
-    check_size(env.len(), &request.spec.env).map_err(|error| Failure {
-        kind: PublishErrorKind::MaxPayloadExceeded,
-        error,
-    })?;
+        .map_err(Failure::local(PublishErrorKind::Other))?;
+    check_size(env.len(), &request.spec.env)
+        .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
     let subject = subjects::job_env(&session.key.public_key(), &request.id);
     session
         .js

@@ -129,6 +129,19 @@ impl Session {
     }
 }
 
+/// Resolves once the server refuses something naming `needle` (a subject of the request)
+/// among `refusals` ([`Session::connect_watching_permissions`]); never, otherwise. Raced
+/// against a read the server may refuse, it says at once what waiting for an answer that will
+/// never come would say only after a timeout.
+pub async fn refused(refusals: &mut mpsc::UnboundedReceiver<String>, needle: &str) {
+    while let Some(refusal) = refusals.recv().await {
+        if refusal.contains(needle) {
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
 /// The login name: `$USER`, else the password database entry for our uid, else the uid itself.
 pub fn current_user() -> String {
     if let Ok(user) = std::env::var("USER")

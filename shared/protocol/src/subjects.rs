@@ -153,6 +153,10 @@ pub fn output(job: &JobId) -> String {
 pub fn private_output(owner_key: &str, job: &JobId) -> String {
     format!("users.{owner_key}.jobs.{job}.output")
 }
+/// Every private output subject of the user whose key is `owner_key`.
+pub fn private_outputs_of(owner_key: &str) -> String {
+    format!("users.{owner_key}.jobs.*.output")
+}
 /// Where `record`'s output goes: its owner's private subject for a job with private output
 /// (and a known owner key), else the public `jobs.<id>.output`.
 pub fn output_of(record: &crate::job::JobRecord) -> String {

@@ -53,14 +53,7 @@ pub async fn read(
     }
     let owner = subjects::history_owner(record);
     let subject = job_env::get_subject(owner, &record.id);
-    let refused = async {
-        while let Some(refusal) = refusals.recv().await {
-            if refusal.contains(&subject) {
-                return;
-            }
-        }
-        std::future::pending::<()>().await;
-    };
+    let refused = crate::session::refused(refusals, &subject);
     let read = tokio::time::timeout(READ_WAIT, job_env::get(&session.client, owner, &record.id));
     tokio::select! {
         () = refused => Environment::Withheld,

@@ -236,7 +236,7 @@ fn user_permissions(public_key: &str) -> Permissions {
     // Output: public jobs' and the user's own private jobs', through consumers that name their
     // filter (no direct gets, whose requests do not).
     let output = subjects::OUTPUT_STREAM;
-    let own_output = private_output_of(public_key);
+    let own_output = subjects::private_outputs_of(public_key);
     publish.extend([
         format!("$JS.API.STREAM.INFO.{output}"),
         format!(
@@ -284,11 +284,6 @@ fn user_permissions(public_key: &str) -> Permissions {
             format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
         ],
     }
-}
-
-/// Every private output subject of the user whose key is `public_key`.
-fn private_output_of(public_key: &str) -> String {
-    format!("users.{public_key}.jobs.*.output")
 }
 
 /// The JetStream API subjects that read `stream`: its info, ephemeral consumers, direct gets.

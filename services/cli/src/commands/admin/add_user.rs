@@ -80,19 +80,13 @@ fn set_unix_user(dir: &Path, role: Role, name: &str, account: &str) -> Result<()
     Ok(())
 }
 
-/// A group name as `[limits.group.<name>]` can name it: letters, digits, `-` and `_`.
+/// A group name as `[limits.group.<name>]` can name it: a name like a user's, or empty (no
+/// group).
 fn check_group_name(group: &str) -> Result<()> {
-    let valid = group.len() <= 64
-        && group
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c));
-    if valid {
-        Ok(())
-    } else {
-        Err(anyhow!(
-            "`{group}` is not a group name (letters, digits, `-` and `_`, at most 64)"
-        ))
+    if group.is_empty() {
+        return Ok(());
     }
+    mgpu_protocol::principals::validate_principal_name(group).map_err(|err| anyhow!("group: {err}"))
 }
 
 /// Records the group whose limits apply to a user (empty: none).
@@ -128,6 +122,6 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("not a group name"), "{err}");
+        assert!(err.contains("group: `a.b` is not a valid name"), "{err}");
     }
 }
