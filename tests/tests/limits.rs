@@ -118,13 +118,7 @@ fn a_user_at_their_gpu_cap_waits_while_others_start_and_a_raised_cap_starts_the_
 /// `scripts/dev-up.sh`), and submits `jobs` one-GPU jobs as them; their ids.
 fn add_user_and_submit(cluster: &Cluster, scratch: &Path, user: &str, jobs: usize) -> Vec<String> {
     let auth_dir = cluster.auth_dir();
-    let run_dir = auth_dir.parent().map(|p| p.join("run")).unwrap_or_default();
-    std::fs::create_dir_all(&run_dir).unwrap_or_else(|e| panic!("{e}"));
-    let pid = cluster
-        .nats_pid()
-        .unwrap_or_else(|| panic!("no nats-server"));
-    std::fs::write(run_dir.join("nats-server.pid"), pid.to_string())
-        .unwrap_or_else(|e| panic!("{e}"));
+    cluster.let_admin_reload_server();
     let key = scratch.join(format!("{user}.nk"));
     let (dir, out) = (auth_dir.display().to_string(), key.display().to_string());
     cluster.mgpu_ok_with(
