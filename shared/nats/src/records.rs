@@ -46,11 +46,16 @@ where
             Ok(Ok(reader)) => return Ok(reader),
             Ok(Err(err)) => {
                 let text = err.to_string();
-                // A refusal (stream missing, bad request) will not change on a retry.
-                if !(text.contains("timed out") || text.contains("no responders")) {
+                // A refusal (stream missing, bad request) will not change on a retry; JetStream
+                // "temporarily unavailable" (10008, a cluster that lost a server re-electing
+                // its leaders) will.
+                let passing = ["timed out", "no responders", "temporarily unavailable"];
+                if !passing.iter().any(|why| text.contains(why)) {
                     return Err(StateError::JetStream(format!("{what}: {text}")));
                 }
                 last = text;
+                // An answer that came at once comes again at once: give the election a moment.
+                tokio::time::sleep(READER_TRY / 4).await;
             }
             Err(_) => last = format!("no answer within {READER_TRY:?}"),
         }
