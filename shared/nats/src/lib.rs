@@ -6,6 +6,7 @@
 //! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
 //! - [`job_env`]: the environments captured at submit, kept apart from the job records.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
+//! - [`reading`]: the short-lived consumers those reads go through.
 //! - [`pull`]: continuous pulls from durable consumers that survive losing the consumer's leader.
 //! - [`signing`]: request signatures put on and read off message headers.
 //! - [`error`]: the typed errors of this crate.
@@ -14,6 +15,7 @@ pub mod connect;
 pub mod error;
 pub mod job_env;
 pub mod pull;
+pub mod reading;
 pub mod records;
 pub mod signing;
 pub mod streams;

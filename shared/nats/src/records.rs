@@ -2,13 +2,20 @@
 //! node heartbeats from `MGPU_NODES`. The CLI uses this, so `mgpu queue` answers while the
 //! scheduler is down.
 
-use async_nats::jetstream::{self, consumer, kv, stream};
-use futures::StreamExt;
+use std::collections::BTreeMap;
+
+use async_nats::jetstream::{self, kv, stream};
 
 use crate::error::StateError;
+use crate::reading::{self, READER_TRIES};
+// The readers the records are read with, for callers that read other streams the same way.
+pub use crate::reading::{
+    Delivery, create_reader, for_each_last_per_subject, for_each_since, last_per_subject,
+};
 use mgpu_protocol::ids::{JobId, is_job_id_prefix};
 use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
-use mgpu_protocol::node::NodeHeartbeat;
+use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat};
+use mgpu_protocol::priority::{Policy, UsageBook};
 use mgpu_protocol::subjects;
 use mgpu_protocol::submit::SubmitRequest;
 
@@ -23,46 +30,6 @@ pub fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
     } else {
         StateError::JetStream(text)
     }
-}
-
-/// How long one try to create a reader (an ordered consumer, a KV watch) may take.
-const READER_TRY: std::time::Duration = std::time::Duration::from_secs(1);
-/// Tries to create a reader before giving up.
-const READER_TRIES: u32 = 10;
-
-/// Runs `create` (which makes an ephemeral reader: an ordered consumer, a KV watch) until it
-/// answers within [`READER_TRY`], at most [`READER_TRIES`] times. In a NATS cluster with a
-/// server down, the server may place such a consumer on the missing one, and the request
-/// then times out (nats-io/natscli#1067); the next try lands elsewhere.
-pub async fn create_reader<T, E, F, Fut>(what: &str, mut create: F) -> Result<T, StateError>
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    let mut last = String::new();
-    for _ in 0..READER_TRIES {
-        match tokio::time::timeout(READER_TRY, create()).await {
-            Ok(Ok(reader)) => return Ok(reader),
-            Ok(Err(err)) => {
-                let text = err.to_string();
-                // A refusal (stream missing, bad request) will not change on a retry; JetStream
-                // "temporarily unavailable" (10008, a cluster that lost a server re-electing
-                // its leaders) will.
-                let passing = ["timed out", "no responders", "temporarily unavailable"];
-                if !passing.iter().any(|why| text.contains(why)) {
-                    return Err(StateError::JetStream(format!("{what}: {text}")));
-                }
-                last = text;
-                // An answer that came at once comes again at once: give the election a moment.
-                tokio::time::sleep(READER_TRY / 4).await;
-            }
-            Err(_) => last = format!("no answer within {READER_TRY:?}"),
-        }
-    }
-    Err(StateError::JetStream(format!(
-        "{what}: {last} ({READER_TRIES} tries)"
-    )))
 }
 
 /// The job records bucket.
@@ -84,170 +51,6 @@ async fn bucket(js: &jetstream::Context, name: &str) -> Result<kv::Store, StateE
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
-        }
-    }
-}
-
-/// How long a read of the latest records may wait for its next message, while the consumer
-/// says more are due, before it starts over with a new consumer.
-const READ_STALL: std::time::Duration = std::time::Duration::from_secs(5);
-/// Reads started before giving up.
-const READ_ATTEMPTS: u32 = 5;
-
-/// The last message of every subject matching `filter` in `stream_name`, oldest subject first.
-/// Returns at once when the stream holds nothing.
-pub async fn last_per_subject(
-    js: &jetstream::Context,
-    stream_name: &str,
-    filter: &str,
-    headers_only: bool,
-) -> Result<Vec<jetstream::Message>, StateError> {
-    let mut out = Vec::new();
-    for_each_last_per_subject(js, stream_name, filter, headers_only, |delivery| {
-        match delivery {
-            Delivery::Message(message, left) => {
-                out.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
-                out.push(message);
-            }
-            Delivery::StartOver => out.clear(),
-        }
-        Ok(())
-    })
-    .await?;
-    Ok(out)
-}
-
-/// What [`for_each_last_per_subject`] hands its reader.
-// Moved straight into the reader's callback and never stored: boxing the message would only
-// add an allocation for each of up to 100 000 records.
-#[allow(clippy::large_enum_variant)]
-pub enum Delivery {
-    /// The next message, and how many are still to come after it.
-    Message(jetstream::Message, u64),
-    /// The read starts over from the first message: forget what came so far.
-    StartOver,
-}
-
-/// [`last_per_subject`], handing each message to `each` as it arrives instead of collecting
-/// them: a reader of many large records decodes them while the rest are on their way, and
-/// never holds every raw message at once. Stops at the first error `each` returns.
-///
-/// A read whose consumer is lost (its server died) starts over with a new one, after
-/// [`Delivery::StartOver`]. It is not left to async-nats's own recovery of an ordered consumer,
-/// which goes on from the last stream sequence seen: that delivers every later message,
-/// older revisions of later subjects included, not the last per subject; and a user may not
-/// delete consumers, which that recovery tries first.
-pub async fn for_each_last_per_subject(
-    js: &jetstream::Context,
-    stream_name: &str,
-    filter: &str,
-    headers_only: bool,
-    each: impl FnMut(Delivery) -> Result<(), StateError>,
-) -> Result<(), StateError> {
-    let deliver = consumer::DeliverPolicy::LastPerSubject;
-    for_each_delivered(js, (stream_name, filter), headers_only, deliver, each).await
-}
-
-/// The messages of `stream_name` on `filter` stored at or after `since` (every one when
-/// None), handed to `each` as they arrive, as [`for_each_last_per_subject`] does.
-pub async fn for_each_since(
-    js: &jetstream::Context,
-    stream_name: &str,
-    filter: &str,
-    since: Option<mgpu_protocol::Timestamp>,
-    each: impl FnMut(Delivery) -> Result<(), StateError>,
-) -> Result<(), StateError> {
-    let nanos = since.and_then(|t| t.timestamp_nanos_opt()).map(i128::from);
-    let deliver = match nanos.and_then(|n| time::OffsetDateTime::from_unix_timestamp_nanos(n).ok())
-    {
-        Some(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
-        None => consumer::DeliverPolicy::All,
-    };
-    for_each_delivered(js, (stream_name, filter), false, deliver, each).await
-}
-
-async fn for_each_delivered(
-    js: &jetstream::Context,
-    (stream_name, filter): (&str, &str),
-    headers_only: bool,
-    deliver: consumer::DeliverPolicy,
-    mut each: impl FnMut(Delivery) -> Result<(), StateError>,
-) -> Result<(), StateError> {
-    let stream: stream::Stream = js
-        .get_stream(stream_name)
-        .await
-        .map_err(stream_lookup_error)?;
-    let mut why = String::new();
-    for attempt in 0..READ_ATTEMPTS {
-        if attempt > 0 {
-            tracing::warn!("reading {stream_name} starts over: {why}");
-            each(Delivery::StartOver)?;
-        }
-        let read = (filter, headers_only, deliver);
-        match read_delivered(&stream, read, &mut each).await? {
-            Read::Done => return Ok(()),
-            Read::Lost(reason) => why = reason,
-        }
-    }
-    Err(StateError::JetStream(format!(
-        "reading {stream_name}: {why} ({READ_ATTEMPTS} tries)"
-    )))
-}
-
-/// How one read of [`for_each_last_per_subject`] ended.
-enum Read {
-    Done,
-    /// The consumer stopped delivering, or was replaced: start over.
-    Lost(String),
-}
-
-async fn read_delivered(
-    stream: &stream::Stream,
-    (filter, headers_only, deliver): (&str, bool, consumer::DeliverPolicy),
-    each: &mut impl FnMut(Delivery) -> Result<(), StateError>,
-) -> Result<Read, StateError> {
-    let consumer = create_reader("reading the latest records", || {
-        stream.create_consumer(consumer::pull::OrderedConfig {
-            // Named, so the request names its filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`)
-            // and the server's permissions can limit what a reader may filter on: a user
-            // reads their own history only.
-            name: Some(format!("mgpu-read-{}", JobId::random())),
-            deliver_policy: deliver,
-            filter_subject: filter.to_owned(),
-            headers_only,
-            ..Default::default()
-        })
-    })
-    .await?;
-    // The answer to the creation already says how many messages wait: no second round trip.
-    if consumer.cached_info().num_pending == 0 {
-        return Ok(Read::Done);
-    }
-    let mut messages = match consumer.messages().await {
-        Ok(messages) => messages,
-        Err(err) => return Ok(Read::Lost(err.to_string())),
-    };
-    // async-nats replaces a lost ordered consumer by itself, and the replacement numbers its
-    // deliveries from 1 again: a number out of turn means this read's consumer is gone.
-    let mut expected = 1;
-    loop {
-        let message = match tokio::time::timeout(READ_STALL, messages.next()).await {
-            Err(_) => return Ok(Read::Lost(format!("no message for {READ_STALL:?}"))),
-            Ok(None) => return Ok(Read::Lost("the consumer ended".to_owned())),
-            Ok(Some(Err(err))) => return Ok(Read::Lost(err.to_string())),
-            Ok(Some(Ok(message))) => message,
-        };
-        let info = message.info().map_err(StateError::jetstream)?;
-        let (sequence, left) = (info.consumer_sequence, info.pending);
-        if sequence != expected {
-            return Ok(Read::Lost(format!(
-                "the consumer was replaced (delivery {sequence}, {expected} expected)"
-            )));
-        }
-        expected += 1;
-        each(Delivery::Message(message, left))?;
-        if left == 0 {
-            return Ok(Read::Done);
         }
     }
 }
@@ -285,8 +88,13 @@ async fn list_jobs_decoded(
     js: &jetstream::Context,
     decode: fn(&[u8]) -> serde_json::Result<JobRecord>,
 ) -> Result<Vec<JobRecord>, StateError> {
-    let pending = pending_submissions(js).await?;
-    let mut jobs = recorded_jobs(js, decode).await?;
+    // The bucket's stream is looked up while the pending submissions are read: the lookup
+    // reads no record, so the records are still read after the submissions.
+    let (pending, bucket_stream) = tokio::try_join!(
+        pending_submissions(js),
+        reading::look_up(js, subjects::JOBS_BUCKET_STREAM)
+    )?;
+    let mut jobs = recorded_jobs(&bucket_stream, decode).await?;
     // Usually the scheduler has taken every submission: no set of 100 000 ids to build then.
     if !pending.is_empty() {
         let known: std::collections::HashSet<&JobId> = jobs.iter().map(|j| &j.id).collect();
@@ -301,13 +109,12 @@ async fn list_jobs_decoded(
 
 /// Every record in the jobs bucket, decoded as it arrives.
 async fn recorded_jobs(
-    js: &jetstream::Context,
+    bucket_stream: &stream::Stream,
     decode: fn(&[u8]) -> serde_json::Result<JobRecord>,
 ) -> Result<Vec<JobRecord>, StateError> {
     let mut jobs = Vec::new();
-    for_each_last_per_subject(
-        js,
-        subjects::JOBS_BUCKET_STREAM,
+    reading::for_each_last_per_subject_in(
+        bucket_stream,
         &format!("$KV.{}.>", subjects::JOBS_BUCKET),
         false,
         |delivery| {
@@ -361,17 +168,13 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
 /// Submissions stored in `MGPU_REQUESTS` that the scheduler has not recorded yet (it is
 /// stopped, or has not got to them), shown as queued jobs waiting for the scheduler.
 pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecord>, StateError> {
+    // Usually there is none, and the first direct get says so: no lookup of the stream first.
     let stream = js
-        .get_stream(subjects::REQUESTS_STREAM)
+        .get_stream_no_info(subjects::REQUESTS_STREAM)
         .await
         .map_err(stream_lookup_error)?;
-    // Looking the stream up fetched its state already.
-    let info = stream.cached_info();
-    if info.state.messages == 0 {
-        return Ok(Vec::new());
-    }
     let mut pending = Vec::new();
-    let mut next = info.state.first_sequence;
+    let mut next = 1;
     loop {
         let message = match stream
             .direct_get_next_for_subject(subjects::SUBMIT, Some(next))
@@ -379,6 +182,14 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
         {
             Ok(message) => message,
             Err(err) if err.kind() == stream::DirectGetErrorKind::NotFound => break,
+            // A stream never set up and a cluster electing its leader both answer "no
+            // responders": looking the stream up tells them apart.
+            Err(err) if next == 1 => {
+                return Err(match js.get_stream(subjects::REQUESTS_STREAM).await {
+                    Err(lookup) => stream_lookup_error(lookup),
+                    Ok(_) => StateError::jetstream(err),
+                });
+            }
             Err(err) => return Err(StateError::jetstream(err)),
         };
         next = message.sequence + 1;
@@ -546,19 +357,8 @@ async fn cluster_value<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// The scheduling policy the scheduler last ran with (defaults if it never ran).
-pub async fn policy(
-    js: &jetstream::Context,
-) -> Result<mgpu_protocol::priority::Policy, StateError> {
-    Ok(cluster_value(js, subjects::POLICY_KEY)
-        .await?
-        .unwrap_or_default())
-}
-
 /// Users' decayed GPU usage, for fair share.
-pub async fn usage(
-    js: &jetstream::Context,
-) -> Result<mgpu_protocol::priority::UsageBook, StateError> {
+pub async fn usage(js: &jetstream::Context) -> Result<UsageBook, StateError> {
     Ok(cluster_value(js, subjects::USAGE_KEY)
         .await?
         .unwrap_or_default())
@@ -567,8 +367,8 @@ pub async fn usage(
 /// Drained nodes and paused GPUs, by node name.
 pub async fn node_admin(
     js: &jetstream::Context,
-) -> Result<std::collections::BTreeMap<String, mgpu_protocol::node::NodeAdmin>, StateError> {
-    let prefix = format!("$KV.{}.node.", subjects::CLUSTER_BUCKET);
+) -> Result<BTreeMap<String, NodeAdmin>, StateError> {
+    let prefix = format!("$KV.{}.{NODE_ADMIN_PREFIX}", subjects::CLUSTER_BUCKET);
     let messages = last_per_subject(
         js,
         subjects::CLUSTER_BUCKET_STREAM,
@@ -579,11 +379,53 @@ pub async fn node_admin(
     Ok(messages
         .iter()
         .filter(|m| !is_deletion(m))
-        .filter_map(|m| {
-            let node = m.subject.as_str().strip_prefix(&prefix)?.to_owned();
-            serde_json::from_slice(&m.payload)
-                .ok()
-                .map(|admin| (node, admin))
-        })
+        .filter_map(|m| node_admin_entry(m.subject.as_str().strip_prefix(&prefix)?, m))
         .collect())
+}
+
+/// How the cluster bucket's keys of node administration begin (`node.<name>`).
+const NODE_ADMIN_PREFIX: &str = "node.";
+
+/// One node's admin marks; a malformed entry is left out, as if the node had none.
+fn node_admin_entry(node: &str, message: &jetstream::Message) -> Option<(String, NodeAdmin)> {
+    let admin = serde_json::from_slice(&message.payload).ok()?;
+    Some((node.to_owned(), admin))
+}
+
+/// What the cluster bucket holds, read at once: [`policy`], [`usage`] and [`node_admin`].
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    /// None where the scheduler never wrote one.
+    pub policy: Option<Policy>,
+    /// None where the scheduler never wrote one.
+    pub usage: Option<UsageBook>,
+    pub node_admin: BTreeMap<String, NodeAdmin>,
+}
+
+/// The whole cluster bucket in one read: one consumer, where reading its three parts apart
+/// takes three lookups and three reads, on every `mgpu queue` and `mgpu nodes`.
+pub async fn cluster_state(js: &jetstream::Context) -> Result<ClusterState, StateError> {
+    let prefix = format!("$KV.{}.", subjects::CLUSTER_BUCKET);
+    let filter = format!("{prefix}>");
+    let messages = last_per_subject(js, subjects::CLUSTER_BUCKET_STREAM, &filter, false).await?;
+    let mut state = ClusterState::default();
+    for message in messages.iter().filter(|m| !is_deletion(m)) {
+        let Some(key) = message.subject.as_str().strip_prefix(&prefix) else {
+            continue;
+        };
+        let corrupt = |error| StateError::Corrupt {
+            key: key.to_owned(),
+            error,
+        };
+        if key == subjects::POLICY_KEY {
+            state.policy = Some(serde_json::from_slice(&message.payload).map_err(corrupt)?);
+        } else if key == subjects::USAGE_KEY {
+            state.usage = Some(serde_json::from_slice(&message.payload).map_err(corrupt)?);
+        } else if let Some(node) = key.strip_prefix(NODE_ADMIN_PREFIX)
+            && let Some((node, admin)) = node_admin_entry(node, message)
+        {
+            state.node_admin.insert(node, admin);
+        }
+    }
+    Ok(state)
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use async_nats::jetstream;
 use mgpu_nats::error::StateError;
-use mgpu_nats::records;
+use mgpu_nats::records::{self, ClusterState};
 use mgpu_protocol::node::NodeAdmin;
 use mgpu_protocol::priority::{Policy, UsageBook};
 
@@ -26,23 +26,15 @@ impl Cluster {
     /// A server set up before the cluster bucket existed has none of it yet: defaults apply
     /// (no node drained, nobody's usage counted), as the scheduler would assume.
     pub async fn read(js: &jetstream::Context) -> Result<Cluster> {
-        fn missing_is_default<T: Default>(read: Result<T, StateError>) -> Result<T> {
-            match read {
-                Ok(value) => Ok(value),
-                Err(StateError::NotSetUp) => Ok(T::default()),
-                Err(err) => Err(plain(err)),
-            }
-        }
-        // Independent reads: their round trips overlap.
-        let (policy, usage, admin) = tokio::join!(
-            records::policy(js),
-            records::usage(js),
-            records::node_admin(js)
-        );
+        let state = match records::cluster_state(js).await {
+            Ok(state) => state,
+            Err(StateError::NotSetUp) => ClusterState::default(),
+            Err(err) => return Err(plain(err)),
+        };
         Ok(Cluster {
-            policy: missing_is_default(policy)?,
-            usage: missing_is_default(usage)?,
-            admin: missing_is_default(admin)?,
+            policy: state.policy.unwrap_or_default(),
+            usage: state.usage.unwrap_or_default(),
+            admin: state.node_admin,
         })
     }
 }

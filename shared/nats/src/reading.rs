@@ -1,0 +1,255 @@
+//! Reading a stream's messages through short-lived ordered consumers: the last message of
+//! every subject (the latest records of a KV bucket, each node's last heartbeat), or every
+//! message since a time (history). Every reader here tries again where a NATS cluster that
+//! lost a server fails a request for a moment, and starts over where it loses its consumer.
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt;
+
+use crate::error::StateError;
+use crate::records::stream_lookup_error;
+use mgpu_protocol::ids::JobId;
+
+/// How long one try to create a reader (an ordered consumer, a KV watch) may take.
+const READER_TRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// Tries to create a reader before giving up.
+pub(crate) const READER_TRIES: u32 = 10;
+
+/// Runs `create` (which makes an ephemeral reader: an ordered consumer, a KV watch) until it
+/// answers within [`READER_TRY`], at most [`READER_TRIES`] times. In a NATS cluster with a
+/// server down, the server may place such a consumer on the missing one, and the request
+/// then times out (nats-io/natscli#1067); the next try lands elsewhere.
+pub async fn create_reader<T, E, F, Fut>(what: &str, mut create: F) -> Result<T, StateError>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut last = String::new();
+    for _ in 0..READER_TRIES {
+        match tokio::time::timeout(READER_TRY, create()).await {
+            Ok(Ok(reader)) => return Ok(reader),
+            Ok(Err(err)) => {
+                let text = err.to_string();
+                // A refusal (stream missing, bad request) will not change on a retry; JetStream
+                // "temporarily unavailable" (10008, a cluster that lost a server re-electing
+                // its leaders) will.
+                let passing = ["timed out", "no responders", "temporarily unavailable"];
+                if !passing.iter().any(|why| text.contains(why)) {
+                    return Err(StateError::JetStream(format!("{what}: {text}")));
+                }
+                last = text;
+                // An answer that came at once comes again at once: give the election a moment.
+                tokio::time::sleep(READER_TRY / 4).await;
+            }
+            Err(_) => last = format!("no answer within {READER_TRY:?}"),
+        }
+    }
+    Err(StateError::JetStream(format!(
+        "{what}: {last} ({READER_TRIES} tries)"
+    )))
+}
+
+/// How long a read of the latest records may wait for its next message, while the consumer
+/// says more are due, before it starts over with a new consumer.
+const READ_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+/// Reads started before giving up.
+const READ_ATTEMPTS: u32 = 5;
+
+/// The last message of every subject matching `filter` in `stream_name`, oldest subject first.
+/// Returns at once when the stream holds nothing.
+pub async fn last_per_subject(
+    js: &jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+    headers_only: bool,
+) -> Result<Vec<jetstream::Message>, StateError> {
+    let mut out = Vec::new();
+    for_each_last_per_subject(js, stream_name, filter, headers_only, |delivery| {
+        match delivery {
+            Delivery::Message(message, left) => {
+                out.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
+                out.push(message);
+            }
+            Delivery::StartOver => out.clear(),
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(out)
+}
+
+/// What [`for_each_last_per_subject`] hands its reader.
+// Moved straight into the reader's callback and never stored: boxing the message would only
+// add an allocation for each of up to 100 000 records.
+#[allow(clippy::large_enum_variant)]
+pub enum Delivery {
+    /// The next message, and how many are still to come after it.
+    Message(jetstream::Message, u64),
+    /// The read starts over from the first message: forget what came so far.
+    StartOver,
+}
+
+/// [`last_per_subject`], handing each message to `each` as it arrives instead of collecting
+/// them: a reader of many large records decodes them while the rest are on their way, and
+/// never holds every raw message at once. Stops at the first error `each` returns.
+///
+/// A read whose consumer is lost (its server died) starts over with a new one, after
+/// [`Delivery::StartOver`]. It is not left to async-nats's own recovery of an ordered consumer,
+/// which goes on from the last stream sequence seen: that delivers every later message,
+/// older revisions of later subjects included, not the last per subject; and a user may not
+/// delete consumers, which that recovery tries first.
+pub async fn for_each_last_per_subject(
+    js: &jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+    headers_only: bool,
+    each: impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let stream = look_up(js, stream_name).await?;
+    for_each_last_per_subject_in(&stream, filter, headers_only, each).await
+}
+
+/// [`for_each_last_per_subject`] in a stream already looked up ([`look_up`]): a caller that
+/// must read something else first overlaps the lookup with it.
+pub async fn for_each_last_per_subject_in(
+    stream: &stream::Stream,
+    filter: &str,
+    headers_only: bool,
+    each: impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let (filter, deliver) = last_per_subject_read(&stream.cached_info().config, filter);
+    for_each_delivered(stream, filter, headers_only, deliver, each).await
+}
+
+/// The filter and delivery a read of the last message per subject asks the server for.
+///
+/// Where the stream keeps one message per subject (a KV bucket with a history of one) and the
+/// filter is the stream's only subject, every message stored is already the last of its
+/// subject: reading them all, unfiltered, delivers the same messages. The server then neither
+/// works out each subject's last sequence first nor matches every message against the filter,
+/// which was much of its work for `mgpu queue`'s thousand records.
+fn last_per_subject_read<'a>(
+    config: &stream::Config,
+    filter: &'a str,
+) -> (&'a str, consumer::DeliverPolicy) {
+    let whole_stream = config.max_messages_per_subject == 1
+        && matches!(config.subjects.as_slice(), [only] if only == filter);
+    if whole_stream {
+        ("", consumer::DeliverPolicy::All)
+    } else {
+        (filter, consumer::DeliverPolicy::LastPerSubject)
+    }
+}
+
+/// A stream, looked up by name; a missing one is [`StateError::NotSetUp`].
+pub async fn look_up(
+    js: &jetstream::Context,
+    stream_name: &str,
+) -> Result<stream::Stream, StateError> {
+    js.get_stream(stream_name)
+        .await
+        .map_err(stream_lookup_error)
+}
+
+/// The messages of `stream_name` on `filter` stored at or after `since` (every one when
+/// None), handed to `each` as they arrive, as [`for_each_last_per_subject`] does.
+pub async fn for_each_since(
+    js: &jetstream::Context,
+    stream_name: &str,
+    filter: &str,
+    since: Option<mgpu_protocol::Timestamp>,
+    each: impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let nanos = since.and_then(|t| t.timestamp_nanos_opt()).map(i128::from);
+    let deliver = match nanos.and_then(|n| time::OffsetDateTime::from_unix_timestamp_nanos(n).ok())
+    {
+        Some(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
+        None => consumer::DeliverPolicy::All,
+    };
+    let stream = look_up(js, stream_name).await?;
+    for_each_delivered(&stream, filter, false, deliver, each).await
+}
+
+async fn for_each_delivered(
+    stream: &stream::Stream,
+    filter: &str,
+    headers_only: bool,
+    deliver: consumer::DeliverPolicy,
+    mut each: impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    let stream_name = &stream.cached_info().config.name;
+    let mut why = String::new();
+    for attempt in 0..READ_ATTEMPTS {
+        if attempt > 0 {
+            tracing::warn!("reading {stream_name} starts over: {why}");
+            each(Delivery::StartOver)?;
+        }
+        let read = (filter, headers_only, deliver);
+        match read_delivered(stream, read, &mut each).await? {
+            Read::Done => return Ok(()),
+            Read::Lost(reason) => why = reason,
+        }
+    }
+    Err(StateError::JetStream(format!(
+        "reading {stream_name}: {why} ({READ_ATTEMPTS} tries)"
+    )))
+}
+
+/// How one read of [`for_each_last_per_subject`] ended.
+enum Read {
+    Done,
+    /// The consumer stopped delivering, or was replaced: start over.
+    Lost(String),
+}
+
+async fn read_delivered(
+    stream: &stream::Stream,
+    (filter, headers_only, deliver): (&str, bool, consumer::DeliverPolicy),
+    each: &mut impl FnMut(Delivery) -> Result<(), StateError>,
+) -> Result<Read, StateError> {
+    let consumer = create_reader("reading the latest records", || {
+        stream.create_consumer(consumer::pull::OrderedConfig {
+            // Named, so the request names its filter (`CONSUMER.CREATE.<stream>.<name>.<filter>`)
+            // and the server's permissions can limit what a reader may filter on: a user
+            // reads their own history only.
+            name: Some(format!("mgpu-read-{}", JobId::random())),
+            deliver_policy: deliver,
+            filter_subject: filter.to_owned(),
+            headers_only,
+            ..Default::default()
+        })
+    })
+    .await?;
+    // The answer to the creation already says how many messages wait: no second round trip.
+    if consumer.cached_info().num_pending == 0 {
+        return Ok(Read::Done);
+    }
+    let mut messages = match consumer.messages().await {
+        Ok(messages) => messages,
+        Err(err) => return Ok(Read::Lost(err.to_string())),
+    };
+    // async-nats replaces a lost ordered consumer by itself, and the replacement numbers its
+    // deliveries from 1 again: a number out of turn means this read's consumer is gone.
+    let mut expected = 1;
+    loop {
+        let message = match tokio::time::timeout(READ_STALL, messages.next()).await {
+            Err(_) => return Ok(Read::Lost(format!("no message for {READ_STALL:?}"))),
+            Ok(None) => return Ok(Read::Lost("the consumer ended".to_owned())),
+            Ok(Some(Err(err))) => return Ok(Read::Lost(err.to_string())),
+            Ok(Some(Ok(message))) => message,
+        };
+        let info = message.info().map_err(StateError::jetstream)?;
+        let (sequence, left) = (info.consumer_sequence, info.pending);
+        if sequence != expected {
+            return Ok(Read::Lost(format!(
+                "the consumer was replaced (delivery {sequence}, {expected} expected)"
+            )));
+        }
+        expected += 1;
+        each(Delivery::Message(message, left))?;
+        if left == 0 {
+            return Ok(Read::Done);
+        }
+    }
+}
