@@ -119,7 +119,14 @@ pub async fn for_each_last_per_subject_in(
     each: impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<(), StateError> {
     let (filter, deliver) = last_per_subject_read(&stream.cached_info().config, filter);
-    for_each_delivered(stream, filter, headers_only, deliver, each).await
+    let plan = ReadPlan {
+        filter,
+        headers_only,
+        deliver,
+        // A whole bucket read: records rewritten meanwhile must not go missing.
+        confirm_end: filter.is_empty(),
+    };
+    for_each_delivered(stream, plan, each).await
 }
 
 /// The filter and delivery a read of the last message per subject asks the server for.
@@ -168,14 +175,32 @@ pub async fn for_each_since(
         None => consumer::DeliverPolicy::All,
     };
     let stream = look_up(js, stream_name).await?;
-    for_each_delivered(&stream, filter, false, deliver, each).await
+    let plan = ReadPlan {
+        filter,
+        headers_only: false,
+        deliver,
+        // Messages are only added after the start (the history, the audit trail): what is
+        // added after the consumer said it was done comes after the read.
+        confirm_end: false,
+    };
+    for_each_delivered(&stream, plan, each).await
+}
+
+/// What one read asks of the server, and how it knows it is done.
+#[derive(Clone, Copy)]
+struct ReadPlan<'a> {
+    /// Empty: the whole stream.
+    filter: &'a str,
+    headers_only: bool,
+    deliver: consumer::DeliverPolicy,
+    /// Whether an end the consumer reports is checked with the stream when the stream changed
+    /// during the read ([`Tally`]).
+    confirm_end: bool,
 }
 
 async fn for_each_delivered(
     stream: &stream::Stream,
-    filter: &str,
-    headers_only: bool,
-    deliver: consumer::DeliverPolicy,
+    plan: ReadPlan<'_>,
     mut each: impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<(), StateError> {
     let stream_name = &stream.cached_info().config.name;
@@ -185,8 +210,7 @@ async fn for_each_delivered(
             tracing::warn!("reading {stream_name} starts over: {why}");
             each(Delivery::StartOver)?;
         }
-        let read = (filter, headers_only, deliver);
-        match read_delivered(stream, read, &mut each).await? {
+        match read_delivered(stream, plan, &mut each).await? {
             Read::Done => return Ok(()),
             Read::Lost(reason) => why = reason,
         }
@@ -205,7 +229,7 @@ enum Read {
 
 async fn read_delivered(
     stream: &stream::Stream,
-    (filter, headers_only, deliver): (&str, bool, consumer::DeliverPolicy),
+    plan: ReadPlan<'_>,
     each: &mut impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<Read, StateError> {
     let consumer = create_reader("reading the latest records", || {
@@ -214,15 +238,19 @@ async fn read_delivered(
             // and the server's permissions can limit what a reader may filter on: a user
             // reads their own history only.
             name: Some(format!("mgpu-read-{}", JobId::random())),
-            deliver_policy: deliver,
-            filter_subject: filter.to_owned(),
-            headers_only,
+            deliver_policy: plan.deliver,
+            filter_subject: plan.filter.to_owned(),
+            headers_only: plan.headers_only,
             ..Default::default()
         })
     })
     .await?;
     // The answer to the creation already says how many messages wait: no second round trip.
-    if consumer.cached_info().num_pending == 0 {
+    let mut tally = Tally::new(
+        consumer.cached_info().num_pending,
+        stream.cached_info().state.last_sequence,
+    );
+    if tally.initial == 0 {
         return Ok(Read::Done);
     }
     let mut messages = match consumer.messages().await {
@@ -247,9 +275,136 @@ async fn read_delivered(
             )));
         }
         expected += 1;
+        tally.delivered(info.stream_sequence);
         each(Delivery::Message(message, left))?;
-        if left == 0 {
+        if left == 0
+            && (!plan.confirm_end
+                || tally.undisturbed()
+                || nothing_after(stream, tally.last_delivered).await)
+        {
             return Ok(Read::Done);
         }
+    }
+}
+
+/// What a read delivered, against what its stream held when it began.
+///
+/// A consumer's count of what is left can lag a rewrite: a KV put that replaces a record not
+/// yet delivered removes the old revision and appends the new one, and the count may drop
+/// for the removal before it rises for the arrival. A read that stopped at that zero would
+/// miss the record. It can stop at once when it delivered exactly what its consumer counted
+/// at creation, none of it stored after the stream was looked up: a record replaced before its
+/// delivery would have left it one short.
+struct Tally {
+    /// Messages the consumer had to deliver when it was made.
+    initial: u64,
+    /// The stream's last sequence when it was looked up (before the consumer was made).
+    last_at_lookup: u64,
+    count: u64,
+    last_delivered: u64,
+}
+
+impl Tally {
+    fn new(initial: u64, last_at_lookup: u64) -> Tally {
+        Tally {
+            initial,
+            last_at_lookup,
+            count: 0,
+            last_delivered: 0,
+        }
+    }
+
+    fn delivered(&mut self, stream_sequence: u64) {
+        self.count += 1;
+        self.last_delivered = self.last_delivered.max(stream_sequence);
+    }
+
+    /// Whether nothing written during the read can be missing from it.
+    fn undisturbed(&self) -> bool {
+        self.count == self.initial && self.last_delivered <= self.last_at_lookup
+    }
+}
+
+/// Whether the stream holds nothing after `sequence`: asked of the stream itself (one direct
+/// get) where a read was disturbed ([`Tally`]). Where it cannot tell, the consumer's count is
+/// believed, as a read without the check would.
+async fn nothing_after(stream: &stream::Stream, sequence: u64) -> bool {
+    match stream
+        .direct_get_next_for_subject(">", Some(sequence.saturating_add(1)))
+        .await
+    {
+        Ok(_) => false,
+        Err(err) => {
+            if err.kind() != stream::DirectGetErrorKind::NotFound {
+                tracing::debug!("cannot tell whether a read is complete: {err}");
+            }
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(subjects: &[&str], per_subject: i64) -> stream::Config {
+        stream::Config {
+            name: "KV_b".into(),
+            subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
+            max_messages_per_subject: per_subject,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_stream_of_one_revision_per_subject_is_read_whole_when_the_filter_is_all_of_it() {
+        let bucket = config(&["$KV.b.>"], 1);
+        let (filter, deliver) = last_per_subject_read(&bucket, "$KV.b.>");
+        assert_eq!((filter, deliver), ("", consumer::DeliverPolicy::All));
+    }
+
+    #[test]
+    fn otherwise_the_server_picks_the_last_per_subject() {
+        let last = consumer::DeliverPolicy::LastPerSubject;
+        // Part of the stream only.
+        let bucket = config(&["$KV.b.>"], 1);
+        assert_eq!(
+            last_per_subject_read(&bucket, "$KV.b.node.*"),
+            ("$KV.b.node.*", last)
+        );
+        // Older revisions kept: reading all would deliver them too.
+        let history = config(&["$KV.b.>"], 5);
+        assert_eq!(
+            last_per_subject_read(&history, "$KV.b.>"),
+            ("$KV.b.>", last)
+        );
+        // No limit per subject.
+        let unlimited = config(&["$KV.b.>"], -1);
+        assert_eq!(
+            last_per_subject_read(&unlimited, "$KV.b.>"),
+            ("$KV.b.>", last)
+        );
+        // A stream of several subjects.
+        let several = config(&["a.>", "b.>"], 1);
+        assert_eq!(last_per_subject_read(&several, "a.>"), ("a.>", last));
+    }
+
+    #[test]
+    fn a_read_is_undisturbed_only_when_it_got_what_was_there_and_nothing_newer() {
+        // Three records, the stream's last sequence 7 when looked up.
+        let read = |sequences: &[u64]| {
+            let mut tally = Tally::new(3, 7);
+            for &sequence in sequences {
+                tally.delivered(sequence);
+            }
+            tally.undisturbed()
+        };
+        assert!(read(&[2, 5, 7]));
+        // The record at 5 was rewritten (now 8) before its turn: one short, so ask the stream.
+        assert!(!read(&[2, 7]));
+        // ... and once its new revision came, it is newer than the lookup.
+        assert!(!read(&[2, 7, 8]));
+        // A record added after the lookup came in place of one rewritten.
+        assert!(!read(&[2, 5, 9]));
     }
 }

@@ -112,7 +112,7 @@ async fn recorded_jobs(
     bucket_stream: &stream::Stream,
     decode: fn(&[u8]) -> serde_json::Result<JobRecord>,
 ) -> Result<Vec<JobRecord>, StateError> {
-    let mut jobs = Vec::new();
+    let mut latest = LatestRecords::default();
     reading::for_each_last_per_subject_in(
         bucket_stream,
         &format!("$KV.{}.>", subjects::JOBS_BUCKET),
@@ -121,24 +121,83 @@ async fn recorded_jobs(
             let (message, left) = match delivery {
                 Delivery::Message(message, left) => (message, left),
                 Delivery::StartOver => {
-                    jobs.clear();
+                    latest = LatestRecords::default();
                     return Ok(());
                 }
             };
+            let key = key_of(message.subject.as_str());
             if is_deletion(&message) {
+                if let Ok(id) = key.parse() {
+                    latest.remove(&id);
+                }
                 return Ok(());
             }
-            jobs.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
+            latest.reserve(usize::try_from(left).unwrap_or(0).saturating_add(1));
             let record = decode(&message.payload).map_err(|error| StateError::Corrupt {
-                key: key_of(message.subject.as_str()).to_owned(),
+                key: key.to_owned(),
                 error,
             })?;
-            jobs.push(record);
+            latest.put(record);
             Ok(())
         },
     )
     .await?;
-    Ok(jobs)
+    Ok(latest.into_records())
+}
+
+/// The records a read of the bucket delivered, the latest of each job only.
+///
+/// The read goes on until the consumer has nothing left, so a record the scheduler rewrites
+/// while it runs comes twice (its old revision, then the new one at the stream's end), and a
+/// job moved to history meanwhile comes, then its deletion. Without this, `mgpu queue` run
+/// while jobs start would list such a job twice, queued and running.
+#[derive(Default)]
+struct LatestRecords {
+    records: Vec<JobRecord>,
+    /// Where each job's record is in `records`.
+    at: std::collections::HashMap<JobId, usize>,
+    /// Indices of records deleted after they were delivered; rare, so removed at the end.
+    deleted: Vec<usize>,
+}
+
+impl LatestRecords {
+    fn reserve(&mut self, more: usize) {
+        self.records.reserve(more);
+        self.at.reserve(more);
+    }
+
+    /// Keeps `record`, in place of an earlier one of the same job.
+    fn put(&mut self, record: JobRecord) {
+        match self.at.get(&record.id) {
+            Some(&index) => {
+                if let Some(slot) = self.records.get_mut(index) {
+                    *slot = record;
+                }
+                self.deleted.retain(|&deleted| deleted != index);
+            }
+            None => {
+                self.at.insert(record.id.clone(), self.records.len());
+                self.records.push(record);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &JobId) {
+        if let Some(&index) = self.at.get(id)
+            && !self.deleted.contains(&index)
+        {
+            self.deleted.push(index);
+        }
+    }
+
+    fn into_records(mut self) -> Vec<JobRecord> {
+        // Highest first: a record swapped into a freed slot is never one still to remove.
+        self.deleted.sort_unstable_by(|a, b| b.cmp(a));
+        for index in self.deleted {
+            self.records.swap_remove(index);
+        }
+        self.records
+    }
 }
 
 /// Every job id (recorded or pending), without reading the records.
@@ -152,17 +211,20 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
         true,
     )
     .await?;
-    let mut ids: Vec<String> = messages
-        .iter()
-        .filter(|m| !is_deletion(m))
-        .map(|m| key_of(m.subject.as_str()).to_owned())
-        .collect();
-    for pending in pending {
-        if !ids.iter().any(|id| id == pending.id.as_str()) {
-            ids.push(pending.id.to_string());
-        }
+    // In stream order, so a record rewritten or deleted during the read (it comes again, at
+    // the end) leaves its id once, or not at all ([`LatestRecords`] says more).
+    let mut live: BTreeMap<&str, bool> = BTreeMap::new();
+    for message in &messages {
+        live.insert(key_of(message.subject.as_str()), !is_deletion(message));
     }
-    Ok(ids)
+    for pending in &pending {
+        live.entry(pending.id.as_str()).or_insert(true);
+    }
+    Ok(live
+        .into_iter()
+        .filter(|(_, is_live)| *is_live)
+        .map(|(id, _)| id.to_owned())
+        .collect())
 }
 
 /// Submissions stored in `MGPU_REQUESTS` that the scheduler has not recorded yet (it is
@@ -428,4 +490,86 @@ pub async fn cluster_state(js: &jetstream::Context) -> Result<ClusterState, Stat
         }
     }
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_protocol::job::{Ending, JobSpec};
+
+    fn record(id: &JobId, state: JobState) -> JobRecord {
+        JobRecord {
+            id: id.clone(),
+            user: "alice".into(),
+            user_key: None,
+            spec: JobSpec::new(vec!["true".into()], "/"),
+            submitted_at: mgpu_protocol::now(),
+            attempt: 1,
+            state,
+        }
+    }
+
+    fn queued() -> JobState {
+        JobState::Queued(Waiting::new(WaitReason::Resources))
+    }
+
+    fn ids(records: &[JobRecord]) -> Vec<&JobId> {
+        let mut ids: Vec<&JobId> = records.iter().map(|r| &r.id).collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn a_record_rewritten_during_the_read_is_kept_once_in_its_latest_state() {
+        let (a, b, c) = (JobId::random(), JobId::random(), JobId::random());
+        let mut latest = LatestRecords::default();
+        latest.put(record(&a, queued()));
+        latest.put(record(&b, queued()));
+        latest.put(record(&c, queued()));
+        // `a` finished while the read went on: its new revision comes at the end.
+        let ended = JobState::Succeeded(Ending {
+            placement: None,
+            started_at: None,
+            ended_at: mgpu_protocol::now(),
+            exit_code: Some(0),
+            signal: None,
+            reason: None,
+            usage: None,
+        });
+        latest.put(record(&a, ended.clone()));
+        let records = latest.into_records();
+        assert_eq!(ids(&records), {
+            let mut all = vec![&a, &b, &c];
+            all.sort();
+            all
+        });
+        let a_state = records.iter().find(|r| r.id == a).map(|r| &r.state);
+        assert_eq!(a_state, Some(&ended));
+    }
+
+    #[test]
+    fn a_record_deleted_during_the_read_is_left_out() {
+        let (a, b, c, d) = (
+            JobId::random(),
+            JobId::random(),
+            JobId::random(),
+            JobId::random(),
+        );
+        let mut latest = LatestRecords::default();
+        for id in [&a, &b, &c, &d] {
+            latest.put(record(id, queued()));
+        }
+        // `a` and the last one moved to history; a deletion of a job never delivered (its
+        // record went before the read reached it) changes nothing.
+        latest.remove(&d);
+        latest.remove(&a);
+        latest.remove(&a);
+        latest.remove(&JobId::random());
+        let records = latest.into_records();
+        assert_eq!(ids(&records), {
+            let mut kept = vec![&b, &c];
+            kept.sort();
+            kept
+        });
+    }
 }
