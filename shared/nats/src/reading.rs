@@ -7,7 +7,6 @@ use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 
 use crate::error::StateError;
-use crate::records::stream_lookup_error;
 use mgpu_protocol::ids::JobId;
 
 /// How long one try to create a reader (an ordered consumer, a KV watch) may take.
@@ -76,7 +75,32 @@ pub async fn last_per_subject(
         Ok(())
     })
     .await?;
-    Ok(out)
+    Ok(latest_of_each(out, |message| message.subject.as_str()))
+}
+
+/// `items`, in their order, less each one a later item of the same key replaces. A read goes
+/// on until its consumer has nothing left, so a subject written during it (a node's next
+/// heartbeat, a rewritten record) comes twice: once as it was, once at the stream's end.
+fn latest_of_each<T>(items: Vec<T>, key: impl Fn(&T) -> &str) -> Vec<T> {
+    let keep: Vec<bool> = {
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        // From the newest back: the first of a key met is its latest.
+        let mut keep: Vec<bool> = items
+            .iter()
+            .rev()
+            .map(|item| seen.insert(key(item)))
+            .collect();
+        keep.reverse();
+        keep
+    };
+    if keep.iter().all(|kept| *kept) {
+        return items;
+    }
+    items
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(item, kept)| kept.then_some(item))
+        .collect()
 }
 
 /// What [`for_each_last_per_subject`] hands its reader.
@@ -146,6 +170,16 @@ fn last_per_subject_read<'a>(
         ("", consumer::DeliverPolicy::All)
     } else {
         (filter, consumer::DeliverPolicy::LastPerSubject)
+    }
+}
+
+/// Maps a failed stream lookup to [`StateError::NotSetUp`] when the stream is missing.
+pub fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
+    let text = err.to_string();
+    if text.contains("stream not found") || text.contains("10059") {
+        StateError::NotSetUp
+    } else {
+        StateError::JetStream(text)
     }
 }
 
@@ -406,5 +440,14 @@ mod tests {
         assert!(!read(&[2, 7, 8]));
         // A record added after the lookup came in place of one rewritten.
         assert!(!read(&[2, 5, 9]));
+    }
+
+    #[test]
+    fn the_latest_of_each_key_is_kept_in_its_place() {
+        let read = vec![("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 2), ("a", 3)];
+        let latest = latest_of_each(read, |(key, _)| key);
+        assert_eq!(latest, [("c", 1), ("b", 2), ("a", 3)]);
+        let once_each = vec![("a", 1), ("b", 1)];
+        assert_eq!(latest_of_each(once_each.clone(), |(key, _)| key), once_each);
     }
 }

@@ -11,6 +11,7 @@ use crate::reading::{self, READER_TRIES};
 // The readers the records are read with, for callers that read other streams the same way.
 pub use crate::reading::{
     Delivery, create_reader, for_each_last_per_subject, for_each_since, last_per_subject,
+    stream_lookup_error,
 };
 use mgpu_protocol::ids::{JobId, is_job_id_prefix};
 use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
@@ -21,16 +22,6 @@ use mgpu_protocol::submit::SubmitRequest;
 
 /// Header JetStream's KV layer puts on deletions.
 const KV_OPERATION: &str = "KV-Operation";
-
-/// Maps a failed stream lookup to [`StateError::NotSetUp`] when the stream is missing.
-pub fn stream_lookup_error(err: impl std::fmt::Display) -> StateError {
-    let text = err.to_string();
-    if text.contains("stream not found") || text.contains("10059") {
-        StateError::NotSetUp
-    } else {
-        StateError::JetStream(text)
-    }
-}
 
 /// The job records bucket.
 pub async fn jobs_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
