@@ -98,6 +98,9 @@ fn ids(lines: &[Value]) -> Vec<&str> {
 fn history_lists_my_finished_jobs_and_filters_them() {
     let (cluster, _config) = cluster_keeping_finished_for("1s");
     let good = cluster.submit(&["--name", "ok-job"], "true");
+    // One after the other: history lists by end time, and two jobs started together may end
+    // in either order.
+    cluster.wait_finished(&good, T);
     let bad = cluster.submit(&["--name", "bad-job"], "exit 3");
     let bobs = cluster
         .mgpu_ok_with(&cluster.user_creds("bob"), &["submit", "-q", "--", "true"])
