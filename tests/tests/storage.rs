@@ -57,3 +57,41 @@ fn a_chosen_history_size_that_does_not_fit_stops_the_scheduler_naming_the_settin
     assert!(error.contains("history_max_gib"), "{error}");
     assert!(error.contains("max_file_store"), "{error}");
 }
+
+/// `mgpu admin setup` run on a cluster whose scheduler chose its own sizes leaves them: the
+/// default history size would drop the oldest records of a larger history, and reserve more
+/// than a smaller one was given.
+#[test]
+fn admin_setup_keeps_the_sizes_the_scheduler_chose() {
+    const MIB: i64 = 1024 * 1024;
+    let mut cluster = Cluster::server_only(&[NodeSpec::without_agent("node001")]);
+    cluster.start_scheduler_with(&["--history-max-gib", "2", "--output-max-mib", "300"]);
+    wait_for("the scheduler to be ready", T, || {
+        scheduler_log(&cluster)
+            .contains("scheduler ready")
+            .then_some(())
+    });
+    let max_bytes = |cluster: &Cluster| {
+        cluster.with_nats(&cluster.admin_creds(), |client| async move {
+            let js = async_nats::jetstream::new(client);
+            let mut sizes = Vec::new();
+            for stream in ["MGPU_HISTORY", "MGPU_OUTPUT"] {
+                let stream = js
+                    .get_stream(stream)
+                    .await
+                    .unwrap_or_else(|e| panic!("{stream}: {e}"));
+                sizes.push(stream.cached_info().config.max_bytes);
+            }
+            sizes
+        })
+    };
+    assert_eq!(max_bytes(&cluster), [2048 * MIB, 300 * MIB]);
+
+    let setup = cluster.mgpu_with(&cluster.admin_creds(), &["admin", "setup"], None);
+    assert!(
+        setup.status.success(),
+        "{}",
+        String::from_utf8_lossy(&setup.stderr)
+    );
+    assert_eq!(max_bytes(&cluster), [2048 * MIB, 300 * MIB]);
+}

@@ -105,6 +105,10 @@ pub struct StreamSettings {
     pub output_when_too_large: WhenTooLarge,
     /// The same for the history stream.
     pub history_when_too_large: WhenTooLarge,
+    /// Whether streams that exist keep their sizes and ages (`mgpu admin setup`, which knows
+    /// nothing of the sizes the scheduler was started with: the default history size would cut
+    /// a larger history's oldest records). New streams get the sizes above either way.
+    pub keep_existing_sizes: bool,
 }
 
 impl StreamSettings {
@@ -142,6 +146,7 @@ impl Default for StreamSettings {
             history_max_bytes: subjects::HISTORY_MAX_BYTES,
             output_when_too_large: WhenTooLarge::Shrink,
             history_when_too_large: WhenTooLarge::Shrink,
+            keep_existing_sizes: false,
         }
     }
 }
@@ -341,9 +346,16 @@ pub fn node_lease_bucket_config(replicas: usize) -> kv::Config {
 /// JetStream adds or removes copies and fills new ones from the leader in the background,
 /// keeping every message. The change is logged, and so is a server that kept another count.
 pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Result<(), StateError> {
-    for config in stream_configs(settings) {
+    for mut config in stream_configs(settings) {
         let name = config.name.clone();
-        let before = replicas_of(js, &name).await;
+        let existing = existing_config(js, &name).await;
+        if settings.keep_existing_sizes
+            && let Some(existing) = &existing
+        {
+            config.max_bytes = existing.max_bytes;
+            config.max_age = existing.max_age;
+        }
+        let before = existing.map(|existing| existing.num_replicas);
         let info = create_within_storage(js, config, settings.when_too_large(&name)).await?;
         log_replicas(&name, before, info.config.num_replicas, settings.replicas);
     }
@@ -426,8 +438,7 @@ async fn create_within_storage(
 
 /// The `max_bytes` of stream `name` as it exists (None: no such stream, or it cannot be read).
 async fn existing_max_bytes(js: &jetstream::Context, name: &str) -> Option<i64> {
-    let stream = js.get_stream(name).await.ok()?;
-    Some(stream.cached_info().config.max_bytes).filter(|bytes| *bytes > 0)
+    Some(existing_config(js, name).await?.max_bytes).filter(|bytes| *bytes > 0)
 }
 
 fn is_storage_exceeded(error: &async_nats::jetstream::context::CreateStreamError) -> bool {
@@ -460,8 +471,14 @@ fn human_bytes(bytes: i64) -> String {
 
 /// The replicas an existing stream has (None when it does not exist yet or cannot be read).
 async fn replicas_of(js: &jetstream::Context, stream: &str) -> Option<usize> {
-    let stream = js.get_stream(stream).await.ok()?;
-    Some(stream.cached_info().config.num_replicas)
+    Some(existing_config(js, stream).await?.num_replicas)
+}
+
+/// The configuration of stream `name` as it exists (None when it does not exist yet or cannot
+/// be read).
+async fn existing_config(js: &jetstream::Context, name: &str) -> Option<stream::Config> {
+    let stream = js.get_stream(name).await.ok()?;
+    Some(stream.cached_info().config.clone())
 }
 
 fn log_replicas(stream: &str, before: Option<usize>, after: usize, wanted: usize) {

@@ -56,7 +56,8 @@ pub enum AdminCommand {
     /// Show the audit trail: every request the scheduler handled, who signed it, and whether
     /// it was carried out.
     Audit(audit::AuditArgs),
-    /// Create mgpu's JetStream streams and buckets (needs admin credentials).
+    /// Create mgpu's JetStream streams and buckets (needs admin credentials); existing ones
+    /// keep their sizes.
     Setup(setup::SetupArgs),
     /// Write a whole site (servers, schedulers, GPU hosts, users) from one description into
     /// a directory per host, ready to copy. Safe to run again: existing keys are kept and

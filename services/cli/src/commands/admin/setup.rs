@@ -1,5 +1,6 @@
 //! `mgpu admin setup [--replicas N]`: create (or update) mgpu's JetStream streams and
-//! buckets, with admin credentials.
+//! buckets, with admin credentials. Streams that exist keep their sizes and ages (the
+//! scheduler's `output_max_mib` and `history_max_gib`); new ones get the defaults.
 
 use anyhow::{Result, anyhow};
 use clap::Args;
@@ -21,6 +22,8 @@ pub async fn run(connection: &ConnectionArgs, args: &SetupArgs) -> Result<()> {
     let session = Session::connect(connection).await?;
     let settings = StreamSettings {
         replicas: args.replicas.resolve(&connection.server),
+        // The sizes are the scheduler's settings: streams it made keep them.
+        keep_existing_sizes: true,
         ..StreamSettings::default()
     };
     streams::ensure(&session.js, &settings)
