@@ -54,9 +54,13 @@ fn is_deletion(message: &jetstream::Message) -> bool {
         .is_some_and(|op| op.as_str() != "PUT")
 }
 
+/// The job id a record's subject (`$KV.mgpu-jobs.<id>`) names. Called for every record a
+/// listing reads, so it allocates nothing.
 fn key_of(subject: &str) -> &str {
     subject
-        .strip_prefix(&format!("$KV.{}.", subjects::JOBS_BUCKET))
+        .strip_prefix("$KV.")
+        .and_then(|rest| rest.strip_prefix(subjects::JOBS_BUCKET))
+        .and_then(|rest| rest.strip_prefix('.'))
         .unwrap_or(subject)
 }
 
@@ -562,5 +566,12 @@ mod tests {
             kept.sort();
             kept
         });
+    }
+
+    #[test]
+    fn a_records_subject_names_its_job() {
+        assert_eq!(key_of("$KV.mgpu-jobs.0123abcd"), "0123abcd");
+        // Not a record's subject: left as it is.
+        assert_eq!(key_of("$KV.mgpu-cluster.policy"), "$KV.mgpu-cluster.policy");
     }
 }
