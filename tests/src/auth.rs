@@ -185,23 +185,41 @@ impl Cluster {
     /// with the protocol header, stored by JetStream.
     pub fn publish_report(&self, signer: &Path, event: &mgpu_protocol::event::JobEvent) {
         let payload = serde_json::to_vec(event).unwrap_or_else(|e| panic!("{e}"));
-        let subject = subjects::events(&event.job_id);
-        let seed = mgpu_nats::connect::read_seed(signer).unwrap_or_else(|e| panic!("{e}"));
+        let protocol = mgpu_protocol::version::PROTOCOL.to_string();
+        self.publish_signed(
+            signer,
+            &subjects::events(&event.job_id),
+            payload,
+            &[(mgpu_protocol::version::HEADER, &protocol)],
+        );
+    }
+
+    /// Publishes `payload` on `subject` as the holder of `creds` would, by hand (a program of
+    /// its own, an older release): signed with its key, with the `extra` headers, stored by
+    /// JetStream.
+    pub fn publish_signed(
+        &self,
+        creds: &Path,
+        subject: &str,
+        payload: Vec<u8>,
+        extra: &[(&str, &str)],
+    ) {
+        let seed = mgpu_nats::connect::read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
         let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
-        self.with_nats(signer, |client| async move {
-            let mut headers = async_nats::HeaderMap::new();
-            mgpu_nats::signing::sign(&key, &subject, &payload, mgpu_protocol::now(), &mut headers)
-                .unwrap_or_else(|e| panic!("{e}"));
-            headers.insert(
-                mgpu_protocol::version::HEADER,
-                mgpu_protocol::version::PROTOCOL.to_string().as_str(),
-            );
+        let mut headers = async_nats::HeaderMap::new();
+        mgpu_nats::signing::sign(&key, subject, &payload, mgpu_protocol::now(), &mut headers)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (name, value) in extra {
+            headers.insert(*name, *value);
+        }
+        let subject = subject.to_owned();
+        self.with_nats(creds, |client| async move {
             async_nats::jetstream::new(client)
                 .publish_with_headers(subject, headers, payload.into())
                 .await
-                .unwrap_or_else(|e| panic!("publishing a report: {e}"))
+                .unwrap_or_else(|e| panic!("publishing: {e}"))
                 .await
-                .unwrap_or_else(|e| panic!("report not stored: {e}"));
+                .unwrap_or_else(|e| panic!("not stored: {e}"));
         });
     }
 

@@ -602,21 +602,12 @@ fn a_record_another_scheduler_changed_is_decided_again_from_what_is_stored() {
         user: "alice".into(),
     })
     .unwrap_or_default();
-    let subject = subjects::hold(&id);
-    let seed = mgpu_nats::connect::read_seed(&cluster.user_creds("alice"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
-    let mut headers = async_nats::HeaderMap::new();
-    mgpu_nats::signing::sign(&key, &subject, &payload, mgpu_protocol::now(), &mut headers)
-        .unwrap_or_else(|e| panic!("{e}"));
-    cluster.with_nats(&cluster.user_creds("alice"), |client| async move {
-        async_nats::jetstream::new(client)
-            .publish_with_headers(subject, headers, payload.into())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    });
+    cluster.publish_signed(
+        &cluster.user_creds("alice"),
+        &subjects::hold(&id),
+        payload,
+        &[],
+    );
     wait_for("the hold in the audit trail", T, || {
         let audit = cluster.mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"]);
         audit

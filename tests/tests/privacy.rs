@@ -386,26 +386,7 @@ fn an_environment_sent_inline_is_put_apart_by_the_scheduler() {
         spec,
     };
     let payload = serde_json::to_vec(&request).unwrap_or_default();
-    let creds = cluster.user_creds("alice");
-    let seed = mgpu_nats::connect::read_seed(&creds).unwrap_or_else(|e| panic!("{e}"));
-    let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
-    cluster.with_nats(&creds, |client| async move {
-        let mut headers = async_nats::HeaderMap::new();
-        mgpu_nats::signing::sign(
-            &key,
-            subjects::SUBMIT,
-            &payload,
-            mgpu_protocol::now(),
-            &mut headers,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        async_nats::jetstream::new(client)
-            .publish_with_headers(subjects::SUBMIT, headers, payload.into())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-    });
+    cluster.publish_signed(&cluster.user_creds("alice"), subjects::SUBMIT, payload, &[]);
     cluster.finished_as(id.as_str(), "succeeded", T);
     assert!(
         cluster

@@ -110,9 +110,6 @@ fn an_agent_of_another_protocol_keeps_its_node_but_gets_no_job() {
 fn a_request_of_another_protocol_is_refused_with_the_reason() {
     let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
     cluster.wait_nodes_online(1);
-    let creds = cluster.user_creds("alice");
-    let seed = mgpu_nats::connect::read_seed(&creds).unwrap_or_else(|e| panic!("{e}"));
-    let key = nkeys::KeyPair::from_seed(&seed).unwrap_or_else(|e| panic!("{e}"));
     let id = mgpu_protocol::ids::JobId::random();
     let request = mgpu_protocol::submit::SubmitRequest {
         id: id.clone(),
@@ -120,24 +117,12 @@ fn a_request_of_another_protocol_is_refused_with_the_reason() {
         spec: mgpu_protocol::job::JobSpec::new(vec!["true".into()], "/tmp"),
     };
     let payload = serde_json::to_vec(&request).unwrap_or_default();
-    cluster.with_nats(&creds, |client| async move {
-        let mut headers = async_nats::HeaderMap::new();
-        mgpu_nats::signing::sign(
-            &key,
-            subjects::SUBMIT,
-            &payload,
-            mgpu_protocol::now(),
-            &mut headers,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        headers.insert(mgpu_protocol::version::HEADER, "99");
-        async_nats::jetstream::new(client)
-            .publish_with_headers(subjects::SUBMIT, headers, payload.into())
-            .await
-            .unwrap_or_else(|e| panic!("publishing: {e}"))
-            .await
-            .unwrap_or_else(|e| panic!("not stored: {e}"));
-    });
+    cluster.publish_signed(
+        &cluster.user_creds("alice"),
+        subjects::SUBMIT,
+        payload,
+        &[(mgpu_protocol::version::HEADER, "99")],
+    );
     wait_for("the scheduler to refuse the request", T, || {
         let log = scheduler_log(&cluster);
         log.contains("the mgpu that sent this request speaks protocol 99")
