@@ -424,9 +424,17 @@ mod tests {
         limits(text).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
+    /// The error `text` is refused with (empty if it is not).
+    fn error_of(text: &str) -> String {
+        limits(text)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default()
+    }
+
     #[test]
     fn each_key_comes_from_the_most_specific_table_that_sets_it() {
-        let limits = limits(
+        let limits = limits_of(
             r#"
             [limits.default]
             max_gpus_running = 4
@@ -437,8 +445,7 @@ mod tests {
             [limits.user.alice]
             max_gpus_running = 0.5
             "#,
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"));
+        );
         let alice = limits.for_user("alice", Some("students"));
         assert_eq!(
             alice.max_gpus_running.as_ref().map(|l| l.value),
@@ -461,38 +468,28 @@ mod tests {
 
     #[test]
     fn bad_limits_name_the_table_and_the_key() {
-        let err = limits("[limits.user.bob]\nmax_gpus_running = -1\n")
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default();
+        let err = error_of("[limits.user.bob]\nmax_gpus_running = -1\n");
         assert!(
             err.contains("max_gpus_running in [limits.user.bob]"),
             "{err}"
         );
-        let err = limits("[limits.default]\nmax_gpu = 1\n")
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default();
+        let err = error_of("[limits.default]\nmax_gpu = 1\n");
         assert!(err.contains("max_gpu"), "{err}");
-        let err = limits("[limits.default]\nmax_time_limit = \"soon\"\n")
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default();
+        let err = error_of("[limits.default]\nmax_time_limit = \"soon\"\n");
         assert!(err.contains("max_time_limit in [limits.default]"), "{err}");
         assert!(limits("").map(|l| l.is_empty()).unwrap_or(false));
     }
 
     #[test]
     fn submissions_over_a_limit_are_refused_naming_it() {
-        let limits = limits(
+        let limits = limits_of(
             r#"
             [limits.default]
             max_jobs_queued = 2
             max_gpus_per_job = 4
             max_time_limit = "2h"
             "#,
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"));
+        );
         let alice = limits.for_user("alice", None);
         let mut spec = JobSpec::new(vec!["true".into()], "/w");
         assert_eq!(alice.refusal("alice", &spec, 1), None);
