@@ -2,7 +2,7 @@
 //! node heartbeats from `MGPU_NODES`. The CLI uses this, so `mgpu queue` answers while the
 //! scheduler is down.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_nats::jetstream::{self, kv, stream};
 
@@ -206,20 +206,15 @@ pub async fn list_job_ids(js: &jetstream::Context) -> Result<Vec<String>, StateE
         true,
     )
     .await?;
-    // In stream order, so a record rewritten or deleted during the read (it comes again, at
-    // the end) leaves its id once, or not at all ([`LatestRecords`] says more).
-    let mut live: BTreeMap<&str, bool> = BTreeMap::new();
-    for message in &messages {
-        live.insert(key_of(message.subject.as_str()), !is_deletion(message));
-    }
-    for pending in &pending {
-        live.entry(pending.id.as_str()).or_insert(true);
-    }
-    Ok(live
-        .into_iter()
-        .filter(|(_, is_live)| *is_live)
-        .map(|(id, _)| id.to_owned())
-        .collect())
+    // `last_per_subject` hands each record once, as its latest message: a rewrite during the
+    // read counts once, and a job that left meanwhile ends as a deletion.
+    let mut ids: BTreeSet<&str> = messages
+        .iter()
+        .filter(|m| !is_deletion(m))
+        .map(|m| key_of(m.subject.as_str()))
+        .collect();
+    ids.extend(pending.iter().map(|p| p.id.as_str()));
+    Ok(ids.into_iter().map(str::to_owned).collect())
 }
 
 /// Submissions stored in `MGPU_REQUESTS` that the scheduler has not recorded yet (it is
