@@ -1,6 +1,6 @@
 //! The command line: the connection options, one subcommand per module under `commands/`,
-//! and the dispatch from a parsed command to the module that runs it. Nothing imports this
-//! module but `main.rs`: the commands take their own arguments and [`ConnectionArgs`].
+//! and the dispatch from a parsed command to the module that runs it. Only `main.rs` uses
+//! this module: the commands take their own arguments and [`ConnectionArgs`].
 
 use std::process::ExitCode;
 
@@ -18,10 +18,10 @@ use crate::session::ConnectionArgs;
 #[command(name = "mgpu", version, propagate_version = true)]
 pub struct Cli {
     #[command(flatten)]
-    pub connection: ConnectionArgs,
+    connection: ConnectionArgs,
 
     #[command(subcommand)]
-    pub command: Command,
+    command: Command,
 }
 
 impl Cli {
@@ -96,7 +96,7 @@ enum SubmitOnly {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+enum Command {
     /// Submit a job: `mgpu submit --gpus 2 -- python train.py`.
     // Boxed: its many options would make every other variant as large.
     Submit(Box<submit::SubmitArgs>),

@@ -83,8 +83,8 @@ pub fn busy_gpus(node: &str, jobs: &[JobRecord]) -> BTreeSet<u32> {
         .collect()
 }
 
-/// Shared with `mgpu top`, which the library holds (for its benchmark).
-pub use mgpu_cli::top::rows::NodeState;
+/// Shared with `mgpu top`, whose screen draws node states the same way.
+pub use crate::commands::top::screen::rows::NodeState;
 
 #[cfg(test)]
 mod tests {

@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::setup::auth::Role;
 use anyhow::{Result, anyhow};
 use clap::Args;
-use mgpu_cli::setup::auth::Role;
 
 use super::announce;
 use super::registry::{add_principal, load, save};

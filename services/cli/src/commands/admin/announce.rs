@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::setup::auth::Registry;
 use anyhow::Result;
-use mgpu_cli::setup::auth::Registry;
 use mgpu_protocol::audit::AuditRecord;
 
 use crate::console::println;

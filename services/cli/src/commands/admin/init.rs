@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::setup::auth::{self, RegistryFiles, Role};
+use crate::setup::{files, tls};
 use anyhow::{Context as _, Result, anyhow};
 use clap::Args;
-use mgpu_cli::setup::auth::{self, RegistryFiles, Role};
-use mgpu_cli::setup::{files, tls};
 
 use super::registry::{load, save};
 use crate::console::{self, println};

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use crate::setup::auth::{Registry, RegistryFiles, Role};
+use crate::setup::files;
 use anyhow::{Context as _, Result};
-use mgpu_cli::setup::auth::{Registry, RegistryFiles, Role};
-use mgpu_cli::setup::files;
 
 use crate::console::println;
 use crate::errors::plain;

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use crate::setup::auth::{self, Role};
 use anyhow::{Result, anyhow};
 use clap::Args;
-use mgpu_cli::setup::auth::{self, Role};
 
 use super::announce;
 use super::registry::{load, save};

@@ -2,10 +2,10 @@
 //! cancel`, `mgpu hold`, `mgpu release`, `mgpu logs -f`); each outcome comes back as an
 //! [`Input`] for the status line or the log pane.
 
+use super::screen::model::Input;
 use async_nats::jetstream;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
-use mgpu_cli::top::model::Input;
 use mgpu_protocol::ids::JobId;
 
 use crate::commands::{cancel, hold};

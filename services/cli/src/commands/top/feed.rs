@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
+use super::screen::model::Input;
 use async_nats::jetstream::{self, kv};
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
-use mgpu_cli::top::model::Input;
 use mgpu_nats::records;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;

@@ -5,14 +5,15 @@
 //! This module owns the command's I/O: the arguments, the loop that feeds the model what
 //! arrives (`feed`: buckets and heartbeats; `terminal`: keys and resizes) and carries out
 //! what it asks (`effects`: cancel, hold, release, follow a log), and the drawing pace. The
-//! model and the drawing are pure and live in the library (`mgpu_cli::top`, in `screen/`),
-//! where the benchmarks reach them too.
+//! model and the drawing are pure and live in [`screen`], which the library also exports as
+//! `mgpu_cli::top` for the benchmarks.
 //!
 //! Redraws: at once after a key or a resize, otherwise at most [`FRAMES_PER_SECOND`] times a
 //! second however fast records and heartbeats arrive.
 
 mod effects;
 mod feed;
+pub mod screen;
 mod terminal;
 
 use std::io::{IsTerminal, Write};
@@ -25,8 +26,8 @@ use crossterm::event::Event;
 use futures::future::LocalBoxFuture;
 use futures::stream::{BoxStream, FuturesUnordered, SelectAll};
 use futures::{FutureExt, StreamExt};
-use mgpu_cli::top::model::{Effect, Input, Me, Model};
-use mgpu_cli::top::view;
+use screen::model::{Effect, Input, Me, Model};
+use screen::view;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 

@@ -25,10 +25,10 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
+use crate::setup::auth::{KEYS_DIR, Registry, RegistryFiles, Role};
+use crate::setup::{files, tls};
 use anyhow::{Context as _, Result};
 use clap::Args;
-use mgpu_cli::setup::auth::{KEYS_DIR, Registry, RegistryFiles, Role};
-use mgpu_cli::setup::{files, tls};
 
 use super::registry::load;
 use crate::console::println;

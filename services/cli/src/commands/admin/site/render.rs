@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, anyhow};
 use serde_json::json;
 
-use mgpu_cli::setup::auth::{
+use crate::setup::auth::{
     AUTH_CONF_FILE, CLUSTER_NAME, KEYS_DIR, REGISTRY_FILE, Registry, RegistryFiles, Role,
     render_jetstream_block,
 };
-use mgpu_cli::setup::tls::{self, TlsFiles, render_tls_block};
+use crate::setup::tls::{self, TlsFiles, render_tls_block};
 
 use super::spec::{Node, Server, Site};
 

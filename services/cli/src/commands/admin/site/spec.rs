@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, anyhow, bail};
 use serde::Deserialize;
 
-use mgpu_cli::setup::auth::validate_principal_name;
+use crate::setup::auth::validate_principal_name;
 
 /// Directory names in the output that hold no host: a host may not be called so.
 pub const RESERVED: [&str; 2] = ["auth", "users"];

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
-use mgpu_cli::setup::files::{write_atomically, write_secret};
+use crate::setup::files::{write_atomically, write_secret};
 
 use super::render::SiteFile;
 

@@ -264,8 +264,8 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::model::{Input, LineKey};
-    use crate::top::test_data::{alice, heartbeat, held, job, queued, running};
+    use crate::commands::top::screen::model::{Input, LineKey};
+    use crate::commands::top::screen::test_data::{alice, heartbeat, held, job, queued, running};
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
     fn press(model: &mut Model, code: KeyCode) -> Vec<Effect> {

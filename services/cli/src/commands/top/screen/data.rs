@@ -133,7 +133,7 @@ impl Data {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::test_data::{finished, heartbeat, job, queued};
+    use crate::commands::top::screen::test_data::{finished, heartbeat, job, queued};
 
     #[test]
     fn finished_jobs_leave_and_the_rest_stay_findable() {

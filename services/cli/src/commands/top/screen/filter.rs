@@ -143,7 +143,7 @@ fn contains(haystack: &str, needle: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::test_data::{job, queued, running};
+    use crate::commands::top::screen::test_data::{job, queued, running};
 
     #[test]
     fn words_narrow_by_user_node_and_state() {

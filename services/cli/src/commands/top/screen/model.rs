@@ -16,17 +16,10 @@ use mgpu_protocol::priority::{Policy, UsageBook};
 use super::data::Data;
 use super::filter::Filter;
 use super::keys::{self, KeyMode};
+use super::layout;
 use super::log::LogPane;
+pub use super::me::Me;
 use super::rows::{self, Rows};
-use super::view;
-
-/// Who is looking: their jobs are highlighted, and only those they may cancel unless admin.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Me {
-    pub user: String,
-    /// The public nkey their requests are signed with (a job's `user_key`).
-    pub key: String,
-}
 
 /// Something that happened: read from the cluster, typed, or reported back by an effect.
 #[derive(Debug)]
@@ -298,10 +291,10 @@ impl Model {
 
     /// Lines each pane shows at the current size.
     pub(super) fn page_heights(&self) -> (usize, usize) {
-        let layout = view::layout(self.size, self.rows.gpus.len());
+        let layout = layout::layout(self.size, self.rows.gpus.len());
         (
-            view::visible_lines(layout.nodes),
-            view::visible_lines(layout.jobs),
+            layout::visible_lines(layout.nodes),
+            layout::visible_lines(layout.jobs),
         )
     }
 
@@ -340,7 +333,7 @@ fn place(cursor: &mut Cursor, found: Option<usize>, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::test_data::{alice, heartbeat, job, queued, running};
+    use crate::commands::top::screen::test_data::{alice, heartbeat, job, queued, running};
     use crossterm::event::{KeyCode, KeyModifiers};
 
     fn model() -> Model {
@@ -366,7 +359,7 @@ mod tests {
         assert_eq!(model.selected_job().map(|j| &j.id), Some(&first.id));
         // Once it is gone, the selection stays where it was, on what is there now.
         let mut done = first.clone();
-        done.state = crate::top::test_data::finished();
+        done.state = crate::commands::top::screen::test_data::finished();
         model.update(Input::job(done));
         model.settle();
         assert_eq!(model.jobs_cursor.index, 0);

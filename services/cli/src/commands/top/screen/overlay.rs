@@ -13,7 +13,7 @@ use super::format;
 use super::log::LogPane;
 use super::model::Model;
 use super::rows::{is_mine, queued_at};
-use super::view::title;
+use super::widgets::title;
 
 pub(super) fn detail(model: &Model, job: &JobRecord, body: Rect, buf: &mut Buffer) {
     let width = body.width.saturating_sub(4).min(110);
@@ -166,68 +166,5 @@ pub(super) fn log(pane: &LogPane, area: Rect, buf: &mut Buffer) {
             usize::from(area.width),
             Style::default().add_modifier(Modifier::DIM),
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::top::model::Input;
-    use crate::top::test_data::{alice, job, queued};
-    use crate::top::view::{render, to_text};
-    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-
-    fn press(model: &mut Model, code: KeyCode) {
-        model.update(Input::Key(KeyEvent::new(code, KeyModifiers::NONE)));
-    }
-
-    fn frame(model: &mut Model) -> String {
-        model.settle();
-        let area = Rect::new(0, 0, 100, 24);
-        let mut buf = Buffer::empty(area);
-        render(model, area, &mut buf);
-        to_text(&buf)
-    }
-
-    #[test]
-    fn details_say_why_a_job_waits_and_whose_it_is() {
-        let mut model = Model::new(alice(), mgpu_protocol::now(), (100, 24));
-        let record = job("alice", "sweep", queued());
-        model.update(Input::job(record.clone()));
-        model.settle();
-        press(&mut model, KeyCode::Enter);
-        let text = frame(&mut model);
-        assert!(text.contains(record.id.as_str()), "{text}");
-        assert!(text.contains("alice (you)"), "{text}");
-        assert!(text.contains("waiting for GPUs to become free"), "{text}");
-        assert!(text.contains("sleep 300"), "{text}");
-    }
-
-    #[test]
-    fn the_log_shows_the_newest_lines_and_how_it_ended() {
-        let mut model = Model::new(alice(), mgpu_protocol::now(), (100, 24));
-        let record = job("alice", "sweep", queued());
-        model.update(Input::job(record.clone()));
-        model.settle();
-        press(&mut model, KeyCode::Char('l'));
-        let mut output = String::new();
-        for n in 0..100 {
-            output.push_str(&format!("line {n}\n"));
-        }
-        model.update(Input::Log {
-            job: record.id.clone(),
-            bytes: output.into_bytes(),
-        });
-        model.update(Input::LogEnded {
-            job: record.id.clone(),
-            note: "output ended".into(),
-        });
-        let text = frame(&mut model);
-        assert!(text.contains("line 99"), "{text}");
-        assert!(!text.contains("line 50\n"), "{text}");
-        assert!(text.contains("— output ended —"), "{text}");
-        press(&mut model, KeyCode::Char('g'));
-        let text = frame(&mut model);
-        assert!(text.contains("line 0\n"), "{text}");
     }
 }

@@ -12,9 +12,10 @@ use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 
 use super::format;
+use super::layout::visible_lines;
 use super::model::{Cursor, Mode, Model, Pane};
 use super::rows::{GpuLine, JobLine, NodeState, is_mine, queued_at};
-use super::view::{LineWriter, percent_bar, title, visible_lines};
+use super::widgets::{LineWriter, percent_bar, title};
 
 fn mine_style() -> Style {
     Style::default()
@@ -401,94 +402,6 @@ fn job_line(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::model::Input;
-    use crate::top::test_data::{alice, heartbeat, nvml_heartbeat};
-    use crate::top::view::{render, to_text};
-    use mgpu_protocol::node::NodeHeartbeat;
-
-    /// The screen of `width`×20 columns after these heartbeats, as text.
-    fn frame(beats: &[NodeHeartbeat], width: u16, now: Timestamp) -> String {
-        let mut model = Model::new(alice(), now, (width, 20));
-        for beat in beats {
-            model.update(Input::heartbeat(beat.clone()));
-        }
-        model.settle();
-        let area = Rect::new(0, 0, width, 20);
-        let mut buf = Buffer::empty(area);
-        render(&model, area, &mut buf);
-        to_text(&buf)
-    }
-
-    /// The GPU lines of model `model_name` with index `index` (node names show once).
-    fn gpu_row<'a>(text: &'a str, model_name: &str, index: u32) -> Vec<&'a str> {
-        text.lines()
-            .filter(|l| l.contains(model_name) && l.contains("/24.0"))
-            .filter(|l| l.split_whitespace().any(|w| w == index.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn gpus_show_their_temperature_and_power_where_nvml_reads_them() {
-        let mut declared = heartbeat("node002", 1);
-        declared.gpus[0].name = "L4".into();
-        let now = mgpu_protocol::now();
-        let text = frame(&[nvml_heartbeat("node001", 2), declared], 120, now);
-        let head = text
-            .lines()
-            .find(|l| l.contains("NODE"))
-            .unwrap_or_default();
-        assert!(head.contains(" TEMP POWER JOB "), "{text}");
-        // Right-aligned under their headings, in the column the heading ends in.
-        let end_of = |line: &str, word: &str| {
-            line.find(word)
-                .map(|at| line[..at + word.len()].chars().count())
-        };
-        let gpu1 = gpu_row(&text, "A100", 1);
-        assert_eq!(gpu1.len(), 1, "{text}");
-        assert!(gpu1[0].contains(" 61°C  260W "), "{text}");
-        assert_eq!(end_of(gpu1[0], "°C"), end_of(head, "TEMP"), "{text}");
-        assert_eq!(end_of(gpu1[0], "260W"), end_of(head, "POWER"), "{text}");
-        // A GPU that reports neither shows a dash in each.
-        let l4 = gpu_row(&text, "L4", 0);
-        assert_eq!(l4.len(), 1, "{text}");
-        let dashes: Vec<usize> = l4[0]
-            .char_indices()
-            .filter(|(_, c)| *c == '-')
-            .map(|(at, _)| l4[0][..=at].chars().count())
-            .collect();
-        assert!(
-            dashes.contains(&end_of(head, "TEMP").unwrap_or(0)),
-            "{text}"
-        );
-        assert!(
-            dashes.contains(&end_of(head, "POWER").unwrap_or(0)),
-            "{text}"
-        );
-        // The notes still have their room: the heading is on screen.
-        assert!(head.ends_with("NOTE"), "{text}");
-    }
-
-    #[test]
-    fn without_readings_or_room_the_nodes_pane_is_as_before() {
-        let now = mgpu_protocol::now();
-        let declared = frame(&[heartbeat("node001", 2)], 120, now);
-        assert!(
-            !declared.contains("TEMP") && !declared.contains("°C"),
-            "{declared}"
-        );
-        // Too narrow for them: the same frame as for GPUs that report neither.
-        for width in [80, 100, 116] {
-            let nvml = frame(&[nvml_heartbeat("node001", 2)], width, now);
-            assert!(!nvml.contains("TEMP"), "{nvml}");
-            assert_eq!(nvml, frame(&[heartbeat("node001", 2)], width, now));
-        }
-        // Wide enough for the wide bars as well.
-        let wide = frame(&[nvml_heartbeat("node001", 2)], 140, now);
-        assert!(
-            wide.contains("TEMP POWER") && wide.contains("[|         ]"),
-            "{wide}"
-        );
-    }
 
     #[test]
     fn temperature_and_power_fit_where_the_notes_keep_their_room() {

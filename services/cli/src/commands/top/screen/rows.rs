@@ -16,7 +16,7 @@ use mgpu_protocol::priority::effective_priority;
 
 use super::data::Data;
 use super::filter::{Filter, GpuFacts};
-use super::model::Me;
+use super::me::Me;
 
 /// One line of the nodes pane: a GPU, or a node without any.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -397,7 +397,9 @@ fn job_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::test_data::{alice, heartbeat, held, job, nvml_heartbeat, queued, running};
+    use crate::commands::top::screen::test_data::{
+        alice, heartbeat, held, job, nvml_heartbeat, queued, running,
+    };
     use mgpu_protocol::node::{AdminMark, NodeAdmin};
 
     fn names(data: &Data, rows: &Rows) -> Vec<String> {

@@ -1,5 +1,5 @@
-//! Records and heartbeats for the unit tests of `mgpu top`'s model and drawing (the binary's
-//! own fixtures are out of this library's reach).
+//! Records and heartbeats for the unit tests of `mgpu top`'s model and drawing: jobs signed
+//! with `U<USER>` keys, NVML and declared heartbeats.
 
 use chrono::Duration;
 use mgpu_protocol::gpu_amount::GpuAmount;
@@ -9,7 +9,7 @@ use mgpu_protocol::job::{
 };
 use mgpu_protocol::node::{DEFAULT_THRESHOLD, GpuSource, GpuStatus, NodeHeartbeat};
 
-use super::model::Me;
+use super::me::Me;
 
 /// Alice as the screen's user: her key signs her jobs.
 pub fn alice() -> Me {
