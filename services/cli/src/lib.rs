@@ -11,7 +11,7 @@
 //! - `commands/`: one module per subcommand. `submit/`: `args` (its options), `spec` (the job
 //!   spec from options or a job file's draft), `plan` (each form, a job, an array or a job
 //!   file, as prepared submissions), `pipeline` (check, skip duplicates via `dedup`, store),
-//!   `report` (what each form prints), `file` (job files, `--watch`), `attach` (`-i`).
+//!   `printer` (what each form prints), `file` (job files, `--watch`), `attach` (`-i`).
 //!   `queue`, `show`, `nodes`, `logs`, `cancel`, `hold` (and release), `node_admin` (`node`
 //!   and `gpu`), `top/` (the command's I/O; `screen/`, its pure model and drawing), and
 //!   `admin/`, one file per subcommand (`init`, `add_user`, `add_node`, `list`, `remove`,

@@ -2,7 +2,7 @@
 //! jobs appended to it later.
 //!
 //! Each pass over the file parses it, prepares its new entries ([`super::plan`]) and hands them
-//! to the pipeline; the report says per job what became of it (`FILE:LINE: submitted
+//! to the pipeline; the printer says per job what became of it (`FILE:LINE: submitted
 //! 1a2b3c4d5e`, or on stderr `FILE:LINE: <what is wrong>`) and a bad job does not stop the
 //! others. Jobs with dedup on (the default) are skipped when identical to a queued or running
 //! job of the user, or to an earlier job of this run.
@@ -23,7 +23,7 @@ use anyhow::{Context as _, Result};
 use super::args::SubmitArgs;
 use super::pipeline::Pipeline;
 use super::plan;
-use super::report::FileReport;
+use super::printer::FilePrinter;
 use super::spec::FileDefaults;
 use crate::console;
 use crate::gpu_profiles::LazyProfiles;
@@ -52,7 +52,7 @@ pub async fn submit(
         profiles: LazyProfiles::new(args.profiles.clone()),
         user: session.user.clone(),
         pipeline: Pipeline::new(session),
-        report: FileReport::new(path.display().to_string(), args.quiet),
+        printer: FilePrinter::new(path.display().to_string(), args.quiet),
         quiet: args.quiet,
         last_file_error: None,
     };
@@ -67,12 +67,12 @@ pub async fn submit(
         if !args.quiet {
             console::stderr_line(&format!(
                 "Watching {} for new jobs; Ctrl+C stops.",
-                run.report.name()
+                run.printer.name()
             ));
         }
         watch(&mut run, path, consumed).await?;
     }
-    Ok(if run.report.finish()? {
+    Ok(if run.printer.finish()? {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -104,7 +104,7 @@ struct FileRun<'s> {
     user: String,
     /// Remembers the jobs sent, so a later pass does not send an identical one again.
     pipeline: Pipeline<'s>,
-    report: FileReport,
+    printer: FilePrinter,
     quiet: bool,
     /// A whole-file error already shown, so a watched file is not reported every tick.
     last_file_error: Option<FileError>,
@@ -118,7 +118,7 @@ impl FileRun<'_> {
             Ok(entries) => entries,
             Err(err) => {
                 if self.last_file_error.as_ref() != Some(&err) {
-                    self.report.file_error(&err);
+                    self.printer.file_error(&err);
                     self.last_file_error = Some(err);
                 }
                 return Ok(None);
@@ -132,7 +132,7 @@ impl FileRun<'_> {
         }
         let prepared = plan::file_entries(new, &self.defaults, &mut self.profiles, &self.user);
         let settled = self.pipeline.run(prepared).await?;
-        self.report.pass(settled)?;
+        self.printer.pass(settled)?;
         Ok(Some(count))
     }
 }
@@ -183,7 +183,7 @@ async fn watch(run: &mut FileRun<'_>, path: &Path, mut consumed: Consumed) -> Re
             Err(err) => {
                 // Editors replace files by renaming; a moment without one is normal, so only a
                 // lasting problem is reported, once.
-                let text = format!("{}: cannot read: {err}", run.report.name());
+                let text = format!("{}: cannot read: {err}", run.printer.name());
                 if unsettled && unreadable.as_deref() != Some(text.as_str()) {
                     console::stderr_line(&text);
                     unreadable = Some(text);
@@ -216,7 +216,7 @@ async fn watch(run: &mut FileRun<'_>, path: &Path, mut consumed: Consumed) -> Re
                 if !run.quiet {
                     console::stderr_line(&format!(
                         "{} changed other than by appending: reading it again from the top",
-                        run.report.name()
+                        run.printer.name()
                     ));
                 }
                 0

@@ -3,7 +3,7 @@
 //!
 //! Every form goes the same way: its jobs are prepared as a list of submissions
 //! ([`plan`]: the spec from [`spec`], an id, a label), the [`pipeline`] checks them, skips
-//! duplicates ([`dedup`]) and stores the rest, and the form's reporter ([`report`]) prints what
+//! duplicates ([`dedup`]) and stores the rest, and the form's printer ([`printer`]) prints what
 //! became of each. The forms differ only in how they prepare and what they print; a job file
 //! is read in passes, and watched with `--watch` ([`file`]). A command whose first word is a
 //! script is a batch script ([`batch_script`]): its content is captured and its `#MGPU`
@@ -18,7 +18,7 @@ mod file;
 pub(crate) mod input;
 mod pipeline;
 mod plan;
-mod report;
+mod printer;
 mod shell_words;
 mod spec;
 
@@ -70,7 +70,7 @@ pub async fn run(connection: &ConnectionArgs, args: &SubmitArgs) -> Result<ExitC
 async fn submit_one(session: &Session, args: &SubmitArgs, spec: JobSpec) -> Result<ExitCode> {
     let prepared = plan::single(spec, &session.user);
     let settled = Pipeline::new(session).run(prepared).await?;
-    match report::single(args, settled)? {
+    match printer::single(args, settled)? {
         Some(id) if args.interactive => {
             let input = if args.pty {
                 input::InputMode::keys(false)
@@ -102,6 +102,6 @@ async fn submit_array(
     let array_id = JobId::random();
     let prepared = plan::array(spec, array, &array_id, &session.user);
     let settled = Pipeline::new(session).run(prepared).await?;
-    report::array(args, &array_id, array.max_running, settled)?;
+    printer::array(args, &array_id, array.max_running, settled)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -2,7 +2,7 @@
 //! prepared job is checked, skipped when it duplicates a queued or running job (or an earlier
 //! job of this run), and the rest are stored in JetStream, signed and pipelined
 //! ([`crate::publish`]). What became of each job comes back in plan order, for the form's
-//! report to print.
+//! printer to print.
 //!
 //! The checks come first: nothing is sent for a job that fails them, and the job list is read
 //! for dedup only after them. The dedup keys sent are remembered for the life of the pipeline, so a watched job file's later passes do not

@@ -1,4 +1,4 @@
-//! What `mgpu submit` prints once the pipeline settled its jobs, one reporter per form: the
+//! What `mgpu submit` prints once the pipeline settled its jobs, one printer per form: the
 //! command line's one job, an array, a job file's passes. Stdout carries what scripts read
 //! (ids, `--json`); with `-q` it carries ids only and everything else goes to stderr.
 
@@ -165,18 +165,18 @@ fn array_summary(
     Some(text)
 }
 
-/// A job file's report: a line per job as each pass settles (`FILE:LINE: submitted …`, or
+/// A job file's printer: a line per job as each pass settles (`FILE:LINE: submitted …`, or
 /// on stderr what is wrong with it), and the tally at the end.
-pub struct FileReport {
+pub struct FilePrinter {
     /// The path as the user gave it, starting every line.
     name: String,
     quiet: bool,
     tally: Tally,
 }
 
-impl FileReport {
-    pub fn new(name: String, quiet: bool) -> FileReport {
-        FileReport {
+impl FilePrinter {
+    pub fn new(name: String, quiet: bool) -> FilePrinter {
+        FilePrinter {
             name,
             quiet,
             tally: Tally::default(),
