@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
+use crate::client::session::ConnectionArgs;
 use crate::commands::{
     admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, queue, report,
     show, submit, top, wait,
 };
-use crate::session::ConnectionArgs;
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
 #[derive(Debug, Parser)]

@@ -80,10 +80,10 @@ pub async fn open_output(js: &jetstream::Context, filters: &[String]) -> Result<
 
 /// Refuses, in words, to follow another user's private output the server will not let this
 /// session read: the server's refusal (`refusals`, see
-/// [`crate::session::Session::connect_watching_permissions`]) comes at once, where waiting for
+/// [`crate::client::session::Session::connect_watching_permissions`]) comes at once, where waiting for
 /// the reader would take seconds. Admins, and the job's owner, pass.
 pub async fn check_output_readable(
-    session: &crate::session::Session,
+    session: &crate::client::session::Session,
     refusals: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
     record: &JobRecord,
 ) -> Result<()> {
@@ -92,7 +92,7 @@ pub async fn check_output_readable(
         return Ok(());
     }
     let filters = output_subjects_of(record);
-    let refused = crate::session::refused(refusals, subjects::OUTPUT_STREAM);
+    let refused = crate::client::session::refused(refusals, subjects::OUTPUT_STREAM);
     tokio::select! {
         () = refused => anyhow::bail!(
             "job {}'s output is private: only {} and admins may read it",

@@ -20,8 +20,9 @@
 //! - `model/`: the jobs-and-nodes read model: the cluster bucket (`cluster`), jobs, nodes and
 //!   cluster read together (`snapshot`), finding a job and the queue's order (`jobs`), a
 //!   node's row (`nodes`).
-//! - `session`: the connection options and the signed connection as the current user.
-//! - `publish`: storing submissions, pipelined and retried; publish failures as advice.
+//! - `client/`: the client library the commands share: the connection as the current user
+//!   (`session`), the one request path, signed, acknowledged and retried through leader
+//!   elections (`request`), and submissions on it (`submit`).
 //! - `follow`: a job's output and record as JetStream has them, for `logs`, `submit -i`,
 //!   `cancel` and `hold`.
 //! - `jobfile/`: the job-file formats (`csv` lines, `native` TOML tables) parsed into drafts.
@@ -34,10 +35,12 @@
 //!   administrator does.
 //! - `fixtures` (tests only): job records and heartbeats.
 //!
-//! Public: `cli` and `process` (for `main.rs`), `setup`, and `top` (`commands/top/screen`,
-//! for the benchmarks, which draw frames of a large cluster with the command's own code).
+//! Public: `cli` and `process` (for `main.rs`), `client`, `setup`, and `top`
+//! (`commands/top/screen`, for the benchmarks, which draw frames of a large cluster with the
+//! command's own code).
 
 pub mod cli;
+pub mod client;
 mod commands;
 mod console;
 mod errors;
@@ -50,9 +53,7 @@ mod jobfile;
 mod model;
 mod parse;
 pub mod process;
-mod publish;
 mod raw_terminal;
-mod session;
 pub mod setup;
 mod tables;
 

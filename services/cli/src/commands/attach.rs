@@ -15,13 +15,13 @@ use anyhow::Result;
 use clap::Args;
 use mgpu_protocol::job::{JobRecord, JobState};
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::commands::submit::attach::{FollowOptions, follow};
 use crate::commands::submit::input::InputMode;
 use crate::console;
 use crate::follow::clamp_exit_code;
 use crate::human;
 use crate::model::jobs;
-use crate::session::{ConnectionArgs, Session};
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {

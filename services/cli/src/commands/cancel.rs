@@ -13,13 +13,13 @@ use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::subjects;
 
+use crate::client::request::{self, Request};
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{self, println};
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
 use crate::model::jobs;
-use crate::publish::publish_error;
-use crate::session::{ConnectionArgs, Session};
 
 /// How long to watch a cancelled job stop before leaving it to finish on its own.
 const WAIT_FOR_STOP: Duration = Duration::from_secs(15);
@@ -82,19 +82,11 @@ pub(crate) async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome
         .subscribe(subjects::events(&id))
         .await
         .map_err(plain)?;
-    let request = CancelRequest {
+    let body = CancelRequest {
         user: session.user.clone(),
         reason: None,
     };
-    let payload = serde_json::to_vec(&request)?;
-    let subject = subjects::cancel(&id);
-    let headers = session.sign(&subject, &payload)?;
-    let ack = session
-        .js
-        .publish_with_headers(subject, headers, payload.into())
-        .await
-        .map_err(|err| publish_error(err.kind(), &err))?;
-    ack.await.map_err(|err| publish_error(err.kind(), &err))?;
+    request::publish(session, &Request::fresh(subjects::cancel(&id), &body)?).await?;
 
     let stopped = tokio::time::timeout(WAIT_FOR_STOP, async {
         loop {

@@ -22,9 +22,9 @@ use clap::{Args, ValueEnum};
 use mgpu_nats::records;
 use mgpu_protocol::job::JobRecord;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console;
 use crate::errors::plain;
-use crate::session::{ConnectionArgs, Session};
 
 /// Subcommands whose positional arguments are job ids: the ones the completion scripts offer
 /// live job ids to. A unit test checks each exists and takes a positional argument.

@@ -13,11 +13,11 @@ use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::job::{JobRecord, JobSummary};
 use serde::Serialize;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::human;
 use crate::model::accounting;
 use crate::model::history::{self, HistoryFilter};
 use crate::parse;
-use crate::session::{ConnectionArgs, Session};
 use crate::tables::Table;
 
 /// The states a finished job can be in.

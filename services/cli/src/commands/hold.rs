@@ -16,13 +16,13 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::subjects;
 
+use crate::client::request::{self, Request};
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{self, println};
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
 use crate::model::jobs;
-use crate::publish::publish_error;
-use crate::session::{ConnectionArgs, Session};
 
 /// How long to wait for the scheduler to record the change.
 const WAIT: Duration = Duration::from_secs(10);
@@ -123,18 +123,10 @@ pub(crate) async fn one(session: &Session, typed: &str, action: Action) -> Resul
         .subscribe(subjects::events(&id))
         .await
         .map_err(plain)?;
-    let request = HoldRequest {
+    let body = HoldRequest {
         user: session.user.clone(),
     };
-    let payload = serde_json::to_vec(&request)?;
-    let subject = action.subject(&id);
-    let headers = session.sign(&subject, &payload)?;
-    let ack = session
-        .js
-        .publish_with_headers(subject, headers, payload.into())
-        .await
-        .map_err(|err| publish_error(err.kind(), &err))?;
-    ack.await.map_err(|err| publish_error(err.kind(), &err))?;
+    request::publish(session, &Request::fresh(action.subject(&id), &body)?).await?;
 
     let wait = async {
         loop {

@@ -13,10 +13,10 @@ use futures::{FutureExt, StreamExt};
 use mgpu_protocol::job::JobRecord;
 use tokio::time::Instant;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::errors::plain;
 use crate::follow::{self, Chunk, OutputWriter};
 use crate::model::jobs;
-use crate::session::{ConnectionArgs, Session};
 
 /// When the record says the job ended but its end-of-output marker has not been read, how long
 /// to wait for it (the node may have died before writing one).

@@ -1,11 +1,12 @@
 //! `mgpu node drain|resume` and `mgpu gpu pause|resume`: take a node or one GPU out of
 //! service (running jobs finish, nothing new starts there) and put it back. Admins only.
 //!
-//! The request goes to `admin.requests`, which only admin credentials may publish. The server
-//! drops anyone else's publish with a "Permissions Violation" error on the connection and no
-//! JetStream acknowledgement ever comes, so that error is watched for and raced against the
-//! acknowledgement. Once stored, the command waits (up to [`WAIT`]) for the scheduler to write
-//! the change to the cluster bucket, where `mgpu nodes` reads it.
+//! The request goes to `admin.requests` on the request path ([`crate::client::request`]),
+//! which only admin credentials may publish. The server drops anyone else's publish with a
+//! "Permissions Violation" error on the connection and no JetStream acknowledgement ever comes,
+//! so that error is watched for and raced against the acknowledgement (and its retries). Once
+//! stored, the command waits (up to [`WAIT`]) for the scheduler to write the change to the
+//! cluster bucket, where `mgpu nodes` reads it.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,11 +20,11 @@ use mgpu_protocol::node::{AdminMark, NodeAdmin};
 use mgpu_protocol::node_admin::AdminRequest;
 use mgpu_protocol::subjects;
 
+use crate::client::request::{self, Request};
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{self, println};
 use crate::errors::plain;
 use crate::parse::{self, NodeGpu};
-use crate::publish::publish_error;
-use crate::session::{ConnectionArgs, Session};
 
 /// How long to wait for the scheduler to apply the change.
 const WAIT: Duration = Duration::from_secs(10);
@@ -229,21 +230,13 @@ async fn apply(connection: &ConnectionArgs, change: &Change) -> Result<ExitCode>
 
     // Refusals from before this publish are about something else.
     while refusals.try_recv().is_ok() {}
-    let payload = serde_json::to_vec(&change.request(&session.user))?;
-    let headers = session.sign(subjects::ADMIN_REQUESTS, &payload)?;
-    let publish = async {
-        let ack = session
-            .js
-            .publish_with_headers(subjects::ADMIN_REQUESTS, headers, payload.into())
-            .await
-            .map_err(|err| publish_error(err.kind(), &err))?;
-        ack.await.map_err(|err| publish_error(err.kind(), &err))
-    };
+    let asked = Request::fresh(subjects::ADMIN_REQUESTS, &change.request(&session.user))?;
+    // A refused publish is never acknowledged: the refusal ends the tries at once.
     tokio::select! {
         Some(_) = refusals.recv() => {
             bail!("permission denied: only admins may drain nodes and pause GPUs");
         }
-        acked = publish => { acked?; }
+        acked = request::publish(&session, &asked) => { acked?; }
     }
     // A node that never reported may be a typo; the change is still made, since an admin
     // may well drain a machine before its agent first starts.

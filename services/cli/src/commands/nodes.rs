@@ -13,11 +13,11 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::{AdminMark, GpuSource, NodeAdmin, NodeHeartbeat};
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{print, print_json, println};
 use crate::human;
 use crate::model::nodes::{NodeRow, NodeState};
 use crate::model::snapshot::Snapshot;
-use crate::session::{ConnectionArgs, Session};
 use crate::tables::Table;
 
 #[derive(Debug, Args)]

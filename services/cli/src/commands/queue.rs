@@ -16,11 +16,11 @@ use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::job::{JobRecord, JobState, JobSummary};
 use serde::Serialize;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::human;
 use crate::model::jobs::{Listing, queued_at};
 use crate::model::nodes::NodeRow;
 use crate::model::snapshot::Snapshot;
-use crate::session::{ConnectionArgs, Session};
 use crate::tables::Table;
 
 #[derive(Debug, Args)]

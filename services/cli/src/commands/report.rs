@@ -12,11 +12,11 @@ use clap::Args;
 use mgpu_protocol::Timestamp;
 use serde_json::json;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::model::accounting::{self, GroupBy, Totals};
 use crate::model::cluster::Cluster;
 use crate::model::history::{self, HistoryFilter};
 use crate::parse;
-use crate::session::{ConnectionArgs, Session};
 use crate::tables::Table;
 
 #[derive(Debug, Args)]

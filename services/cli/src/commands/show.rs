@@ -14,11 +14,11 @@ use mgpu_protocol::job::{
     Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting,
 };
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{print, print_json};
 use crate::human;
 use crate::model::environment::{self, Environment};
 use crate::model::jobs;
-use crate::session::{ConnectionArgs, Session};
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {

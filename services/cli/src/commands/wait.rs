@@ -25,12 +25,12 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, WaitReason};
 use tokio::time::Instant;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console;
 use crate::errors::plain;
 use crate::follow;
 use crate::human;
 use crate::model::jobs;
-use crate::session::{ConnectionArgs, Session};
 
 /// The exit status when an id names no job (or several): nothing was waited for.
 pub const UNKNOWN_JOB: u8 = 2;

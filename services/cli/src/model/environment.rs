@@ -10,7 +10,7 @@ use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::subjects;
 use tokio::sync::mpsc;
 
-use crate::session::Session;
+use crate::client::session::Session;
 
 /// How long a read of another user's environment is waited for: the server's refusal comes
 /// at once, an admin's answer as fast; only a lost server takes this long.
@@ -53,7 +53,7 @@ pub async fn read(
     }
     let owner = subjects::history_owner(record);
     let subject = job_env::get_subject(owner, &record.id);
-    let refused = crate::session::refused(refusals, &subject);
+    let refused = crate::client::session::refused(refusals, &subject);
     let read = tokio::time::timeout(READ_WAIT, job_env::get(&session.client, owner, &record.id));
     tokio::select! {
         () = refused => Environment::Withheld,

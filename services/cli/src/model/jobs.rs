@@ -16,8 +16,8 @@ use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::priority::effective_priority;
 
 use super::cluster::Cluster;
+use crate::client::session::Session;
 use crate::errors::plain;
-use crate::session::Session;
 
 /// The job a typed id or unique prefix names; an unknown or ambiguous one is an error.
 pub async fn resolve(js: &jetstream::Context, typed: &str) -> Result<JobId> {

@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::announce;
 use super::registry::add_principal;
-use crate::session::ConnectionArgs;
+use crate::client::session::ConnectionArgs;
 
 #[derive(Debug, Args)]
 pub struct AddNodeArgs {

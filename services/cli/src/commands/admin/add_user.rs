@@ -10,8 +10,8 @@ use clap::Args;
 
 use super::announce;
 use super::registry::{add_principal, load, save};
+use crate::client::session::ConnectionArgs;
 use crate::console::println;
-use crate::session::ConnectionArgs;
 
 #[derive(Debug, Args)]
 pub struct AddUserArgs {

@@ -7,8 +7,8 @@ use crate::setup::auth::Registry;
 use anyhow::Result;
 use mgpu_protocol::audit::AuditRecord;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::println;
-use crate::session::{ConnectionArgs, Session};
 
 /// After `detail` (`added user alice`) was done to `target` in `dir`: the servers reload, the
 /// audit trail records it.

@@ -10,9 +10,9 @@ use futures::StreamExt;
 use mgpu_nats::records;
 use mgpu_protocol::audit::AuditRecord;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{print, println};
 use crate::errors::{lookup, plain};
-use crate::session::{ConnectionArgs, Session};
 use crate::tables::Table;
 
 #[derive(Debug, Args)]

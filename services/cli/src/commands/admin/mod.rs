@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use crate::session::ConnectionArgs;
+use crate::client::session::ConnectionArgs;
 
 #[derive(Debug, Args)]
 pub struct AdminArgs {

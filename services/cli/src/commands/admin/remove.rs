@@ -9,8 +9,8 @@ use clap::Args;
 
 use super::announce;
 use super::registry::{load, save};
+use crate::client::session::ConnectionArgs;
 use crate::console::println;
-use crate::session::ConnectionArgs;
 
 #[derive(Debug, Args)]
 pub struct RemoveArgs {

@@ -6,9 +6,9 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use mgpu_nats::streams::{self, Replicas, StreamSettings};
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console::println;
 use crate::errors::plain;
-use crate::session::{ConnectionArgs, Session};
 
 #[derive(Debug, Args)]
 pub struct SetupArgs {

@@ -20,12 +20,12 @@ use mgpu_protocol::job::{JobRecord, JobState, WaitReason};
 use mgpu_protocol::subjects;
 use tokio::time::Instant;
 
+use crate::client::session::Session;
 use crate::console;
 use crate::errors::{lookup, plain};
 use crate::follow::{self, Chunk};
 use crate::human;
 use crate::raw_terminal::RawInput;
-use crate::session::Session;
 
 use super::input::{self, InputMode, InputTarget};
 

@@ -11,8 +11,8 @@ use mgpu_nats::records;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobSpec, JobState};
 
+use crate::client::session::Session;
 use crate::errors::plain;
-use crate::session::Session;
 
 /// A job that makes a submission redundant.
 #[derive(Clone, Debug, PartialEq, Eq)]

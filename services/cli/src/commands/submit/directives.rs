@@ -15,7 +15,7 @@ use clap::{ArgAction, ArgMatches, Args as _, Command, FromArgMatches as _};
 
 use super::args::SubmitArgs;
 use super::batch_script::{Batch, DIRECTIVE};
-use crate::session::ConnectionArgs;
+use crate::client::session::ConnectionArgs;
 
 /// Options a directive may not give: they are about how `mgpu` runs, not about the job.
 const NOT_DIRECTIVES: &[&str] = &["--file", "--watch", "--help", "-h"];

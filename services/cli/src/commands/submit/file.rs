@@ -25,10 +25,10 @@ use super::pipeline::Pipeline;
 use super::plan;
 use super::printer::FilePrinter;
 use super::spec::FileDefaults;
+use crate::client::session::Session;
 use crate::console;
 use crate::gpu_profiles::LazyProfiles;
 use crate::jobfile::{self, Entry, FileError, Format};
-use crate::session::Session;
 
 /// How often a watched file is looked at.
 const POLL: Duration = Duration::from_secs(1);

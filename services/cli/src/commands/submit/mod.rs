@@ -31,9 +31,9 @@ use mgpu_protocol::job::JobSpec;
 pub use args::SubmitArgs;
 use pipeline::Pipeline;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::gpu_profiles::LazyProfiles;
 use crate::parse::ArraySpec;
-use crate::session::{ConnectionArgs, Session};
 
 pub async fn run(connection: &ConnectionArgs, args: &SubmitArgs) -> Result<ExitCode> {
     args.check()?;

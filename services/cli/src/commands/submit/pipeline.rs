@@ -1,7 +1,7 @@
 //! The one path every submission takes, whatever form it came in (see [`super::plan`]): each
 //! prepared job is checked, skipped when it duplicates a queued or running job (or an earlier
 //! job of this run), and the rest are stored in JetStream, signed and pipelined
-//! ([`crate::publish`]). What became of each job comes back in plan order, for the form's
+//! ([`crate::client::submit`]). What became of each job comes back in plan order, for the form's
 //! printer to print.
 //!
 //! The checks come first: nothing is sent for a job that fails them, and the job list is read
@@ -16,8 +16,8 @@ use mgpu_protocol::submit::SubmitRequest;
 
 use super::dedup::{Existing, Match};
 use super::plan::{Label, Prepared};
-use crate::publish;
-use crate::session::Session;
+use crate::client::session::Session;
+use crate::client::submit;
 
 /// What became of one job.
 #[derive(Debug)]
@@ -97,7 +97,7 @@ impl<'s> Pipeline<'s> {
             Existing::default()
         };
         let (steps, requests) = self.triage.sort(checked, &existing);
-        let results = publish::submit_all(self.session, &requests).await;
+        let results = submit::submit_all(self.session, &requests).await;
         Ok(settle(steps, &requests, results))
     }
 }

@@ -11,13 +11,13 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobSpec, NodeGpuIds, OnTimeout};
 
 use super::args::SubmitArgs;
+use crate::client::session::Session;
 use crate::console;
 use crate::errors::plain;
 use crate::gpu_profiles::{self, LazyProfiles};
 use crate::human;
 use crate::jobfile::Draft;
 use crate::model::jobs;
-use crate::session::Session;
 
 /// The job as asked for on the command line, checked as far as it can be without a node, so
 /// a mistake is reported before (and without) reaching the server.

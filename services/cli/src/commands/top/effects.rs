@@ -8,9 +8,9 @@ use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use mgpu_protocol::ids::JobId;
 
+use crate::client::session::Session;
 use crate::commands::{cancel, hold};
 use crate::follow::{self, Chunk};
-use crate::session::Session;
 
 /// Cancels the job and waits (a while) to see it stop, as `mgpu cancel` does.
 pub async fn cancel(session: &Session, id: JobId) -> Input {

@@ -20,8 +20,8 @@ use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::subjects;
 use tokio::sync::mpsc;
 
+use crate::client::session::Session;
 use crate::errors::plain;
-use crate::session::Session;
 
 /// How often submissions waiting in `MGPU_REQUESTS` are read again: only a stopped scheduler
 /// leaves them there long, and a read of an empty stream is one small request.

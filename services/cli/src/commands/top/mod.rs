@@ -31,9 +31,9 @@ use screen::view;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
+use crate::client::session::{ConnectionArgs, Session};
 use crate::commands::hold;
 use crate::model::snapshot::Snapshot;
-use crate::session::{ConnectionArgs, Session};
 
 /// Redraws a second at most while data streams in (keys redraw at once).
 const FRAMES_PER_SECOND: u32 = 4;

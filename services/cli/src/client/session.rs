@@ -1,5 +1,6 @@
 //! Connecting to NATS as the current user: the connection options every command accepts
-//! ([`ConnectionArgs`]), the live [`Session`] that signs requests, and who the user is.
+//! ([`ConnectionArgs`]), the live [`Session`] (whose key signs requests, see
+//! [`super::request`]), and who the user is.
 
 use std::path::PathBuf;
 
@@ -43,28 +44,6 @@ pub struct Session {
     pub user: String,
     /// The user's nkey, which signs every request (the scheduler records the signer).
     pub key: std::sync::Arc<nkeys::KeyPair>,
-}
-
-impl Session {
-    /// Signature headers for a request of `payload` on `subject` (see `mgpu_nats::signing`).
-    pub fn sign(&self, subject: &str, payload: &[u8]) -> Result<async_nats::HeaderMap> {
-        let mut headers = async_nats::HeaderMap::new();
-        mgpu_nats::signing::sign(
-            &self.key,
-            subject,
-            payload,
-            mgpu_protocol::now(),
-            &mut headers,
-        )
-        .map_err(|e| anyhow!(e))?;
-        // Read by the scheduler before anything else: another release's request is refused
-        // with a sentence, never decoded wrongly.
-        headers.insert(
-            mgpu_protocol::version::HEADER,
-            mgpu_protocol::version::PROTOCOL.to_string().as_str(),
-        );
-        Ok(headers)
-    }
 }
 
 impl Session {

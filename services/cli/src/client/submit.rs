@@ -1,0 +1,181 @@
+//! Storing submissions, one or thousands (arrays, job files) pipelined: each job's environment
+//! first, in the `mgpu-job-env` bucket under the user's key, then the submission without it on
+//! the request path ([`super::request`]), its job id as its message id. A round stores what
+//! it can and the failures that may pass are retried as any request's are, so a job is never
+//! sent without its environment and never stored twice.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result, bail};
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use mgpu_protocol::subjects;
+use mgpu_protocol::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
+
+use super::request::{self, Failure, Outcomes, Request, RetryPolicy};
+use super::session::Session;
+
+/// Stores each submission and waits for JetStream's acknowledgements, so every id reported as
+/// submitted belongs to a stored job. Those that fail for a passing reason are sent again (see
+/// [`request::retried`]), as long as mgpu's streams exist at all. Returns one result per
+/// request, in order.
+pub async fn submit_all(session: &Session, requests: &[SubmitRequest]) -> Vec<Result<()>> {
+    request::retried(
+        requests.len(),
+        RetryPolicy::ELECTION,
+        async |indices: &[usize]| submit_round(session, requests, indices).await,
+        async || request::streams_exist(session).await,
+    )
+    .await
+}
+
+/// One pass over the submissions at `indices`, pipelined: first the jobs' environments, then
+/// the submissions of the jobs whose environment is stored.
+async fn submit_round(
+    session: &Session,
+    requests: &[SubmitRequest],
+    indices: &[usize],
+) -> Outcomes {
+    let (ready, mut outcomes) = store_envs(session, requests, indices).await;
+    let sent = request::pipelined(ready, async |index: usize| match requests.get(index) {
+        Some(submission) => send(session, submission).await.map(Some),
+        None => Ok(None),
+    })
+    .await;
+    outcomes.extend(sent);
+    outcomes
+}
+
+/// Stores the environments of the jobs at `indices` in the `mgpu-job-env` bucket under this
+/// user's key, where other users cannot read them (the submission, like the job record made
+/// of it, is readable by every user). Returns the jobs whose environment is stored (or who
+/// have none), in the order asked, and the failures.
+async fn store_envs(
+    session: &Session,
+    requests: &[SubmitRequest],
+    indices: &[usize],
+) -> (Vec<usize>, Outcomes) {
+    let stored = request::pipelined(indices.iter().copied(), async |index: usize| match requests
+        .get(index)
+    {
+        Some(submission) => put_env(session, submission).await,
+        None => Ok(None),
+    })
+    .await;
+    let mut ready = Vec::with_capacity(indices.len());
+    let mut failed = Vec::new();
+    for (index, outcome) in stored {
+        match outcome {
+            Ok(()) => ready.push(index),
+            Err(failure) => failed.push((index, Err(failure))),
+        }
+    }
+    // In the order asked: the submissions keep their order in the queue.
+    ready.sort_unstable();
+    (ready, failed)
+}
+
+/// Publishes one try of the submission, without its environment, on the request path.
+async fn send(
+    session: &Session,
+    submission: &SubmitRequest,
+) -> std::result::Result<PublishAckFuture, Failure> {
+    let sent = without_env(submission);
+    let payload = serde_json::to_vec(&*sent)
+        .context("encoding the submission")
+        .map_err(Failure::local(PublishErrorKind::Other))?;
+    check_size(payload.len(), &sent.spec.env)
+        .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
+    let request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str());
+    request::send(session, &request).await
+}
+
+/// Publishes the job's environment to its key in `mgpu-job-env`; the acknowledgement to
+/// await, or None for a job without one.
+async fn put_env(
+    session: &Session,
+    submission: &SubmitRequest,
+) -> std::result::Result<Option<PublishAckFuture>, Failure> {
+    if submission.spec.env.is_empty() {
+        return Ok(None);
+    }
+    let env = serde_json::to_vec(&submission.spec.env)
+        .context("encoding the environment")
+        .map_err(Failure::local(PublishErrorKind::Other))?;
+    check_size(env.len(), &submission.spec.env)
+        .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
+    let subject = subjects::job_env(&session.key.public_key(), &submission.id);
+    session
+        .js
+        .publish(subject, env.into())
+        .await
+        .map(Some)
+        .map_err(|err| Failure::new(err.kind(), &err))
+}
+
+/// The submission as sent: without its environment (stored apart), marked so.
+fn without_env(submission: &SubmitRequest) -> std::borrow::Cow<'_, SubmitRequest> {
+    if submission.spec.env.is_empty() {
+        return std::borrow::Cow::Borrowed(submission);
+    }
+    let mut apart = submission.clone();
+    apart.spec.env.clear();
+    apart.spec.private_env = true;
+    std::borrow::Cow::Owned(apart)
+}
+
+/// Refuses a submission over the limit, naming the usual culprit.
+pub fn check_size(bytes: usize, env: &BTreeMap<String, String>) -> Result<()> {
+    if bytes <= MAX_SUBMIT_BYTES {
+        return Ok(());
+    }
+    let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if env_bytes == 0 {
+        bail!(
+            "the submission is {} KiB, over the {} KiB limit: shorten the command or the script",
+            bytes.div_ceil(1024),
+            MAX_SUBMIT_BYTES / 1024
+        );
+    }
+    bail!(
+        "the submission is {} KiB, over the {} KiB limit; {} KiB of it is your environment, \
+         which the job inherits: unset large environment variables and submit again",
+        bytes.div_ceil(1024),
+        MAX_SUBMIT_BYTES / 1024,
+        env_bytes.div_ceil(1024)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mgpu_protocol::ids::JobId;
+    use mgpu_protocol::job::JobSpec;
+
+    #[test]
+    fn oversized_submissions_blame_the_environment() {
+        let mut env = BTreeMap::new();
+        env.insert("BIG".to_owned(), "x".repeat(300 * 1024));
+        let err = check_size(301 * 1024, &env)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("301 KiB of it is your environment"), "{err}");
+        assert!(check_size(1024, &env).is_ok());
+    }
+
+    #[test]
+    fn the_environment_is_sent_apart() {
+        let mut spec = JobSpec::new(vec!["true".into()], "/");
+        let plain = SubmitRequest {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec: spec.clone(),
+        };
+        assert!(matches!(without_env(&plain), std::borrow::Cow::Borrowed(_)));
+        spec.env.insert("HOME".into(), "/home/alice".into());
+        let with_env = SubmitRequest { spec, ..plain };
+        let sent = without_env(&with_env);
+        assert!(sent.spec.env.is_empty() && sent.spec.private_env);
+        assert_eq!(sent.id, with_env.id);
+    }
+}
