@@ -3,6 +3,11 @@
 //! Fractions (`--gpus 0.5`) let several small jobs share one GPU. Sums of floats drift
 //! (0.1 + 0.2 ≠ 0.3), so the scheduler only ever adds and compares integers; floats appear
 //! only at the edges, when a person types a number or JSON carries one.
+//!
+//! Also here: the most memory one GPU can have ([`MAX_GPU_MEMORY_MIB`]), which a job's
+//! request, a node's heartbeat and a job's usage are all checked against; it sits with the
+//! other GPU bound ([`GpuAmount::MAX_GPUS`]) so that none of those three needs another's
+//! module for it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +15,9 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::InvalidInput;
+
+/// Largest GPU memory anyone could ask for or report, in MiB (16 TiB).
+pub const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GpuAmount(u32);

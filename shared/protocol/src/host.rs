@@ -117,7 +117,7 @@ impl JobUsage {
         if self
             .gpu_peak_mem
             .iter()
-            .any(|gpu| gpu.peak_mib > crate::job::MAX_GPU_MEMORY_MIB)
+            .any(|gpu| gpu.peak_mib > crate::gpu_amount::MAX_GPU_MEMORY_MIB)
         {
             return Err(InvalidInput::new("a GPU peak memory is not plausible"));
         }

@@ -8,7 +8,8 @@
 //! # Layout
 //! - [`subjects`]: every subject, stream, bucket and consumer name, in one place.
 //! - [`ids`]: job ids (one NATS token, typed by prefix) and node names.
-//! - [`gpu_amount`]: fixed-point GPU fractions (10 000 units per GPU).
+//! - [`gpu_amount`]: fixed-point GPU fractions (10 000 units per GPU), and the bounds on GPUs
+//!   (how many on a node, how much memory one has).
 //! - [`host`]: CPU cores and host memory a job asks for, and what it used.
 //! - [`duration`]: time limits as users type them (`90`, `10m`, `2h`, `1-00:00:00`).
 //! - [`job`]: what a user asks for ([`job::JobSpec`]) and what the scheduler records

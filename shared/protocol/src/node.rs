@@ -8,9 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::Timestamp;
 use crate::duration::MAX_TIME_LIMIT;
 use crate::error::InvalidInput;
-use crate::gpu_amount::GpuAmount;
+use crate::gpu_amount::{GpuAmount, MAX_GPU_MEMORY_MIB};
 use crate::ids::{JobId, validate_node_name};
-use crate::job::MAX_GPU_MEMORY_MIB;
 use crate::wire::{
     MAX_LINE_BYTES, MAX_USER_BYTES, check_count, check_line, check_text, check_user,
 };

@@ -150,8 +150,6 @@ pub const MAX_PRIORITY: i32 = 1_000_000;
 pub const MAX_ENV_VARS: usize = 4096;
 /// Longest path (Linux's `PATH_MAX`).
 pub const MAX_PATH_BYTES: usize = 4096;
-/// Largest GPU memory anyone could ask for, in MiB (16 TiB).
-pub const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
 
 fn one_node() -> u32 {
     1

@@ -2,6 +2,7 @@
 //! multi-node or distributed job is launched.
 
 use super::*;
+use crate::gpu_amount::MAX_GPU_MEMORY_MIB;
 
 /// One GPU (or a share of it) given to a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! dependent checks (does GPU 7 exist?) happen at placement.
 
 use super::*;
+use crate::gpu_amount::MAX_GPU_MEMORY_MIB;
 
 impl JobSpec {
     /// Checks what no scheduler could fix later. Node-dependent checks (does GPU 7 exist?)
