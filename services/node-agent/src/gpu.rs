@@ -1,7 +1,9 @@
-//! GPU discovery behind one small trait, [`GpuProbe`], and the probe that needs no driver:
-//! [`DeclaredProbe`], the inventory the operator declared. The NVML probe implements the
-//! trait in `nvml.rs`; which probe an agent uses is decided in `gpu_choice.rs`. This module
-//! imports neither, so the probes depend on the trait and never the other way round.
+//! GPU discovery behind one small trait, [`GpuProbe`], with what a probe reports of the GPU
+//! processes ([`GpuProcessMemory`]), and the probe that needs no driver: [`DeclaredProbe`],
+//! the inventory the operator declared. The NVML probe implements the trait in `nvml.rs`;
+//! which probe an agent uses is decided in `gpu_choice.rs`; `gpu_peaks.rs` adds the processes'
+//! memory up per job. This module imports none of them, so they depend on the trait and never
+//! the other way round.
 
 use mgpu_protocol::node::{GpuSource, GpuStatus};
 
@@ -22,9 +24,17 @@ pub trait GpuProbe: Send {
     fn device_minors(&mut self) -> Vec<(u32, u32)>;
     /// The memory each process held on each GPU at the last sample (for jobs' peak GPU
     /// memory); empty where processes cannot be seen.
-    fn processes(&self) -> Vec<crate::gpu_peaks::GpuProcessMemory> {
+    fn processes(&self) -> Vec<GpuProcessMemory> {
         Vec::new()
     }
+}
+
+/// Memory one process holds on one GPU, from one sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuProcessMemory {
+    pub gpu: u32,
+    pub pid: u32,
+    pub used_mib: u64,
 }
 
 /// GPUs the operator declared: fixed sizes, never busy, no foreign processes.

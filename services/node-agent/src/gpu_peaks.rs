@@ -10,15 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use mgpu_protocol::host::GpuPeak;
 
+use crate::gpu::GpuProcessMemory;
 use crate::running::AttemptKey;
-
-/// Memory one process holds on one GPU, from one sample.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuProcessMemory {
-    pub gpu: u32,
-    pub pid: u32,
-    pub used_mib: u64,
-}
 
 /// The peaks of the running attempts, shared by the heartbeat (which samples) and the jobs
 /// (which take theirs when they end).

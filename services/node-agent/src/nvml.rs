@@ -12,8 +12,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use tracing::warn;
 
-use crate::gpu::GpuProbe;
-use crate::gpu_peaks::GpuProcessMemory;
+use crate::gpu::{GpuProbe, GpuProcessMemory};
 
 const BYTES_PER_MIB: u64 = 1024 * 1024;
 
