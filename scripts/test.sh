@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one test command (the README's and CI's): formatting, lints, then every test.
+# The one test command (the README's and CI's): formatting, lints, no import
+# cycles between the files of a crate, then every test.
 # On a fresh machine with only Rust it installs what it needs first (scripts/setup.sh).
 set -euo pipefail
 
@@ -17,6 +18,8 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
   cargo clippy --manifest-path services/job-guard/Cargo.toml --target-dir target --quiet -- -D warnings
 fi
+step "no import cycles between files"
+cargo run -q -p mgpu-tests --bin import-cycles
 step "cargo test (unit, property and end-to-end against a real nats-server)"
 export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo test --workspace -- "$@"
