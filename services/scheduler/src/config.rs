@@ -26,7 +26,6 @@
 //! The policy file of before (these keys alone, at the top level) still loads as `[policy]`.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -269,15 +268,6 @@ fn mib_text(mib: u64) -> String {
         0 => "0".into(),
         _ if mib.is_multiple_of(1024) => format!("{}GiB", mib / 1024),
         _ => format!("{mib}MiB"),
-    }
-}
-
-/// The time limit a job runs under: its own, capped by the cluster's `max_job_time`.
-pub fn effective_time_limit(policy: &Policy, spec: &JobSpec) -> Option<Duration> {
-    let cluster = policy.max_job_time_secs.map(Duration::from_secs);
-    match (spec.time_limit(), cluster) {
-        (Some(own), Some(max)) => Some(own.min(max)),
-        (own, max) => own.or(max),
     }
 }
 

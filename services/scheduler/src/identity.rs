@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::{Context, Result};
-use async_nats::jetstream;
 
 use mgpu_nats::signing::{self, Nonces, SignatureError};
 
@@ -16,7 +15,7 @@ use crate::replay_memory::SeenNonce;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::principals::{Principal, Registry, Role};
 
-use crate::lifecycle::{Requester, Signer};
+pub use crate::machine::messages::Identity;
 use crate::metrics::RefusalReason;
 
 /// The principals file, re-read when it changes.
@@ -67,28 +66,18 @@ impl Principals {
         }
     }
 
+    /// What the file says, as last read.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// How many times the file was read again since it was loaded.
     pub fn generation(&self) -> u64 {
         self.generation
     }
 
-    /// Every user and admin, with the group whose limits apply to them.
-    pub fn users_with_groups(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
-        self.registry
-            .principals
-            .iter()
-            .filter(|p| matches!(p.role, Role::User | Role::Admin))
-            .map(|p| (p.name.as_str(), p.group.as_deref()))
-    }
-
-    /// The group of the user or admin named `name`.
-    pub fn group_of(&self, name: &str) -> Option<&str> {
-        self.user_by_name(name).and_then(|p| p.group.as_deref())
-    }
-
-    /// The user or admin whose key is `key`. The file is re-read first when it changed, so a
-    /// user just added is known and one just removed is not.
-    /// The node a key belongs to.
+    /// The node a key belongs to. The file is re-read first when it changed, so a node just
+    /// added is known and one just removed is not.
     pub fn node_by_key(&mut self, key: &str) -> Option<Principal> {
         self.refresh();
         self.registry
@@ -97,29 +86,13 @@ impl Principals {
             .cloned()
     }
 
+    /// The user or admin whose key is `key` (the file re-read first when it changed).
     pub fn user_by_key(&mut self, key: &str) -> Option<Principal> {
         self.refresh();
         self.registry
             .by_key(key)
             .filter(|p| matches!(p.role, Role::User | Role::Admin))
             .cloned()
-    }
-
-    /// The user or admin named `name`.
-    pub fn user_by_name(&self, name: &str) -> Option<&Principal> {
-        self.registry
-            .principals
-            .iter()
-            .find(|p| p.name == name && matches!(p.role, Role::User | Role::Admin))
-    }
-
-    pub fn admin_keys(&self) -> Vec<String> {
-        self.registry
-            .principals
-            .iter()
-            .filter(|p| p.is_admin())
-            .map(|p| p.public_key.clone())
-            .collect()
     }
 }
 
@@ -135,32 +108,6 @@ fn read(path: &Path) -> Result<Registry> {
 
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-/// The authenticated sender of a request.
-#[derive(Clone, Debug)]
-pub struct Identity {
-    pub name: String,
-    pub key: String,
-    pub admin: bool,
-}
-
-impl Identity {
-    /// This sender as the job lifecycle sees one who asks for a cancel, hold or release.
-    pub fn requester(&self) -> Requester {
-        Requester {
-            name: self.name.clone(),
-            admin: self.admin,
-        }
-    }
-
-    /// This sender as the signer of a submission.
-    pub fn signer(&self) -> Signer {
-        Signer {
-            name: self.name.clone(),
-            key: self.key.clone(),
-        }
-    }
 }
 
 /// Why a request was refused before it was looked at.
@@ -190,14 +137,15 @@ impl Gate {
 
     /// Checks a request's signature and who signed it. `stored_at` is when JetStream stored
     /// it, which a replayer cannot choose.
+    /// `stored` is when JetStream stored the message and its stream sequence.
     pub fn authenticate(
         &mut self,
-        message: &jetstream::Message,
-        stored_at: Timestamp,
+        headers: Option<&async_nats::HeaderMap>,
+        subject: &str,
+        payload: &[u8],
+        (stored_at, sequence): (Timestamp, Option<u64>),
     ) -> Result<(Identity, SeenNonce), Refusal> {
-        let presented = message
-            .headers
-            .as_ref()
+        let presented = headers
             .and_then(|h| h.get(signing::SIGNER))
             .map(|k| k.as_str().to_owned());
         let refuse = |err: SignatureError| Refusal {
@@ -205,16 +153,9 @@ impl Gate {
             why: RefusalReason::of_signature(&err),
             reason: err.to_string(),
         };
-        let signed = signing::verify(
-            message.headers.as_ref(),
-            message.subject.as_str(),
-            &message.payload,
-            stored_at,
-        )
-        .map_err(refuse)?;
+        let signed = signing::verify(headers, subject, payload, stored_at).map_err(refuse)?;
         // The same stored message delivered again (its handling failed, it is to be handled
         // again) is not a replay; a copy published again is.
-        let sequence = message.info().ok().map(|info| info.stream_sequence);
         let remembered = match sequence {
             Some(sequence) => self.nonces.check_stored(&signed, stored_at, sequence),
             None => self.nonces.check(&signed, stored_at),

@@ -1,10 +1,11 @@
 //! What the liveness checks remember between runs: when they last looked (a long gap means
 //! the scheduler's own loop stalled, which is not the nodes' silence), when they last sent
 //! possibly lost messages again, and which kills went out when (so a heartbeat a second does
-//! not repeat a kill a second).
+//! not repeat a kill a second). Times are readings of a monotonic clock the driver hands in
+//! (`Tick::monotonic`), as durations since some fixed start.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
@@ -22,33 +23,33 @@ pub(crate) type AttemptKey = (JobId, u32);
 #[derive(Default)]
 pub(crate) struct LivenessMemory {
     /// When liveness was last checked.
-    last_check: Option<Instant>,
+    last_check: Option<Duration>,
     /// When possibly lost assignments and kills were last sent again.
-    last_repair: Option<Instant>,
+    last_repair: Option<Duration>,
     /// The earliest moment a job held for fencing may start (the pass sets it).
     pub(crate) next_release: Option<Timestamp>,
     /// Stale attempts we told a node to kill, and when.
-    kills_sent: HashMap<AttemptKey, Instant>,
+    kills_sent: HashMap<AttemptKey, Duration>,
     /// How many `kills_sent` kept at its last pruning.
     kills_kept: usize,
     /// When a cancel's or preemption's kill was last repeated, by attempt.
-    stops_sent: HashMap<AttemptKey, Instant>,
+    stops_sent: HashMap<AttemptKey, Duration>,
 }
 
 impl LivenessMemory {
     /// Notes a check at `now`; true when the previous one is so long ago that this loop was
     /// stalled in between.
-    pub(crate) fn stalled(&mut self, now: Instant) -> bool {
+    pub(crate) fn stalled(&mut self, now: Duration) -> bool {
         self.last_check
             .replace(now)
-            .is_some_and(|last| now.saturating_duration_since(last) > LIVENESS_STALL)
+            .is_some_and(|last| now.saturating_sub(last) > LIVENESS_STALL)
     }
 
     /// Whether lost messages are due to be sent again at `now` (noted as done if so).
-    pub(crate) fn repair_due(&mut self, now: Instant) -> bool {
+    pub(crate) fn repair_due(&mut self, now: Duration) -> bool {
         let due = self
             .last_repair
-            .is_none_or(|last| now.saturating_duration_since(last) >= REPAIR_EVERY);
+            .is_none_or(|last| now.saturating_sub(last) >= REPAIR_EVERY);
         if due {
             self.last_repair = Some(now);
         }
@@ -57,31 +58,31 @@ impl LivenessMemory {
 
     /// Whether a kill for the stale attempt `key` should go out at `now`: not when one went
     /// out less than [`KILL_REPEAT`] ago.
-    pub(crate) fn kill_due(&self, key: &AttemptKey, now: Instant) -> bool {
+    pub(crate) fn kill_due(&self, key: &AttemptKey, now: Duration) -> bool {
         self.kills_sent
             .get(key)
-            .is_none_or(|sent| now.saturating_duration_since(*sent) >= KILL_REPEAT)
+            .is_none_or(|sent| now.saturating_sub(*sent) >= KILL_REPEAT)
     }
 
     /// Notes a kill for `key` sent at `now`. The memory is pruned once it doubled since the
     /// last pruning: this runs for every heartbeat, and a thousand nodes heartbeat several
     /// hundred times a second.
-    pub(crate) fn kill_sent(&mut self, key: AttemptKey, now: Instant) {
+    pub(crate) fn kill_sent(&mut self, key: AttemptKey, now: Duration) {
         self.kills_sent.insert(key, now);
         if self.kills_sent.len() > 2 * self.kills_kept.max(64) {
             self.kills_sent
-                .retain(|_, sent| now.saturating_duration_since(*sent) < KILL_REPEAT * 12);
+                .retain(|_, sent| now.saturating_sub(*sent) < KILL_REPEAT * 12);
             self.kills_kept = self.kills_sent.len();
         }
     }
 
     /// Whether a cancel's or preemption's kill for `key` should be repeated at `now` (noted
     /// as repeated if so).
-    pub(crate) fn stop_due(&mut self, key: AttemptKey, now: Instant) -> bool {
+    pub(crate) fn stop_due(&mut self, key: AttemptKey, now: Duration) -> bool {
         let due = self
             .stops_sent
             .get(&key)
-            .is_none_or(|sent| now.saturating_duration_since(*sent) >= REPAIR_EVERY);
+            .is_none_or(|sent| now.saturating_sub(*sent) >= REPAIR_EVERY);
         if due {
             self.stops_sent.insert(key, now);
         }
@@ -101,7 +102,7 @@ mod tests {
     #[test]
     fn a_gap_of_more_than_three_seconds_between_checks_is_a_stall() {
         let mut watch = LivenessMemory::default();
-        let start = Instant::now();
+        let start = Duration::from_secs(1_000);
         assert!(
             !watch.stalled(start),
             "the first check has nothing to compare"
@@ -115,7 +116,7 @@ mod tests {
     fn a_stale_attempt_is_killed_again_only_after_five_seconds() {
         let mut watch = LivenessMemory::default();
         let key = (JobId::random(), 2);
-        let start = Instant::now();
+        let start = Duration::from_secs(1_000);
         assert!(watch.kill_due(&key, start));
         watch.kill_sent(key.clone(), start);
         assert!(!watch.kill_due(&key, start + Duration::from_secs(4)));
@@ -129,7 +130,7 @@ mod tests {
     #[test]
     fn old_kills_are_pruned_and_recent_ones_kept() {
         let mut watch = LivenessMemory::default();
-        let start = Instant::now();
+        let start = Duration::from_secs(1_000);
         let recent = (JobId::random(), 1);
         for _ in 0..200 {
             watch.kill_sent((JobId::random(), 1), start);
@@ -151,7 +152,7 @@ mod tests {
     fn stops_and_repairs_repeat_every_five_seconds() {
         let mut watch = LivenessMemory::default();
         let key = (JobId::random(), 1);
-        let start = Instant::now();
+        let start = Duration::from_secs(1_000);
         assert!(watch.stop_due(key.clone(), start));
         assert!(!watch.stop_due(key.clone(), start + Duration::from_secs(1)));
         assert!(watch.stop_due(key.clone(), start + REPAIR_EVERY));

@@ -1,65 +1,6 @@
-//! `mgpu-scheduler`: the service that decides which queued job runs where.
-//!
-//! # Layout
-//! Pure, no I/O (unit- and property-tested without NATS):
-//! - [`core`]: the scheduling function: which queued job runs where.
-//! - [`lifecycle`]: a job's lifecycle: `(record, input, now) -> (record, effects)`.
-//!
-//! The service, one file per kind of input, each named like the request it handles (the
-//! protocol type is `mgpu_protocol::<name>`, the CLI command `mgpu <name>`):
-//! - [`service`]: the event loop and the pass; [`Scheduler`](service::Scheduler) and its parts.
-//! - [`intake`]: requests read off the stream: decoded once, signatures checked, batched.
-//! - [`submit`], [`cancel`], [`hold`], [`node_admin`]: each request's handler.
-//! - [`report`]: agents' reports about the processes they run.
-//! - [`liveness`]: heartbeats, lost nodes, lost jobs and fencing of stale attempts.
-//! - [`decisions`]: carrying out a pass's decisions through the lifecycle.
-//! - [`effects`]: carrying out a lifecycle transition: the record stored, then its effects.
-//! - [`private_env`]: jobs' environments, kept apart from the records users read.
-//!
-//! The parts, each owning its data:
-//! - [`state`]: the job table and its compare-and-set mirror in the `mgpu-jobs` KV bucket.
-//! - [`nodes`]: the node table built from heartbeats.
-//! - [`outbox`]: what the scheduler publishes (assignments, kills, events, audit records).
-//! - [`limits`]: per-user limits (`[limits]` of the config file), re-read when it changes.
-//! - [`identity`]: the principals file and the gate every request's signature passes.
-//! - [`replay_memory`]: the nonces of recent requests, kept in KV across restarts.
-//! - [`usage`]: the fair-share usage ledger.
-//! - [`queue_view`]: the core's view of the queued and running jobs, kept between passes.
-//! - [`liveness_memory`]: what the liveness checks remember between runs.
-//! - [`passes`]: pass statistics and memory given back after bursts.
-//!
-//! Around them: [`config`] (the config file and its `[policy]`), [`leader`] (the lease that makes exactly one
-//! replica active), [`status`] (the NATS micro service: `$SRV.PING`, `mgpu.scheduler.status`),
-//! [`metrics`] (what `--metrics-listen` serves to Prometheus).
-
-mod cancel;
-mod config;
-mod core;
-mod decisions;
-mod effects;
-mod history;
-mod hold;
-mod identity;
-mod intake;
-mod leader;
-mod lifecycle;
-mod limits;
-mod liveness;
-mod liveness_memory;
-mod metrics;
-mod node_admin;
-mod nodes;
-mod outbox;
-mod passes;
-mod private_env;
-mod queue_view;
-mod replay_memory;
-mod report;
-mod service;
-mod state;
-mod status;
-mod submit;
-mod usage;
+//! `mgpu-scheduler`: the service that decides which queued job runs where. The library
+//! (`lib.rs`) holds the machine and the driver; this file reads the settings, makes sure the
+//! streams exist, and acts while this replica holds the lease.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +10,7 @@ use tokio::sync::watch;
 
 use mgpu_nats::connect::{ConnectTarget, connect};
 use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
+use mgpu_scheduler::{config, driver, identity, leader, limits, metrics};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -269,13 +211,11 @@ async fn run(
     // for a reason that may pass (NATS electing a leader while the state was loaded).
     let holder = lease_holder_name();
     while let Some(lease) = leader::acquire(&js, &holder, &mut shutdown_rx).await? {
-        let acted = service::run(
+        let acted = driver::run(
             client.clone(),
             policy.clone(),
-            principals.clone(),
-            limits.clone(),
-            shutdown_rx.clone(),
-            lease.lost.clone(),
+            (principals.clone(), limits.clone()),
+            (shutdown_rx.clone(), lease.lost.clone()),
             metrics.clone(),
         )
         .await;

@@ -13,19 +13,16 @@
 //! [`render`] turns both into the exposition; it is pure and tested here. Names, labels and
 //! their DCGM counterparts are listed in docs/operations.md ("Metrics").
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use mgpu_metrics::{Exposition, Histogram, Kind};
-use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::request::Action;
 use mgpu_protocol::signing::SignatureError;
 use tokio::sync::{mpsc, oneshot};
-
-use crate::service::Scheduler;
 
 /// Pass duration buckets, in seconds: a pass over a handful of jobs takes well under a
 /// millisecond, one over 100 000 queued jobs about a second.
@@ -45,7 +42,7 @@ const GAUGES_WITHIN: Duration = Duration::from_secs(5);
 /// Why a request was refused, as the refusals counter labels it: a few fixed values, where
 /// the requester is told a sentence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum RefusalReason {
+pub enum RefusalReason {
     /// No signature at all.
     Unsigned,
     /// Signature headers that do not parse.
@@ -100,7 +97,7 @@ impl RefusalReason {
 
 /// How a recorded submission came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SubmitOutcome {
+pub enum SubmitOutcome {
     Queued,
     Rejected(RefusalReason),
 }
@@ -175,7 +172,7 @@ impl Tally {
 
 /// One user's jobs in the job table now.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct UserJobs {
+pub struct UserJobs {
     pub queued: u64,
     pub held: u64,
     pub running: u64,
@@ -185,7 +182,7 @@ pub(crate) struct UserJobs {
 
 /// What the job and node tables hold now.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Gauges {
+pub struct Gauges {
     pub jobs: BTreeMap<String, UserJobs>,
     /// Nodes by state: `online`, `drained` (online, taking no new work), `incompatible`
     /// (online, speaking a protocol this scheduler cannot read), `offline`.
@@ -265,36 +262,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Scheduler {
-    /// Counts what the job and node tables hold: the queued and running jobs only (finished
-    /// ones pile up by the hundred thousand until they move to history).
-    pub(crate) fn gauges(&self, now: Timestamp) -> Gauges {
-        // Keyed by the records' own names: no allocation per job, only per user at the end.
-        let mut jobs: HashMap<&str, UserJobs> = HashMap::new();
-        for record in self.store.queued() {
-            let counts = jobs.entry(record.user.as_str()).or_default();
-            match &record.state {
-                JobState::Queued(waiting) if waiting.held_by.is_some() => counts.held += 1,
-                _ => counts.queued += 1,
-            }
-        }
-        for record in self.store.running() {
-            let counts = jobs.entry(record.user.as_str()).or_default();
-            counts.running += 1;
-            if let JobState::Running(run) = &record.state {
-                counts.gpus += run.placement.total_gpus();
-            }
-        }
-        Gauges {
-            jobs: jobs
-                .into_iter()
-                .map(|(user, counts)| (user.to_owned(), counts))
-                .collect(),
-            nodes: self.nodes.state_counts(now),
-        }
-    }
 }
 
 /// The scheduler's exposition: whether it leads, what its tables hold (`gauges`, from the

@@ -27,19 +27,10 @@ pub struct NodeTable {
 }
 
 impl NodeTable {
+    /// A table of nodes' last heartbeats (already validated) and their administration.
     pub fn new(beats: Vec<NodeHeartbeat>, admin: BTreeMap<String, NodeAdmin>, missed: u32) -> Self {
-        // The stream keeps whatever was published: a stored heartbeat is checked like a
-        // live one (an absurd one would otherwise sit in the table until the node beats again).
-        let now = mgpu_protocol::now();
-        let beats = beats.into_iter().filter(|beat| match beat.validate(now) {
-            Ok(()) => true,
-            Err(invalid) => {
-                tracing::warn!(node = %beat.node, %invalid, "ignoring a stored heartbeat");
-                false
-            }
-        });
         NodeTable {
-            nodes: beats.map(|b| (b.node.clone(), b)).collect(),
+            nodes: beats.into_iter().map(|b| (b.node.clone(), b)).collect(),
             admin,
             missed,
             lost: HashSet::new(),
@@ -127,6 +118,10 @@ impl NodeTable {
             .get(node)
             .map(|beat| beat.address.as_str())
             .filter(|address| !address.is_empty())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 
     pub fn len(&self) -> usize {

@@ -7,13 +7,13 @@ use std::collections::HashMap;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobRecord, JobSpec, JobState, OnTimeout, Run, Waiting};
-use mgpu_protocol::priority::{Policy, effective_priority, effective_priority_after};
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState, Run, Waiting};
+use mgpu_protocol::priority::{Policy, UsageBook, effective_priority, effective_priority_after};
 
-use crate::config::{effective_host_request, effective_time_limit};
+use crate::config::effective_host_request;
 use crate::core::{Dependencies, QueuedJob, RunningJob};
-use crate::state::JobStore;
-use crate::usage::UsageLedger;
+use crate::machine::jobs::JobTable;
+use crate::time_limits::{run_ends, time_limit};
 
 /// The core's views of the queued and running jobs, kept between passes.
 #[derive(Default)]
@@ -29,8 +29,8 @@ pub(crate) struct QueueViews {
 
 /// What building a view reads: the job table, users' usage and the policy.
 pub(crate) struct Sources<'a> {
-    pub store: &'a JobStore,
-    pub usage: &'a UsageLedger,
+    pub jobs: &'a JobTable,
+    pub usage: &'a UsageBook,
     pub policy: &'a Policy,
 }
 
@@ -56,7 +56,7 @@ impl QueueViews {
         self.running.values()
     }
 
-    /// Brings the views up to date with the records in `sources.store` whose ids are in
+    /// Brings the views up to date with the records in `sources.jobs` whose ids are in
     /// `changed` (the records put or dropped since the last pass: a new view, a dropped one);
     /// then every queued view's effective priority (it ages) and, for the few jobs with
     /// dependencies, whether those are met, are refreshed in one sweep over views that lie
@@ -74,7 +74,7 @@ impl QueueViews {
     }
 
     fn refresh_one(&mut self, id: JobId, sources: &Sources<'_>, now: Timestamp) {
-        match sources.store.get(&id).map(|record| (record, &record.state)) {
+        match sources.jobs.get(&id).map(|record| (record, &record.state)) {
             Some((record, JobState::Running(run))) => {
                 let view = running_job(sources.policy, record, run);
                 self.running.insert(id.clone(), view);
@@ -84,7 +84,7 @@ impl QueueViews {
             }
         }
         let fresh = sources
-            .store
+            .jobs
             .get(&id)
             .and_then(|record| match &record.state {
                 JobState::Queued(waiting) => Some(QueueView {
@@ -149,9 +149,9 @@ impl QueueViews {
                 policy,
             );
             if cached.has_dependencies
-                && let Some(record) = sources.store.get(&cached.view.id)
+                && let Some(record) = sources.jobs.get(&cached.view.id)
             {
-                cached.view.dependencies = dependencies(sources.store, &record.spec);
+                cached.view.dependencies = dependencies(sources.jobs, &record.spec);
             }
         }
     }
@@ -186,9 +186,9 @@ fn queued_job(
         mem_mib: record.spec.mem_mib,
         cpus,
         mem_host_mib,
-        time_limit: effective_time_limit(policy, &record.spec),
+        time_limit: time_limit(policy, &record.spec),
         held: waiting.held_by.is_some(),
-        dependencies: dependencies(sources.store, &record.spec),
+        dependencies: dependencies(sources.jobs, &record.spec),
         array: record
             .spec
             .array
@@ -204,23 +204,19 @@ fn queued_job(
 }
 
 fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
-    let began = run.started_at.unwrap_or(run.assigned_at);
-    let end = effective_time_limit(policy, &record.spec)
-        .and_then(|limit| chrono::Duration::from_std(limit).ok())
-        .map(|limit| began + limit);
-    let sliced = record.spec.on_timeout == OnTimeout::Requeue && !run.preempt_requested;
+    let ends = run_ends(policy, record, run);
     RunningJob {
         owner: record.user.clone(),
         id: record.id.clone(),
         placement: run.placement.clone(),
-        expected_end: end,
-        slice_end: if sliced { end } else { None },
+        expected_end: ends.expected_end,
+        slice_end: ends.slice_end,
         array_id: record.spec.array.as_ref().map(|a| a.array_id.clone()),
     }
 }
 
 /// Whether `--after` (must succeed) and `--after-any` (must end) are met.
-fn dependencies(store: &JobStore, spec: &JobSpec) -> Dependencies {
+fn dependencies(store: &JobTable, spec: &JobSpec) -> Dependencies {
     let mut waiting = false;
     for id in &spec.after {
         match store.state_of(id) {

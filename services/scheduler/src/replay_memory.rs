@@ -15,7 +15,7 @@ use mgpu_protocol::{Timestamp, subjects};
 /// One nonce as the gate remembers it: its signing time and the stream sequence of the stored
 /// message that carried it (a redelivery of that same message is not a replay).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct SeenNonce {
+pub struct SeenNonce {
     pub nonce: String,
     pub signed_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,111 @@
+//! `mgpu-simulate`: runs the scheduler's deterministic simulation over many seeds (or replays
+//! one), and prints, as its last line, one JSON object: seeds, jobs, faults, steps, steps per
+//! second and violations. A failing seed is printed with the broken invariant, the fault
+//! kinds it still fails with, and the trace up to the failure; `--seed S` replays it exactly.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use mgpu_scheduler::simulation::{self, Options, Outcome};
+
+/// Runs the scheduler's deterministic cluster simulation.
+#[derive(Parser, Debug)]
+#[command(name = "mgpu-simulate", version)]
+struct Args {
+    /// Replay this one seed (its trace is printed when it fails).
+    #[arg(long, conflicts_with_all = ["seeds", "first_seed"])]
+    seed: Option<u64>,
+    /// How many seeds to run (from --first-seed on).
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 1)]
+    first_seed: u64,
+    /// Stop starting new seeds after this many minutes of real time.
+    #[arg(long)]
+    minutes: Option<f64>,
+    /// Simulated seconds of work and faults per seed (then a quiet period).
+    #[arg(long, default_value_t = 120)]
+    active_secs: u64,
+    /// Put the scheduler's log lines in a failing seed's trace too.
+    #[arg(long)]
+    trace_logs: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let options = Options {
+        active_secs: args.active_secs,
+        trace_logs: args.trace_logs,
+        ..Options::default()
+    };
+    let began = Instant::now();
+    let deadline = args
+        .minutes
+        .map(|m| began + Duration::from_secs_f64((m * 60.0).max(0.0)));
+    let seeds: Vec<u64> = match args.seed {
+        Some(seed) => vec![seed],
+        None => (args.first_seed..args.first_seed.saturating_add(args.seeds)).collect(),
+    };
+    let (mut ran, mut jobs, mut faults, mut steps, mut violations) = (0u64, 0, 0, 0, 0u64);
+    for seed in seeds {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let outcome = simulation::run(seed, &options);
+        ran += 1;
+        jobs += outcome.jobs;
+        faults += outcome.faults;
+        steps += outcome.steps;
+        if outcome.violation.is_some() {
+            violations += 1;
+            report_failure(&outcome, &options);
+        }
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let per_second = if seconds > 0.0 {
+        (steps as f64 / seconds).round()
+    } else {
+        0.0
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "seeds": ran,
+            "jobs": jobs,
+            "faults": faults,
+            "steps": steps,
+            "steps_per_second": per_second,
+            "violations": violations,
+        })
+    );
+    if violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints a failing seed: the invariant, the fault kinds it still fails with, the trace.
+fn report_failure(outcome: &Outcome, options: &Options) {
+    let Some((violation, _)) = &outcome.violation else {
+        return;
+    };
+    println!("seed {} broke an invariant: {violation}", outcome.seed);
+    let smallest = simulation::shrink(outcome.seed, options);
+    let rerun = simulation::run(outcome.seed, &smallest);
+    let (violation, trace) = rerun
+        .violation
+        .unwrap_or_else(|| (violation.clone(), Vec::new()));
+    println!("  still fails with only these faults: {smallest:?}");
+    println!("  {violation}");
+    for line in trace {
+        println!("    {line}");
+    }
+    println!(
+        "  replay: scripts/simulate.sh --seed {} --active-secs {}",
+        outcome.seed, options.active_secs
+    );
+}

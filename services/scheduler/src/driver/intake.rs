@@ -1,0 +1,381 @@
+//! What comes in, read into the machine's inputs: requests (decoded once, the sender's
+//! protocol and signature checked against the principals file, the nonce kept in KV before
+//! anything is acted on, an inline environment put apart, dependencies in history looked
+//! up), agents' reports (the protocol checked, the signer checked against the node named)
+//! and heartbeats (decoded, validated, published on their node's own subject). The machine
+//! decides what each means; a message it should acknowledge is held here under a token.
+
+use async_nats::jetstream;
+use bytes::Bytes;
+
+use mgpu_nats::{job_env, records, signing};
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::node::NodeHeartbeat;
+use mgpu_protocol::report::AgentReport;
+use mgpu_protocol::request::{Action, Request};
+use mgpu_protocol::{Timestamp, now, subjects, version, wire};
+
+use super::Driver;
+use crate::machine::messages::{Admitted, Input, Refused, Step, steps};
+use crate::metrics::RefusalReason;
+use crate::replay_memory::SeenNonce;
+
+/// How long an event of an unreadable protocol waits before it is offered again.
+const UNREADABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Driver {
+    /// Handles a batch of requests in order: each admitted or refused at the gate, the
+    /// admitted ones' nonces kept, then the steps (plain submissions together, any other
+    /// request alone) fed to the machine one at a time.
+    pub(super) async fn on_requests(&mut self, batch: Vec<jetstream::Message>) {
+        let mut admitted = Vec::with_capacity(batch.len());
+        for message in batch {
+            if Action::of_subject(&message.subject).is_none() {
+                tracing::warn!(subject = %message.subject, "ignoring a request on an unexpected subject");
+                acknowledge(&message).await;
+                continue;
+            }
+            match self.admit(message) {
+                Ok(request) => admitted.push(request),
+                Err(refused) => self.feed(*refused).await,
+            }
+        }
+        let admitted = self.keep_nonces(admitted).await;
+        let mut ready = Vec::with_capacity(admitted.len());
+        for (admitted, _) in admitted {
+            if let Some(admitted) = self.keep_env_apart(admitted).await {
+                ready.push(admitted);
+            }
+        }
+        let specs: Vec<_> = ready
+            .iter()
+            .filter_map(|a| match &a.request {
+                Request::Submit(submit) => Some(submit.spec.clone()),
+                _ => None,
+            })
+            .collect();
+        self.learn_archived(specs.iter()).await;
+        for step in steps(ready, |admitted| &admitted.request) {
+            let input = match step {
+                Step::Record(submissions) => Input::Submissions(submissions),
+                Step::CarryOut(admitted) => Input::Request(Box::new(admitted)),
+            };
+            self.feed(input).await;
+        }
+        // What the machine did not acknowledge is delivered again by JetStream.
+        self.held.clear();
+    }
+
+    /// Decodes a request and checks its sender; the admitted request with its nonce, or
+    /// the machine's input for a refused or malformed one.
+    fn admit(&mut self, message: jetstream::Message) -> Result<(Admitted, SeenNonce), Box<Input>> {
+        let subject = message.subject.to_string();
+        // Checked by the caller; a submission's action otherwise.
+        let action = Action::of_subject(&subject).unwrap_or(Action::Submit);
+        let key = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(signing::SIGNER))
+            .map(|k| k.as_str().to_owned());
+        if let Some(why) = request_incompatibility(&message) {
+            let about = subjects::job_id_of(&subject)
+                .and_then(|id| id.parse::<JobId>().ok())
+                .or_else(|| version::peek_job_id(&message.payload));
+            let token = self.hold(message);
+            return Err(Box::new(Input::Refused(Refused {
+                token,
+                action,
+                about,
+                key,
+                why: RefusalReason::Incompatible,
+                reason: why,
+            })));
+        }
+        let decoded = Request::decode(&subject, &message.payload);
+        let stored_at = stored_at(&message);
+        let sequence = message.info().ok().map(|info| info.stream_sequence);
+        let authenticated = self.gate.authenticate(
+            message.headers.as_ref(),
+            &subject,
+            &message.payload,
+            (stored_at, sequence),
+        );
+        let (identity, nonce) = match authenticated {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                // The job a refused request names, so its submitter hears why.
+                let about = subjects::job_id_of(&subject)
+                    .and_then(|id| id.parse::<JobId>().ok())
+                    .or_else(|| decoded.as_ref().ok().and_then(Request::job).cloned());
+                let token = self.hold(message);
+                return Err(Box::new(Input::Refused(Refused {
+                    token,
+                    action,
+                    about,
+                    key: refusal.key,
+                    why: refusal.why,
+                    reason: refusal.reason,
+                })));
+            }
+        };
+        match decoded {
+            Ok(request) => {
+                let token = self.hold(message);
+                Ok((
+                    Admitted {
+                        token,
+                        identity,
+                        request,
+                    },
+                    nonce,
+                ))
+            }
+            Err(err) => {
+                let token = self.hold(message);
+                Err(Box::new(Input::Refused(Refused {
+                    token,
+                    action,
+                    about: None,
+                    key,
+                    why: RefusalReason::Malformed,
+                    reason: err.to_string(),
+                })))
+            }
+        }
+    }
+
+    /// Writes the admitted requests' nonces to the bucket, so a copy sent after a restart is
+    /// still refused. From the first request whose nonce could not be written on, the batch is
+    /// left unacknowledged and not acted on, so requests keep their order (a cancel never
+    /// overtakes its job's submission): JetStream redelivers them, and a request's own
+    /// redelivery is no replay.
+    async fn keep_nonces(
+        &mut self,
+        mut admitted: Vec<(Admitted, SeenNonce)>,
+    ) -> Vec<(Admitted, SeenNonce)> {
+        let nonces: Vec<&SeenNonce> = admitted.iter().map(|(_, nonce)| nonce).collect();
+        let stored = crate::replay_memory::remember(&self.js, &nonces).await;
+        if let Some(first_lost) = stored.iter().position(|stored| !stored) {
+            tracing::warn!(
+                left = admitted.len() - first_lost,
+                "could not remember a request's nonce; it and the requests after it are \
+                 handled when redelivered"
+            );
+            for (left, _) in admitted.drain(first_lost..) {
+                self.held.remove(&left.token);
+            }
+        }
+        admitted
+    }
+
+    /// Moves an inline environment of a submission to the bucket, under its signer's key.
+    /// Should that fail, the submission is not recorded now (its environment would be in a
+    /// record every user reads): left unacknowledged, JetStream delivers it again.
+    async fn keep_env_apart(&mut self, mut admitted: Admitted) -> Option<Admitted> {
+        let Request::Submit(request) = &mut admitted.request else {
+            return Some(admitted);
+        };
+        if request.spec.env.is_empty() {
+            return Some(admitted);
+        }
+        let owner = &admitted.identity.key;
+        if let Err(err) = job_env::put(&self.js, owner, &request.id, &request.spec.env).await {
+            tracing::error!(job = %request.id, "keeping its environment apart: {err}");
+            self.held.remove(&admitted.token);
+            return None;
+        }
+        request.spec.env.clear();
+        request.spec.private_env = true;
+        Some(admitted)
+    }
+
+    /// Looks up in history how the jobs that `specs` depend on ended, for those the machine
+    /// does not know: `--after` a job that left the live bucket resolves as it would have.
+    pub(super) async fn learn_archived<'a>(
+        &mut self,
+        specs: impl IntoIterator<Item = &'a mgpu_protocol::job::JobSpec>,
+    ) {
+        let unknown = self.machine.unknown_dependencies(specs);
+        let mut found = Vec::new();
+        for id in unknown {
+            match records::archived_job(&self.js, &id, None).await {
+                Ok(Some(record)) => found.push((record.id, record.state)),
+                // Not recorded yet (submitted in the same batch) or unknown: it waits.
+                Ok(None) => {}
+                Err(err) => tracing::warn!(job = %id, "looking a dependency up in history: {err}"),
+            }
+        }
+        if !found.is_empty() {
+            self.feed(Input::HistoryStates(found)).await;
+        }
+    }
+
+    /// A message from the events stream: an agent's report goes to the machine; the
+    /// scheduler's own events (they come back on the same subjects) and malformed ones are
+    /// acknowledged and dropped; one of a protocol this scheduler cannot read is left for a
+    /// scheduler that can (the upgraded one, if the agents were upgraded first).
+    pub(super) async fn on_event_message(&mut self, message: jetstream::Message) {
+        let protocol = version::of_header(
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(version::HEADER))
+                .map(|v| v.as_str()),
+        );
+        if let Some(why) = version::incompatibility("a job event's sender", protocol) {
+            tracing::warn!(subject = %message.subject, "job event left unread: {why}");
+            let later = jetstream::AckKind::Nak(Some(UNREADABLE_RETRY));
+            if let Err(err) = message.ack_with(later).await {
+                tracing::warn!(%err, "returning an unreadable job event");
+            }
+            return;
+        }
+        let report = match AgentReport::decode(message.subject.as_str(), &message.payload, now()) {
+            Ok(Some(report)) => report,
+            Ok(None) => return acknowledge(&message).await,
+            Err(err) => {
+                tracing::warn!(subject = %message.subject, %err, "ignoring a malformed job event");
+                return acknowledge(&message).await;
+            }
+        };
+        let checked = self.check_reporter(&message, &report);
+        let token = self.hold(message);
+        let input = match checked {
+            Ok(()) => Input::Report { token, report },
+            Err((key, why)) => Input::ReportRefused {
+                token,
+                job: report.job,
+                key,
+                why,
+            },
+        };
+        self.feed(input).await;
+        self.held.clear();
+    }
+
+    /// Whether the report is signed by the node it names (or an admin): any node may publish
+    /// on `jobs.<id>.events`, so what the payload says of its sender proves nothing. The error
+    /// is the signer's key (when there is one) and why the report is refused.
+    fn check_reporter(
+        &mut self,
+        message: &jetstream::Message,
+        report: &AgentReport,
+    ) -> Result<(), (Option<String>, String)> {
+        let signed = signing::verify(
+            message.headers.as_ref(),
+            message.subject.as_str(),
+            &message.payload,
+            stored_at(message),
+        )
+        .map_err(|err| {
+            (
+                None,
+                format!("a report said to be from {}: {err}", report.node),
+            )
+        })?;
+        let signer = signed.signer;
+        let principals = &mut self.gate.principals;
+        let node = principals.node_by_key(&signer);
+        if node.as_ref().is_some_and(|node| node.name == report.node) {
+            return Ok(());
+        }
+        // Admins may speak for any node, as they may cancel any job (the scale benchmark's
+        // simulated fleet reports as an admin).
+        if principals
+            .user_by_key(&signer)
+            .is_some_and(|p| p.is_admin())
+        {
+            return Ok(());
+        }
+        let why = match node {
+            Some(node) => format!(
+                "node {} signed a report that says it is from node {}",
+                node.name, report.node
+            ),
+            None => format!(
+                "a report said to be from {} is signed by a key of no node",
+                report.node
+            ),
+        };
+        Err((Some(signer), why))
+    }
+
+    /// A heartbeat arrived on `subject`: checked, then handed to the machine.
+    pub(super) async fn on_heartbeat(&mut self, subject: &str, payload: &Bytes) {
+        if let Some(input) = heartbeat_input(subject, payload, now()) {
+            self.feed(input).await;
+        }
+    }
+}
+
+/// What a heartbeat on `subject` tells the machine, if anything: the version before anything
+/// the heartbeat says is used (one this release reads decodes strictly and says its protocol;
+/// only one that does not decode is read again for the version alone), then the beat,
+/// validated, and only for the node whose subject it came on.
+pub(crate) fn heartbeat_input(subject: &str, payload: &Bytes, now: Timestamp) -> Option<Input> {
+    let strict = wire::decode::<NodeHeartbeat>("heartbeat", payload, wire::MAX_HEARTBEAT_BYTES);
+    let protocol = match &strict {
+        Ok(beat) => beat.protocol,
+        Err(_) => version::peek(payload),
+    };
+    if let Some(node) = subjects::node_of(subject) {
+        let sender = format!("the agent of node {node}");
+        if version::incompatibility(&sender, protocol).is_some() {
+            return Some(Input::IncompatibleHeartbeat {
+                node: node.to_owned(),
+                protocol,
+            });
+        }
+    }
+    let decoded = strict
+        .and_then(|beat| beat.validate(now).map(|()| beat))
+        .and_then(|beat| {
+            // The server lets a node publish only its own subject; the payload must not
+            // speak for another node.
+            if subjects::node_of(subject) == Some(beat.node.as_str()) {
+                Ok(beat)
+            } else {
+                Err(wire::InvalidInput::new(format!(
+                    "heartbeat for node {} published on {subject}",
+                    beat.node
+                )))
+            }
+        });
+    match decoded {
+        Ok(beat) => Some(Input::Heartbeat(Box::new(beat))),
+        Err(err) => {
+            tracing::warn!(%err, "ignoring a malformed heartbeat");
+            None
+        }
+    }
+}
+
+/// When JetStream stored a message: a signature must be that recent (a replay is not).
+fn stored_at(message: &jetstream::Message) -> Timestamp {
+    message
+        .info()
+        .ok()
+        .and_then(|info| {
+            let nanos = i64::try_from(info.published.unix_timestamp_nanos()).ok()?;
+            Some(chrono::DateTime::from_timestamp_nanos(nanos))
+        })
+        .unwrap_or_else(now)
+}
+
+pub(super) async fn acknowledge(message: &jetstream::Message) {
+    if let Err(err) = message.ack().await {
+        tracing::warn!(%err, "acknowledging a message");
+    }
+}
+
+/// Why a request cannot be read by this scheduler: its sender speaks another protocol.
+fn request_incompatibility(message: &jetstream::Message) -> Option<String> {
+    let protocol = version::of_header(
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(version::HEADER))
+            .map(|v| v.as_str()),
+    );
+    version::incompatibility("the mgpu that sent this request", protocol)
+}

@@ -1,0 +1,626 @@
+//! The driver: the only part of the scheduler that does I/O while it is active. It owns the
+//! NATS connection's inputs (heartbeats, the durable pulls of requests and agents' reports,
+//! the liveness timer, the time-slice timer, metrics scrapes), reads each into an input of
+//! the machine ([`crate::machine::SchedulerState`]), carries the commands it gets back out
+//! (record writes, assignments, kills, events, audit records, acknowledgements, moves to
+//! history) and feeds their results back, until the machine asks for nothing more; then,
+//! when the machine says a pass is due, it runs one the same way.
+//!
+//! Messages that arrive together are handled as one batch followed by one scheduling pass,
+//! so a burst of 1 000 submissions costs a handful of passes. Nothing polls: a submission, an
+//! agent's report or a node's heartbeat wakes the loop.
+//!
+//! # Layout
+//! - this file: loading, the event loop, carrying commands out.
+//! - [`intake`]: requests, reports and heartbeats read into inputs (signatures, nonces,
+//!   environments kept apart, dependencies in history).
+//! - [`store`]: record writes (compare-and-set, pipelined, retried), history, the cluster
+//!   bucket.
+//! - [`outbox`]: assignments, control messages, events and audit records sent.
+
+mod intake;
+pub(crate) mod outbox;
+pub(crate) mod store;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use async_nats::jetstream::{self, consumer};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
+
+use mgpu_nats::pull::Pull;
+use mgpu_nats::records;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::priority::Policy;
+use mgpu_protocol::{now, subjects};
+
+use crate::identity::{Gate, Principals};
+use crate::limits::LimitsFile;
+use crate::machine::messages::{Count, Input, Loaded, LogLevel, LogLine, Tick, Token};
+use crate::machine::{Command, SchedulerState};
+use crate::metrics::{GaugeRequests, SchedulerMetrics};
+use crate::passes::{Counts, PassStats};
+use crate::status::Status;
+use outbox::Outbox;
+use store::{RecordStore, Write};
+
+/// Messages handled before a scheduling pass, at most, when a burst arrives.
+const BATCH: usize = 512;
+/// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
+const ASSIGNMENTS_IN_FLIGHT: usize = 256;
+
+/// The active scheduler: the machine, and what carries its commands out.
+pub struct Driver {
+    js: jetstream::Context,
+    machine: SchedulerState,
+    store: RecordStore,
+    outbox: Outbox,
+    /// The principals file and replay protection every request passes.
+    gate: Gate,
+    /// The principals file's generation the machine was last given.
+    principals_seen: u64,
+    /// Per-user limits (`[limits]` of the config file), re-read when the file changes.
+    limits: LimitsFile,
+    /// What the metrics endpoint serves: counted here, read there.
+    metrics: Arc<SchedulerMetrics>,
+    stats: PassStats,
+    /// The durable consumer of agents' reports, asked whether every stored report was handled.
+    events_consumer: Option<consumer::PullConsumer>,
+    /// Messages the machine may ask to acknowledge, by token.
+    held: HashMap<Token, jetstream::Message>,
+    next_token: Token,
+    /// The origin of the monotonic clock the machine's ticks read.
+    started: Instant,
+}
+
+/// What wakes the loop: heartbeats (plain subscription), agents' reports and requests
+/// (durable pulls), metrics scrapes.
+struct Inputs {
+    heartbeats: async_nats::Subscriber,
+    events: Pull,
+    requests: Pull,
+    gauge_requests: GaugeRequests,
+}
+
+/// Runs the active scheduler until `shutdown` turns true or the lease is lost. The streams
+/// must exist (`streams::ensure`).
+pub async fn run(
+    client: async_nats::Client,
+    policy: Policy,
+    (principals, limits): (Principals, LimitsFile),
+    (shutdown, lease_lost): (watch::Receiver<bool>, watch::Receiver<bool>),
+    metrics: Arc<SchedulerMetrics>,
+) -> Result<()> {
+    // The metrics say this replica leads from here until this function returns.
+    let (_term, gauge_requests) = metrics.begin_term();
+    // Subscribed (and the server has taken the subscription: the flush's round trip) before
+    // the stored heartbeats are read, so a node's beat stored in between is not missed: a
+    // node that beats rarely would otherwise wait a whole interval to be seen.
+    let heartbeats = client
+        .subscribe(subjects::ALL_HEARTBEATS)
+        .await
+        .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
+    client
+        .flush()
+        .await
+        .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
+    let (mut driver, status) = Driver::load(&client, policy, (principals, limits), metrics).await?;
+    let (queued, running, total) = driver.machine.counts();
+    tracing::info!(jobs = total, queued, running, "state loaded");
+    let service_client = client.clone();
+    // Dropped when this function returns: the micro service deregisters with the term.
+    let (_status_term, status_term_over) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        if let Err(err) = crate::status::serve(service_client, status, status_term_over).await {
+            tracing::error!("micro service stopped: {err:#}");
+        }
+    });
+    let mut inputs = driver.open_inputs(heartbeats, gauge_requests).await?;
+    // Queued jobs depending on jobs already in history learn how those ended.
+    let queued: Vec<_> = driver.machine.queued_specs().into_iter().cloned().collect();
+    driver.learn_archived(queued.iter()).await;
+    driver.tick().await;
+    driver.pass().await;
+    tracing::info!("scheduler ready");
+    driver.event_loop(&mut inputs, shutdown, lease_lost).await;
+    // Whoever acts next (this replica again, or a standby) gets what was pulled and not
+    // handled at once, not after the acknowledgement wait.
+    let given_back = inputs.events.give_back().await + inputs.requests.give_back().await;
+    if given_back > 0 {
+        tracing::info!(given_back, "handed back reports and requests not handled");
+    }
+    tracing::info!("scheduler stopping");
+    Ok(())
+}
+
+impl Driver {
+    /// Loads the state (job records, nodes' last heartbeats and administration, usage) into
+    /// a new machine, and publishes the policy in force, so `mgpu queue` computes the same
+    /// priorities.
+    async fn load(
+        client: &async_nats::Client,
+        policy: Policy,
+        (principals, limits): (Principals, LimitsFile),
+        metrics: Arc<SchedulerMetrics>,
+    ) -> Result<(Self, watch::Receiver<Status>)> {
+        let js = jetstream::new(client.clone());
+        let store = RecordStore::open(&js).await?;
+        let records = store.load().await.context("loading job records")?;
+        let heartbeats = records::list_nodes(&js)
+            .await
+            .context("loading node heartbeats")?;
+        let admin = records::node_admin(&js)
+            .await
+            .context("loading node administration")?;
+        let usage = records::usage(&js).await.context("loading usage")?;
+        store
+            .cluster
+            .put(subjects::POLICY_KEY, serde_json::to_vec(&policy)?.into())
+            .await
+            .map_err(|e| anyhow!("storing the policy: {e}"))?;
+        let mut gate = Gate::new(principals);
+        gate.restore_nonces(crate::replay_memory::recall(&js).await?);
+        let machine = SchedulerState::new(Loaded {
+            records,
+            heartbeats,
+            admin,
+            usage,
+            principals: gate.principals.registry().clone(),
+            limits: limits.limits.clone(),
+            policy,
+            now: now(),
+        });
+        let (status_tx, status_rx) = watch::channel(Status::default());
+        let driver = Driver {
+            outbox: Outbox::new(js.clone()),
+            principals_seen: gate.principals.generation(),
+            js,
+            machine,
+            store,
+            gate,
+            limits,
+            metrics,
+            stats: PassStats::new(status_tx),
+            events_consumer: None,
+            held: HashMap::new(),
+            next_token: 1,
+            started: Instant::now(),
+        };
+        Ok((driver, status_rx))
+    }
+
+    /// Handles the agents' reports written while no scheduler was active (only then is it
+    /// known which assignments never reached their node), sends those again, and opens the
+    /// requests; `heartbeats` is the subscription made before the state was loaded.
+    async fn open_inputs(
+        &mut self,
+        heartbeats: async_nats::Subscriber,
+        gauge_requests: GaugeRequests,
+    ) -> Result<Inputs> {
+        let events_consumer = durable_consumer(
+            &self.js,
+            subjects::EVENTS_STREAM,
+            subjects::SCHEDULER_EVENTS_CONSUMER,
+        )
+        .await?;
+        self.events_consumer = Some(events_consumer.clone());
+        let backlog = events_consumer
+            .clone()
+            .info()
+            .await
+            .map_err(|e| anyhow!("reading the events consumer: {e}"))?
+            .num_pending;
+        let mut events = Pull::new(events_consumer, "job events")
+            .await
+            .map_err(|e| anyhow!("consuming job events: {e}"))?;
+        for _ in 0..backlog {
+            match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+                Ok(message) => self.on_event_message(message).await,
+                Err(_) => break,
+            }
+        }
+        self.feed(Input::Resumed).await;
+        let requests_consumer = durable_consumer(
+            &self.js,
+            subjects::REQUESTS_STREAM,
+            subjects::SCHEDULER_REQUESTS_CONSUMER,
+        )
+        .await?;
+        let requests = Pull::new(requests_consumer, "requests")
+            .await
+            .map_err(|e| anyhow!("consuming requests: {e}"))?;
+        Ok(Inputs {
+            heartbeats,
+            events,
+            requests,
+            gauge_requests,
+        })
+    }
+
+    /// Handles what arrives until shutdown or the lease is lost, with a pass after each
+    /// change.
+    async fn event_loop(
+        &mut self,
+        inputs: &mut Inputs,
+        mut shutdown: watch::Receiver<bool>,
+        mut lease_lost: watch::Receiver<bool>,
+    ) {
+        // Nodes that stop heartbeating are noticed on this timer (nothing else would wake us).
+        let mut liveness = tokio::time::interval(Duration::from_secs(1));
+        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let slice_timer = self.machine.next_slice_end().map(|end| {
+                let wait = (end - now()).to_std().unwrap_or(Duration::ZERO);
+                tokio::time::Instant::now() + wait + Duration::from_millis(5)
+            });
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    self.feed(Input::Stop).await;
+                    return;
+                }
+                // Not stored after losing the lease: the replica that took it keeps the book.
+                _ = lease_lost.changed() => {
+                    tracing::error!("lost the scheduler lease: no longer active");
+                    return;
+                }
+                _ = liveness.tick() => {
+                    self.drain_heartbeats(&mut inputs.heartbeats).await;
+                    self.tick().await;
+                }
+                // A running job's time slice ends: the pass decides whether to preempt it.
+                _ = tokio::time::sleep_until(slice_timer.unwrap_or_else(far_future)), if slice_timer.is_some() => {
+                    self.machine.slice_over();
+                }
+                message = inputs.requests.next() => {
+                    let mut batch = vec![message];
+                    batch.extend(ready(&mut inputs.requests));
+                    self.on_requests(batch).await;
+                }
+                message = inputs.events.next() => {
+                    self.on_event_message(message).await;
+                    for message in ready(&mut inputs.events) {
+                        self.on_event_message(message).await;
+                    }
+                }
+                Some(message) = inputs.heartbeats.next() => {
+                    self.on_heartbeat(&message.subject, &message.payload).await;
+                    self.drain_heartbeats(&mut inputs.heartbeats).await;
+                }
+                // A scrape: counted between two inputs, nothing changes.
+                Some(reply) = inputs.gauge_requests.recv() => {
+                    let _ = reply.send(self.machine.gauges(now()));
+                }
+            };
+            if self.machine.pass_due() {
+                self.pass().await;
+            }
+        }
+    }
+
+    /// Handles the heartbeats already waiting.
+    async fn drain_heartbeats(&mut self, heartbeats: &mut async_nats::Subscriber) {
+        while let Some(Some(message)) = heartbeats.next().now_or_never() {
+            self.on_heartbeat(&message.subject, &message.payload).await;
+        }
+    }
+
+    /// The liveness timer: the limits and principals files read again if they changed, what
+    /// the machine needs to know of the streams asked, and the tick handed over.
+    async fn tick(&mut self) {
+        if self.limits.refresh() {
+            let limits = self.limits.limits.clone();
+            self.feed(Input::Limits(limits)).await;
+        }
+        self.gate.principals.refresh();
+        let heartbeats_visible = self.heartbeat_stream_answers().await;
+        let reports_caught_up = self.reports_caught_up().await;
+        let tick = Tick {
+            monotonic: self.started.elapsed(),
+            heartbeats_visible,
+            reports_caught_up,
+        };
+        self.feed(Input::Tick(tick)).await;
+    }
+
+    /// One scheduling pass: the machine decides, its commands are carried out.
+    async fn pass(&mut self) {
+        let began = Instant::now();
+        let mut lap = || micros(began.elapsed());
+        let (commands, mut sample, churn) = self.machine.pass(now(), &mut lap);
+        self.stats.add_churn(churn);
+        self.carry_out(commands).await;
+        sample.changes = self.machine.take_pass_changes();
+        let took = began.elapsed();
+        sample.total_us = micros(took);
+        self.metrics.tally().pass(took);
+        let (jobs_queued, jobs_running, jobs_total) = self.machine.counts();
+        let (nodes_known, nodes_online) = self.machine.node_counts(now());
+        let counts = Counts {
+            jobs_queued,
+            jobs_running,
+            jobs_total,
+            nodes_known,
+            nodes_online,
+        };
+        self.stats.record(sample, counts);
+        self.stats.give_back_memory_after_bursts();
+    }
+
+    /// Hands `input` to the machine and carries out what it asks for, results fed back, until
+    /// it asks for nothing more. Messages the machine did not acknowledge are left for
+    /// JetStream to deliver again.
+    async fn feed(&mut self, input: Input) {
+        let commands = self.machine.handle(now(), input);
+        self.carry_out(commands).await;
+        // The principals file may have been read again by a lookup of the gate.
+        let generation = self.gate.principals.generation();
+        if generation != self.principals_seen {
+            self.principals_seen = generation;
+            let registry = self.gate.principals.registry().clone();
+            let commands = self.machine.handle(now(), Input::Principals(registry));
+            self.carry_out(commands).await;
+        }
+    }
+
+    /// Carries `commands` out in order, and those the results of their operations lead to.
+    /// A required send that fails (an assignment, a kill that must get through) skips the
+    /// later commands about the same job: its request is delivered again, the repair timer
+    /// sends it again.
+    async fn carry_out(&mut self, mut commands: Vec<Command>) {
+        let mut failed: HashSet<JobId> = HashSet::new();
+        while !commands.is_empty() {
+            let mut results = Vec::new();
+            let mut writes = Vec::new();
+            let mut assigns = Vec::new();
+            for command in commands {
+                let skipped = command.job().is_some_and(|job| failed.contains(job))
+                    && !matches!(command, Command::Write { .. } | Command::Log(_));
+                if skipped {
+                    continue;
+                }
+                match command {
+                    Command::Write {
+                        op,
+                        record,
+                        expected,
+                    } => writes.push(Write {
+                        op,
+                        record,
+                        expected,
+                    }),
+                    Command::Assign {
+                        job,
+                        env_owner,
+                        ranks,
+                    } => assigns.push((job, env_owner, ranks)),
+                    other => {
+                        // Writes and assignments gathered so far go first, in order.
+                        results.extend(self.store.write_all(std::mem::take(&mut writes)).await);
+                        failed.extend(self.send_assignments(std::mem::take(&mut assigns)).await);
+                        results.extend(self.carry_out_one(other, &mut failed).await);
+                    }
+                }
+            }
+            results.extend(self.store.write_all(writes).await);
+            failed.extend(self.send_assignments(assigns).await);
+            commands = Vec::new();
+            for result in results {
+                commands.extend(self.machine.handle(now(), result));
+            }
+        }
+    }
+
+    /// Sends assignments, many at once; the jobs whose sending failed.
+    async fn send_assignments(
+        &self,
+        assigns: Vec<(
+            JobId,
+            Option<String>,
+            Vec<crate::machine::messages::RankAssignment>,
+        )>,
+    ) -> Vec<JobId> {
+        if assigns.is_empty() {
+            return Vec::new();
+        }
+        let outbox = &self.outbox;
+        let sent: Vec<(JobId, Result<()>)> = futures::stream::iter(assigns)
+            .map(|(job, env_owner, ranks)| async move {
+                let outcome = outbox
+                    .send_assignment(&job, env_owner.as_deref(), ranks)
+                    .await;
+                (job, outcome)
+            })
+            .buffered(ASSIGNMENTS_IN_FLIGHT)
+            .collect()
+            .await;
+        sent.into_iter()
+            .filter_map(|(job, outcome)| match outcome {
+                Ok(()) => None,
+                // Recorded as running: the repair timer sends it again.
+                Err(err) => {
+                    tracing::error!(job = %job, "{err:#}");
+                    Some(job)
+                }
+            })
+            .collect()
+    }
+
+    /// Carries out one command (not a write or an assignment); the machine's input for its
+    /// result, if it asked for one.
+    async fn carry_out_one(
+        &mut self,
+        command: Command,
+        failed: &mut HashSet<JobId>,
+    ) -> Option<Input> {
+        match command {
+            Command::Control {
+                job,
+                node,
+                control,
+                required,
+            } => {
+                if let Err(err) = self.outbox.send_control(&node, &control).await {
+                    tracing::error!(job = %job, "sending a kill: {err:#}");
+                    if required {
+                        failed.insert(job);
+                    }
+                }
+                None
+            }
+            Command::Event(event) => {
+                self.outbox.publish_event(&event);
+                None
+            }
+            Command::Audit(record) => {
+                self.outbox.audit(&record);
+                None
+            }
+            Command::Ack { token, .. } => {
+                if let Some(message) = self.held.remove(&token) {
+                    intake::acknowledge(&message).await;
+                }
+                None
+            }
+            Command::StoreAdmin { op, node, admin } => {
+                let stored = match self.store.put_admin(&node, &admin).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::error!("{err:#}");
+                        false
+                    }
+                };
+                Some(Input::AdminStored { op, stored })
+            }
+            Command::Archive { record } => {
+                let moved = match self.store.archive(&record).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::warn!(job = %record.id, "moving a finished job to history: {err:#}");
+                        false
+                    }
+                };
+                Some(Input::Archived {
+                    id: record.id,
+                    moved,
+                })
+            }
+            Command::SaveUsage(book) => match self.store.save_usage(&book).await {
+                Ok(()) => None,
+                Err(err) => {
+                    tracing::warn!("{err:#}");
+                    Some(Input::UsageNotSaved)
+                }
+            },
+            Command::AskReportsCaughtUp { op } => {
+                let caught_up = self.reports_caught_up().await;
+                Some(Input::ReportsCaughtUp { op, caught_up })
+            }
+            Command::Count(count) => {
+                let mut tally = self.metrics.tally();
+                match count {
+                    Count::Submitted { user, outcome } => tally.submitted(&user, outcome),
+                    Count::Refused { action, why } => tally.refused(action, why),
+                    Count::StartedAfter(waited) => tally.started_after(waited),
+                }
+                None
+            }
+            Command::Log(line) => {
+                write_log(&line);
+                None
+            }
+            Command::Write { .. } | Command::Assign { .. } => None,
+        }
+    }
+
+    /// Holds a message the machine may ask to acknowledge; its token.
+    fn hold(&mut self, message: jetstream::Message) -> Token {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.held.insert(token, message);
+        token
+    }
+
+    /// Whether every agent report stored so far was handled (none waits in the consumer and
+    /// none is delivered but unacknowledged). False when that cannot be told.
+    async fn reports_caught_up(&mut self) -> bool {
+        let Some(consumer) = self.events_consumer.as_mut() else {
+            return false;
+        };
+        match tokio::time::timeout(Duration::from_secs(1), consumer.info()).await {
+            Ok(Ok(info)) => info.num_pending == 0 && info.num_ack_pending == 0,
+            _ => false,
+        }
+    }
+
+    /// Whether the heartbeat stream answers now (it does not while a NATS cluster elects its
+    /// leader, and then heartbeats cannot be stored or seen).
+    async fn heartbeat_stream_answers(&self) -> bool {
+        matches!(
+            tokio::time::timeout(
+                Duration::from_secs(1),
+                self.js.get_stream(subjects::NODES_STREAM)
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+fn write_log(line: &LogLine) {
+    let job = line.job.as_ref().map(|id| id.as_str());
+    let node = line.node.as_deref();
+    let message = &line.message;
+    match line.level {
+        LogLevel::Debug => tracing::debug!(job, node, "{message}"),
+        LogLevel::Info => tracing::info!(job, node, "{message}"),
+        LogLevel::Warn => tracing::warn!(job, node, "{message}"),
+        LogLevel::Error => tracing::error!(job, node, "{message}"),
+    }
+}
+
+/// The messages of `pull` already waiting, at most [`BATCH`].
+fn ready(pull: &mut Pull) -> Vec<jetstream::Message> {
+    let mut batch = Vec::new();
+    while batch.len() < BATCH {
+        match pull.next().now_or_never() {
+            Some(message) => batch.push(message),
+            None => break,
+        }
+    }
+    batch
+}
+
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400)
+}
+
+async fn durable_consumer(
+    js: &jetstream::Context,
+    stream: &str,
+    name: &str,
+) -> Result<consumer::PullConsumer> {
+    let stream = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| anyhow!("opening stream {stream}: {e}"))?;
+    stream
+        .get_or_create_consumer(
+            name,
+            consumer::pull::Config {
+                durable_name: Some(name.to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: Duration::from_secs(30),
+                max_ack_pending: 10_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("opening consumer {name}: {e}"))
+}

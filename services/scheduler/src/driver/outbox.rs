@@ -1,0 +1,196 @@
+//! The driver's way out to agents and watchers: assignments and control messages to agents
+//! (stored, retried while NATS elects a leader), and job events and audit records for anyone
+//! watching (awaited off the hot path). What to send is the machine's
+//! ([`crate::machine::assignment`], [`crate::machine::announce`]); this only sends, after
+//! fetching an environment kept apart for the assignment that needs it.
+
+use anyhow::{Result, anyhow};
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use bytes::Bytes;
+
+use mgpu_nats::job_env;
+use mgpu_protocol::assign::NodeControl;
+use mgpu_protocol::audit::AuditRecord;
+use mgpu_protocol::event::JobEvent;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::subjects;
+
+use super::store::Retry;
+use crate::machine::messages::RankAssignment;
+
+/// The scheduler's way out to agents and watchers.
+pub(crate) struct Outbox {
+    js: jetstream::Context,
+    /// Where job events and audit records go out, off the hot path.
+    background: BackgroundPublisher,
+}
+
+impl Outbox {
+    pub(crate) fn new(js: jetstream::Context) -> Self {
+        Outbox {
+            background: BackgroundPublisher::start(js.clone()),
+            js,
+        }
+    }
+
+    /// Sends a control message to `node`.
+    pub(crate) async fn send_control(&self, node: &str, control: &NodeControl) -> Result<()> {
+        let payload = Bytes::from(serde_json::to_vec(control)?);
+        self.publish_stored(subjects::control(node), HeaderMap::new(), payload)
+            .await
+            .map_err(|e| anyhow!("sending a control message to {node}: {e:#}"))
+    }
+
+    /// Publishes to a stream until JetStream stored it, retrying while NATS cannot answer (a
+    /// server lost, a stream electing its leader) for up to
+    /// [`super::store::WRITE_RETRY_FOR`]. Callers whose message may be stored twice give it
+    /// a `Nats-Msg-Id`.
+    async fn publish_stored(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<()> {
+        let mut retry = Retry::new();
+        loop {
+            let stored = async {
+                self.js
+                    .publish_with_headers(subject.clone(), headers.clone(), payload.clone())
+                    .await?
+                    .await
+            };
+            match stored.await {
+                Ok(_) => return Ok(()),
+                Err(err) => {
+                    retry
+                        .wait(&format!("publishing on {subject}: {err}"))
+                        .await?
+                }
+            }
+        }
+    }
+
+    /// Sends a job's assignments, each rank's to its node. An environment kept apart
+    /// (`env_owner`'s) is fetched first and put in each; one that is gone (its owner deleted
+    /// it) is an empty one, and said so.
+    pub(crate) async fn send_assignment(
+        &self,
+        job: &JobId,
+        env_owner: Option<&str>,
+        mut ranks: Vec<RankAssignment>,
+    ) -> Result<()> {
+        if let Some(owner) = env_owner {
+            let env = job_env::get(&self.js.client(), owner, job).await?;
+            if env.is_none() {
+                tracing::warn!(job = %job, "its environment is gone; it runs without");
+            }
+            let env = env.unwrap_or_default();
+            for rank in &mut ranks {
+                rank.assignment.spec.env = env.clone();
+                rank.assignment.spec.private_env = false;
+            }
+        }
+        for rank in ranks {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Msg-Id", rank.msg_id.as_str());
+            self.publish_stored(
+                subjects::assign(&rank.node),
+                headers,
+                Bytes::from(serde_json::to_vec(&rank.assignment)?),
+            )
+            .await
+            .map_err(|e| anyhow!("sending job {job} to {}: {e:#}", rank.node))?;
+        }
+        Ok(())
+    }
+
+    /// Publishes a job event. The acknowledgement is awaited off the hot path: events are
+    /// for watchers, the record in KV is the truth.
+    pub(crate) fn publish_event(&self, event: &JobEvent) {
+        let Ok(payload) = serde_json::to_vec(event) else {
+            return;
+        };
+        self.background
+            .publish(subjects::events(&event.job_id), payload, "a job event");
+    }
+
+    /// Records a request in the audit stream.
+    pub(crate) fn audit(&self, record: &AuditRecord) {
+        let Ok(payload) = serde_json::to_vec(record) else {
+            return;
+        };
+        self.background
+            .publish(subjects::audit(&record.action), payload, "an audit record");
+    }
+}
+
+/// Job events and audit records on their way to JetStream: for watchers, so a pass does not
+/// wait for them, yet each is stored, in the order made. One task publishes them with at most
+/// [`BACKGROUND_IN_FLIGHT`] acknowledgements awaited at once; what waits behind is a subject
+/// and a payload in a queue, where a task per message meant up to 200 000 tasks during a
+/// burst of 100 000 submissions (an event and an audit record each).
+#[derive(Clone)]
+pub(crate) struct BackgroundPublisher {
+    queue: tokio::sync::mpsc::UnboundedSender<Pending>,
+}
+
+struct Pending {
+    subject: String,
+    payload: Bytes,
+    /// Names the message in a failure's log line ("a job event").
+    what: &'static str,
+}
+
+/// Acknowledgements the background publisher awaits at once: well under async-nats's 5 000,
+/// and enough to keep the server busy.
+const BACKGROUND_IN_FLIGHT: usize = 1_024;
+
+impl BackgroundPublisher {
+    /// Starts the publishing task; it ends once every clone is dropped and the queue is empty.
+    fn start(js: jetstream::Context) -> Self {
+        let (queue, pending) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(publish_pending(js, pending));
+        BackgroundPublisher { queue }
+    }
+
+    /// Queues `payload` for `subject`; a failure is logged as `what`.
+    pub(crate) fn publish(&self, subject: String, payload: Vec<u8>, what: &'static str) {
+        let pending = Pending {
+            subject,
+            payload: payload.into(),
+            what,
+        };
+        if self.queue.send(pending).is_err() {
+            tracing::warn!("{what} not published: the publisher has stopped");
+        }
+    }
+}
+
+async fn publish_pending(
+    js: jetstream::Context,
+    mut pending: tokio::sync::mpsc::UnboundedReceiver<Pending>,
+) {
+    use futures::StreamExt;
+    let mut in_flight = futures::stream::FuturesUnordered::new();
+    let mut open = true;
+    while open || !in_flight.is_empty() {
+        tokio::select! {
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            next = pending.recv(), if open && in_flight.len() < BACKGROUND_IN_FLIGHT => {
+                let Some(Pending { subject, payload, what }) = next else {
+                    open = false;
+                    continue;
+                };
+                match js.publish(subject, payload).await {
+                    Ok(ack) => in_flight.push(async move {
+                        if let Err(err) = ack.await {
+                            tracing::warn!(%err, "{what} not stored");
+                        }
+                    }),
+                    Err(err) => tracing::warn!(%err, "publishing {what}"),
+                }
+            }
+        }
+    }
+}

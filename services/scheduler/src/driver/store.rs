@@ -1,0 +1,356 @@
+//! The driver's side of the `mgpu-jobs` bucket and the cluster bucket: loading every live
+//! record, carrying out the machine's record writes (each a compare-and-set on the revision
+//! the machine expects; many at once pipelined; retried through NATS leader elections, and
+//! read back when an answer was lost, so a change is never applied twice), moving finished
+//! jobs to history, and storing node administration and the usage book.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+
+use mgpu_nats::records;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobRecord;
+use mgpu_protocol::node::NodeAdmin;
+use mgpu_protocol::priority::UsageBook;
+use mgpu_protocol::subjects;
+
+use crate::machine::jobs::Tracked;
+use crate::machine::messages::{Input, OpId, WriteOutcome};
+
+/// Record writes awaiting their acknowledgement at once: well under async-nats's 5 000
+/// acknowledgement permits, and enough to keep the server busy.
+const WRITES_IN_FLIGHT: usize = 1_024;
+
+/// How long a record write is retried while NATS cannot answer (a server lost, a stream
+/// electing a new leader, which takes about 5 s in a three-server cluster).
+pub const WRITE_RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// One write the machine asked for.
+pub(crate) struct Write {
+    pub op: OpId,
+    pub record: JobRecord,
+    pub expected: Option<u64>,
+}
+
+pub(crate) struct RecordStore {
+    /// For pipelined writes and history, which the KV API does not offer.
+    js: jetstream::Context,
+    bucket: kv::Store,
+    /// The jobs' environments (`mgpu-job-env`), dropped as their jobs move to history.
+    env_bucket: kv::Store,
+    /// Node administration, policy and usage (`mgpu-cluster`).
+    pub(crate) cluster: kv::Store,
+}
+
+impl RecordStore {
+    pub(crate) async fn open(js: &jetstream::Context) -> Result<Self> {
+        Ok(RecordStore {
+            js: js.clone(),
+            bucket: records::jobs_bucket(js).await?,
+            env_bucket: js
+                .get_key_value(subjects::JOB_ENV_BUCKET)
+                .await
+                .context("opening the environments' bucket")?,
+            cluster: records::cluster_bucket(js).await?,
+        })
+    }
+
+    /// Every live record, with its revision.
+    pub(crate) async fn load(&self) -> Result<Vec<Tracked>> {
+        let messages = records::last_per_subject(
+            &self.js,
+            subjects::JOBS_BUCKET_STREAM,
+            &format!("$KV.{}.>", subjects::JOBS_BUCKET),
+            false,
+        )
+        .await?;
+        let mut loaded = Vec::with_capacity(messages.len());
+        for message in messages {
+            let deleted = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some_and(|op| op.as_str() != "PUT");
+            if deleted {
+                continue;
+            }
+            let revision = message
+                .info()
+                .map_err(|e| anyhow!("reading record metadata: {e}"))?
+                .stream_sequence;
+            match serde_json::from_slice::<JobRecord>(&message.payload) {
+                Ok(record) => loaded.push(Tracked { record, revision }),
+                Err(err) => {
+                    tracing::error!(subject = %message.subject, %err, "skipping an unreadable job record");
+                }
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Carries out writes, all sent before any acknowledgement is awaited: a pass that starts
+    /// a thousand jobs costs about one round trip, not a thousand. A write that did not
+    /// plainly succeed (a conflict, a lost answer, an election) is redone alone
+    /// ([`RecordStore::write_one`]). One result per write, in order.
+    pub(crate) async fn write_all(&self, writes: Vec<Write>) -> Vec<Input> {
+        let mut results = Vec::with_capacity(writes.len());
+        for chunk in writes.chunks(2 * WRITES_IN_FLIGHT) {
+            let landed = if chunk.len() > 1 {
+                self.write_pipelined(chunk).await
+            } else {
+                vec![None]
+            };
+            for (write, landed) in chunk.iter().zip(landed) {
+                let outcome = match landed {
+                    Some(revision) => WriteOutcome::Stored { revision },
+                    None => self.write_one(&write.record, write.expected).await,
+                };
+                results.push(Input::Written {
+                    op: write.op,
+                    outcome,
+                });
+            }
+        }
+        results
+    }
+
+    /// Sends writes with at most [`WRITES_IN_FLIGHT`] unacknowledged; the new revision of
+    /// each, or None when it did not plainly succeed.
+    async fn write_pipelined(&self, writes: &[Write]) -> Vec<Option<u64>> {
+        let prefix = self
+            .bucket
+            .put_prefix
+            .as_ref()
+            .unwrap_or(&self.bucket.prefix);
+        let mut outcomes: Vec<Option<u64>> = vec![None; writes.len()];
+        let mut in_flight: VecDeque<(usize, PublishAckFuture)> = VecDeque::new();
+        for (position, write) in writes.iter().enumerate() {
+            if in_flight.len() >= WRITES_IN_FLIGHT
+                && let Some((done, ack)) = in_flight.pop_front()
+            {
+                outcomes[done] = ack.await.ok().map(|a| a.sequence);
+            }
+            let Ok(payload) = serde_json::to_vec(&write.record) else {
+                continue;
+            };
+            let mut headers = HeaderMap::new();
+            // Revision 0: only if the key was never written.
+            let expected = write.expected.unwrap_or(0);
+            headers.insert(
+                async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                expected.to_string().as_str(),
+            );
+            let id = &write.record.id;
+            match self
+                .js
+                .publish_with_headers(format!("{prefix}{id}"), headers, payload.into())
+                .await
+            {
+                Ok(ack) => in_flight.push_back((position, ack)),
+                Err(err) => tracing::debug!(job = %id, %err, "pipelined write not sent"),
+            }
+        }
+        while let Some((done, ack)) = in_flight.pop_front() {
+            outcomes[done] = ack.await.ok().map(|a| a.sequence);
+        }
+        outcomes
+    }
+
+    /// Stores `record` with compare-and-set on `expected` (None: creates it). A write whose
+    /// answer is lost is retried for [`WRITE_RETRY_FOR`]; first the record is read back,
+    /// since the write may have landed.
+    pub(crate) async fn write_one(
+        &self,
+        record: &JobRecord,
+        expected: Option<u64>,
+    ) -> WriteOutcome {
+        let id = &record.id;
+        let payload = match serde_json::to_vec(record) {
+            Ok(payload) => Bytes::from(payload),
+            Err(err) => {
+                return WriteOutcome::Failed {
+                    error: err.to_string(),
+                };
+            }
+        };
+        let mut retry = Retry::new();
+        let mut unanswered = false;
+        loop {
+            if std::mem::take(&mut unanswered) {
+                match self.read_back(id, &payload).await {
+                    Ok(outcome) => return outcome,
+                    Err(err) => {
+                        if let Err(gave_up) = retry.wait(&format!("{err:#}")).await {
+                            return WriteOutcome::Failed {
+                                error: format!("{gave_up:#}"),
+                            };
+                        }
+                        unanswered = true;
+                        continue;
+                    }
+                }
+            }
+            let tried = match expected {
+                Some(revision) => self
+                    .bucket
+                    .update(id.as_str(), payload.clone(), revision)
+                    .await
+                    .map_err(|err| {
+                        (
+                            err.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                            err.kind() == kv::UpdateErrorKind::InvalidKey,
+                            err.to_string(),
+                        )
+                    }),
+                None => self
+                    .bucket
+                    .create(id.as_str(), payload.clone())
+                    .await
+                    .map_err(|err| {
+                        (
+                            err.kind() == kv::CreateErrorKind::AlreadyExists,
+                            err.kind() == kv::CreateErrorKind::InvalidKey,
+                            err.to_string(),
+                        )
+                    }),
+            };
+            match tried {
+                Ok(revision) => return WriteOutcome::Stored { revision },
+                // Another writer, or (creating) an earlier try that landed without an answer.
+                Err((true, _, _)) => {
+                    tracing::warn!(job = %id, "job record changed under us; reading it back");
+                    unanswered = true;
+                }
+                Err((_, true, err)) => {
+                    return WriteOutcome::Failed {
+                        error: format!("storing job {id}: {err}"),
+                    };
+                }
+                Err((_, _, err)) => {
+                    if let Err(gave_up) = retry.wait(&format!("storing job {id}: {err}")).await {
+                        return WriteOutcome::Failed {
+                            error: format!("{gave_up:#}"),
+                        };
+                    }
+                    unanswered = true;
+                }
+            }
+        }
+    }
+
+    /// Reads the stored record back after a write whose outcome is unknown: stored at its
+    /// revision when the stored value is exactly `payload`, else what is stored.
+    async fn read_back(&self, id: &JobId, payload: &Bytes) -> Result<WriteOutcome> {
+        let entry = self
+            .bucket
+            .entry(id.as_str())
+            .await
+            .map_err(|e| anyhow!("reading job {id} back: {e}"))?;
+        let stored = match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                if entry.value == payload {
+                    return Ok(WriteOutcome::Stored {
+                        revision: entry.revision,
+                    });
+                }
+                let record: JobRecord = serde_json::from_slice(&entry.value)
+                    .with_context(|| format!("job {id} record is unreadable"))?;
+                Some(Box::new(Tracked {
+                    record,
+                    revision: entry.revision,
+                }))
+            }
+            _ => None,
+        };
+        Ok(WriteOutcome::Changed { stored })
+    }
+
+    /// Moves a finished job to the history stream: its record published on
+    /// `history.<user>.<id>` (deduplicated by id, so a move retried after a crash is stored
+    /// once), then its key purged from the bucket, leaving no marker behind (a year of moves
+    /// must not slow down the next start), then its environment dropped.
+    pub(crate) async fn archive(&self, record: &JobRecord) -> Result<()> {
+        let id = &record.id;
+        let payload = Bytes::from(serde_json::to_vec(record)?);
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id.as_str());
+        let subject = subjects::history(subjects::history_owner(record), id);
+        self.js
+            .publish_with_headers(subject, headers, payload)
+            .await
+            .context("publishing to history")?
+            .await
+            .context("storing in history")?;
+        self.bucket
+            .stream
+            .purge()
+            .filter(format!("$KV.{}.{id}", subjects::JOBS_BUCKET))
+            .await
+            .context("purging the moved record")?;
+        if record.spec.private_env {
+            let owner = subjects::history_owner(record);
+            if let Err(err) = self
+                .env_bucket
+                .purge(subjects::job_env_key(owner, id))
+                .await
+            {
+                tracing::warn!(job = %id, "dropping the environment of a job in history: {err}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a node's administration marks.
+    pub(crate) async fn put_admin(&self, node: &str, admin: &NodeAdmin) -> Result<()> {
+        self.cluster
+            .put(
+                subjects::node_admin_key(node),
+                Bytes::from(serde_json::to_vec(admin)?),
+            )
+            .await
+            .map_err(|e| anyhow!("storing node {node} administration: {e}"))?;
+        Ok(())
+    }
+
+    /// Stores the fair-share usage book.
+    pub(crate) async fn save_usage(&self, book: &UsageBook) -> Result<()> {
+        let bytes = serde_json::to_vec(book)?;
+        self.cluster
+            .put(subjects::USAGE_KEY, bytes.into())
+            .await
+            .map_err(|e| anyhow!("storing usage: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Backoff between tries of one write, until [`WRITE_RETRY_FOR`] has passed.
+pub(crate) struct Retry {
+    deadline: Instant,
+    delay: Duration,
+}
+
+impl Retry {
+    pub(crate) fn new() -> Self {
+        Retry {
+            deadline: Instant::now() + WRITE_RETRY_FOR,
+            delay: Duration::from_millis(100),
+        }
+    }
+
+    /// Waits before the next try, or gives up with `what` when the time is over.
+    pub(crate) async fn wait(&mut self, what: &str) -> Result<()> {
+        if Instant::now() + self.delay > self.deadline {
+            return Err(anyhow!("{what} (gave up after {WRITE_RETRY_FOR:?})"));
+        }
+        tracing::warn!("{what}; retrying in {:?}", self.delay);
+        tokio::time::sleep(self.delay).await;
+        self.delay = (self.delay * 2).min(Duration::from_secs(2));
+        Ok(())
+    }
+}

@@ -1,0 +1,374 @@
+//! The scheduler as a pure state machine: every decision it makes, and no I/O.
+//!
+//! [`SchedulerState`] takes [`Input`]s (a request admitted or refused at the gate, an agent's
+//! report, a heartbeat, a tick of the clock with the time, the result of a write it asked
+//! for) and returns [`Command`]s as data (write this record expecting that revision, assign,
+//! kill, publish, audit, acknowledge, move to history, store the usage book). It never reads
+//! a clock (every input comes with `now`), never waits, never touches NATS. The driver
+//! (`crate::driver`) carries the commands out against NATS and feeds the results back; the
+//! simulator (`crate::simulation`) does the same against a simulated store, bus and agents,
+//! from one seed. Both feed the same machine, so what the simulator finds is what production
+//! does.
+//!
+//! The contract with whoever drives it: inputs are handed over one at a time, and the
+//! results of the operations one input asked for ([`Input::Written`] and the like) are fed
+//! back before the next input; [`SchedulerState::pass`] runs when [`SchedulerState::pass_due`]
+//! says so, once everything before it is carried out.
+//!
+//! # Layout
+//! - [`messages`]: the inputs and commands.
+//! - [`jobs`]: the job table (records and their KV revisions).
+//! - [`transitions`]: a job's lifecycle input applied: the record written, then its effects.
+//! - [`announce`]: events, audit records, refusals and log lines, as commands.
+//! - [`assignment`]: what an assignment and a kill say (time limit, Unix account, input keys,
+//!   output subject, ranks).
+//! - [`requests`]: submissions, cancels, holds and node administration.
+//! - [`liveness`]: heartbeats, lost nodes and jobs, fencing of stale attempts, repair.
+//! - [`pass`]: a scheduling pass and its decisions.
+//! - [`retention`]: finished jobs moved to history.
+
+pub mod announce;
+pub mod assignment;
+pub mod jobs;
+pub mod liveness;
+pub mod messages;
+pub mod pass;
+pub mod requests;
+pub mod retention;
+pub mod transitions;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState};
+use mgpu_protocol::principals::{Principal, Registry, Role};
+use mgpu_protocol::priority::{Policy, UsageBook};
+
+use crate::limits::Limits;
+use crate::liveness_memory::LivenessMemory;
+use crate::metrics::{Gauges, UserJobs};
+use crate::nodes::NodeTable;
+use crate::queue_view::QueueViews;
+
+use jobs::{JobTable, Tracked};
+pub use messages::{Command, Input, Loaded, OpId};
+use transitions::Pending;
+
+/// The least time between two writes of the usage book. Every pass that saw a job end wrote
+/// it, a round trip inside the pass; in a burst of short jobs that is most passes. A scheduler
+/// killed between two writes loses at most this much of its users' accounted GPU time (a
+/// stopped one stores it before it exits).
+const SAVE_USAGE_EVERY: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+
+/// The scheduler's whole state, and every decision it makes.
+pub struct SchedulerState {
+    pub(crate) jobs: JobTable,
+    pub(crate) nodes: NodeTable,
+    pub(crate) policy: Policy,
+    usage: UsageBook,
+    /// The usage book changed since it was last stored, and when that was.
+    usage_dirty: bool,
+    usage_saved_at: Option<Timestamp>,
+    principals: Registry,
+    limits: Limits,
+    /// Each capped user's most GPUs running at once, from `limits` and users' groups.
+    gpu_caps: Arc<HashMap<String, u64>>,
+    views: QueueViews,
+    watch: LivenessMemory,
+    /// The monotonic reading of the latest tick (when kills were sent is measured on it).
+    monotonic: Duration,
+    /// When the next time slice of a running job ends (the driver wakes the machine then).
+    next_slice_end: Option<Timestamp>,
+    /// When finished jobs are next looked at for history (monotonic), and those on their way.
+    next_sweep: Duration,
+    archiving: HashSet<JobId>,
+    /// Operations asked for and not answered yet.
+    pending: HashMap<OpId, Pending>,
+    next_op: OpId,
+    /// What the input being handled asks for so far.
+    out: Vec<Command>,
+    /// Something changed that a pass should see.
+    pass_due: bool,
+    /// Decisions of the last pass whose records were stored.
+    pass_changes: usize,
+}
+
+impl SchedulerState {
+    /// The machine over what was read from the store.
+    pub fn new(loaded: Loaded) -> Self {
+        let Loaded {
+            records,
+            heartbeats,
+            admin,
+            usage,
+            principals,
+            limits,
+            policy,
+            now,
+        } = loaded;
+        let mut out = Vec::new();
+        // The stream keeps whatever was published: a stored heartbeat is checked like a live
+        // one (an absurd one would otherwise sit in the table until the node beats again).
+        let heartbeats = heartbeats
+            .into_iter()
+            .filter(|beat| match beat.validate(now) {
+                Ok(()) => true,
+                Err(invalid) => {
+                    let why = format!("ignoring a stored heartbeat: {invalid}");
+                    out.push(Command::node_log(messages::LogLevel::Warn, &beat.node, why));
+                    false
+                }
+            })
+            .collect();
+        let mut nodes = NodeTable::new(heartbeats, admin, policy.missed_heartbeats);
+        nodes.require_gpu_isolation = policy.require_gpu_isolation;
+        // Heartbeats stored while no scheduler was active (or this one was still loading)
+        // were not seen: every node gets a full allowance from now before it counts as silent.
+        nodes.blind_until(now);
+        let gpu_caps = Arc::new(limits.running_caps(users_with_groups(&principals)));
+        SchedulerState {
+            jobs: JobTable::new(records),
+            nodes,
+            policy,
+            usage,
+            usage_dirty: false,
+            usage_saved_at: None,
+            principals,
+            limits,
+            gpu_caps,
+            views: QueueViews::default(),
+            watch: LivenessMemory::default(),
+            monotonic: Duration::ZERO,
+            next_slice_end: None,
+            next_sweep: Duration::ZERO,
+            archiving: HashSet::new(),
+            pending: HashMap::new(),
+            next_op: 1,
+            out,
+            pass_due: true,
+            pass_changes: 0,
+        }
+    }
+
+    /// Handles one input at `now`; the commands to carry out, in order.
+    pub fn handle(&mut self, now: Timestamp, input: Input) -> Vec<Command> {
+        match input {
+            Input::Submissions(batch) => self.on_submissions(now, batch),
+            Input::Request(admitted) => self.on_request(now, *admitted),
+            Input::Refused(refused) => self.on_refused(now, refused),
+            Input::Report { token, report } => self.on_report(now, token, report),
+            Input::ReportRefused {
+                token,
+                job,
+                key,
+                why,
+            } => self.on_report_refused(now, token, job, key, why),
+            Input::Heartbeat(beat) => self.on_heartbeat(now, *beat),
+            Input::IncompatibleHeartbeat { node, protocol } => {
+                self.on_incompatible_heartbeat(now, &node, protocol);
+            }
+            Input::Tick(tick) => self.on_tick(now, tick),
+            Input::Written { op, outcome } => self.on_written(op, outcome),
+            Input::Archived { id, moved } => self.on_archived(&id, moved),
+            Input::AdminStored { op, stored } => self.on_admin_stored(now, op, stored),
+            Input::ReportsCaughtUp { op, caught_up } => {
+                self.on_reports_caught_up(now, op, caught_up);
+            }
+            Input::HistoryStates(states) => {
+                for (id, state) in states {
+                    self.jobs.remember_archived(id, state);
+                }
+            }
+            Input::UsageNotSaved => self.usage_dirty = true,
+            Input::Limits(limits) => {
+                self.limits = limits;
+                self.derive_caps();
+            }
+            Input::Principals(registry) => {
+                self.principals = registry;
+                self.derive_caps();
+            }
+            Input::Resumed => self.resend_assignments_older_than(now, chrono::Duration::zero()),
+            Input::Stop => self.save_usage(now, true),
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    /// Whether something changed that a pass should see.
+    pub fn pass_due(&self) -> bool {
+        self.pass_due
+    }
+
+    /// Whether operations asked for are still unanswered.
+    pub fn waiting_for_results(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// When the machine wants to be woken for a time slice's end, if it does.
+    pub fn next_slice_end(&self) -> Option<Timestamp> {
+        self.next_slice_end
+    }
+
+    /// The driver's clock reached a slice's end: a pass is due.
+    pub fn slice_over(&mut self) {
+        self.pass_due = true;
+    }
+
+    /// The record of job `id`.
+    pub fn job(&self, id: &JobId) -> Option<&JobRecord> {
+        self.jobs.get(id)
+    }
+
+    /// Every live record, in no particular order.
+    pub fn records(&self) -> impl Iterator<Item = &JobRecord> {
+        self.jobs.all()
+    }
+
+    /// How many jobs are queued and running, and how many records the table holds.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let (queued, running) = self.jobs.counts();
+        (queued, running, self.jobs.total())
+    }
+
+    /// How many nodes are known, and online at `now`.
+    pub fn node_counts(&self, now: Timestamp) -> (usize, usize) {
+        (self.nodes.len(), self.nodes.online(now))
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The jobs `specs` depend on that the table does not know: the driver looks them up in
+    /// history and hands what it finds back ([`Input::HistoryStates`]).
+    pub fn unknown_dependencies<'a>(
+        &self,
+        specs: impl IntoIterator<Item = &'a JobSpec>,
+    ) -> Vec<JobId> {
+        let mut unknown: Vec<JobId> = specs
+            .into_iter()
+            .flat_map(|spec| spec.after.iter().chain(&spec.after_any))
+            .filter(|id| !self.jobs.knows(id))
+            .cloned()
+            .collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        unknown
+    }
+
+    /// The queued jobs' specs.
+    pub fn queued_specs(&self) -> Vec<&JobSpec> {
+        self.jobs.queued().map(|r| &r.spec).collect()
+    }
+
+    /// Counts what the job and node tables hold, for the metrics: the queued and running jobs
+    /// only (finished ones pile up by the hundred thousand until they move to history).
+    pub fn gauges(&self, now: Timestamp) -> Gauges {
+        // Keyed by the records' own names: no allocation per job, only per user at the end.
+        let mut jobs: HashMap<&str, UserJobs> = HashMap::new();
+        for record in self.jobs.queued() {
+            let counts = jobs.entry(record.user.as_str()).or_default();
+            match &record.state {
+                JobState::Queued(waiting) if waiting.held_by.is_some() => counts.held += 1,
+                _ => counts.queued += 1,
+            }
+        }
+        for record in self.jobs.running() {
+            let counts = jobs.entry(record.user.as_str()).or_default();
+            counts.running += 1;
+            if let JobState::Running(run) = &record.state {
+                counts.gpus += run.placement.total_gpus();
+            }
+        }
+        Gauges {
+            jobs: jobs
+                .into_iter()
+                .map(|(user, counts)| (user.to_owned(), counts))
+                .collect(),
+            nodes: self.nodes.state_counts(now),
+        }
+    }
+
+    /// A fresh operation id.
+    fn op(&mut self) -> OpId {
+        let op = self.next_op;
+        self.next_op += 1;
+        op
+    }
+
+    /// Derives the caps on running GPUs again (limits or users' groups changed); a pass
+    /// then starts what a raised cap lets start.
+    fn derive_caps(&mut self) {
+        let caps = self
+            .limits
+            .running_caps(users_with_groups(&self.principals));
+        if caps != *self.gpu_caps {
+            self.gpu_caps = Arc::new(caps);
+            self.pass_due = true;
+        }
+    }
+
+    /// Adds a finished run's GPU time to its user's usage.
+    fn add_usage(&mut self, user: &str, gpu_seconds: f64, at: Timestamp) {
+        let half_life = self.policy.half_life_secs;
+        self.usage.add(user, gpu_seconds, at, half_life);
+        self.usage_dirty = true;
+    }
+
+    /// Asks for the usage book to be stored if it changed: at once when `now_anyway`
+    /// (stopping) or when the last write is [`SAVE_USAGE_EVERY`] old.
+    fn save_usage(&mut self, now: Timestamp, now_anyway: bool) {
+        let recent = self
+            .usage_saved_at
+            .is_some_and(|at| now - at < SAVE_USAGE_EVERY && now >= at);
+        if !self.usage_dirty || (!now_anyway && recent) {
+            return;
+        }
+        self.usage_dirty = false;
+        self.usage_saved_at = Some(now);
+        self.out.push(Command::SaveUsage(self.usage.clone()));
+    }
+
+    /// The user or admin named `name`.
+    fn user_by_name(&self, name: &str) -> Option<&Principal> {
+        self.principals
+            .principals
+            .iter()
+            .find(|p| p.name == name && matches!(p.role, Role::User | Role::Admin))
+    }
+
+    /// The group of the user or admin named `name`.
+    fn group_of(&self, name: &str) -> Option<&str> {
+        self.user_by_name(name).and_then(|p| p.group.as_deref())
+    }
+
+    /// The admins' public keys.
+    fn admin_keys(&self) -> impl Iterator<Item = &String> {
+        self.principals
+            .principals
+            .iter()
+            .filter(|p| p.is_admin())
+            .map(|p| &p.public_key)
+    }
+
+    /// Puts a record read back from the store in the table (or drops it: gone there).
+    fn take_stored(&mut self, id: &JobId, stored: Option<Box<Tracked>>) {
+        match stored {
+            Some(tracked) => self.jobs.put(*tracked),
+            None => self.jobs.forget(id),
+        }
+    }
+}
+
+/// Every user and admin of `registry`, with the group whose limits apply to them.
+fn users_with_groups(registry: &Registry) -> impl Iterator<Item = (&str, Option<&str>)> {
+    registry
+        .principals
+        .iter()
+        .filter(|p| matches!(p.role, Role::User | Role::Admin))
+        .map(|p| (p.name.as_str(), p.group.as_deref()))
+}

@@ -1,0 +1,320 @@
+//! What people ask: submissions (each checked against its owner's `[limits]`, a `--dedup`
+//! one against its twins; the record is the job lifecycle's), cancels, holds and releases
+//! (the lifecycle's, for the job's owner or an admin), and node administration (admins
+//! drain and resume nodes, pause and resume GPUs; the marks are stored in the cluster bucket
+//! before the node table takes them).
+
+use std::collections::HashMap;
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::node::AdminMark;
+use mgpu_protocol::node_admin::AdminRequest;
+use mgpu_protocol::request::{Action, Request};
+use mgpu_protocol::submit::SubmitRequest;
+
+use super::announce::Sender;
+use super::jobs::JobTable;
+use super::messages::{Admitted, Command, Count, Identity, LogLevel, Token};
+use super::transitions::{Origin, Pending};
+use super::{OpId, SchedulerState};
+use crate::lifecycle::{self, Effect, Input, NotAdded, Transition};
+use crate::metrics::{RefusalReason, SubmitOutcome};
+
+impl SchedulerState {
+    /// Plain submissions that came together: each checked and its record written, the
+    /// writes together. Each gets its own instant, a microsecond apart, so the jobs of a
+    /// batch keep their order in the queue.
+    pub(crate) fn on_submissions(&mut self, now: Timestamp, batch: Vec<Admitted>) {
+        let mut queued = QueuedByUser::default();
+        for (offset, admitted) in (0i64..).zip(batch) {
+            let at = now + chrono::Duration::microseconds(offset);
+            self.submit(at, admitted, &mut queued);
+        }
+    }
+
+    /// Any other request, alone.
+    pub(crate) fn on_request(&mut self, now: Timestamp, admitted: Admitted) {
+        let Admitted {
+            token,
+            identity,
+            request,
+        } = admitted;
+        match request {
+            Request::Submit(_) => {
+                let admitted = Admitted {
+                    token,
+                    identity,
+                    request,
+                };
+                self.submit(now, admitted, &mut QueuedByUser::default());
+            }
+            Request::Cancel { job, request } => {
+                let input = Input::Cancel {
+                    by: identity.requester(),
+                    reason: request.reason,
+                };
+                self.on_job_request(now, &job, input, identity, token);
+            }
+            Request::Hold { job, .. } => {
+                let input = Input::Hold {
+                    by: identity.requester(),
+                };
+                self.on_job_request(now, &job, input, identity, token);
+            }
+            Request::Release { job, .. } => {
+                let input = Input::Release {
+                    by: identity.requester(),
+                };
+                self.on_job_request(now, &job, input, identity, token);
+            }
+            Request::Admin(request) => self.on_node_admin(now, request, identity, token),
+        }
+    }
+
+    /// A cancel, hold or release of `job`.
+    fn on_job_request(
+        &mut self,
+        now: Timestamp,
+        job: &JobId,
+        input: Input,
+        identity: Identity,
+        token: Token,
+    ) {
+        if self.jobs.get(job).is_none() {
+            self.out.push(Command::log(
+                LogLevel::Warn,
+                Some(job),
+                "request about an unknown job",
+            ));
+            self.ack(Some(token), None);
+            return;
+        }
+        self.apply(now, job, input, Origin::Request(identity), Some(token));
+    }
+
+    /// Records one submission, looking for its twin first when it asks for `--dedup`.
+    fn submit(&mut self, now: Timestamp, admitted: Admitted, queued: &mut QueuedByUser) {
+        let Admitted {
+            token,
+            identity,
+            request,
+        } = admitted;
+        let Request::Submit(request) = request else {
+            return;
+        };
+        let mut request = *request;
+        request.spec.private_output |= self.policy.private_output;
+        let twin = request
+            .spec
+            .dedup
+            .then(|| twin_of(&self.jobs, &request, &identity))
+            .flatten();
+        let over_limit = self.over_limit(&mut request, &identity, queued);
+        let not_added = match (&twin, over_limit) {
+            (Some(twin), _) => Some(NotAdded::Duplicate(twin)),
+            (None, Some(why)) => Some(NotAdded::OverLimit(why)),
+            (None, None) => None,
+        };
+        let id = request.id.clone();
+        let Transition { record, effects } =
+            lifecycle::submit(request, &identity.signer(), not_added, now);
+        let outcome = SubmitOutcome::of(record.as_ref(), twin.is_some());
+        let Some(record) = record else {
+            // No record (its sender field is not a user name): its submitter hears why.
+            self.after_submit(now, &id, effects, &identity, outcome);
+            self.ack(Some(token), Some(&id));
+            return;
+        };
+        if matches!(record.state, JobState::Queued(_)) {
+            queued.add(&identity.name);
+        }
+        if self.jobs.get(&id).is_some() {
+            // A redelivered submission: recorded before, its effects went out then.
+            let said = "submission already recorded";
+            self.out
+                .push(Command::log(LogLevel::Debug, Some(&id), said));
+            self.ack(Some(token), Some(&id));
+            return;
+        }
+        let op = self.op();
+        self.out.push(Command::Write {
+            op,
+            record: record.clone(),
+            expected: None,
+        });
+        let pending = Pending::Create {
+            record,
+            effects,
+            identity,
+            outcome,
+            token: Some(token),
+        };
+        self.pending.insert(op, pending);
+    }
+
+    /// A submission's effects, once its record is stored, and its count.
+    pub(crate) fn after_submit(
+        &mut self,
+        at: Timestamp,
+        id: &JobId,
+        effects: Vec<Effect>,
+        identity: &Identity,
+        outcome: SubmitOutcome,
+    ) {
+        self.out.push(Command::Count(Count::Submitted {
+            user: identity.name.clone(),
+            outcome,
+        }));
+        self.carry_out(at, id, effects, Some(identity));
+    }
+
+    /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`), counting
+    /// the jobs `queued` knows of; within them, a job without a time limit gets
+    /// `max_time_limit`.
+    fn over_limit(
+        &self,
+        request: &mut SubmitRequest,
+        identity: &Identity,
+        queued: &mut QueuedByUser,
+    ) -> Option<String> {
+        if self.limits.is_empty() {
+            return None;
+        }
+        // The signer owns the job, whatever name the payload gives.
+        let user = identity.name.as_str();
+        let limits = self.limits.for_user(user, self.group_of(user));
+        let count = match &limits.max_jobs_queued {
+            Some(_) => queued.of(user, &self.jobs),
+            None => 0,
+        };
+        if let Some(why) = limits.refusal(user, &request.spec, count) {
+            return Some(why);
+        }
+        limits.cap_time_limit(&mut request.spec);
+        None
+    }
+
+    /// An admin drains or resumes a node, pauses or resumes a GPU: the new marks are stored,
+    /// then taken by the node table. The server lets only admins publish such a request, and
+    /// the signature must be an admin's too.
+    fn on_node_admin(
+        &mut self,
+        now: Timestamp,
+        request: AdminRequest,
+        identity: Identity,
+        token: Token,
+    ) {
+        if !identity.admin {
+            let reason = format!("{} is not an admin", identity.name);
+            let sender = Sender::Known(&identity);
+            let why = RefusalReason::NotPermitted;
+            self.refuse(now, Action::Admin, None, &sender, why, reason);
+            self.ack(Some(token), None);
+            return;
+        }
+        // Marks carry the signer, whatever name the payload gives.
+        let mark = |reason: &Option<String>| AdminMark {
+            by: identity.name.clone(),
+            at: now,
+            reason: reason.clone(),
+        };
+        let node = match &request {
+            AdminRequest::DrainNode { node, .. }
+            | AdminRequest::ResumeNode { node, .. }
+            | AdminRequest::PauseGpu { node, .. }
+            | AdminRequest::ResumeGpu { node, .. } => node.clone(),
+        };
+        let mut admin = self.nodes.admin.get(&node).cloned().unwrap_or_default();
+        match &request {
+            AdminRequest::DrainNode { reason, .. } => admin.drained = Some(mark(reason)),
+            AdminRequest::ResumeNode { .. } => admin.drained = None,
+            AdminRequest::PauseGpu { index, reason, .. } => {
+                admin.paused_gpus.insert(*index, mark(reason));
+            }
+            AdminRequest::ResumeGpu { index, .. } => {
+                admin.paused_gpus.remove(index);
+            }
+        }
+        let op = self.op();
+        self.out.push(Command::StoreAdmin {
+            op,
+            node: node.clone(),
+            admin: admin.clone(),
+        });
+        let detail = format!("{request:?}");
+        let pending = Pending::Admin {
+            token,
+            node,
+            admin,
+            identity,
+            detail,
+        };
+        self.pending.insert(op, pending);
+    }
+
+    /// A node's administration was stored (or not: the request is delivered again).
+    pub(crate) fn on_admin_stored(&mut self, now: Timestamp, op: OpId, stored: bool) {
+        let Some(Pending::Admin {
+            token,
+            node,
+            admin,
+            identity,
+            detail,
+        }) = self.pending.remove(&op)
+        else {
+            return;
+        };
+        if !stored {
+            let said = format!("storing node {node} administration failed");
+            self.out
+                .push(Command::node_log(LogLevel::Error, &node, said));
+            return;
+        }
+        let said = format!("node administration changed by {}: {detail}", identity.name);
+        self.out
+            .push(Command::node_log(LogLevel::Info, &node, said));
+        let sender = Sender::Known(&identity);
+        self.audit(now, Action::Admin, &sender, Some(node.clone()), Ok(detail));
+        self.nodes.admin.insert(node, admin);
+        self.pass_due = true;
+        self.ack(Some(token), None);
+    }
+}
+
+/// The queued or running job of the same user that `--dedup` finds identical.
+fn twin_of(jobs: &JobTable, request: &SubmitRequest, identity: &Identity) -> Option<JobId> {
+    let key = request.spec.dedup_key();
+    jobs.queued()
+        .chain(jobs.running())
+        .find(|r: &&JobRecord| {
+            r.id != request.id
+                && r.user == identity.name
+                && matches!(r.state, JobState::Queued(_) | JobState::Running(_))
+                && r.spec.dedup_key() == key
+        })
+        .map(|r| r.id.clone())
+}
+
+/// Users' queued jobs, counted once per batch of submissions (only for users with a
+/// `max_jobs_queued`), plus those the batch queued.
+#[derive(Default)]
+struct QueuedByUser(HashMap<String, usize>);
+
+impl QueuedByUser {
+    fn of(&mut self, user: &str, jobs: &JobTable) -> usize {
+        if let Some(count) = self.0.get(user) {
+            return *count;
+        }
+        let count = jobs.queued().filter(|record| record.user == user).count();
+        self.0.insert(user.to_owned(), count);
+        count
+    }
+
+    fn add(&mut self, user: &str) {
+        if let Some(count) = self.0.get_mut(user) {
+            *count += 1;
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! A job's lifecycle input applied: the lifecycle decides the new record and its effects,
+//! the record is written with compare-and-set on the revision the table holds, and only once
+//! the write is known to have landed do the effects go out, in order. Where the stored
+//! record changed under the scheduler (another writer), the input is applied again to what
+//! is stored, a few times at most. Where the store cannot be reached, only the best-effort
+//! kills go out (the job's other processes must stop either way) and the request is not
+//! acknowledged, so JetStream delivers it again.
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::node::NodeAdmin;
+
+use super::jobs::Tracked;
+use super::messages::{Command, Count, Identity, LogLevel, Token, WriteOutcome};
+use super::{OpId, SchedulerState};
+use crate::lifecycle::{self, Effect, Input, Limits, Transition};
+use crate::metrics::SubmitOutcome;
+
+/// Times an input is applied when the stored record keeps changing under the scheduler.
+const WRITE_TRIES: usize = 3;
+
+/// Who asked for a change, and what follows once it is stored.
+#[derive(Clone, Debug)]
+pub(crate) enum Origin {
+    /// A request (its sender, for the audit trail and refusals).
+    Request(Identity),
+    /// A pass decided it; `waited` is how long a started job waited (for the metrics).
+    Pass { waited: Option<chrono::Duration> },
+    /// An agent's report, a lost node: the scheduler itself.
+    Scheduler,
+}
+
+impl Origin {
+    fn identity(&self) -> Option<&Identity> {
+        match self {
+            Origin::Request(identity) => Some(identity),
+            _ => None,
+        }
+    }
+}
+
+/// An operation asked for, waiting for its result.
+pub(crate) enum Pending {
+    /// A lifecycle transition's record on its way to the store.
+    Transition(PendingTransition),
+    /// A new job's record on its way to the store.
+    Create {
+        record: JobRecord,
+        effects: Vec<Effect>,
+        identity: Identity,
+        outcome: SubmitOutcome,
+        token: Option<Token>,
+    },
+    /// A node's administration on its way to the cluster bucket.
+    Admin {
+        token: Token,
+        node: String,
+        admin: NodeAdmin,
+        identity: Identity,
+        detail: String,
+    },
+    /// Jobs missing from a node's heartbeat, lost once every stored report was handled.
+    Missing {
+        node: String,
+        jobs: Vec<(JobId, u32)>,
+        at: Timestamp,
+    },
+}
+
+pub(crate) struct PendingTransition {
+    record: JobRecord,
+    input: Input,
+    effects: Vec<Effect>,
+    origin: Origin,
+    token: Option<Token>,
+    tries: usize,
+    now: Timestamp,
+}
+
+impl SchedulerState {
+    /// What the lifecycle needs of the policy.
+    pub(crate) fn lifecycle_limits(&self) -> Limits {
+        Limits {
+            max_attempts: self.policy.max_attempts,
+        }
+    }
+
+    /// Applies `input` to `job` through the lifecycle: the new record written (its effects
+    /// follow once it is stored), or, when nothing changes, the effects at once. `token` is
+    /// acknowledged once handled.
+    pub(crate) fn apply(
+        &mut self,
+        now: Timestamp,
+        job: &JobId,
+        input: Input,
+        origin: Origin,
+        token: Option<Token>,
+    ) {
+        self.apply_try(now, job, input, origin, token, 0);
+    }
+
+    fn apply_try(
+        &mut self,
+        now: Timestamp,
+        job: &JobId,
+        input: Input,
+        origin: Origin,
+        token: Option<Token>,
+        tries: usize,
+    ) {
+        let Some(tracked) = self.jobs.tracked(job) else {
+            self.ack(token, Some(job));
+            return;
+        };
+        let revision = tracked.revision;
+        let limits = self.lifecycle_limits();
+        let Transition { record, effects } =
+            lifecycle::apply(&tracked.record, input.clone(), now, &limits);
+        match record {
+            Some(record) => {
+                let op = self.op();
+                self.out.push(Command::Write {
+                    op,
+                    record: record.clone(),
+                    expected: Some(revision),
+                });
+                let pending = PendingTransition {
+                    record,
+                    input,
+                    effects,
+                    origin,
+                    token,
+                    tries: tries + 1,
+                    now,
+                };
+                self.pending.insert(op, Pending::Transition(pending));
+            }
+            None => {
+                self.carry_out(now, job, effects, origin.identity());
+                self.ack(token, Some(job));
+            }
+        }
+    }
+
+    /// The result of a write the machine asked for.
+    pub(crate) fn on_written(&mut self, op: OpId, outcome: WriteOutcome) {
+        match self.pending.remove(&op) {
+            Some(Pending::Transition(pending)) => self.transition_written(pending, outcome),
+            Some(Pending::Create {
+                record,
+                effects,
+                identity,
+                outcome: counted,
+                token,
+            }) => self.created(record, outcome, (effects, identity, counted), token),
+            Some(other) => {
+                // Not a write: keep waiting for its own answer.
+                self.pending.insert(op, other);
+            }
+            None => {}
+        }
+    }
+
+    fn transition_written(&mut self, pending: PendingTransition, outcome: WriteOutcome) {
+        let PendingTransition {
+            record,
+            input,
+            mut effects,
+            origin,
+            token,
+            tries,
+            now,
+        } = pending;
+        let id = record.id.clone();
+        match outcome {
+            WriteOutcome::Stored { revision } => {
+                self.jobs.put(Tracked { record, revision });
+                self.pass_due = true;
+                if let Origin::Pass { waited } = &origin {
+                    self.pass_changes += 1;
+                    if let Some(waited) = waited {
+                        self.out.push(Command::Count(Count::StartedAfter(*waited)));
+                    }
+                    self.arm_slice_timer(&id);
+                }
+                self.carry_out(now, &id, effects, origin.identity());
+                self.ack(token, Some(&id));
+            }
+            WriteOutcome::Changed { stored } => {
+                self.out.push(Command::log(
+                    LogLevel::Warn,
+                    Some(&id),
+                    "job record changed under us; deciding again from what is stored",
+                ));
+                self.take_stored(&id, stored);
+                self.pass_due = true;
+                if tries >= WRITE_TRIES {
+                    self.out.push(Command::log(
+                        LogLevel::Error,
+                        Some(&id),
+                        "record keeps changing under the scheduler",
+                    ));
+                    return;
+                }
+                self.apply_try(now, &id, input, origin, token, tries);
+            }
+            WriteOutcome::Failed { error } => {
+                effects.retain(|e| matches!(e, Effect::Kill(kill) if kill.best_effort));
+                self.carry_out(now, &id, effects, origin.identity());
+                self.out.push(Command::log(
+                    LogLevel::Error,
+                    Some(&id),
+                    format!("storing its record: {error}"),
+                ));
+            }
+        }
+    }
+
+    /// A new record's write came out.
+    fn created(
+        &mut self,
+        record: JobRecord,
+        outcome: WriteOutcome,
+        (effects, identity, counted): (Vec<Effect>, Identity, SubmitOutcome),
+        token: Option<Token>,
+    ) {
+        let id = record.id.clone();
+        match outcome {
+            WriteOutcome::Stored { revision } => {
+                let at = record.submitted_at;
+                self.jobs.put(Tracked { record, revision });
+                self.pass_due = true;
+                self.after_submit(at, &id, effects, &identity, counted);
+                self.ack(token, Some(&id));
+            }
+            WriteOutcome::Changed { stored } => {
+                // A redelivered submission: recorded before, its effects went out then.
+                self.take_stored(&id, stored);
+                self.out.push(Command::log(
+                    LogLevel::Debug,
+                    Some(&id),
+                    "submission already recorded",
+                ));
+                self.ack(token, Some(&id));
+            }
+            WriteOutcome::Failed { error } => {
+                // Unacknowledged: JetStream delivers it again.
+                self.out.push(Command::log(
+                    LogLevel::Error,
+                    Some(&id),
+                    format!("handling a submission: {error}"),
+                ));
+            }
+        }
+    }
+
+    /// Carries out `effects` about `job` in order, as commands; usage charges are booked.
+    pub(crate) fn carry_out(
+        &mut self,
+        now: Timestamp,
+        job: &JobId,
+        effects: Vec<Effect>,
+        by: Option<&Identity>,
+    ) {
+        for effect in effects {
+            match effect {
+                Effect::Assign => {
+                    if let Some(record) = self.jobs.get(job) {
+                        let assign = self.assignment_of(record);
+                        self.out.extend(assign);
+                    }
+                }
+                Effect::Kill(kill) => {
+                    let commands = super::assignment::kill_commands(job, &kill);
+                    self.out.extend(commands);
+                }
+                Effect::Publish(kind) => self.announce(now, job, kind),
+                Effect::Audit {
+                    action,
+                    accepted,
+                    detail,
+                } => {
+                    let outcome = if accepted { Ok(detail) } else { Err(detail) };
+                    let sender = super::announce::Sender::of(by);
+                    self.audit(now, action, &sender, Some(job.to_string()), outcome);
+                }
+                Effect::Refuse { action, reason } => {
+                    // The lifecycle refuses only those who may not act on the job.
+                    let sender = super::announce::Sender::of(by);
+                    let why = crate::metrics::RefusalReason::NotPermitted;
+                    self.refuse(now, action, Some(job), &sender, why, reason);
+                }
+                Effect::AccountUsage {
+                    user,
+                    gpu_seconds,
+                    at,
+                } => self.add_usage(&user, gpu_seconds, at),
+                Effect::Log(log) => {
+                    let level = match log.level {
+                        lifecycle::Level::Debug => LogLevel::Debug,
+                        lifecycle::Level::Info => LogLevel::Info,
+                        lifecycle::Level::Warn => LogLevel::Warn,
+                    };
+                    self.out.push(Command::log(level, Some(job), log.message));
+                }
+            }
+        }
+    }
+
+    /// Acknowledges `token`, if there is one.
+    pub(crate) fn ack(&mut self, token: Option<Token>, job: Option<&JobId>) {
+        if let Some(token) = token {
+            self.out.push(Command::Ack {
+                token,
+                job: job.cloned(),
+            });
+        }
+    }
+
+    /// Whether `job` is running its attempt `attempt` (for checks made after an answer came).
+    pub(crate) fn runs_attempt(&self, job: &JobId, attempt: u32) -> bool {
+        self.jobs
+            .get(job)
+            .is_some_and(|r| r.attempt == attempt && matches!(r.state, JobState::Running(_)))
+    }
+}
