@@ -11,7 +11,7 @@
 //! - `commands/`: one module per subcommand. `submit/`: `args` (its options), `spec` (the job
 //!   spec from options or a job file's draft), `plan` (each form, a job, an array or a job
 //!   file, as prepared submissions), `pipeline` (check, skip duplicates via `dedup`, store),
-//!   `printer` (what each form prints), `file` (job files, `--watch`), `attach` (`-i`).
+//!   `printer` (what each form prints), `file` (job files, `--watch`).
 //!   `queue`, `show`, `nodes`, `logs`, `cancel`, `hold` (and release), `node_admin` (`node`
 //!   and `gpu`), `top/` (the command's I/O; `screen/`, its pure model and drawing), and
 //!   `admin/`, one file per subcommand (`init`, `add_user`, `add_node`, `list`, `remove`,
@@ -22,9 +22,9 @@
 //!   node's row (`nodes`).
 //! - `client/`: the client library the commands share: the connection as the current user
 //!   (`session`), the one request path, signed, acknowledged and retried through leader
-//!   elections (`request`), and submissions on it (`submit`).
-//! - `follow`: a job's output and record as JetStream has them, for `logs`, `submit -i`,
-//!   `cancel` and `hold`.
+//!   elections (`request`), submissions on it (`submit`), the scheduler's answer to a request
+//!   about a job (`answer`), and following a job, its output, record and terminal (`follow/`),
+//!   for `logs`, `wait`, `attach`, `submit -i`, `cancel`, `hold` and `top`.
 //! - `jobfile/`: the job-file formats (`csv` lines, `native` TOML tables) parsed into drafts.
 //! - `gpu_profiles`: the JSON profiles file giving each model's GPU requirement.
 //! - `parse`: value parsers for the command line (GPU ids, memory sizes, arrays, `NODE:IDX`).
@@ -46,14 +46,12 @@ mod console;
 mod errors;
 #[cfg(test)]
 mod fixtures;
-mod follow;
 mod gpu_profiles;
 mod human;
 mod jobfile;
 mod model;
 mod parse;
 pub mod process;
-mod raw_terminal;
 pub mod setup;
 mod tables;
 

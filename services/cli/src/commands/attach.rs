@@ -13,13 +13,13 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::job::JobRecord;
 
+use crate::client::follow::follower::{FollowOptions, follow};
+use crate::client::follow::input::InputMode;
+use crate::client::follow::{output, record};
 use crate::client::session::{ConnectionArgs, Session};
-use crate::commands::submit::attach::{FollowOptions, follow};
-use crate::commands::submit::input::InputMode;
 use crate::console;
-use crate::follow::clamp_exit_code;
 use crate::human;
 use crate::model::jobs;
 
@@ -40,7 +40,7 @@ pub struct AttachArgs {
 pub async fn run(connection: &ConnectionArgs, args: &AttachArgs) -> Result<ExitCode> {
     let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
     let record = jobs::find_anywhere(&session, &args.id).await?;
-    crate::follow::check_output_readable(&session, &mut refusals, &record).await?;
+    output::check_output_readable(&session, &mut refusals, &record).await?;
     if record.state.is_finished() {
         return Ok(ended(&record));
     }
@@ -60,7 +60,7 @@ pub async fn run(connection: &ConnectionArgs, args: &AttachArgs) -> Result<ExitC
         quiet: args.quiet,
         input,
         attaching: true,
-        output: crate::follow::output_subjects_of(&record),
+        output: output::output_subjects_of(&record),
     };
     follow(&session, &record.id, options).await
 }
@@ -81,11 +81,7 @@ fn input_mode(record: &JobRecord, read_only: bool) -> InputMode {
 /// A job that has ended has nothing to join: say how it ended, where its output is, and end
 /// the way it did.
 fn ended(record: &JobRecord) -> ExitCode {
-    let code = match (&record.state, record.exit_code()) {
-        (_, Some(code)) => clamp_exit_code(code),
-        (JobState::Succeeded(_), None) => 0,
-        (_, None) => 1,
-    };
+    let code = record::exit_status(record);
     console::stderr_line(&format!(
         "mgpu: job {short} has ended ({state}, exit status {code}); its output: mgpu logs {short}",
         short = record.id.short(),

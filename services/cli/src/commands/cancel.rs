@@ -5,19 +5,17 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::Args;
-use futures::StreamExt;
 use futures::future::join_all;
 use mgpu_nats::records;
 use mgpu_protocol::cancel::CancelRequest;
-use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::subjects;
 
+use crate::client::answer::{Answer, Answers};
 use crate::client::request::{self, Request};
 use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{self, println};
 use crate::errors::plain;
-use crate::follow;
 use crate::human;
 use crate::model::jobs;
 
@@ -64,8 +62,9 @@ pub async fn run(connection: &ConnectionArgs, args: &CancelArgs) -> Result<ExitC
 
 pub(crate) async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome> {
     let id = jobs::resolve(&session.js, typed).await?;
-    // Watching from before the request, so a quick stop cannot be missed.
-    let mut changes = follow::watch_record(&session.js, &id).await?;
+    // Listening from before the request, so a quick stop (or the scheduler's refusal: not the
+    // owner, not an admin) cannot be missed.
+    let mut answers = Answers::listen(session, &id).await?;
     if let Some(record) = records::get_job(&session.js, &id).await.map_err(plain)?
         && record.state.is_finished()
     {
@@ -76,12 +75,6 @@ pub(crate) async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome
         );
     }
 
-    // The scheduler's refusal (not the owner, not an admin) comes as an event.
-    let mut events = session
-        .client
-        .subscribe(subjects::events(&id))
-        .await
-        .map_err(plain)?;
     let body = CancelRequest {
         user: session.user.clone(),
         reason: None,
@@ -90,19 +83,11 @@ pub(crate) async fn cancel_one(session: &Session, typed: &str) -> Result<Outcome
 
     let stopped = tokio::time::timeout(WAIT_FOR_STOP, async {
         loop {
-            tokio::select! {
-                change = changes.next() => match change {
-                    Some(Ok(Some(record))) if record.state.is_finished() => return Ok(true),
-                    Some(_) => {}
-                    None => return Ok(false),
-                },
-                Some(event) = events.next() => {
-                    if let Ok(JobEvent { kind: JobEventKind::Refused { reason, .. }, .. }) =
-                        serde_json::from_slice::<JobEvent>(&event.payload)
-                    {
-                        bail!("{reason}");
-                    }
-                }
+            match answers.next().await {
+                Answer::Record(Ok(Some(record))) if record.state.is_finished() => return Ok(true),
+                Answer::Record(_) | Answer::Rejected(_) => {}
+                Answer::WatchEnded => return Ok(false),
+                Answer::Refused(reason) => bail!("{reason}"),
             }
         }
     })

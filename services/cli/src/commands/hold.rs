@@ -8,19 +8,16 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
 use clap::Args;
-use futures::StreamExt;
 use futures::future::join_all;
-use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::hold::HoldRequest;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::subjects;
 
+use crate::client::answer::{Answer, Answers};
 use crate::client::request::{self, Request};
 use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{self, println};
-use crate::errors::plain;
-use crate::follow;
 use crate::human;
 use crate::model::jobs;
 
@@ -116,13 +113,8 @@ pub(crate) async fn one(session: &Session, typed: &str, action: Action) -> Resul
         return Ok(outcome);
     }
 
-    // Watching and listening from before the request, so a quick answer cannot be missed.
-    let mut changes = follow::watch_record(&session.js, &id).await?;
-    let mut events = session
-        .client
-        .subscribe(subjects::events(&id))
-        .await
-        .map_err(plain)?;
+    // Listening from before the request, so a quick answer cannot be missed.
+    let mut answers = Answers::listen(session, &id).await?;
     let body = HoldRequest {
         user: session.user.clone(),
     };
@@ -130,11 +122,8 @@ pub(crate) async fn one(session: &Session, typed: &str, action: Action) -> Resul
 
     let wait = async {
         loop {
-            tokio::select! {
-                change = changes.next() => {
-                    let Some(change) = change else {
-                        bail!("lost the watch on job {}'s record", id.short());
-                    };
+            match answers.next().await {
+                Answer::Record(change) => {
                     let Some(record) = change? else {
                         bail!("job {} was removed", id.short());
                     };
@@ -142,17 +131,13 @@ pub(crate) async fn one(session: &Session, typed: &str, action: Action) -> Resul
                         return Ok(outcome);
                     }
                 }
-                Some(event) = events.next() => {
-                    match serde_json::from_slice::<JobEvent>(&event.payload) {
-                        Ok(JobEvent { kind: JobEventKind::Rejected { reason }, .. }) => {
-                            bail!("the scheduler refused to {} job {}: {reason}", action.verb(), id.short());
-                        }
-                        Ok(JobEvent { kind: JobEventKind::Refused { reason, .. }, .. }) => {
-                            bail!("{reason}");
-                        }
-                        _ => {}
-                    }
-                }
+                Answer::WatchEnded => bail!("lost the watch on job {}'s record", id.short()),
+                Answer::Rejected(reason) => bail!(
+                    "the scheduler refused to {} job {}: {reason}",
+                    action.verb(),
+                    id.short()
+                ),
+                Answer::Refused(reason) => bail!("{reason}"),
             }
         }
     };

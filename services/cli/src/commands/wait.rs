@@ -2,33 +2,29 @@
 //!
 //! Each job is found first (by id or unique prefix, live or in history); an id that names no
 //! job ends the command at once with [`UNKNOWN_JOB`], before anything is waited for. Then the
-//! records of the jobs still unfinished are watched in the jobs bucket (one watch per
-//! [`WATCH_CHUNK`] keys), and read again every [`RECHECK`] as well (every [`POLL`] without a
-//! watch): a finished job moves to history without leaving a trace in the bucket, so a watch
-//! started after it finished would never hear of it. On a terminal, stderr shows a status
-//! line rewritten in place and a line per job that ends; elsewhere `wait` prints nothing, its
-//! exit status says it all.
+//! records of the jobs still unfinished are watched in the jobs bucket
+//! ([`record::watch_records`]), and read again every [`RECHECK`] as well (every [`POLL`]
+//! without a watch): a finished job moves to history without leaving a trace in the bucket,
+//! so a watch started after it finished would never hear of it. On a terminal, stderr shows a
+//! status line rewritten in place and a line per job that ends; elsewhere `wait` prints
+//! nothing, its exit status says it all.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use async_nats::jetstream::kv;
 use clap::Args;
 use futures::StreamExt;
 use futures::future::join_all;
-use futures::stream::{BoxStream, SelectAll};
-use mgpu_nats::records;
 use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, WaitReason};
 use tokio::time::Instant;
 
+use crate::client::follow::record::{self, RecordsChanges};
 use crate::client::session::{ConnectionArgs, Session};
 use crate::console;
-use crate::errors::plain;
-use crate::follow;
 use crate::human;
 use crate::model::jobs;
 
@@ -44,9 +40,6 @@ const RECHECK: Duration = Duration::from_secs(10);
 
 /// How often unfinished jobs are read again when there is no watch.
 const POLL: Duration = Duration::from_secs(2);
-
-/// Keys per watch: one consumer filters on this many jobs.
-const WATCH_CHUNK: usize = 200;
 
 /// How often the status line is redrawn on a terminal.
 const REDRAW: Duration = Duration::from_secs(1);
@@ -128,14 +121,15 @@ struct Ended {
 }
 
 /// The exit status a finished job gives `wait`: 0 for success, else its exit code, else
-/// [`FAILED_WITHOUT_CODE`]; a failure never reads as 0.
+/// [`FAILED_WITHOUT_CODE`]; unlike a follower's ([`record::exit_status`]), a failure never
+/// reads as 0, even one whose process exited 0.
 fn exit_status_of(record: &JobRecord) -> u8 {
     if matches!(record.state, JobState::Succeeded(_)) {
         return 0;
     }
-    match record.exit_code().map(follow::clamp_exit_code) {
-        Some(code) if code != 0 => code,
-        _ => FAILED_WITHOUT_CODE,
+    match record::exit_status(record) {
+        0 => FAILED_WITHOUT_CODE,
+        code => code,
     }
 }
 
@@ -263,7 +257,8 @@ impl Waiting {
         let mut watch = if self.done() {
             None
         } else {
-            watch(session, &self.unfinished).await.ok()
+            let ids: Vec<JobId> = self.unfinished.iter().map(|r| r.id.clone()).collect();
+            record::watch_records(&session.js, &ids).await.ok()
         };
         let every = if watch.is_some() { RECHECK } else { POLL };
         let mut recheck = tokio::time::interval_at(Instant::now() + every, every);
@@ -390,37 +385,9 @@ impl Waiting {
     }
 }
 
-type Changes = SelectAll<BoxStream<'static, Option<JobRecord>>>;
-
-/// Watches the jobs' records: their current values first, then every change. Items are None
-/// for what is no record (a deletion, an unreadable value).
-async fn watch(session: &Session, unfinished: &[JobRecord]) -> Result<Changes> {
-    let bucket = records::jobs_bucket(&session.js).await.map_err(plain)?;
-    let mut all = SelectAll::new();
-    for chunk in unfinished.chunks(WATCH_CHUNK) {
-        let keys: Vec<String> = chunk.iter().map(|r| r.id.to_string()).collect();
-        let watch = records::create_reader("watching the jobs' records", || {
-            bucket.watch_many_with_history(keys.clone())
-        })
-        .await
-        .map_err(plain)?;
-        all.push(
-            watch
-                .map(|entry| match entry {
-                    Ok(entry) if entry.operation == kv::Operation::Put => {
-                        serde_json::from_slice::<JobRecord>(&entry.value).ok()
-                    }
-                    _ => None,
-                })
-                .boxed(),
-        );
-    }
-    Ok(all)
-}
-
 /// The next record from the watch; None once the watch ended. Without a watch it never
 /// returns.
-async fn next_change(watch: &mut Option<Changes>) -> Option<JobRecord> {
+async fn next_change(watch: &mut Option<RecordsChanges>) -> Option<JobRecord> {
     let Some(changes) = watch.as_mut() else {
         return std::future::pending().await;
     };

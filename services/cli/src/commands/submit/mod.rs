@@ -10,12 +10,10 @@
 //! lines are options ([`directives`], split by [`shell_words`]).
 
 mod args;
-pub(crate) mod attach;
 mod batch_script;
 mod dedup;
 mod directives;
 mod file;
-pub(crate) mod input;
 mod pipeline;
 mod plan;
 mod printer;
@@ -31,6 +29,9 @@ use mgpu_protocol::job::JobSpec;
 pub use args::SubmitArgs;
 use pipeline::Pipeline;
 
+use crate::client::follow::follower::{self, FollowOptions};
+use crate::client::follow::input::InputMode;
+use crate::client::follow::output;
 use crate::client::session::{ConnectionArgs, Session};
 use crate::gpu_profiles::LazyProfiles;
 use crate::parse::ArraySpec;
@@ -73,17 +74,17 @@ async fn submit_one(session: &Session, args: &SubmitArgs, spec: JobSpec) -> Resu
     match printer::single(args, settled)? {
         Some(id) if args.interactive => {
             let input = if args.pty {
-                input::InputMode::keys(false)
+                InputMode::keys(false)
             } else {
-                input::InputMode::Lines
+                InputMode::Lines
             };
-            let options = attach::FollowOptions {
+            let options = FollowOptions {
                 quiet: args.quiet,
                 input,
                 attaching: false,
-                output: crate::follow::own_output_subjects(&session.key.public_key(), &id),
+                output: output::own_output_subjects(&session.key.public_key(), &id),
             };
-            attach::follow(session, &id, options).await
+            follower::follow(session, &id, options).await
         }
         _ => Ok(ExitCode::SUCCESS),
     }

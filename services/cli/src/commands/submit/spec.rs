@@ -55,7 +55,9 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     spec.conda_env = args.conda.clone();
     spec.env = capture_environment();
     spec.interactive = args.interactive;
-    spec.pty = args.pty.then(crate::raw_terminal::size_or_default);
+    spec.pty = args
+        .pty
+        .then(crate::client::follow::raw_terminal::size_or_default);
     spec.dedup = args.dedup;
     spec.no_requeue = args.no_requeue;
     spec.private_output = args.private;

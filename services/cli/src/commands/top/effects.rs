@@ -8,9 +8,9 @@ use futures::StreamExt;
 use futures::stream::{self, BoxStream};
 use mgpu_protocol::ids::JobId;
 
+use crate::client::follow::output::{self, Chunk};
 use crate::client::session::Session;
 use crate::commands::{cancel, hold};
-use crate::follow::{self, Chunk};
 
 /// Cancels the job and waits (a while) to see it stop, as `mgpu cancel` does.
 pub async fn cancel(session: &Session, id: JobId) -> Input {
@@ -37,12 +37,12 @@ pub async fn hold(session: &Session, id: JobId, action: hold::Action) -> Input {
 /// The job's output from its first line on, and what follows, as `mgpu logs -f` reads it.
 pub fn follow_log(js: jetstream::Context, id: JobId, subject: String) -> BoxStream<'static, Input> {
     stream::once(async move {
-        match follow::open_output(&js, &[subject]).await {
+        match output::open_output(&js, &[subject]).await {
             Ok(feed) => {
                 let job = id.clone();
                 feed.messages
                     .map(move |message| match message {
-                        Ok(message) => chunk(&job, follow::classify(&message)),
+                        Ok(message) => chunk(&job, output::classify(&message)),
                         Err(err) => Input::LogEnded {
                             job: job.clone(),
                             note: format!("the output could not be read: {err}"),
