@@ -20,6 +20,9 @@ if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
 fi
 step "no import cycles between files"
 cargo run -q -p mgpu-tests --bin import-cycles
+# The debug build setup.sh made (scripts/simulate.sh builds release, for long runs).
+step "scheduler simulation: 20 seeds, faults drawn from each (as scripts/simulate.sh)"
+target/debug/mgpu-simulate --seeds 20 --minutes 3
 step "cargo test (unit, property and end-to-end against a real nats-server)"
 export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo test --workspace -- "$@"

@@ -81,11 +81,24 @@ pub struct Outcome {
 
 /// Runs one seed to its end, or to its first broken invariant.
 pub fn run(seed: u64, options: &Options) -> Outcome {
-    let mut world = World::new(seed, options.clone());
+    let mut world = World::new(seed, options.clone(), workload::limits());
     let active = options.active_secs * 1000;
     let end = active + options.quiet_secs * 1000;
     let mut violation = None;
     while world.step(end) {
+        for due in std::mem::take(&mut world.due) {
+            let next = match due {
+                world::Event::User => {
+                    workload::user_action(&mut world);
+                    world.rng.between(50, 1_500)
+                }
+                _ => {
+                    faults::inject(&mut world);
+                    world.rng.between(200, 3_000)
+                }
+            };
+            world.at(next, due);
+        }
         if !world.quiet && world.now >= active {
             world.quiet = true;
             world.note("quiet period: no more faults or work".into());

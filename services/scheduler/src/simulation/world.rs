@@ -21,7 +21,6 @@ use super::Options;
 use super::agents::SimAgent;
 use super::rng::Rng;
 use super::store::SimStore;
-use super::workload;
 use crate::limits::Limits;
 use crate::machine::messages::{Admitted, Identity, Input, Loaded, Step, Tick, Token, steps};
 use crate::machine::{Command, SchedulerState};
@@ -98,10 +97,12 @@ pub struct World {
     pub trace: std::collections::VecDeque<String>,
     /// Faults and new work stop from here on (the quiet period).
     pub quiet: bool,
+    /// User actions and faults due now, for the run loop to draw.
+    pub due: Vec<Event>,
 }
 
 impl World {
-    pub fn new(seed: u64, options: Options) -> Self {
+    pub fn new(seed: u64, options: Options, limits: Limits) -> Self {
         let mut rng = Rng::new(seed);
         let users: Vec<Identity> = ["alice", "bob", "root"]
             .iter()
@@ -123,7 +124,6 @@ impl World {
                 })
                 .collect(),
         };
-        let limits = workload::limits();
         let nodes = rng.between(2, 5) as usize;
         let agents = (0..nodes)
             .map(|i| SimAgent::new(format!("node{i}"), rng.between(1, 4) as u32))
@@ -155,6 +155,7 @@ impl World {
             steps: 0,
             trace: std::collections::VecDeque::new(),
             quiet: false,
+            due: Vec::new(),
         };
         for node in 0..world.agents.len() {
             let offset = world.rng.below(1000);
@@ -220,18 +221,11 @@ impl World {
                 self.at(100, Event::AgentStep(node));
             }
             Event::Pump => self.pump(),
-            Event::User => {
+            // What users do and what goes wrong are drawn by the run loop (`run`), which
+            // reschedules them while the run is not quiet.
+            Event::User | Event::Fault => {
                 if !self.quiet {
-                    workload::user_action(self);
-                    let next = self.rng.between(50, 1_500);
-                    self.at(next, Event::User);
-                }
-            }
-            Event::Fault => {
-                if !self.quiet {
-                    super::faults::inject(self);
-                    let next = self.rng.between(200, 3_000);
-                    self.at(next, Event::Fault);
+                    self.due.push(event);
                 }
             }
             Event::NodeRestart(node, lost) => self.restart_node(node, &lost),
