@@ -310,6 +310,9 @@ impl Driver {
     /// The liveness timer: the limits and principals files read again if they changed, what
     /// the machine needs to know of the streams asked, and the tick handed over.
     async fn tick(&mut self) {
+        // Read before the questions below, which may wait a second each while NATS cannot
+        // answer: the gap between two ticks must measure the loop, not those waits.
+        let monotonic = self.started.elapsed();
         if self.limits.refresh() {
             let limits = self.limits.limits.clone();
             self.feed(Input::Limits(limits)).await;
@@ -318,7 +321,7 @@ impl Driver {
         let heartbeats_visible = self.heartbeat_stream_answers().await;
         let reports_caught_up = self.reports_caught_up().await;
         let tick = Tick {
-            monotonic: self.started.elapsed(),
+            monotonic,
             heartbeats_visible,
             reports_caught_up,
         };
