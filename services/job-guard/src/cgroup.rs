@@ -1,7 +1,12 @@
-//! The job's cgroup, as the guard sees it: joining it before the job starts, and emptying it
-//! when the guard stops the job without its agent. CGROUP is the `:`-separated list of the
-//! `cgroup.procs` files of the job's cgroup (one per hierarchy on cgroup v1), NUL-terminated;
-//! `@` before it: the agent joined already; `-`: none.
+//! The job's cgroup, as the guard sees it: joining it before the job starts, and signalling
+//! its processes ([`Command::SignalCgroup`]) when the guard stops the job without its agent.
+//! Which files ([`Cgroup`], from CGROUP) and whom a signal spares are the guard's rules
+//! (`mgpu-guard-rules`); the reading and writing are here.
+//!
+//! [`Command::SignalCgroup`]: mgpu_guard_rules::Command::SignalCgroup
+
+use mgpu_guard_rules::Cgroup;
+use mgpu_guard_rules::machine::{CGROUP_KILL_ROUNDS, cgroup_signal_spares_group};
 
 use crate::sys;
 
@@ -17,13 +22,13 @@ fn with_nul<'a>(path: &[u8], buffer: &'a mut [u8; MAX_PATH]) -> Option<&'a [u8]>
     Some(room)
 }
 
-/// Writes `0` to each `cgroup.procs` in `list` (`:`-separated, NUL-terminated): on cgroup v1
-/// the job's cgroup is one directory per controller hierarchy. False when one could not be
-/// joined (or its path is longer than any the agent makes).
-pub fn join(list: &[u8]) -> bool {
-    let list = list.strip_suffix(b"\0").unwrap_or(list);
+/// Writes `0` to each `cgroup.procs` the guard joins (on cgroup v1 the job's cgroup is one
+/// directory per controller hierarchy; none when the agent joined already, or there is no
+/// cgroup). False when one could not be joined (or its path is longer than any the agent
+/// makes).
+pub fn join(cgroup: &Cgroup<'_>) -> bool {
     let mut buffer = [0u8; MAX_PATH];
-    for procs in list.split(|byte| *byte == b':') {
+    for procs in cgroup.to_join() {
         let Some(path) = with_nul(procs, &mut buffer) else {
             return false;
         };
@@ -34,30 +39,23 @@ pub fn join(list: &[u8]) -> bool {
     true
 }
 
-/// Sends `signal` to every process in the job's cgroup but this guard (the first
-/// `cgroup.procs` of the `:`-separated list; `-`: none), so a job stopped without its agent
+/// Sends `signal` to every process in the job's cgroup but this guard (those listed by
+/// `members`, its first `cgroup.procs`; None: no cgroup), so a job stopped without its agent
 /// (dead, or fenced) takes what left its process group with it. A forking job may add
 /// processes while the list is read: SIGKILL goes a few rounds, until only the guard is left.
-pub fn kill(list: &[u8], signal: i32) {
-    let list = list.strip_suffix(b"\0").unwrap_or(list);
-    let list = list.strip_prefix(b"@").unwrap_or(list);
-    let first = list.split(|byte| *byte == b':').next().unwrap_or(b"-");
-    if first == b"-" {
-        return;
-    }
+pub fn kill(members: Option<&[u8]>, signal: i32) {
     let mut buffer = [0u8; MAX_PATH];
-    let Some(path) = with_nul(first, &mut buffer) else {
+    let Some(path) = members.and_then(|members| with_nul(members, &mut buffer)) else {
         return;
     };
     let me = sys::getpid();
-    // The group's members get a stop signal from the group's own; a second SIGTERM would run
-    // a job's TERM handler twice. SIGKILL goes to every member, whatever its group.
-    let group = if signal == sys::SIGKILL {
-        0
-    } else {
+    // 0: no group spared (no process is in group 0), and no system call to learn the group.
+    let spared = if cgroup_signal_spares_group(signal) {
         sys::getpgrp()
+    } else {
+        0
     };
-    for _ in 0..20 {
+    for _ in 0..CGROUP_KILL_ROUNDS {
         let fd = sys::open_read(path);
         if fd < 0 {
             return;
@@ -81,7 +79,7 @@ pub fn kill(list: &[u8], signal: i32) {
                     }
                     _ => {
                         if let Some(found) = pid.take().filter(|found| *found != me) {
-                            if group == 0 || sys::getpgid(found) != group {
+                            if spared == 0 || sys::getpgid(found) != spared {
                                 sys::kill(found, signal);
                             }
                             others += 1;
@@ -91,7 +89,7 @@ pub fn kill(list: &[u8], signal: i32) {
             }
         }
         sys::close(fd as i32);
-        if others == 0 || signal != sys::SIGKILL {
+        if others == 0 || cgroup_signal_spares_group(signal) {
             return;
         }
     }

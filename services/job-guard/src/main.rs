@@ -20,11 +20,14 @@
 //! is invisible: the job inherits its standard streams, environment, directory and group, and
 //! the guard ends the way the job ended (same exit code, or the same signal).
 //!
-//! It does what `mgpu-node __mgpu-job-guard` does (the agent's built-in guard, used where this
-//! binary is missing), without the standard library or a C library: a job's start pays for its
-//! guard's, and a start through the C library and the agent's 70 MB binary cost about a
-//! millisecond of CPU on a virtual machine (dynamic linking, and CPU-feature probing that
-//! traps to the hypervisor), against a few dozen microseconds here.
+//! What to do and when (the command line, when to stop the group, the kill sequence, how to
+//! end) is `mgpu-guard-rules`, which the agent's built-in guard (`mgpu-node __mgpu-job-guard`,
+//! used where this binary is missing) drives too; this program is its driver on raw system
+//! calls: it reads the clocks and the contact file, waits on the job and on signals, and
+//! carries out the rules' commands. It does so without the standard library or a C library: a
+//! job's start pays for its guard's, and a start through the C library and the agent's 70 MB
+//! binary cost about a millisecond of CPU on a virtual machine (dynamic linking, and
+//! CPU-feature probing that traps to the hypervisor), against a few dozen microseconds here.
 
 #![no_std]
 #![no_main]
@@ -41,8 +44,12 @@ mod sys;
 use core::arch::global_asm;
 use core::ffi::CStr;
 use core::sync::atomic::{AtomicI32, Ordering};
+use core::time::Duration;
 
-use sys::{SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGTERM};
+use mgpu_guard_rules::args::{self, AccountIds, parse_account};
+use mgpu_guard_rules::machine::FENCED_MESSAGE;
+use mgpu_guard_rules::signal::{self, SIGQUIT};
+use mgpu_guard_rules::{ArgumentError, Arguments, Command, Contact, Guard, JobEnd, Look, exit};
 
 // The kernel starts the program here with argc, argv and envp on the stack.
 global_asm!(
@@ -58,16 +65,18 @@ global_asm!(
 
 /// Exit code for the guard's own failures, and for a program that cannot be found (as a
 /// shell says "command not found").
-const NOT_FOUND: i32 = 127;
+const NOT_FOUND: i32 = exit::NOT_FOUND as i32;
 /// Exit code for a program found but not runnable (as a shell says).
-const NOT_RUNNABLE: i32 = 126;
-/// Where PROGRAM is in argv; the guard's own arguments come before it.
-const PROGRAM_AT: usize = 7;
+const NOT_RUNNABLE: i32 = exit::NOT_RUNNABLE as i32;
+/// Where PROGRAM is in argv; the guard's own arguments come before it, after argv[0].
+const PROGRAM_AT: usize = 1 + args::PROGRAM_AT;
 /// Supplementary groups an account may have here; more is refused.
 const MAX_GROUPS: usize = 1024;
 /// Where a program is looked up when the job has no `PATH`.
 const DEFAULT_PATH: &[u8] = b"/usr/local/bin:/usr/bin:/bin";
-const MS: i128 = 1_000_000;
+/// Without a pidfd (kernels before 5.3) only time tells that the job ended: the guard looks
+/// at least this often.
+const PAUSE_WITHOUT_PIDFD: Duration = Duration::from_millis(100);
 
 /// The stop signal received, 0 while none.
 static STOP: AtomicI32 = AtomicI32::new(0);
@@ -81,10 +90,17 @@ extern "C" fn on_stop_signal(signal: i32) {
 /// than "ignore", since the job would inherit an ignored signal.
 extern "C" fn on_terminal_signal(_: i32) {}
 
-/// The stop signals: blocked except while the guard waits, so none comes between a check and
-/// the wait and goes unnoticed until the job ends.
-const STOP_SIGNALS: u64 =
-    sys::signal_bit(SIGTERM) | sys::signal_bit(SIGINT) | sys::signal_bit(SIGHUP);
+/// The stop signals ([`signal::STOP`]): blocked except while the guard waits, so none comes
+/// between a look and the wait and goes unnoticed until the job ends.
+const STOP_SIGNALS: u64 = {
+    let mut mask = 0;
+    let mut at = 0;
+    while at < signal::STOP.len() {
+        mask |= sys::signal_bit(signal::STOP[at]);
+        at += 1;
+    }
+    mask
+};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -112,10 +128,6 @@ unsafe extern "C" fn entry(stack: *const usize) -> ! {
 unsafe fn arg<'a>(argv: *mut *const u8, index: usize) -> &'a CStr {
     // SAFETY: as the caller promised; argv lives as long as the process.
     unsafe { CStr::from_ptr(*argv.add(index) as *const core::ffi::c_char) }
-}
-
-fn number(text: &CStr) -> Option<u64> {
-    core::str::from_utf8(text.to_bytes()).ok()?.parse().ok()
 }
 
 /// A message to stderr, built without allocating.
@@ -159,9 +171,14 @@ impl Message {
 }
 
 fn fail(reason: &[u8]) -> i32 {
+    fail_with(reason, b"")
+}
+
+fn fail_with(reason: &[u8], detail: &[u8]) -> i32 {
     Message::new()
         .push(b"mgpu job guard: ")
         .push(reason)
+        .push(detail)
         .push(b"\n")
         .send();
     NOT_FOUND
@@ -177,25 +194,30 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
     // SAFETY: as the caller promised.
     let settings = match unsafe { Settings::parse(argc, argv) } {
         Ok(settings) => settings,
-        Err(reason) => return fail(reason),
+        Err(ArgumentError::Usage) => {
+            return fail_with(b"usage: mgpu-job-guard ", args::USAGE.as_bytes());
+        }
+        Err(error) => return fail(error.message().as_bytes()),
     };
     // Opened while the guard may still be root: a root agent's state directory is usually one
     // the job's account cannot enter. The agent touches this same file (it never replaces it).
-    let contact_fd = match settings.fence_ns.map(|_| sys::open_read(settings.contact)) {
+    let contact_fd = match settings
+        .contact
+        .map(|path| sys::open_read(path.to_bytes_with_nul()))
+    {
         Some(fd) if fd >= 0 => Some(fd as i32),
         _ => None,
     };
     // Joined while the guard may still be root (the agent made the cgroup, as root): the job it
     // forks starts inside, and so does everything the job starts.
-    let joined_already = settings.cgroup_procs.first() == Some(&b'@');
-    if settings.cgroup_procs != b"-\0" && !joined_already && !cgroup::join(settings.cgroup_procs) {
+    if !cgroup::join(&settings.args.cgroup) {
         return fail(b"cannot move into the job's cgroup");
     }
     // From here on nothing runs with more rights than the job has.
-    if let Err(reason) = become_account(settings.account) {
+    if let Some(Err(reason)) = settings.args.account.map(become_account) {
         return fail(reason);
     }
-    if let Err(reason) = prepare_for_agent_death(settings.agent) {
+    if let Err(reason) = prepare_for_agent_death(settings.args.agent) {
         return fail(reason);
     }
     // SAFETY: as the caller promised (argc above PROGRAM_AT, checked by the parse).
@@ -207,65 +229,45 @@ unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i3
 
 /// The guard's command line (PROGRAM and its arguments stay in argv, for the exec).
 struct Settings<'a> {
-    agent: i32,
-    grace_ns: i128,
-    /// None: never fence.
-    fence_ns: Option<i128>,
-    /// CONTACT_FILE with its NUL.
-    contact: &'a [u8],
-    /// `-` or `UID:GID:GROUPS`.
-    account: &'a [u8],
-    /// `-` or the job's cgroup's `cgroup.procs`, with its NUL.
-    cgroup_procs: &'a [u8],
+    args: Arguments<'a>,
+    /// CONTACT_FILE, NUL-terminated for the kernel, when the guard fences.
+    contact: Option<&'a CStr>,
 }
 
-impl<'a> Settings<'a> {
-    /// `AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]`; the error
-    /// is the guard's message.
+impl Settings<'_> {
+    /// [`Arguments`] from argv.
     ///
     /// # Safety
     /// As for [`entry`].
-    unsafe fn parse(argc: usize, argv: *mut *const u8) -> Result<Self, &'static [u8]> {
+    unsafe fn parse(argc: usize, argv: *mut *const u8) -> Result<Self, ArgumentError> {
         if argc <= PROGRAM_AT {
-            return Err(
-                b"usage: mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]",
-            );
+            return Err(ArgumentError::Usage);
         }
-        // SAFETY: indices below argc.
-        let [agent, grace, fence, contact, account, cgroup] =
-            unsafe { [1, 2, 3, 4, 5, 6].map(|i| arg(argv, i)) };
-        let Some(agent) = number(agent).and_then(|pid| i32::try_from(pid).ok()) else {
-            return Err(b"bad agent pid");
-        };
-        let Some(grace_ns) = number(grace).map(|ms| ms as i128 * MS) else {
-            return Err(b"bad grace");
-        };
-        let fence_ns = match number(fence) {
-            None => return Err(b"bad fence"),
-            Some(0) => None,
-            Some(ms) => Some(ms as i128 * MS),
-        };
-        Ok(Settings {
-            agent,
-            grace_ns,
-            fence_ns,
-            contact: contact.to_bytes_with_nul(),
-            account: account.to_bytes(),
-            cgroup_procs: cgroup.to_bytes_with_nul(),
-        })
+        // SAFETY: indices below argc (AGENT_PID to PROGRAM).
+        let given = unsafe { [1, 2, 3, 4, 5, 6, 7].map(|i| arg(argv, i)) };
+        let args = Arguments::parse(&given.map(CStr::to_bytes))?;
+        let contact = args
+            .fence
+            .and_then(|_| given.get(args::CONTACT_AT).copied());
+        Ok(Settings { args, contact })
     }
 }
 
-/// Switches to `account` (`UID:GID:GROUPS`) unless it is `-`.
+/// Switches to `account` (`UID:GID:GROUPS`).
 fn become_account(account: &[u8]) -> Result<(), &'static [u8]> {
-    if account == b"-" {
-        return Ok(());
-    }
     let mut groups = [0u32; MAX_GROUPS];
-    let Some((uid, gid, count)) = parse_account(account, &mut groups) else {
+    let Some(AccountIds {
+        uid,
+        gid,
+        groups: count,
+    }) = parse_account(account, &mut groups)
+    else {
         return Err(b"bad account (UID:GID:GROUPS)");
     };
-    if sys::switch_account(uid, gid, &groups[..count]) < 0 {
+    let Some(groups) = groups.get(..count) else {
+        return Err(b"bad account (UID:GID:GROUPS)");
+    };
+    if sys::switch_account(uid, gid, groups) < 0 {
         return Err(b"cannot switch to the job's account");
     }
     Ok(())
@@ -276,21 +278,21 @@ fn become_account(account: &[u8]) -> Result<(), &'static [u8]> {
 /// is already gone.
 fn prepare_for_agent_death(agent: i32) -> Result<(), &'static [u8]> {
     sys::set_signal_mask(STOP_SIGNALS);
-    for signal in [SIGTERM, SIGINT, SIGHUP] {
-        if sys::set_signal_handler(signal, Some(on_stop_signal)) < 0 {
+    for stop in signal::STOP {
+        if sys::set_signal_handler(stop, Some(on_stop_signal)) < 0 {
             return Err(b"cannot handle stop signals");
         }
     }
     // A job on a terminal (`--pty`): what is typed there is for the job. Hanging up the
     // terminal (SIGHUP) still stops it.
     if sys::is_terminal(0) {
-        for signal in [SIGINT, SIGQUIT] {
-            if sys::set_signal_handler(signal, Some(on_terminal_signal)) < 0 {
+        for key in signal::TERMINAL_KEYS {
+            if sys::set_signal_handler(key, Some(on_terminal_signal)) < 0 {
                 return Err(b"cannot handle terminal signals");
             }
         }
     }
-    if sys::set_parent_death_signal(SIGTERM) < 0 {
+    if sys::set_parent_death_signal(signal::AGENT_DIED) < 0 {
         return Err(b"cannot ask for a signal on the agent's death");
     }
     // The agent may have died before the line above took effect: then nothing must start.
@@ -309,8 +311,8 @@ unsafe fn start_job(argv: *mut *const u8, envp: *const *const u8) -> Result<i32,
         0 => {
             // A stop signal sent before the exec must stop the job, not reach the guard's
             // handler (in this copy of the guard) and vanish: default handling, then unblock.
-            for signal in [SIGTERM, SIGINT, SIGHUP, SIGQUIT] {
-                sys::set_signal_handler(signal, None);
+            for handled in signal::STOP.into_iter().chain([SIGQUIT]) {
+                sys::set_signal_handler(handled, None);
             }
             sys::set_signal_mask(0);
             // SAFETY: argv from PROGRAM_AT is PROGRAM, ARGS and the NULL; envp as given.
@@ -321,115 +323,93 @@ unsafe fn start_job(argv: *mut *const u8, envp: *const *const u8) -> Result<i32,
     }
 }
 
-/// Waits for the job to end and returns how to end the same way; stops its group on a stop
-/// signal or when fenced: SIGTERM, then SIGKILL once the grace has passed.
+/// Waits for the job to end and returns how to end the same way, stopping its group when the
+/// rules say: a [`Guard`] driven by what the clocks, the contact file, the stop signals and
+/// the job's end say.
 fn watch_job(child: i32, settings: &Settings<'_>, contact_fd: Option<i32>) -> i32 {
     let exit_signal = match sys::pidfd_open(child) {
         fd if fd >= 0 => Some(fd as i32),
-        // Kernels before 5.3: the guard sleeps between its checks instead.
+        // Kernels before 5.3: the guard sleeps between its looks instead.
         _ => None,
     };
-    // Checked this often while fencing; the agent's heartbeat margin covers the delay.
-    let check_every = settings
-        .fence_ns
-        .map(|fence| (fence / 8).clamp(20 * MS, 100 * MS));
-    let mut stop_deadline: Option<i128> = None;
+    let mut guard = Guard::new(settings.args.grace, settings.args.fence.map(|f| f.after));
     loop {
         let mut status = 0;
-        match sys::wait_nohang(child, &mut status) {
-            ended if ended == child as isize => {
-                // Stopped without its agent (dead, or fenced): nothing of the job may outlive
-                // this guard, not even what left its group.
-                if stop_deadline.is_some() {
-                    cgroup::kill(settings.cgroup_procs, SIGKILL);
-                }
-                return ended_like(status);
+        let commands = match sys::wait_nohang(child, &mut status) {
+            ended if ended == child as isize => guard.job_ended(JobEnd::from_wait_status(status)),
+            running if running == 0 || running == -sys::EINTR => {
+                guard.look(look(&guard, settings, contact_fd))
             }
-            0 => {}
-            err if err == -sys::EINTR => {}
             _ => return fail(b"lost track of the job"),
-        }
-        let fenced = fenced(settings, contact_fd);
-        if stop_deadline.is_none() && fenced {
-            Message::new()
-                .push(b"mgpu: this node has not reached the cluster for longer than ")
-                .number((settings.fence_ns.unwrap_or(0) / MS) as u64)
-                .push(b" ms; stopping the job, which may already run elsewhere (fenced)\n")
-                .send();
-        }
-        if stop_deadline.is_none() && (STOP.load(Ordering::SeqCst) != 0 || fenced) {
-            // Stop the whole group (this guard only notes its own copy: the handler is set),
-            // and what left it.
-            cgroup::kill(settings.cgroup_procs, SIGTERM);
-            sys::kill(-sys::getpgrp(), SIGTERM);
-            stop_deadline = Some(sys::clock_ns(sys::CLOCK_MONOTONIC) + settings.grace_ns);
-        }
-        let now = sys::clock_ns(sys::CLOCK_MONOTONIC);
-        let timeout = match stop_deadline {
-            Some(deadline) => {
-                if now >= deadline {
-                    // What left the group (a daemon, `setsid`) first, then the group, which
-                    // takes this guard down too; the agent (if alive) sees signal 9.
-                    cgroup::kill(settings.cgroup_procs, SIGKILL);
-                    sys::kill(-sys::getpgrp(), SIGKILL);
-                }
-                Some(20 * MS)
+        };
+        for command in &commands {
+            if let Some(code) = carry_out(*command, settings, exit_signal) {
+                return code;
             }
-            None => check_every,
-        };
-        // Without a pidfd, only time tells: look again soon.
-        let timeout = match exit_signal {
-            Some(_) => timeout,
-            None => Some(timeout.unwrap_or(100 * MS).min(100 * MS)),
-        };
-        sys::wait_readable(exit_signal, timeout, !STOP_SIGNALS);
+        }
     }
 }
 
-/// Whether CONTACT_FILE (touched by the agent whenever JetStream stored its heartbeat) is
-/// older than the fence.
-fn fenced(settings: &Settings<'_>, contact_fd: Option<i32>) -> bool {
-    let Some(after) = settings.fence_ns else {
-        return false;
+/// What the guard sees now of a job that has not ended.
+fn look(guard: &Guard, settings: &Settings<'_>, contact_fd: Option<i32>) -> Look {
+    let contact = if guard.reads_contact() {
+        read_contact(settings, contact_fd)
+    } else {
+        Contact::NotRead
     };
-    let touched = match contact_fd {
-        Some(fd) => sys::modified_ns_of(fd),
-        None => sys::modified_ns(settings.contact),
+    Look {
+        now: sys::clock(sys::CLOCK_MONOTONIC),
+        stop_signal: STOP.load(Ordering::SeqCst) != 0,
+        contact,
+    }
+}
+
+/// When CONTACT_FILE (touched by the agent whenever JetStream stored its heartbeat) was last
+/// touched: through the descriptor opened at the start, else by its path.
+fn read_contact(settings: &Settings<'_>, contact_fd: Option<i32>) -> Contact {
+    let touched = match (contact_fd, settings.contact) {
+        (Some(fd), _) => sys::modified_of(fd),
+        (None, Some(path)) => sys::modified(path.to_bytes_with_nul()),
+        (None, None) => None,
     };
     match touched {
-        Some(touched) => sys::clock_ns(sys::CLOCK_REALTIME) - touched > after,
-        // A contact file that cannot be read keeps the job: fencing on a missing file would
-        // turn an operator's mistake into lost work.
-        None => false,
+        Some(stored) => Contact::StoredAt {
+            stored,
+            now: sys::clock(sys::CLOCK_REALTIME),
+        },
+        None => Contact::Unreadable,
     }
 }
 
-/// `UID:GID:G1,G2,...` into (uid, gid, number of groups written to `groups`).
-fn parse_account(text: &[u8], groups: &mut [u32; MAX_GROUPS]) -> Option<(u32, u32, usize)> {
-    let text = core::str::from_utf8(text).ok()?;
-    let mut parts = text.splitn(3, ':');
-    let uid = parts.next()?.parse().ok()?;
-    let gid = parts.next()?.parse().ok()?;
-    let mut count = 0;
-    for group in parts.next()?.split(',').filter(|g| !g.is_empty()) {
-        *groups.get_mut(count)? = group.parse().ok()?;
-        count += 1;
+/// Carries out one of the rules' commands; the exit code when it ends the guard.
+fn carry_out(command: Command, settings: &Settings<'_>, exit_signal: Option<i32>) -> Option<i32> {
+    match command {
+        Command::AnnounceFence { after_ms } => Message::new()
+            .push(FENCED_MESSAGE[0].as_bytes())
+            .number(after_ms)
+            .push(FENCED_MESSAGE[1].as_bytes())
+            .send(),
+        Command::SignalCgroup(signal) => cgroup::kill(settings.args.cgroup.members(), signal),
+        Command::SignalGroup(signal) => {
+            sys::kill(-sys::getpgrp(), signal);
+        }
+        Command::Wait { at_most } => {
+            // Without a pidfd, only time tells: look again soon.
+            let at_most = match exit_signal {
+                Some(_) => at_most,
+                None => Some(at_most.map_or(PAUSE_WITHOUT_PIDFD, |t| t.min(PAUSE_WITHOUT_PIDFD))),
+            };
+            sys::wait_readable(exit_signal, at_most, !STOP_SIGNALS);
+        }
+        Command::Exit(code) => return Some(i32::from(code)),
+        Command::DieBy { signal, otherwise } => {
+            sys::set_signal_handler(signal, None);
+            sys::set_signal_mask(0);
+            sys::kill(sys::getpid(), signal);
+            return Some(i32::from(otherwise));
+        }
     }
-    Some((uid, gid, count))
-}
-
-/// Ends this process the way the job ended (wait status `status`): same exit code, or the same
-/// signal, so the agent reports the same thing.
-fn ended_like(status: i32) -> i32 {
-    let signal = status & 0x7f;
-    if signal == 0 {
-        return (status >> 8) & 0xff;
-    }
-    sys::set_signal_handler(signal, None);
-    sys::set_signal_mask(0);
-    sys::kill(sys::getpid(), signal);
-    // A signal whose default is not to end a process cannot have ended the job; kept total.
-    128 + signal
+    None
 }
 
 /// The job's process: runs PROGRAM (argv index [`PROGRAM_AT`]) with its arguments and the

@@ -1,21 +1,17 @@
 //! The Linux system calls the guard makes, as raw `syscall` instructions (x86_64), and the
 //! little of the C runtime that compiled Rust code still expects (`memcpy` and friends).
 //!
-//! Every call returns the kernel's answer unchanged: a non-negative result, or `-errno`.
+//! Every call returns the kernel's answer unchanged: a non-negative result, or `-errno`;
+//! times are [`Duration`]s, as the guard's rules (`mgpu-guard-rules`) take them.
 
 use core::arch::{asm, global_asm};
+use core::time::Duration;
 
 pub const EINTR: isize = 4;
 pub const ENOENT: isize = 2;
 pub const ENOEXEC: isize = 8;
 pub const EACCES: isize = 13;
 pub const ENOTDIR: isize = 20;
-
-pub const SIGHUP: i32 = 1;
-pub const SIGINT: i32 = 2;
-pub const SIGQUIT: i32 = 3;
-pub const SIGKILL: i32 = 9;
-pub const SIGTERM: i32 = 15;
 
 const SYS_READ: usize = 0;
 const SYS_WRITE: usize = 1;
@@ -218,8 +214,17 @@ pub fn pidfd_open(pid: i32) -> isize {
     plain(SYS_PIDFD_OPEN, pid as usize, 0, 0)
 }
 
-/// Nanoseconds on `clock`.
-pub fn clock_ns(clock: usize) -> i128 {
+/// A `struct timespec` as a [`Duration`] since its clock's zero; a time before it (a file
+/// touched before 1970) as zero.
+fn since_zero(seconds: i64, nanoseconds: i64) -> Duration {
+    let seconds = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+    seconds.saturating_add(Duration::from_nanos(
+        u64::try_from(nanoseconds).unwrap_or(0),
+    ))
+}
+
+/// The time on `clock`.
+pub fn clock(clock: usize) -> Duration {
     let mut time = [0i64; 2];
     // SAFETY: the kernel writes one `struct timespec` (two longs).
     unsafe {
@@ -228,7 +233,7 @@ pub fn clock_ns(clock: usize) -> i128 {
             [clock, time.as_mut_ptr() as usize, 0, 0, 0, 0],
         );
     }
-    time[0] as i128 * 1_000_000_000 + time[1] as i128
+    since_zero(time[0], time[1])
 }
 
 /// The x86_64 `struct stat`, of which the guard reads the modification time.
@@ -250,8 +255,8 @@ impl Stat {
         }
     }
 
-    fn mtime_ns(&self) -> i128 {
-        self.mtime_sec as i128 * 1_000_000_000 + self.mtime_nsec as i128
+    fn mtime(&self) -> Duration {
+        since_zero(self.mtime_sec, self.mtime_nsec)
     }
 }
 
@@ -304,8 +309,8 @@ pub fn open_read(path: &[u8]) -> isize {
     }
 }
 
-/// The modification time of the file open as `fd`, in nanoseconds since the epoch.
-pub fn modified_ns_of(fd: i32) -> Option<i128> {
+/// The modification time of the file open as `fd`, since the epoch.
+pub fn modified_of(fd: i32) -> Option<Duration> {
     let mut stat = Stat::new();
     // SAFETY: the kernel writes one `struct stat`.
     let result = unsafe {
@@ -314,11 +319,11 @@ pub fn modified_ns_of(fd: i32) -> Option<i128> {
             [fd as usize, &mut stat as *mut Stat as usize, 0, 0, 0, 0],
         )
     };
-    (result == 0).then(|| stat.mtime_ns())
+    (result == 0).then(|| stat.mtime())
 }
 
-/// The modification time of the NUL-terminated `path` in nanoseconds since the epoch.
-pub fn modified_ns(path: &[u8]) -> Option<i128> {
+/// The modification time of the NUL-terminated `path`, since the epoch.
+pub fn modified(path: &[u8]) -> Option<Duration> {
     if path.last() != Some(&0) {
         return None;
     }
@@ -337,7 +342,7 @@ pub fn modified_ns(path: &[u8]) -> Option<i128> {
             ],
         )
     };
-    (result == 0).then(|| stat.mtime_ns())
+    (result == 0).then(|| stat.mtime())
 }
 
 /// Sets the blocked signals to `mask` (bit `n - 1` for signal `n`).
@@ -402,10 +407,10 @@ pub fn set_signal_handler(signal: i32, handler: Option<extern "C" fn(i32)>) -> i
     }
 }
 
-/// Waits until `fd` (when there is one) is readable, `timeout_ns` passed (None: no limit) or a
+/// Waits until `fd` (when there is one) is readable, `timeout` passed (None: no limit) or a
 /// signal arrived, with the blocked signals set to `mask` while it waits (atomically, so a
 /// signal that comes just before the wait still ends it).
-pub fn wait_readable(fd: Option<i32>, timeout_ns: Option<i128>, mask: u64) {
+pub fn wait_readable(fd: Option<i32>, timeout: Option<Duration>, mask: u64) {
     #[repr(C)]
     struct PollFd {
         fd: i32,
@@ -417,9 +422,9 @@ pub fn wait_readable(fd: Option<i32>, timeout_ns: Option<i128>, mask: u64) {
         events: POLLIN,
         revents: 0,
     };
-    let timeout = timeout_ns.map(|ns| {
-        let ns = ns.max(0);
-        [(ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as i64]
+    let timeout = timeout.map(|t| {
+        let seconds = i64::try_from(t.as_secs()).unwrap_or(i64::MAX);
+        [seconds, i64::from(t.subsec_nanos())]
     });
     let timeout_ptr = timeout.as_ref().map_or(0, |t| t.as_ptr() as usize);
     // SAFETY: one pollfd (a negative fd is ignored by the kernel), an optional timespec and

@@ -1,7 +1,8 @@
 //! How the agent starts every job under a guard, the job's first process, so a job never
 //! outlives its agent: which guard program ([`GuardProgram`]) and the command line it gets
 //! ([`guard_args`]). The guard process itself is `builtin_guard.rs` (this binary in guard
-//! mode) or `mgpu-job-guard` (`services/job-guard`); both behave the same.
+//! mode) or `mgpu-job-guard` (`services/job-guard`); both drive the same rules
+//! (`mgpu-guard-rules`), and read this command line with its parser.
 //!
 //! The agent starts each job as
 //! `mgpu-job-guard AGENT_PID GRACE_MS FENCE_MS CONTACT_FILE ACCOUNT CGROUP PROGRAM [ARGS...]`
@@ -138,6 +139,9 @@ pub fn guard_args(
 
 #[cfg(test)]
 mod tests {
+    use mgpu_guard_rules::Arguments;
+    use mgpu_guard_rules::args::PROGRAM_AT;
+
     use super::*;
 
     #[test]
@@ -213,5 +217,62 @@ mod tests {
                 "/bin/sh"
             ]
         );
+    }
+
+    /// Both guards read the command line with the rules' parser: what the agent writes must
+    /// read back as it meant it.
+    #[test]
+    fn what_the_agent_passes_is_what_the_guards_read() {
+        let fence = GuardFence {
+            after: Duration::from_millis(700),
+            contact_file: "/proc/self/fd/9".into(),
+        };
+        let read = |args: &[String]| {
+            let bytes: Vec<&[u8]> = args.iter().map(|arg| arg.as_bytes()).collect();
+            let parsed = Arguments::parse(&bytes).unwrap_or_else(|e| panic!("{e:?}"));
+            (
+                parsed.agent,
+                parsed.grace,
+                parsed.fence.map(|f| (f.after, f.contact.to_vec())),
+                parsed.account.map(<[u8]>::to_vec),
+                parsed.cgroup.members().map(<[u8]>::to_vec),
+                parsed.cgroup.to_join().count(),
+            )
+        };
+        let args = guard_args(
+            7,
+            Duration::from_millis(1500),
+            Some(&fence),
+            Some("1000:1000:".into()),
+            Some("/cg/a/cgroup.procs:/cg/b/cgroup.procs"),
+            "python",
+        );
+        assert_eq!(
+            read(&args),
+            (
+                7,
+                Duration::from_millis(1500),
+                Some((Duration::from_millis(700), b"/proc/self/fd/9".to_vec())),
+                Some(b"1000:1000:".to_vec()),
+                Some(b"/cg/a/cgroup.procs".to_vec()),
+                2,
+            )
+        );
+        assert_eq!(args.get(PROGRAM_AT).map(String::as_str), Some("python"));
+        // Joined by the agent already, no fence, no account; and a fence under a millisecond
+        // is not "never".
+        let short = GuardFence {
+            after: Duration::from_micros(10),
+            contact_file: "/c".into(),
+        };
+        let args = guard_args(7, Duration::ZERO, Some(&short), None, Some("@/cg/j"), "x");
+        let (_, _, fence, account, members, joins) = read(&args);
+        assert_eq!(fence.map(|f| f.0), Some(Duration::from_millis(1)));
+        assert_eq!(
+            (account, members, joins),
+            (None, Some(b"/cg/j".to_vec()), 0)
+        );
+        let args = guard_args(7, Duration::ZERO, None, None, None, "x");
+        assert_eq!(read(&args).2, None);
     }
 }

@@ -23,7 +23,8 @@
 //!   shell script), `batch_script` (a script captured at submit), `environment` (its
 //!   variables), `hostfile` (multi-node), `run_as` (whose account), `guard` (the guard it
 //!   starts under), `stopping` (time limit, kills), `output` and `input` (its streams);
-//! - `builtin_guard`: this binary as a job's guard (`__mgpu-job-guard`).
+//! - `builtin_guard`: this binary as a job's guard (`__mgpu-job-guard`), a driver of the
+//!   guard's rules (`mgpu-guard-rules`, which `mgpu-job-guard` drives too).
 
 mod address;
 mod assignments;
