@@ -310,22 +310,28 @@ impl Driver {
     /// The liveness timer: the limits and principals files read again if they changed, what
     /// the machine needs to know of the streams asked, and the tick handed over.
     async fn tick(&mut self) {
-        // Read before the questions below, which may wait a second each while NATS cannot
-        // answer: the gap between two ticks must measure the loop, not those waits.
+        // Both clocks are read before the questions below, which may wait a second while NATS
+        // cannot answer: the gap between two ticks must measure the loop, not that wait, and
+        // a blind spot ends where the tick began (the node cut off with NATS is then found
+        // offline by the first tick that sees NATS back, before its agent's reports come in).
         let monotonic = self.started.elapsed();
+        let began = now();
         if self.limits.refresh() {
             let limits = self.limits.limits.clone();
             self.feed(Input::Limits(limits)).await;
         }
         self.gate.principals.refresh();
         let heartbeats_visible = self.heartbeat_stream_answers().await;
-        let reports_caught_up = self.reports_caught_up().await;
+        // Asked only when NATS answers: while it does not, a second question would wait
+        // another second, and the tick that sees NATS back would come that much later (the
+        // node cut off with it must be found offline before its agent's reports come in).
+        let reports_caught_up = heartbeats_visible && self.reports_caught_up().await;
         let tick = Tick {
             monotonic,
             heartbeats_visible,
             reports_caught_up,
         };
-        self.feed(Input::Tick(tick)).await;
+        self.feed_at(began, Input::Tick(tick)).await;
     }
 
     /// One scheduling pass: the machine decides, its commands are carried out.
@@ -356,7 +362,12 @@ impl Driver {
     /// it asks for nothing more. Messages the machine did not acknowledge are left for
     /// JetStream to deliver again.
     async fn feed(&mut self, input: Input) {
-        let commands = self.machine.handle(now(), input);
+        self.feed_at(now(), input).await;
+    }
+
+    /// [`Driver::feed`], as of `at`.
+    async fn feed_at(&mut self, at: mgpu_protocol::Timestamp, input: Input) {
+        let commands = self.machine.handle(at, input);
         self.carry_out(commands).await;
         // The principals file may have been read again by a lookup of the gate.
         let generation = self.gate.principals.generation();

@@ -79,13 +79,13 @@ impl SchedulerState {
         self.out
             .push(Command::Count(Count::Refused { action, why }));
         let by = match sender {
-            Sender::Known(identity) => format!(" from {}", identity.name),
+            Sender::Known(identity) => format!(", by {}", identity.name),
             Sender::Unknown { .. } => String::new(),
         };
         self.out.push(Command::log(
             LogLevel::Warn,
             job,
-            format!("{action} request{by} refused: {reason}"),
+            format!("request refused: {reason} ({action}{by})"),
         ));
         if let Some(id) = job {
             let said = format!("permission denied: {reason}");

@@ -76,7 +76,10 @@ impl SchedulerState {
     /// no job.
     pub(crate) fn on_incompatible_heartbeat(&mut self, now: Timestamp, node: &str, protocol: u32) {
         if self.nodes.mark_incompatible(node, protocol, now) {
-            let said = format!("node gets no jobs: its agent speaks protocol {protocol}");
+            let sender = format!("the agent of node {node}");
+            let why = mgpu_protocol::version::incompatibility(&sender, protocol)
+                .unwrap_or_else(|| format!("{sender} speaks protocol {protocol}"));
+            let said = format!("node gets no jobs: {why}");
             self.out.push(Command::node_log(LogLevel::Warn, node, said));
         }
     }
@@ -141,7 +144,10 @@ impl SchedulerState {
             .map(|r| r.id.clone())
             .collect();
         victims.sort_unstable();
-        let said = format!("node offline: its {} running jobs are lost", victims.len());
+        let said = format!(
+            "node offline: its running jobs are lost ({})",
+            victims.len()
+        );
         self.out.push(Command::node_log(LogLevel::Warn, node, said));
         // The node's agent stops its jobs by itself (self-fencing): a requeued job waits
         // until then, so it never runs twice.
@@ -254,7 +260,7 @@ impl SchedulerState {
                 continue;
             }
             let said = format!(
-                "stale attempt {} still running on {}: killing it",
+                "stale attempt still running: killing it (attempt {} on node {})",
                 running.attempt, beat.node
             );
             self.out
