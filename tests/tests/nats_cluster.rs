@@ -10,7 +10,9 @@
 //! request the scheduler takes, goes through that leader. Components connected to it lose
 //! their connection and must reconnect to another server from the list they were given.
 //!
-//! Each job appends its id to a marker file: every id must appear there exactly once.
+//! Each job appends its id to a marker file: every id must appear there exactly once. A hold
+//! and a cancel sent as the server dies take the same retried path as the submissions, and
+//! each is applied exactly once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -51,17 +53,22 @@ struct Submitter {
 }
 
 impl Submitter {
-    fn submit(&self) -> Submission {
-        let at = Instant::now();
-        let command = format!("echo \"$MGPU_JOB_ID\" >> '{}'", self.marker.display());
-        let out = Command::new(&self.mgpu)
-            .args(["submit", "--json", "--", &command])
+    /// `mgpu ARGS` as the submitting user.
+    fn mgpu(&self, args: &[&str]) -> std::io::Result<std::process::Output> {
+        Command::new(&self.mgpu)
+            .args(args)
             .env("MGPU_SERVER", &self.server)
             .env("MGPU_CREDS", &self.creds)
             .env("USER", "alice")
             .current_dir(&self.dir)
             .stdin(Stdio::null())
-            .output();
+            .output()
+    }
+
+    fn submit(&self) -> Submission {
+        let at = Instant::now();
+        let command = format!("echo \"$MGPU_JOB_ID\" >> '{}'", self.marker.display());
+        let out = self.mgpu(&["submit", "--json", "--", &command]);
         let result = match out {
             Ok(out) if out.status.success() => serde_json::from_slice::<Value>(&out.stdout)
                 .ok()
@@ -166,6 +173,15 @@ fn lose_a_server(hand_over_first: bool) {
         dir: cluster.dir.path().to_path_buf(),
         marker: marker.clone(),
     };
+    // A running job to cancel and a waiting one to hold once the server is gone.
+    let sleeper = cluster.submit(&["--gpus", "0"], "sleep 600");
+    let waiter = cluster.submit(&["--gpus", "0", "--after", &sleeper], "true");
+    cluster.wait_state(&sleeper, "running", Duration::from_secs(20));
+    cluster.wait_reason(
+        &waiter,
+        "waiting for the jobs it depends on",
+        Duration::from_secs(20),
+    );
     // Handed over before any job runs, as an operator would before maintenance.
     let planned = hand_over_first.then(|| {
         let victim = quietest_server(&cluster, &cluster.stream_leaders());
@@ -174,7 +190,7 @@ fn lose_a_server(hand_over_first: bool) {
     });
     let stop = AtomicBool::new(false);
     let completed = std::sync::atomic::AtomicUsize::new(0);
-    let (submissions, killed, at) = std::thread::scope(|scope| {
+    let (submissions, killed, at, (held, cancelled)) = std::thread::scope(|scope| {
         let submitting = scope.spawn(|| {
             let mut done = Vec::new();
             while !stop.load(Ordering::Relaxed) {
@@ -208,6 +224,12 @@ fn lose_a_server(hand_over_first: bool) {
         let at = Instant::now();
         let before_kill = completed.load(Ordering::Relaxed);
         cluster.kill_nats_server(&victim);
+        let requests = scope.spawn(|| {
+            (
+                submitter.mgpu(&["hold", &waiter]),
+                submitter.mgpu(&["cancel", &sleeper]),
+            )
+        });
         // Past the election (about 5 s): until a few submissions made after the kill are done
         // (each waits the election out), however long a loaded machine takes.
         let waited = Instant::now();
@@ -221,7 +243,10 @@ fn lose_a_server(hand_over_first: bool) {
         let submissions = submitting
             .join()
             .unwrap_or_else(|_| panic!("the submitting thread panicked"));
-        (submissions, victim, at)
+        let requested = requests
+            .join()
+            .unwrap_or_else(|_| panic!("the requesting thread panicked"));
+        (submissions, victim, at, requested)
     });
 
     // Every submission was accepted, those during the elections included.
@@ -286,6 +311,8 @@ fn lose_a_server(hand_over_first: bool) {
     );
     assert_eq!(replicas_of(&cluster, subjects::REQUESTS_STREAM), 3);
 
+    requests_through_the_election_were_applied_once(&cluster, (&sleeper, &waiter), held, cancelled);
+
     // The clients carry on: a new submission runs, and the queue answers.
     let last = cluster.submit(
         &[],
@@ -295,6 +322,67 @@ fn lose_a_server(hand_over_first: bool) {
     assert!(cluster.all_jobs().len() > ids.len());
     // Reads may take a few tries each while a server is missing (see `create_reader`).
     cluster.wait_nodes_online_within(1, Duration::from_secs(60));
+}
+
+/// The hold of `waiter` and the cancel of `sleeper`, sent as the server died, were stored
+/// through the elections (the CLI retries them as it does submissions) and applied once each:
+/// a retry whose first try was stored after all is dropped by its message id.
+fn requests_through_the_election_were_applied_once(
+    cluster: &Cluster,
+    (sleeper, waiter): (&str, &str),
+    held: std::io::Result<std::process::Output>,
+    cancelled: std::io::Result<std::process::Output>,
+) {
+    let said = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let held = held.unwrap_or_else(|e| panic!("mgpu hold: {e}"));
+    // Stored, and then seen applied; or stored and applied later than the command waits for
+    // (the scheduler meets the elections too). A request that was not stored fails otherwise.
+    assert!(
+        held.status.success() || said(&held).contains("did not hold job"),
+        "mgpu hold: {}",
+        said(&held)
+    );
+    let cancelled = cancelled.unwrap_or_else(|e| panic!("mgpu cancel: {e}"));
+    eprintln!(
+        "as the server died: mgpu hold said {:?}, mgpu cancel said {:?}",
+        said(&held).trim(),
+        said(&cancelled).trim()
+    );
+    assert!(
+        cancelled.status.success(),
+        "mgpu cancel: {}",
+        said(&cancelled)
+    );
+    cluster.finished_as(sleeper, "cancelled", Duration::from_secs(30));
+    let applied = |action: &str, target: &str| {
+        let audit = cluster.mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"]);
+        audit
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|r| r["action"] == action && r["target"] == target)
+            .count()
+    };
+    wait_for(
+        "the hold and the cancel in the audit trail",
+        Duration::from_secs(30),
+        || (applied("hold", waiter) > 0 && applied("cancel", sleeper) > 0).then_some(()),
+    );
+    assert_eq!(
+        applied("hold", waiter),
+        1,
+        "the hold was applied more than once"
+    );
+    assert_eq!(
+        applied("cancel", sleeper),
+        1,
+        "the cancel was applied more than once"
+    );
 }
 
 /// The scheduler reads agents' reports, and an agent its assignments, through a continuous
