@@ -9,9 +9,10 @@ use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 
-use mgpu_nats::signing::{self, Nonces, SignatureError};
+use mgpu_nats::signing::{Nonces, SignatureError};
+use mgpu_protocol::signing::Signed;
+use serde::{Deserialize, Serialize};
 
-use crate::replay_memory::SeenNonce;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::principals::{Principal, Registry, Role};
 
@@ -135,25 +136,21 @@ impl Gate {
         }
     }
 
-    /// Checks a request's signature and who signed it. `stored_at` is when JetStream stored
-    /// it, which a replayer cannot choose.
-    /// `stored` is when JetStream stored the message and its stream sequence.
+    /// Decides on a request whose signature was checked (`verified`, by the driver, which
+    /// reads the headers): `presented` is the key it presented, `stored_at` when JetStream
+    /// stored it (which a replayer cannot choose) and `sequence` its stream sequence.
     pub fn authenticate(
         &mut self,
-        headers: Option<&async_nats::HeaderMap>,
-        subject: &str,
-        payload: &[u8],
+        verified: Result<Signed, SignatureError>,
+        presented: Option<String>,
         (stored_at, sequence): (Timestamp, Option<u64>),
     ) -> Result<(Identity, SeenNonce), Refusal> {
-        let presented = headers
-            .and_then(|h| h.get(signing::SIGNER))
-            .map(|k| k.as_str().to_owned());
         let refuse = |err: SignatureError| Refusal {
             key: presented.clone(),
             why: RefusalReason::of_signature(&err),
             reason: err.to_string(),
         };
-        let signed = signing::verify(headers, subject, payload, stored_at).map_err(refuse)?;
+        let signed = verified.map_err(refuse)?;
         // The same stored message delivered again (its handling failed, it is to be handled
         // again) is not a replay; a copy published again is.
         let remembered = match sequence {
@@ -181,11 +178,47 @@ impl Gate {
         Ok((identity, seen))
     }
 
-    /// Takes back the nonces a scheduler before this one saw ([`crate::replay_memory`]).
+    /// Takes back the nonces a scheduler before this one saw (kept in the `mgpu-nonces`
+    /// bucket: `driver::store`).
     pub fn restore_nonces(&mut self, seen: Vec<SeenNonce>) {
         for nonce in seen {
             self.nonces
                 .restore(nonce.nonce, nonce.signed_at, nonce.sequence);
         }
+    }
+}
+
+/// One nonce as the gate remembers it: its signing time and the stream sequence of the stored
+/// message that carried it (a redelivery of that same message is not a replay).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeenNonce {
+    pub nonce: String,
+    pub signed_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use mgpu_protocol::signing::nonce_key;
+
+    use super::*;
+
+    #[test]
+    fn a_nonce_reads_back_as_it_was_written() {
+        let seen = SeenNonce {
+            nonce: "any text.*>".into(),
+            signed_at: mgpu_protocol::now(),
+            sequence: Some(42),
+        };
+        let text = serde_json::to_vec(&seen).unwrap_or_default();
+        let back: SeenNonce = serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, seen);
+        // Whatever the signer chose, the key is one KV accepts.
+        assert!(
+            nonce_key(&seen.nonce)
+                .chars()
+                .all(|c| c.is_ascii_hexdigit())
+        );
     }
 }

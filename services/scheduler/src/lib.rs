@@ -12,19 +12,22 @@
 //! - [`nodes`] (the node table), [`queue_view`] (the core's view of the queue, kept between
 //!   passes), [`liveness_memory`] (what the liveness checks remember), [`limits`] (`[limits]`
 //!   of the config file), [`config`] (the config file and its `[policy]`), [`metrics`] (the
-//!   counters and the exposition), [`passes`] and [`status`] (pass statistics).
+//!   counters and the exposition), [`passes`] and [`status`] (pass statistics, what a
+//!   status request answers).
 //! - [`simulation`]: the deterministic simulator: the machine with a simulated store, bus,
 //!   agents, clock and faults, drawn from one seed, invariants checked after every step.
 //!
-//! I/O (the driver): [`driver`] (the event loop: inputs read, commands carried out against
-//! NATS), [`identity`] (the principals file and the signature gate), [`replay_memory`]
-//! (request nonces kept in KV), [`leader`] (the lease that makes exactly one replica active).
+//! I/O, in six files: [`driver`] (`mod.rs`: the event loop; `intake.rs`: requests, reports
+//! and heartbeats read into inputs; `store.rs`: record writes, history, the cluster bucket,
+//! nonces; `outbox.rs`: the commands carried out; `replica.rs`: the lease, the status micro
+//! service, the metrics endpoint) and `main.rs` (settings, streams, acting while the lease is
+//! held). [`identity`] reads the principals file; everything else here is pure, and nothing
+//! outside the driver imports it.
 
 pub mod config;
 pub mod core;
 pub mod driver;
 pub mod identity;
-pub mod leader;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness_memory;
@@ -33,7 +36,6 @@ pub mod metrics;
 pub mod nodes;
 pub mod passes;
 pub mod queue_view;
-pub mod replay_memory;
 pub mod simulation;
 pub mod status;
 pub mod time_limits;

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use mgpu_nats::connect::{ConnectTarget, connect};
 use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
-use mgpu_scheduler::{config, driver, identity, leader, limits, metrics};
+use mgpu_scheduler::driver::replica::{self, SchedulerMetrics};
+use mgpu_scheduler::{config, driver, identity, limits};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -180,8 +181,8 @@ async fn run(
         creds: args.creds.clone(),
         ca: args.ca.clone(),
     };
-    let metrics = std::sync::Arc::new(metrics::SchedulerMetrics::default());
-    serve_metrics(args.metrics_listen, &metrics).await?;
+    let metrics = std::sync::Arc::new(SchedulerMetrics::default());
+    replica::serve_metrics(args.metrics_listen, &metrics).await?;
     let client = connect(&target, "mgpu-scheduler").await?;
     tracing::info!(server = %args.server, "connected");
     let replicas = args.replicas.resolve(&args.server);
@@ -210,7 +211,7 @@ async fn run(
     // is lost (another replica took over while this one was stalled), or if acting failed
     // for a reason that may pass (NATS electing a leader while the state was loaded).
     let holder = lease_holder_name();
-    while let Some(lease) = leader::acquire(&js, &holder, &mut shutdown_rx).await? {
+    while let Some(lease) = replica::acquire(&js, &holder, &mut shutdown_rx).await? {
         let acted = driver::run(
             client.clone(),
             policy.clone(),
@@ -233,27 +234,6 @@ async fn run(
     }
     // Flush what is still buffered (acks, last events) before leaving.
     let _ = client.drain().await;
-    Ok(())
-}
-
-/// Listens on `--metrics-listen` (a taken address stops the scheduler at once) and serves
-/// the metrics from then on, through standby and leadership alike.
-async fn serve_metrics(
-    listen: Option<std::net::SocketAddr>,
-    metrics: &std::sync::Arc<metrics::SchedulerMetrics>,
-) -> anyhow::Result<()> {
-    let Some(address) = listen else {
-        return Ok(());
-    };
-    let listener = mgpu_metrics::http::bind(address)
-        .await
-        .map_err(|err| anyhow::anyhow!("--metrics-listen {address}: {err}"))?;
-    tracing::info!(%address, "serving Prometheus metrics on /metrics");
-    let metrics = std::sync::Arc::clone(metrics);
-    tokio::spawn(mgpu_metrics::http::serve(listener, move || {
-        let metrics = std::sync::Arc::clone(&metrics);
-        async move { metrics.render().await }
-    }));
     Ok(())
 }
 

@@ -7,22 +7,19 @@
 //! - the [`Gauges`]: what the job and node tables hold now (jobs by state and user, GPUs held
 //!   per user, nodes by state). Only the active scheduler has those tables, and they can be
 //!   large, so they are not copied after every pass: at each scrape the event loop is asked
-//!   for them ([`SchedulerMetrics::render`]) and counts them between two inputs.
+//!   for them (`driver::replica::SchedulerMetrics::render`) and counts them between two inputs.
 //!
 //! A standby replica answers with `mgpu_scheduler_leader 0` and its tally, without gauges.
 //! [`render`] turns both into the exposition; it is pure and tested here. Names, labels and
 //! their DCGM counterparts are listed in docs/operations.md ("Metrics").
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use mgpu_metrics::{Exposition, Histogram, Kind};
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::request::Action;
 use mgpu_protocol::signing::SignatureError;
-use tokio::sync::{mpsc, oneshot};
 
 /// Pass duration buckets, in seconds: a pass over a handful of jobs takes well under a
 /// millisecond, one over 100 000 queued jobs about a second.
@@ -34,10 +31,6 @@ static WAIT_BOUNDS: [f64; 15] = [
     1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14_400.0, 43_200.0, 86_400.0,
     259_200.0, 604_800.0,
 ];
-
-/// How long a scrape waits for the event loop to count the gauges: a pass over a huge queue
-/// may be under way. After that the scrape is answered without them.
-const GAUGES_WITHIN: Duration = Duration::from_secs(5);
 
 /// Why a request was refused, as the refusals counter labels it: a few fixed values, where
 /// the requester is told a sentence.
@@ -116,7 +109,7 @@ impl SubmitOutcome {
 
 /// The counters and histograms, kept for the life of the process.
 #[derive(Clone, Debug)]
-pub(crate) struct Tally {
+pub struct Tally {
     pass_seconds: Histogram,
     queue_wait_seconds: Histogram,
     /// Recorded submissions by (user, outcome).
@@ -187,81 +180,6 @@ pub struct Gauges {
     /// Nodes by state: `online`, `drained` (online, taking no new work), `incompatible`
     /// (online, speaking a protocol this scheduler cannot read), `offline`.
     pub nodes: BTreeMap<&'static str, u64>,
-}
-
-/// Where the event loop hears a scrape's request for the gauges.
-pub(crate) type GaugeRequests = mpsc::Receiver<oneshot::Sender<Gauges>>;
-
-/// The scheduler's metrics, shared by the metrics endpoint and the active scheduler.
-#[derive(Default)]
-pub struct SchedulerMetrics {
-    /// Whether this replica holds the lease and acts.
-    leader: AtomicBool,
-    tally: Mutex<Tally>,
-    /// Asks the active scheduler's event loop for the gauges; None while standing by.
-    gauges: Mutex<Option<mpsc::Sender<oneshot::Sender<Gauges>>>>,
-}
-
-/// A leadership term: this replica acts until it is dropped.
-pub(crate) struct Term {
-    metrics: Arc<SchedulerMetrics>,
-}
-
-impl Drop for Term {
-    fn drop(&mut self) {
-        self.metrics.leader.store(false, Ordering::SeqCst);
-        *lock(&self.metrics.gauges) = None;
-    }
-}
-
-impl SchedulerMetrics {
-    /// The counters and histograms, to count something.
-    pub(crate) fn tally(&self) -> MutexGuard<'_, Tally> {
-        lock(&self.tally)
-    }
-
-    /// This replica starts acting: it is the leader until the [`Term`] is dropped, and its
-    /// event loop answers the gauge requests that arrive on the receiver.
-    pub(crate) fn begin_term(self: &Arc<Self>) -> (Term, GaugeRequests) {
-        let (asks, requests) = mpsc::channel(4);
-        *lock(&self.gauges) = Some(asks);
-        self.leader.store(true, Ordering::SeqCst);
-        let term = Term {
-            metrics: Arc::clone(self),
-        };
-        (term, requests)
-    }
-
-    /// The exposition as of now (what a scrape gets).
-    pub async fn render(&self) -> String {
-        let leader = self.leader.load(Ordering::SeqCst);
-        let asks = lock(&self.gauges).clone();
-        let gauges = match asks {
-            Some(asks) => tokio::time::timeout(GAUGES_WITHIN, ask_gauges(asks))
-                .await
-                .ok()
-                .flatten(),
-            None => None,
-        };
-        if leader && gauges.is_none() {
-            tracing::debug!("a scrape got no gauges: the event loop was busy or stopping");
-        }
-        let tally = self.tally().clone();
-        render(leader, gauges.as_ref(), &tally)
-    }
-}
-
-async fn ask_gauges(asks: mpsc::Sender<oneshot::Sender<Gauges>>) -> Option<Gauges> {
-    let (reply, answer) = oneshot::channel();
-    asks.send(reply).await.ok()?;
-    answer.await.ok()
-}
-
-/// The lock, also when a panic poisoned it: every update leaves the tally consistent.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The scheduler's exposition: whether it leads, what its tables hold (`gauges`, from the
@@ -469,26 +387,5 @@ mod tests {
             SubmitOutcome::of(None, false),
             SubmitOutcome::Rejected(RefusalReason::Invalid)
         );
-    }
-
-    #[tokio::test]
-    async fn a_scrape_asks_the_event_loop_while_a_term_lasts() {
-        let metrics = Arc::new(SchedulerMetrics::default());
-        let (term, mut requests) = metrics.begin_term();
-        let answering = tokio::spawn(async move {
-            while let Some(reply) = requests.recv().await {
-                let mut gauges = Gauges::default();
-                gauges.nodes.insert("online", 7);
-                let _ = reply.send(gauges);
-            }
-        });
-        let text = metrics.render().await;
-        assert!(text.contains("mgpu_scheduler_leader 1\n"), "{text}");
-        assert!(text.contains("mgpu_nodes{state=\"online\"} 7\n"), "{text}");
-        drop(term);
-        let text = metrics.render().await;
-        assert!(text.contains("mgpu_scheduler_leader 0\n"), "{text}");
-        assert!(!text.contains("mgpu_nodes"), "{text}");
-        answering.abort();
     }
 }

@@ -5,12 +5,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
 use crate::status::{PassSample, RECENT_PASSES, Status};
 
 /// Changed records after which freed memory is handed back (see
-/// [`PassStats::give_back_memory_after_bursts`]), and the least time between two such.
+/// [`PassStats::trim_due`]), and the least time between two such.
 const TRIM_AFTER_CHANGES: usize = 10_000;
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 
@@ -21,7 +19,6 @@ pub(crate) struct PassStats {
     /// Records changed since memory was last given back, and when that was.
     churn: usize,
     last_trim: Option<Instant>,
-    status: watch::Sender<Status>,
 }
 
 /// What the status shows besides the passes.
@@ -34,13 +31,12 @@ pub(crate) struct Counts {
 }
 
 impl PassStats {
-    pub(crate) fn new(status: watch::Sender<Status>) -> Self {
+    pub(crate) fn new() -> Self {
         PassStats {
             passes: 0,
             recent: VecDeque::with_capacity(RECENT_PASSES),
             churn: 0,
             last_trim: None,
-            status,
         }
     }
 
@@ -49,14 +45,14 @@ impl PassStats {
         self.churn += changed;
     }
 
-    /// Records a finished pass and publishes the status.
-    pub(crate) fn record(&mut self, sample: PassSample, counts: Counts) {
+    /// Records a finished pass; the status to publish.
+    pub(crate) fn record(&mut self, sample: PassSample, counts: Counts) -> Status {
         self.passes += 1;
         if self.recent.len() >= RECENT_PASSES {
             self.recent.pop_front();
         }
         self.recent.push_back(sample);
-        self.status.send_replace(Status {
+        Status {
             jobs_queued: counts.jobs_queued,
             jobs_running: counts.jobs_running,
             jobs_total: counts.jobs_total,
@@ -64,26 +60,41 @@ impl PassStats {
             nodes_online: counts.nodes_online,
             passes: self.passes,
             recent_passes: self.recent.clone(),
-        });
+        }
     }
 
-    /// After a burst (thousands of records changed: a flood of submissions, a cluster's worth
-    /// of starts), hands the heap memory freed since back to the operating system, at most
-    /// every [`TRIM_EVERY`]. glibc keeps freed memory in its arenas otherwise: after 100 000
-    /// submissions the scheduler held about 130 MiB more than its live data.
-    pub(crate) fn give_back_memory_after_bursts(&mut self) {
+    /// Whether heap memory freed since should go back to the operating system at `now`:
+    /// after a burst (thousands of records changed: a flood of submissions, a cluster's worth
+    /// of starts), at most every [`TRIM_EVERY`]. glibc keeps freed memory in its arenas
+    /// otherwise: after 100 000 submissions the scheduler held about 130 MiB more than its
+    /// live data. Noted as done when true.
+    pub(crate) fn trim_due(&mut self, now: Instant) -> bool {
         if self.churn < TRIM_AFTER_CHANGES
-            || self.last_trim.is_some_and(|at| at.elapsed() < TRIM_EVERY)
+            || self
+                .last_trim
+                .is_some_and(|at| now.saturating_duration_since(at) < TRIM_EVERY)
         {
-            return;
+            return false;
         }
         self.churn = 0;
-        self.last_trim = Some(Instant::now());
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only releases free memory of the allocator's own arenas; it
-        // reads no pointer of ours and is thread-safe.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        self.last_trim = Some(now);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_goes_back_after_a_burst_and_at_most_every_ten_seconds() {
+        let mut stats = PassStats::new();
+        let start = Instant::now();
+        assert!(!stats.trim_due(start), "no burst yet");
+        stats.add_churn(TRIM_AFTER_CHANGES);
+        assert!(stats.trim_due(start));
+        stats.add_churn(TRIM_AFTER_CHANGES);
+        assert!(!stats.trim_due(start + Duration::from_secs(1)));
+        assert!(stats.trim_due(start + TRIM_EVERY));
     }
 }

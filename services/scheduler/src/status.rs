@@ -1,16 +1,8 @@
-//! The scheduler as a NATS micro service: `$SRV.PING` / `$SRV.INFO` answer with
-//! `mgpu-scheduler`, `mgpu.scheduler.status` answers with the counters below, and
-//! `$SRV.STATS` with how many status requests were answered, refused and how long they took.
+//! What `mgpu.scheduler.status` answers (the counters below, the latest passes), and the
+//! answer to one status request; the micro service that serves it is the driver's
+//! (`driver::replica`).
 
-use anyhow::{Result, anyhow};
-use async_nats::service::ServiceExt;
-use async_nats::service::error::Error as ServiceError;
-use bytes::Bytes;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch};
-
-use mgpu_protocol::subjects;
 
 /// What `mgpu.scheduler.status` answers.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -54,60 +46,15 @@ struct StatusQuery {
     recent_passes: Option<usize>,
 }
 
-/// Registers the service and answers status requests until `term_over` resolves (the sender
-/// is dropped when this replica stops acting; a replica that acts again registers anew),
-/// then deregisters, so that `$SRV.PING`, `$SRV.INFO` and `$SRV.STATS` list active
-/// schedulers only.
-///
-/// Each request is answered through the endpoint's own request object, refused ones with an
-/// error: that is what makes `$SRV.STATS` count requests, errors and processing time.
-pub async fn serve(
-    client: async_nats::Client,
-    status: watch::Receiver<Status>,
-    term_over: oneshot::Receiver<()>,
-) -> Result<()> {
-    let service = client
-        .service_builder()
-        .description("mgpu scheduler: places queued GPU jobs on nodes")
-        .start(subjects::SCHEDULER_SERVICE, env!("CARGO_PKG_VERSION"))
-        .await
-        .map_err(|e| anyhow!("registering the micro service: {e}"))?;
-    let mut endpoint = service
-        .endpoint(subjects::SCHEDULER_STATUS)
-        .await
-        .map_err(|e| anyhow!("adding the status endpoint: {e}"))?;
-    tokio::pin!(term_over);
-    loop {
-        let request = tokio::select! {
-            _ = &mut term_over => break,
-            request = endpoint.next() => match request {
-                Some(request) => request,
-                None => break,
-            },
-        };
-        let answer = answer(&request.message.payload, &status.borrow());
-        if let Err(err) = &answer {
-            tracing::debug!(%err, "refusing a status request");
-        }
-        if let Err(err) = request.respond(answer).await {
-            tracing::warn!(%err, "answering a status request");
-        }
-    }
-    service
-        .stop()
-        .await
-        .map_err(|e| anyhow!("deregistering the micro service: {e}"))
-}
-
 /// The answer to a status request with this body: the status as JSON, or a refusal (code
 /// 400) of a body that is not a [`StatusQuery`].
-fn answer(body: &[u8], status: &Status) -> Result<Bytes, ServiceError> {
+pub(crate) fn answer(body: &[u8], status: &Status) -> Result<Vec<u8>, (String, usize)> {
     let query: StatusQuery = if body.iter().all(u8::is_ascii_whitespace) {
         StatusQuery::default()
     } else {
-        serde_json::from_slice(body).map_err(|err| ServiceError {
-            status: format!("a status request is empty or {{\"recent_passes\": N}}: {err}"),
-            code: 400,
+        serde_json::from_slice(body).map_err(|err| {
+            let said = format!("a status request is empty or {{\"recent_passes\": N}}: {err}");
+            (said, 400)
         })?
     };
     let encoded = match query.recent_passes {
@@ -119,10 +66,7 @@ fn answer(body: &[u8], status: &Status) -> Result<Bytes, ServiceError> {
         }
         _ => serde_json::to_vec(status),
     };
-    encoded.map(Bytes::from).map_err(|err| ServiceError {
-        status: format!("encoding the status: {err}"),
-        code: 500,
-    })
+    encoded.map_err(|err| (format!("encoding the status: {err}"), 500))
 }
 
 #[cfg(test)]
@@ -143,8 +87,8 @@ mod tests {
         status
     }
 
-    fn decoded(answer: Result<Bytes, ServiceError>) -> serde_json::Value {
-        let bytes = answer.unwrap_or_else(|e| panic!("refused: {e}"));
+    fn decoded(answer: Result<Vec<u8>, (String, usize)>) -> serde_json::Value {
+        let bytes = answer.unwrap_or_else(|e| panic!("refused: {e:?}"));
         serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON: {e}"))
     }
 
@@ -177,7 +121,7 @@ mod tests {
         let status = status_with_passes(1);
         for body in [&b"status please"[..], br#"{"passes": 1}"#, br#""1""#] {
             match answer(body, &status) {
-                Err(err) => assert_eq!(err.code, 400, "{err}"),
+                Err((said, code)) => assert_eq!(code, 400, "{said}"),
                 Ok(_) => panic!("{} was answered", String::from_utf8_lossy(body)),
             }
         }

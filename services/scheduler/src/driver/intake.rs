@@ -16,9 +16,9 @@ use mgpu_protocol::request::{Action, Request};
 use mgpu_protocol::{Timestamp, now, subjects, version, wire};
 
 use super::Driver;
+use crate::identity::SeenNonce;
 use crate::machine::messages::{Admitted, Input, Refused, Step, steps};
 use crate::metrics::RefusalReason;
-use crate::replay_memory::SeenNonce;
 
 /// How long an event of an unreadable protocol waits before it is offered again.
 const UNREADABLE_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
@@ -94,12 +94,15 @@ impl Driver {
         let decoded = Request::decode(&subject, &message.payload);
         let stored_at = stored_at(&message);
         let sequence = message.info().ok().map(|info| info.stream_sequence);
-        let authenticated = self.gate.authenticate(
+        let verified = signing::verify(
             message.headers.as_ref(),
             &subject,
             &message.payload,
-            (stored_at, sequence),
+            stored_at,
         );
+        let authenticated = self
+            .gate
+            .authenticate(verified, key.clone(), (stored_at, sequence));
         let (identity, nonce) = match authenticated {
             Ok(admitted) => admitted,
             Err(refusal) => {
@@ -154,7 +157,7 @@ impl Driver {
         mut admitted: Vec<(Admitted, SeenNonce)>,
     ) -> Vec<(Admitted, SeenNonce)> {
         let nonces: Vec<&SeenNonce> = admitted.iter().map(|(_, nonce)| nonce).collect();
-        let stored = crate::replay_memory::remember(&self.js, &nonces).await;
+        let stored = super::store::remember_nonces(&self.js, &nonces).await;
         if let Some(first_lost) = stored.iter().position(|stored| !stored) {
             tracing::warn!(
                 left = admitted.len() - first_lost,

@@ -16,13 +16,16 @@
 //!   environments kept apart, dependencies in history).
 //! - [`store`]: record writes (compare-and-set, pipelined, retried), history, the cluster
 //!   bucket.
-//! - [`outbox`]: assignments, control messages, events and audit records sent.
+//! - [`outbox`]: the machine's commands carried out: assignments, control messages, events
+//!   and audit records sent, acknowledgements, stores, answers fed back.
+//! - [`replica`]: the lease, the status micro service, the metrics endpoint.
 
 mod intake;
 pub(crate) mod outbox;
+pub mod replica;
 pub(crate) mod store;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,24 +36,21 @@ use tokio::sync::watch;
 
 use mgpu_nats::pull::Pull;
 use mgpu_nats::records;
-use mgpu_protocol::ids::JobId;
 use mgpu_protocol::priority::Policy;
 use mgpu_protocol::{now, subjects};
 
 use crate::identity::{Gate, Principals};
 use crate::limits::LimitsFile;
-use crate::machine::messages::{Count, Input, Loaded, LogLevel, LogLine, Tick, Token};
-use crate::machine::{Command, SchedulerState};
-use crate::metrics::{GaugeRequests, SchedulerMetrics};
+use crate::machine::SchedulerState;
+use crate::machine::messages::{Input, Loaded, Tick, Token};
 use crate::passes::{Counts, PassStats};
 use crate::status::Status;
 use outbox::Outbox;
-use store::{RecordStore, Write};
+use replica::{GaugeRequests, SchedulerMetrics};
+use store::RecordStore;
 
 /// Messages handled before a scheduling pass, at most, when a burst arrives.
 const BATCH: usize = 512;
-/// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
-const ASSIGNMENTS_IN_FLIGHT: usize = 256;
 
 /// The active scheduler: the machine, and what carries its commands out.
 pub struct Driver {
@@ -67,6 +67,8 @@ pub struct Driver {
     /// What the metrics endpoint serves: counted here, read there.
     metrics: Arc<SchedulerMetrics>,
     stats: PassStats,
+    /// Where the status micro service reads the latest status from.
+    status: watch::Sender<Status>,
     /// The durable consumer of agents' reports, asked whether every stored report was handled.
     events_consumer: Option<consumer::PullConsumer>,
     /// Messages the machine may ask to acknowledge, by token.
@@ -114,7 +116,7 @@ pub async fn run(
     // Dropped when this function returns: the micro service deregisters with the term.
     let (_status_term, status_term_over) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        if let Err(err) = crate::status::serve(service_client, status, status_term_over).await {
+        if let Err(err) = replica::serve_status(service_client, status, status_term_over).await {
             tracing::error!("micro service stopped: {err:#}");
         }
     });
@@ -162,7 +164,7 @@ impl Driver {
             .await
             .map_err(|e| anyhow!("storing the policy: {e}"))?;
         let mut gate = Gate::new(principals);
-        gate.restore_nonces(crate::replay_memory::recall(&js).await?);
+        gate.restore_nonces(store::recall_nonces(&js).await?);
         let machine = SchedulerState::new(Loaded {
             records,
             heartbeats,
@@ -183,7 +185,8 @@ impl Driver {
             gate,
             limits,
             metrics,
-            stats: PassStats::new(status_tx),
+            stats: PassStats::new(),
+            status: status_tx,
             events_consumer: None,
             held: HashMap::new(),
             next_token: 1,
@@ -354,8 +357,10 @@ impl Driver {
             nodes_known,
             nodes_online,
         };
-        self.stats.record(sample, counts);
-        self.stats.give_back_memory_after_bursts();
+        self.status.send_replace(self.stats.record(sample, counts));
+        if self.stats.trim_due(Instant::now()) {
+            give_back_memory();
+        }
     }
 
     /// Hands `input` to the machine and carries out what it asks for, results fed back, until
@@ -376,176 +381,6 @@ impl Driver {
             let registry = self.gate.principals.registry().clone();
             let commands = self.machine.handle(now(), Input::Principals(registry));
             self.carry_out(commands).await;
-        }
-    }
-
-    /// Carries `commands` out in order, and those the results of their operations lead to.
-    /// A required send that fails (an assignment, a kill that must get through) skips the
-    /// later commands about the same job: its request is delivered again, the repair timer
-    /// sends it again.
-    async fn carry_out(&mut self, mut commands: Vec<Command>) {
-        let mut failed: HashSet<JobId> = HashSet::new();
-        while !commands.is_empty() {
-            let mut results = Vec::new();
-            let mut writes = Vec::new();
-            let mut assigns = Vec::new();
-            for command in commands {
-                let skipped = command.job().is_some_and(|job| failed.contains(job))
-                    && !matches!(command, Command::Write { .. } | Command::Log(_));
-                if skipped {
-                    continue;
-                }
-                match command {
-                    Command::Write {
-                        op,
-                        record,
-                        expected,
-                    } => writes.push(Write {
-                        op,
-                        record,
-                        expected,
-                    }),
-                    Command::Assign {
-                        job,
-                        env_owner,
-                        ranks,
-                    } => assigns.push((job, env_owner, ranks)),
-                    other => {
-                        // Writes and assignments gathered so far go first, in order.
-                        results.extend(self.store.write_all(std::mem::take(&mut writes)).await);
-                        failed.extend(self.send_assignments(std::mem::take(&mut assigns)).await);
-                        results.extend(self.carry_out_one(other, &mut failed).await);
-                    }
-                }
-            }
-            results.extend(self.store.write_all(writes).await);
-            failed.extend(self.send_assignments(assigns).await);
-            commands = Vec::new();
-            for result in results {
-                commands.extend(self.machine.handle(now(), result));
-            }
-        }
-    }
-
-    /// Sends assignments, many at once; the jobs whose sending failed.
-    async fn send_assignments(
-        &self,
-        assigns: Vec<(
-            JobId,
-            Option<String>,
-            Vec<crate::machine::messages::RankAssignment>,
-        )>,
-    ) -> Vec<JobId> {
-        if assigns.is_empty() {
-            return Vec::new();
-        }
-        let outbox = &self.outbox;
-        let sent: Vec<(JobId, Result<()>)> = futures::stream::iter(assigns)
-            .map(|(job, env_owner, ranks)| async move {
-                let outcome = outbox
-                    .send_assignment(&job, env_owner.as_deref(), ranks)
-                    .await;
-                (job, outcome)
-            })
-            .buffered(ASSIGNMENTS_IN_FLIGHT)
-            .collect()
-            .await;
-        sent.into_iter()
-            .filter_map(|(job, outcome)| match outcome {
-                Ok(()) => None,
-                // Recorded as running: the repair timer sends it again.
-                Err(err) => {
-                    tracing::error!(job = %job, "{err:#}");
-                    Some(job)
-                }
-            })
-            .collect()
-    }
-
-    /// Carries out one command (not a write or an assignment); the machine's input for its
-    /// result, if it asked for one.
-    async fn carry_out_one(
-        &mut self,
-        command: Command,
-        failed: &mut HashSet<JobId>,
-    ) -> Option<Input> {
-        match command {
-            Command::Control {
-                job,
-                node,
-                control,
-                required,
-            } => {
-                if let Err(err) = self.outbox.send_control(&node, &control).await {
-                    tracing::error!(job = %job, "sending a kill: {err:#}");
-                    if required {
-                        failed.insert(job);
-                    }
-                }
-                None
-            }
-            Command::Event(event) => {
-                self.outbox.publish_event(&event);
-                None
-            }
-            Command::Audit(record) => {
-                self.outbox.audit(&record);
-                None
-            }
-            Command::Ack { token, .. } => {
-                if let Some(message) = self.held.remove(&token) {
-                    intake::acknowledge(&message).await;
-                }
-                None
-            }
-            Command::StoreAdmin { op, node, admin } => {
-                let stored = match self.store.put_admin(&node, &admin).await {
-                    Ok(()) => true,
-                    Err(err) => {
-                        tracing::error!("{err:#}");
-                        false
-                    }
-                };
-                Some(Input::AdminStored { op, stored })
-            }
-            Command::Archive { record } => {
-                let moved = match self.store.archive(&record).await {
-                    Ok(()) => true,
-                    Err(err) => {
-                        tracing::warn!(job = %record.id, "moving a finished job to history: {err:#}");
-                        false
-                    }
-                };
-                Some(Input::Archived {
-                    id: record.id,
-                    moved,
-                })
-            }
-            Command::SaveUsage(book) => match self.store.save_usage(&book).await {
-                Ok(()) => None,
-                Err(err) => {
-                    tracing::warn!("{err:#}");
-                    Some(Input::UsageNotSaved)
-                }
-            },
-            Command::AskReportsCaughtUp { op } => {
-                let caught_up = self.reports_caught_up().await;
-                Some(Input::ReportsCaughtUp { op, caught_up })
-            }
-            Command::Count(count) => {
-                let mut tally = self.metrics.tally();
-                match count {
-                    Count::Submitted { user, outcome } => tally.submitted(&user, outcome),
-                    Count::Refused { action, why } => tally.refused(action, why),
-                    Count::StartedAfter(waited) => tally.started_after(waited),
-                }
-                None
-            }
-            Command::Log(line) => {
-                write_log(&line);
-                None
-            }
-            Command::Write { .. } | Command::Assign { .. } => None,
         }
     }
 
@@ -583,15 +418,14 @@ impl Driver {
     }
 }
 
-fn write_log(line: &LogLine) {
-    let job = line.job.as_ref().map(|id| id.as_str());
-    let node = line.node.as_deref();
-    let message = &line.message;
-    match line.level {
-        LogLevel::Debug => tracing::debug!(job, node, "{message}"),
-        LogLevel::Info => tracing::info!(job, node, "{message}"),
-        LogLevel::Warn => tracing::warn!(job, node, "{message}"),
-        LogLevel::Error => tracing::error!(job, node, "{message}"),
+/// Hands the heap memory freed since back to the operating system (glibc keeps it in its
+/// arenas otherwise).
+fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas; it reads no
+    // pointer of ours and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

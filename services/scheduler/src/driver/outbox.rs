@@ -1,23 +1,216 @@
-//! The driver's way out to agents and watchers: assignments and control messages to agents
-//! (stored, retried while NATS elects a leader), and job events and audit records for anyone
-//! watching (awaited off the hot path). What to send is the machine's
-//! ([`crate::machine::assignment`], [`crate::machine::announce`]); this only sends, after
-//! fetching an environment kept apart for the assignment that needs it.
+//! The machine's commands carried out: assignments and control messages to agents (stored,
+//! retried while NATS elects a leader; many assignments at once), job events and audit
+//! records for anyone watching (awaited off the hot path), acknowledgements, record writes
+//! (`store.rs`), stores and questions whose answers go back to the machine. What to send is
+//! the machine's ([`crate::machine::assignment`], [`crate::machine::announce`]); this only
+//! sends, after fetching an environment kept apart for the assignment that needs it.
+
+use std::collections::HashSet;
 
 use anyhow::{Result, anyhow};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bytes::Bytes;
+use futures::StreamExt;
 
 use mgpu_nats::job_env;
 use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::audit::AuditRecord;
 use mgpu_protocol::event::JobEvent;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::subjects;
+use mgpu_protocol::{now, subjects};
 
-use super::store::Retry;
-use crate::machine::messages::RankAssignment;
+use super::store::{Retry, Write};
+use super::{Driver, intake};
+use crate::machine::Command;
+use crate::machine::messages::{Count, Input, LogLevel, LogLine, RankAssignment};
+
+/// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
+const ASSIGNMENTS_IN_FLIGHT: usize = 256;
+
+impl Driver {
+    /// Carries `commands` out in order, and those the results of their operations lead to.
+    /// A required send that fails (an assignment, a kill that must get through) skips the
+    /// later commands about the same job: its request is delivered again, the repair timer
+    /// sends it again.
+    pub(super) async fn carry_out(&mut self, mut commands: Vec<Command>) {
+        let mut failed: HashSet<JobId> = HashSet::new();
+        while !commands.is_empty() {
+            let mut results = Vec::new();
+            let mut writes = Vec::new();
+            let mut assigns = Vec::new();
+            for command in commands {
+                let skipped = command.job().is_some_and(|job| failed.contains(job))
+                    && !matches!(command, Command::Write { .. } | Command::Log(_));
+                if skipped {
+                    continue;
+                }
+                match command {
+                    Command::Write {
+                        op,
+                        record,
+                        expected,
+                    } => writes.push(Write {
+                        op,
+                        record,
+                        expected,
+                    }),
+                    Command::Assign {
+                        job,
+                        env_owner,
+                        ranks,
+                    } => assigns.push((job, env_owner, ranks)),
+                    other => {
+                        // Writes and assignments gathered so far go first, in order.
+                        results.extend(self.store.write_all(std::mem::take(&mut writes)).await);
+                        failed.extend(self.send_assignments(std::mem::take(&mut assigns)).await);
+                        results.extend(self.carry_out_one(other, &mut failed).await);
+                    }
+                }
+            }
+            results.extend(self.store.write_all(writes).await);
+            failed.extend(self.send_assignments(assigns).await);
+            commands = Vec::new();
+            for result in results {
+                commands.extend(self.machine.handle(now(), result));
+            }
+        }
+    }
+
+    /// Sends assignments, many at once; the jobs whose sending failed.
+    async fn send_assignments(
+        &self,
+        assigns: Vec<(
+            JobId,
+            Option<String>,
+            Vec<crate::machine::messages::RankAssignment>,
+        )>,
+    ) -> Vec<JobId> {
+        if assigns.is_empty() {
+            return Vec::new();
+        }
+        let outbox = &self.outbox;
+        let sent: Vec<(JobId, Result<()>)> = futures::stream::iter(assigns)
+            .map(|(job, env_owner, ranks)| async move {
+                let outcome = outbox
+                    .send_assignment(&job, env_owner.as_deref(), ranks)
+                    .await;
+                (job, outcome)
+            })
+            .buffered(ASSIGNMENTS_IN_FLIGHT)
+            .collect()
+            .await;
+        sent.into_iter()
+            .filter_map(|(job, outcome)| match outcome {
+                Ok(()) => None,
+                // Recorded as running: the repair timer sends it again.
+                Err(err) => {
+                    tracing::error!(job = %job, "{err:#}");
+                    Some(job)
+                }
+            })
+            .collect()
+    }
+
+    /// Carries out one command (not a write or an assignment); the machine's input for its
+    /// result, if it asked for one.
+    async fn carry_out_one(
+        &mut self,
+        command: Command,
+        failed: &mut HashSet<JobId>,
+    ) -> Option<Input> {
+        match command {
+            Command::Control {
+                job,
+                node,
+                control,
+                required,
+            } => {
+                if let Err(err) = self.outbox.send_control(&node, &control).await {
+                    tracing::error!(job = %job, "sending a kill: {err:#}");
+                    if required {
+                        failed.insert(job);
+                    }
+                }
+                None
+            }
+            Command::Event(event) => {
+                self.outbox.publish_event(&event);
+                None
+            }
+            Command::Audit(record) => {
+                self.outbox.audit(&record);
+                None
+            }
+            Command::Ack { token, .. } => {
+                if let Some(message) = self.held.remove(&token) {
+                    intake::acknowledge(&message).await;
+                }
+                None
+            }
+            Command::StoreAdmin { op, node, admin } => {
+                let stored = match self.store.put_admin(&node, &admin).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::error!("{err:#}");
+                        false
+                    }
+                };
+                Some(Input::AdminStored { op, stored })
+            }
+            Command::Archive { record } => {
+                let moved = match self.store.archive(&record).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::warn!(job = %record.id, "moving a finished job to history: {err:#}");
+                        false
+                    }
+                };
+                Some(Input::Archived {
+                    id: record.id,
+                    moved,
+                })
+            }
+            Command::SaveUsage(book) => match self.store.save_usage(&book).await {
+                Ok(()) => None,
+                Err(err) => {
+                    tracing::warn!("{err:#}");
+                    Some(Input::UsageNotSaved)
+                }
+            },
+            Command::AskReportsCaughtUp { op } => {
+                let caught_up = self.reports_caught_up().await;
+                Some(Input::ReportsCaughtUp { op, caught_up })
+            }
+            Command::Count(count) => {
+                let mut tally = self.metrics.tally();
+                match count {
+                    Count::Submitted { user, outcome } => tally.submitted(&user, outcome),
+                    Count::Refused { action, why } => tally.refused(action, why),
+                    Count::StartedAfter(waited) => tally.started_after(waited),
+                }
+                None
+            }
+            Command::Log(line) => {
+                write_log(&line);
+                None
+            }
+            Command::Write { .. } | Command::Assign { .. } => None,
+        }
+    }
+}
+
+fn write_log(line: &LogLine) {
+    let job = line.job.as_ref().map(|id| id.as_str());
+    let node = line.node.as_deref();
+    let message = &line.message;
+    match line.level {
+        LogLevel::Debug => tracing::debug!(job, node, "{message}"),
+        LogLevel::Info => tracing::info!(job, node, "{message}"),
+        LogLevel::Warn => tracing::warn!(job, node, "{message}"),
+        LogLevel::Error => tracing::error!(job, node, "{message}"),
+    }
+}
 
 /// The scheduler's way out to agents and watchers.
 pub(crate) struct Outbox {

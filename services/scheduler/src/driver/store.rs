@@ -2,7 +2,10 @@
 //! record, carrying out the machine's record writes (each a compare-and-set on the revision
 //! the machine expects; many at once pipelined; retried through NATS leader elections, and
 //! read back when an answer was lost, so a change is never applied twice), moving finished
-//! jobs to history, and storing node administration and the usage book.
+//! jobs to history, storing node administration and the usage book, and the nonces of
+//! recent requests (`mgpu-nonces`: every admitted request's nonce is written before it is
+//! acted on, and a scheduler that becomes active reads them back into its gate, so a request
+//! copied and sent again after a restart is refused as replayed).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -18,8 +21,10 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::NodeAdmin;
 use mgpu_protocol::priority::UsageBook;
+use mgpu_protocol::signing::nonce_key;
 use mgpu_protocol::subjects;
 
+use crate::identity::SeenNonce;
 use crate::machine::jobs::Tracked;
 use crate::machine::messages::{Input, OpId, WriteOutcome};
 
@@ -327,6 +332,43 @@ impl RecordStore {
             .map_err(|e| anyhow!("storing usage: {e}"))?;
         Ok(())
     }
+}
+
+/// Writes each nonce, pipelined; says for each whether JetStream stored it.
+pub(crate) async fn remember_nonces(js: &jetstream::Context, seen: &[&SeenNonce]) -> Vec<bool> {
+    let mut acks = Vec::with_capacity(seen.len());
+    for nonce in seen {
+        let subject = format!("$KV.{}.{}", subjects::NONCE_BUCKET, nonce_key(&nonce.nonce));
+        let sent = match serde_json::to_vec(nonce) {
+            Ok(payload) => js.publish(subject, payload.into()).await.ok(),
+            Err(_) => None,
+        };
+        acks.push(sent);
+    }
+    let mut stored = Vec::with_capacity(acks.len());
+    for ack in acks {
+        stored.push(match ack {
+            Some(ack) => ack.await.is_ok(),
+            None => false,
+        });
+    }
+    stored
+}
+
+/// Every nonce still kept (those of the last [`subjects::NONCE_TTL_SECS`]).
+pub(crate) async fn recall_nonces(js: &jetstream::Context) -> Result<Vec<SeenNonce>> {
+    let messages = records::last_per_subject(
+        js,
+        subjects::NONCE_BUCKET_STREAM,
+        &format!("$KV.{}.>", subjects::NONCE_BUCKET),
+        false,
+    )
+    .await
+    .context("reading the nonces of recent requests")?;
+    Ok(messages
+        .iter()
+        .filter_map(|message| serde_json::from_slice(&message.payload).ok())
+        .collect())
 }
 
 /// Backoff between tries of one write, until [`WRITE_RETRY_FOR`] has passed.
