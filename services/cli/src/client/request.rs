@@ -92,10 +92,7 @@ impl Request {
         }
     }
 
-    pub fn subject(&self) -> &str {
-        &self.subject
-    }
-
+    /// The id JetStream drops a second copy by.
     pub fn msg_id(&self) -> &str {
         &self.msg_id
     }
