@@ -35,6 +35,8 @@ pub mod messages;
 pub mod pass;
 pub mod requests;
 pub mod retention;
+#[cfg(test)]
+mod tests;
 pub mod transitions;
 
 use std::collections::{HashMap, HashSet};
