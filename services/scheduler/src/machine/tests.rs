@@ -421,7 +421,7 @@ fn node_administration_is_taken_only_once_stored() {
         },
     );
     assert_eq!(acks(&after), 0, "not stored: delivered again");
-    assert!(rig.machine.nodes.admin.get("node1").is_none());
+    assert!(!rig.machine.nodes.admin.contains_key("node1"));
     let admitted = rig.request(root(), drain);
     let commands = rig.feed(t0(), Input::Request(Box::new(admitted)));
     let Some(Command::StoreAdmin { op, .. }) = commands.first() else {
