@@ -19,6 +19,10 @@ lint:
     cargo clippy --workspace --all-targets -- -D warnings
     if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then cargo clippy --manifest-path services/job-guard/Cargo.toml --target-dir target -- -D warnings; fi
 
+# The scheduler's deterministic simulation: `just simulate --seeds 1000`, `--seed S` to replay.
+simulate *ARGS:
+    scripts/simulate.sh {{ARGS}}
+
 # Benchmarks (release build): one JSON line per scenario, also in bench/results/.
 bench *ARGS:
     scripts/bench.sh {{ARGS}}
