@@ -1,26 +1,91 @@
-//! Simulated node agents, kept to what the real agent does: an assignment starts its
-//! attempt once (an attempt already run is never started again) and is reported `started`;
-//! the process runs for a drawn time and exits with a drawn code; a kill stops the attempt
-//! it names (after a drawn delay when the process hangs on its kill) and is reported with
-//! how it ended; the agent heartbeats the attempts it runs. A crash kills every process (its
-//! guards die with it) and silences the node; on restart the agent reports each attempt it
-//! had as lost before it heartbeats again.
+//! Simulated node agents, kept to what the real agent (`services/node-agent/src`) does:
+//! - an assignment starts its attempt unless this agent already ran it (its running table
+//!   remembers finished attempts, `running.rs`; a restarted agent remembers nothing), and is
+//!   reported `started`; the process runs for a drawn time and exits with a drawn code;
+//! - a stop (a kill, the hard time limit, fencing) sends SIGTERM: most processes end within
+//!   300 ms, one in ten ignores it and gets SIGKILL once the node's kill grace has passed; the
+//!   first reason given is the one reported, whatever ends the process (`stopping.rs`);
+//! - self-fencing (`fence.rs`): every `--fence-after / 4` (50 ms to 1 s) the agent looks at
+//!   when its last stored heartbeat was taken, and past `--fence-after` it stops every job,
+//!   which is reported `lost`;
+//! - an attempt stays in the running table, so in heartbeats, until its exit report is stored
+//!   (`job.rs`); a report is retried until JetStream stores it (`report.rs`), so a node cut off
+//!   keeps its reports until it heals, and its stream keeps what is sent to it;
+//! - a crash kills every process (their guards die with them) and the agent's memory; the
+//!   state file survives, so the restarted agent reports every attempt of its table lost
+//!   (`reconcile.rs`) before it takes assignments.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::report::{AgentReport, Exit, ReportKind};
 
 use super::rng::Rng;
 
+/// One attempt of a job: what the running table is keyed by.
+pub type Attempt = (JobId, u32);
+
+/// What travels to a node through its stream.
+#[derive(Clone, Debug)]
+pub enum NodeMessage {
+    Assign {
+        job: JobId,
+        attempt: u32,
+        rank: u32,
+        /// The hard limit the agent enforces (`agent_limit_secs`), if any.
+        time_limit_ms: Option<u64>,
+    },
+    Control(NodeControl),
+}
+
+/// Why the agent stops a process (`running::StopReason`, and the time limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopWhy {
+    TimeLimit,
+    Cancelled,
+    Requeued,
+    Fenced,
+}
+
 /// One attempt's process on a node.
 #[derive(Clone, Debug)]
 pub struct Process {
-    /// When it exits by itself (simulated milliseconds).
+    /// When it exits by itself (simulated milliseconds), and with which code.
     pub ends_at: u64,
     pub exit_code: i32,
-    /// A kill that is taking effect: when it ends, and as what.
-    pub stopping: Option<(u64, Exit)>,
+    pub time_limit_at: Option<u64>,
+    /// A stop under way: why, when the process is gone, and the signal that ends it.
+    pub stopping: Option<(StopWhy, u64, i32)>,
+}
+
+impl Process {
+    /// When the process is gone (by itself, or stopped).
+    pub fn gone_at(&self) -> u64 {
+        match self.stopping {
+            Some((_, at, _)) => at.min(self.ends_at),
+            None => self.ends_at,
+        }
+    }
+
+    /// How it ended, as the agent reports it.
+    fn exit(&self) -> Exit {
+        let (exit_code, signal) = match self.stopping {
+            Some((_, at, signal)) if at < self.ends_at => (128 + signal, Some(signal)),
+            _ => (self.exit_code, None),
+        };
+        let why = self.stopping.map(|(why, _, _)| why);
+        Exit {
+            exit_code,
+            signal,
+            cancelled: why == Some(StopWhy::Cancelled),
+            timed_out: why == Some(StopWhy::TimeLimit),
+            preempted: why == Some(StopWhy::Requeued),
+            lost: why == Some(StopWhy::Fenced),
+            ..Exit::default()
+        }
+    }
 }
 
 /// A node's agent.
@@ -29,42 +94,76 @@ pub struct SimAgent {
     pub name: String,
     pub gpus: u32,
     pub memory_mib: u64,
+    /// `--fence-after` and `--kill-grace`, announced in every heartbeat.
+    pub fence_after_ms: u64,
+    pub kill_grace_ms: u64,
     /// False while crashed.
     pub up: bool,
-    pub processes: BTreeMap<(JobId, u32), Process>,
-    /// Attempts this node ever started: an assignment for one is not started again.
-    pub started: BTreeSet<(JobId, u32)>,
-    /// Assignment message ids already taken (the node's stream drops a copy).
-    pub seen_msg_ids: BTreeSet<String>,
+    /// True while cut off from NATS (a network partition).
+    pub cut: bool,
+    /// Counts the agent's starts: a retry of a report by an agent that died since is dropped.
+    pub boot: u32,
+    /// When the last heartbeat JetStream stored was taken (the fence counts from it).
+    pub last_stored: u64,
+    pub processes: BTreeMap<Attempt, Process>,
+    /// The running table: every attempt from its start until its exit report is stored.
+    pub table: BTreeSet<Attempt>,
+    /// Attempts this agent started since it started: an assignment for one is not run again.
+    pub ran: BTreeSet<Attempt>,
+    /// Reports not stored yet, each with when it was first tried.
+    pub outbox: Vec<(AgentReport, u64)>,
+    /// What the node's stream holds for it while the agent cannot take it.
+    pub inbox: Vec<NodeMessage>,
+    /// Restarted while cut off: assignments wait until its lost attempts are reported.
+    pub reconciling: bool,
 }
 
 impl SimAgent {
-    pub fn new(name: String, gpus: u32) -> Self {
+    pub fn new(name: String, gpus: u32, fence_after_ms: u64, kill_grace_ms: u64) -> Self {
         SimAgent {
             name,
             gpus,
             memory_mib: 81_920,
+            fence_after_ms,
+            kill_grace_ms,
             up: true,
+            cut: false,
+            boot: 0,
+            last_stored: 0,
             processes: BTreeMap::new(),
-            started: BTreeSet::new(),
-            seen_msg_ids: BTreeSet::new(),
+            table: BTreeSet::new(),
+            ran: BTreeSet::new(),
+            outbox: Vec::new(),
+            inbox: Vec::new(),
+            reconciling: false,
         }
     }
 
-    /// An assignment arrived: the attempt starts unless this node already ran it. The
-    /// report to publish, if any.
+    /// Whether the agent runs and reaches NATS.
+    pub fn connected(&self) -> bool {
+        self.up && !self.cut
+    }
+
+    /// How often the fence watch looks (`fence::watch`).
+    pub fn fence_check_every(&self) -> u64 {
+        (self.fence_after_ms / 4).clamp(50, 1_000)
+    }
+
+    /// An assignment arrived: the attempt starts unless this agent already ran it. The report
+    /// to publish, if any.
     pub fn assign(
         &mut self,
         job: &JobId,
         attempt: u32,
+        time_limit_ms: Option<u64>,
         now: u64,
         rng: &mut Rng,
     ) -> Option<ReportKind> {
         let key = (job.clone(), attempt);
-        if !self.up || self.started.contains(&key) {
+        if !self.up || !self.ran.insert(key.clone()) {
             return None;
         }
-        self.started.insert(key.clone());
+        self.table.insert(key.clone());
         let runs_for = rng.between(200, 20_000);
         let exit_code = if rng.chance(150) { 1 } else { 0 };
         self.processes.insert(
@@ -72,6 +171,7 @@ impl SimAgent {
             Process {
                 ends_at: now + runs_for,
                 exit_code,
+                time_limit_at: time_limit_ms.map(|limit| now + limit),
                 stopping: None,
             },
         );
@@ -80,69 +180,116 @@ impl SimAgent {
         })
     }
 
-    /// A kill for `attempt` of `job`: it takes effect after a short delay, or a long one when
-    /// the process hangs on its kill.
-    pub fn kill(&mut self, job: &JobId, attempt: u32, requeue: bool, now: u64, rng: &mut Rng) {
-        let Some(process) = self.processes.get_mut(&(job.clone(), attempt)) else {
-            return;
-        };
-        if process.stopping.is_some() {
-            return;
-        }
-        let delay = if rng.chance(100) {
-            rng.between(2_000, 12_000)
+    /// A kill from the scheduler: the attempt it names is stopped, if it runs here.
+    pub fn kill(&mut self, control: &NodeControl, now: u64, rng: &mut Rng) {
+        let NodeControl::Kill {
+            job_id,
+            attempt,
+            requeue,
+            ..
+        } = control;
+        let why = if *requeue {
+            StopWhy::Requeued
         } else {
-            rng.between(10, 300)
+            StopWhy::Cancelled
         };
-        let exit = Exit {
-            exit_code: 143,
-            signal: Some(15),
-            cancelled: !requeue,
-            preempted: requeue,
-            ..Exit::default()
-        };
-        process.stopping = Some((now + delay, exit));
+        self.stop(&(job_id.clone(), *attempt), why, now, rng);
     }
 
-    /// The processes that end by `now`, with how, taken off the node.
-    pub fn ended(&mut self, now: u64) -> Vec<(JobId, u32, Exit)> {
-        let done: Vec<(JobId, u32)> = self
+    /// Stops a process at `at` (SIGTERM, then SIGKILL after the kill grace). False when it
+    /// does not run, is gone by then, or is already being stopped (the first reason sticks).
+    pub fn stop(&mut self, key: &Attempt, why: StopWhy, at: u64, rng: &mut Rng) -> bool {
+        let grace = self.kill_grace_ms;
+        let Some(process) = self.processes.get_mut(key) else {
+            return false;
+        };
+        if process.stopping.is_some() || process.ends_at <= at {
+            return false;
+        }
+        // Most jobs end soon after SIGTERM; one in ten ignores it until SIGKILL.
+        let reacts_in = (!rng.chance(100)).then(|| rng.between(10, 300));
+        let (gone_at, signal) = match reacts_in {
+            Some(delay) if delay <= grace => (at + delay, 15),
+            _ => (at + grace + rng.between(0, 50), 9),
+        };
+        process.stopping = Some((why, gone_at, signal));
+        true
+    }
+
+    /// The fence watch looks: with no heartbeat stored for `--fence-after`, every job is
+    /// stopped. How many were.
+    pub fn fence(&mut self, now: u64, rng: &mut Rng) -> usize {
+        if !self.up || now.saturating_sub(self.last_stored) < self.fence_after_ms {
+            return 0;
+        }
+        let keys: Vec<Attempt> = self.processes.keys().cloned().collect();
+        keys.iter()
+            .filter(|key| self.stop(key, StopWhy::Fenced, now, rng))
+            .count()
+    }
+
+    /// The processes gone by `now` (hard time limits reached first), with how they ended,
+    /// taken off the node; their attempts stay in the table until reported.
+    pub fn ended(&mut self, now: u64, rng: &mut Rng) -> Vec<(JobId, u32, Exit)> {
+        let timed_out: Vec<(Attempt, u64)> = self
             .processes
             .iter()
-            .filter(|(_, p)| {
-                p.ends_at <= now || p.stopping.as_ref().is_some_and(|(at, _)| *at <= now)
+            .filter_map(|(key, p)| {
+                let at = p.time_limit_at.filter(|at| *at <= now)?;
+                p.stopping.is_none().then(|| (key.clone(), at))
             })
+            .collect();
+        for (key, at) in timed_out {
+            self.stop(&key, StopWhy::TimeLimit, at, rng);
+        }
+        let done: Vec<Attempt> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| p.gone_at() <= now)
             .map(|(key, _)| key.clone())
             .collect();
-        let mut ended = Vec::new();
-        for key in done {
-            if let Some(process) = self.processes.remove(&key) {
-                let exit = match process.stopping {
-                    Some((at, exit)) if at <= now => exit,
-                    _ => Exit {
-                        exit_code: process.exit_code,
-                        ..Exit::default()
-                    },
-                };
-                ended.push((key.0, key.1, exit));
-            }
+        done.into_iter()
+            .filter_map(|key| {
+                let process = self.processes.remove(&key)?;
+                Some((key.0, key.1, process.exit()))
+            })
+            .collect()
+    }
+
+    /// Live processes of `job` at `now` other than `attempt`'s.
+    pub fn other_attempts(&self, job: &JobId, attempt: u32, now: u64) -> Vec<u32> {
+        self.processes
+            .range((job.clone(), 0)..=(job.clone(), u32::MAX))
+            .filter(|((_, a), p)| *a != attempt && p.gone_at() > now)
+            .map(|((_, a), _)| *a)
+            .collect()
+    }
+
+    /// A report was stored: an exited attempt leaves the table (and the heartbeats).
+    pub fn stored(&mut self, report: &AgentReport) {
+        if matches!(report.kind, ReportKind::Exited(_)) {
+            self.table.remove(&(report.job.clone(), report.attempt));
         }
-        ended
     }
 
-    /// The node crashes: every process dies with it.
-    pub fn crash(&mut self) -> Vec<(JobId, u32)> {
+    /// The node crashes: every process dies, and the agent's memory with it. The attempts
+    /// its state file still lists.
+    pub fn crash(&mut self) -> Vec<Attempt> {
         self.up = false;
-        std::mem::take(&mut self.processes).into_keys().collect()
+        self.reconciling = false;
+        self.processes.clear();
+        self.outbox.clear();
+        self.ran.clear();
+        std::mem::take(&mut self.table).into_iter().collect()
     }
 
-    /// The agent comes back: the attempts it had (`lost`) are reported lost.
-    pub fn restart(
-        &mut self,
-        lost: &[(JobId, u32)],
-        at: mgpu_protocol::Timestamp,
-    ) -> Vec<AgentReport> {
+    /// The agent starts again (`now`, wall clock `at`): the attempts it had (`lost`) are
+    /// reported lost, before it takes assignments.
+    pub fn restart(&mut self, lost: &[Attempt], at: Timestamp, now: u64) -> Vec<AgentReport> {
         self.up = true;
+        self.boot += 1;
+        // `Contact::new`: the fence counts from the agent's start.
+        self.last_stored = now;
         lost.iter()
             .map(|(job, attempt)| AgentReport {
                 job: job.clone(),
@@ -156,5 +303,67 @@ impl SimAgent {
                 }),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(n: u64) -> JobId {
+        format!("{n:032x}")
+            .parse()
+            .unwrap_or_else(|e| panic!("job id: {e:?}"))
+    }
+
+    #[test]
+    fn a_stop_ends_the_job_within_the_kill_grace_and_keeps_its_first_reason() {
+        let mut rng = Rng::new(5);
+        for _ in 0..200 {
+            let mut agent = SimAgent::new("n".into(), 1, 3_000, 1_500);
+            assert!(agent.assign(&job(1), 1, None, 0, &mut rng).is_some());
+            if let Some(p) = agent.processes.values_mut().next() {
+                p.ends_at = 100_000;
+            }
+            assert!(agent.stop(&(job(1), 1), StopWhy::Requeued, 10, &mut rng));
+            assert!(!agent.stop(&(job(1), 1), StopWhy::Cancelled, 20, &mut rng));
+            let ended = agent.ended(10 + 1_500 + 50, &mut rng);
+            assert_eq!(ended.len(), 1, "gone by the grace and a slow SIGKILL");
+            let exit = &ended[0].2;
+            assert!(exit.preempted && !exit.cancelled);
+            assert!(matches!(exit.signal, Some(15 | 9)));
+            assert!(agent.table.contains(&(job(1), 1)), "listed until reported");
+        }
+    }
+
+    #[test]
+    fn the_fence_stops_every_job_once_no_heartbeat_was_stored_for_fence_after() {
+        let mut rng = Rng::new(9);
+        let mut agent = SimAgent::new("n".into(), 2, 3_000, 0);
+        agent.assign(&job(1), 1, None, 0, &mut rng);
+        agent.assign(&job(2), 1, None, 0, &mut rng);
+        for p in agent.processes.values_mut() {
+            p.ends_at = 100_000;
+        }
+        agent.last_stored = 1_000;
+        assert_eq!(agent.fence(3_999, &mut rng), 0);
+        assert_eq!(agent.fence(4_000, &mut rng), 2);
+        let ended = agent.ended(4_100, &mut rng);
+        assert_eq!(ended.len(), 2);
+        assert!(ended.iter().all(|(_, _, exit)| exit.lost));
+    }
+
+    #[test]
+    fn a_restarted_agent_forgets_what_it_ran_and_reports_its_table_lost() {
+        let mut rng = Rng::new(1);
+        let mut agent = SimAgent::new("n".into(), 1, 3_000, 0);
+        agent.assign(&job(1), 1, None, 0, &mut rng);
+        assert!(agent.assign(&job(1), 1, None, 5, &mut rng).is_none());
+        let lost = agent.crash();
+        assert_eq!(lost, vec![(job(1), 1)]);
+        let at = chrono::DateTime::from_timestamp(0, 0).unwrap_or_default();
+        let reports = agent.restart(&lost, at, 50);
+        assert!(matches!(&reports[0].kind, ReportKind::Exited(e) if e.lost));
+        assert!(agent.ran.is_empty() && agent.processes.is_empty());
     }
 }

@@ -1,8 +1,9 @@
-//! The faults a run draws while it is not quiet: nodes that crash and come back, the active
-//! scheduler dying and a standby taking over from the store, another writer changing a
-//! record under the scheduler, clock steps. (Lost and failed writes, lost acknowledgements,
+//! The faults a run draws while it is not quiet: nodes that crash and come back, nodes cut off
+//! from NATS for a while (a network partition), the active scheduler dying and a standby
+//! taking over from the store, another writer changing a record under the scheduler, clock
+//! steps. (Lost and failed writes, lost acknowledgements,
 //! delayed, reordered and duplicated messages and dropped heartbeats are drawn where they
-//! happen, in `world.rs`.)
+//! happen, in `driving.rs` and `nodes.rs`.)
 
 use super::world::World;
 
@@ -19,6 +20,12 @@ pub fn inject(world: &mut World) {
         let node = world.rng.below(world.agents.len() as u64) as usize;
         world.faults += 1;
         world.crash_node(node);
+    } else if hit(options.partition) {
+        let node = world.rng.below(world.agents.len() as u64) as usize;
+        if world.partition_node(node) {
+            world.faults += 1;
+            world.partitions += 1;
+        }
     } else if hit(options.scheduler_crash) {
         if world.scheduler.is_some() {
             world.faults += 1;

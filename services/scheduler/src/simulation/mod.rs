@@ -1,27 +1,42 @@
 //! A deterministic simulation of a whole cluster in one process, with no NATS and no real
 //! time: the real scheduler state machine ([`crate::machine::SchedulerState`]) with a
 //! simulated store (compare-and-set, failed writes, another writer), simulated agents (jobs
-//! that start, run for a drawn time, exit with a drawn code, hang on their kill), a simulated
-//! bus (delayed, reordered and duplicated messages, lost acknowledgements, dropped
-//! heartbeats), node crashes and restarts, scheduler crashes with a standby taking over from
-//! the store, clock steps, and users who submit, cancel, hold, release and drain.
+//! that start, run for a drawn time, exit with a drawn code, hang on their kill until the
+//! kill grace ends, fence themselves when cut off), a simulated bus (delayed, reordered and
+//! duplicated messages, lost acknowledgements, dropped heartbeats), node crashes and
+//! restarts, network partitions, scheduler crashes with a standby taking over from the store,
+//! clock steps, and users who submit (single jobs, arrays, multi-node jobs), cancel, hold and
+//! release, and an admin who drains nodes, pauses GPUs and edits the limits and principals.
 //!
 //! Everything is drawn from one seed: [`run`] with the same seed and options does the same
-//! thing, step for step. Invariants ([`checks`]) are checked after every step; a run ends
-//! with a quiet period (no faults, no new work, holds released, drains resumed) after which
-//! every job must have ended. A failing seed is reported with the shortest trace found:
-//! [`shrink`] turns fault kinds off one at a time, keeping each off while the failure stays.
+//! thing, step for step (every collection whose order reaches a decision is ordered). The
+//! invariants are checked as things happen ([`ledger`]) and after every step ([`checks`]); a
+//! run ends with a quiet period (no faults, no new work, holds released, drains and pauses
+//! resumed, limits restored) after which every job must have ended. A failing seed is
+//! reported with the shortest trace found: [`shrink`] turns fault kinds off one at a time,
+//! keeping each off while the failure stays.
 //!
 //! # Layout
-//! - [`world`]: the cluster and the simulator's part of the driver; [`store`]; [`agents`].
-//! - [`workload`]: what users do; [`faults`]: what goes wrong; [`checks`]: the invariants.
+//! - [`world`]: the cluster's state, clock and events; [`driving`]: the simulator's part of
+//!   the driver; [`nodes`]: heartbeats, agents' messages, crashes and partitions.
+//! - [`store`]; [`streams`]; [`agents`].
+//! - [`workload`]: what users do; [`admin`]: what the admin does; [`faults`]: what goes
+//!   wrong; [`ledger`] and [`checks`]: the invariants.
 //! - [`rng`]: the one source of chance.
+//! - `scenarios` (tests): each part on a cluster built by hand.
 
+pub mod admin;
 pub mod agents;
 pub mod checks;
+pub mod driving;
 pub mod faults;
+pub mod ledger;
+pub mod nodes;
 pub mod rng;
+#[cfg(test)]
+mod scenarios;
 pub mod store;
+pub mod streams;
 pub mod workload;
 pub mod world;
 
@@ -36,6 +51,8 @@ pub struct Options {
     pub quiet_secs: u64,
     /// Per fault draw (every 0.2 to 3 s).
     pub node_crash: u64,
+    /// A node cut off from NATS for 0.5 to 25 s.
+    pub partition: u64,
     pub scheduler_crash: u64,
     pub other_writer: u64,
     pub clock_step: u64,
@@ -55,6 +72,7 @@ impl Default for Options {
             active_secs: 120,
             quiet_secs: 900,
             node_crash: 60,
+            partition: 50,
             scheduler_crash: 40,
             other_writer: 60,
             clock_step: 40,
@@ -75,13 +93,18 @@ pub struct Outcome {
     pub jobs: u64,
     pub faults: u64,
     pub steps: u64,
+    /// Partitions drawn, and jobs started (multi-node ones, array tasks).
+    pub partitions: u64,
+    pub starts: u64,
+    pub gang_starts: u64,
+    pub array_starts: u64,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
 
 /// Runs one seed to its end, or to its first broken invariant.
 pub fn run(seed: u64, options: &Options) -> Outcome {
-    let mut world = World::new(seed, options.clone(), workload::limits());
+    let mut world = World::new(seed, options.clone(), admin::base_limits());
     let active = options.active_secs * 1000;
     let end = active + options.quiet_secs * 1000;
     let mut violation = None;
@@ -102,23 +125,35 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         if !world.quiet && world.now >= active {
             world.quiet = true;
             world.note("quiet period: no more faults or work".into());
-            workload::settle(&mut world);
+            admin::settle(&mut world);
         }
         if let Some(broken) = checks::after_step(&world) {
             violation = Some(format!("at {} ms: {broken}", world.now));
             break;
         }
-        if world.quiet && checks::unfinished(&world).is_empty() && world.now >= active + 60_000 {
+        if world.quiet && world.now >= active + 60_000 && checks::all_finished(&mut world) {
             break;
         }
     }
     if violation.is_none() {
-        let left = checks::unfinished(&world);
+        let left = checks::unfinished(&mut world);
         if !left.is_empty() {
+            // What is still out of service says why a job may wait.
+            let out: Vec<String> = world
+                .store
+                .admin
+                .iter()
+                .filter(|(_, a)| a.drained.is_some() || !a.paused_gpus.is_empty())
+                .map(|(node, a)| {
+                    let paused: Vec<&u32> = a.paused_gpus.keys().collect();
+                    format!("{node} drained {} paused {paused:?}", a.drained.is_some())
+                })
+                .collect();
             violation = Some(format!(
-                "liveness: {} jobs never ended after the quiet period: {}",
+                "liveness: {} jobs never ended after the quiet period: {}; out of service: {}",
                 left.len(),
-                left.into_iter().take(5).collect::<Vec<_>>().join("; ")
+                left.into_iter().take(5).collect::<Vec<_>>().join("; "),
+                out.join(", ")
             ));
         }
     }
@@ -127,6 +162,10 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         jobs: world.submitted.len() as u64,
         faults: world.faults,
         steps: world.steps,
+        partitions: world.partitions,
+        starts: world.ledger.starts,
+        gang_starts: world.ledger.gang_starts,
+        array_starts: world.ledger.array_starts,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
 }
@@ -136,8 +175,9 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
 /// options is the shortest found.
 pub fn shrink(seed: u64, options: &Options) -> Options {
     let mut smallest = options.clone();
-    let knobs: [fn(&mut Options) -> &mut u64; 9] = [
+    let knobs: [fn(&mut Options) -> &mut u64; 10] = [
         |o| &mut o.node_crash,
+        |o| &mut o.partition,
         |o| &mut o.scheduler_crash,
         |o| &mut o.other_writer,
         |o| &mut o.clock_step,
@@ -180,13 +220,5 @@ mod tests {
             (again.jobs, again.faults, again.steps)
         );
         assert!(first.jobs > 0 && first.faults > 0, "{first:?}");
-    }
-
-    /// Seed 3 ran a `--no-requeue` job twice: its time limit was a time slice (see
-    /// `time_limits::on_timeout`). Kept as a regression test.
-    #[test]
-    fn seed_3_runs_every_job_at_most_once_where_asked() {
-        let outcome = run(3, &Options::default());
-        assert_eq!(outcome.violation.map(|(v, _)| v), None);
     }
 }

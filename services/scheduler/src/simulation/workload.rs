@@ -1,29 +1,23 @@
 //! What the simulated users do: submit jobs of every shape the scheduler knows (whole GPUs,
-//! shares, none; `--no-requeue`; time slices that requeue; dependencies; priorities; `--dedup`),
-//! cancel, hold and release them, and (as the admin) drain and resume nodes. Job ids are
-//! drawn from the seed, so a run replays exactly.
+//! shares, none; `--no-requeue`; time slices that requeue and hard time limits; dependencies;
+//! priorities; `--dedup`; arrays with and without `%N`; multi-node jobs, distributed or not),
+//! cancel, hold and release them; and what the admin does (`admin.rs`). Job ids are drawn
+//! from the seed, so a run replays exactly.
+//!
+//! Every job asks only for what the cluster can run once the quiet period restores the
+//! limits (bob's jobs hold two GPUs at most), or for what it can never run at all (then it
+//! is rejected), so that each one ends.
 
 use mgpu_protocol::cancel::CancelRequest;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::hold::HoldRequest;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobSpec, OnTimeout};
-use mgpu_protocol::node_admin::AdminRequest;
+use mgpu_protocol::job::{ArrayMember, JobSpec, OnTimeout};
 use mgpu_protocol::request::Request;
 use mgpu_protocol::submit::SubmitRequest;
 
-use super::world::{Event, Stored, World};
-use crate::limits::Limits;
-use crate::machine::messages::Identity;
-
-/// The per-user limits the simulated cluster runs under: bob runs two GPUs at most.
-pub fn limits() -> Limits {
-    let section: Result<toml::Value, _> = toml::from_str("[user.bob]\nmax_gpus_running = 2\n");
-    section
-        .ok()
-        .and_then(|section| Limits::parse(Some(&section)).ok())
-        .unwrap_or_default()
-}
+use super::admin;
+use super::world::World;
 
 /// A job id drawn from the seed.
 fn job_id(world: &mut World) -> Option<JobId> {
@@ -32,47 +26,50 @@ fn job_id(world: &mut World) -> Option<JobId> {
     format!("{high:016x}{low:016x}").parse().ok()
 }
 
-/// One thing a user does.
+/// One thing a user (or the admin) does.
 pub fn user_action(world: &mut World) {
-    let roll = world.rng.below(100);
-    match roll {
-        0..=69 => submit(world),
-        70..=79 => on_some_job(world, |job, user| Request::Cancel {
+    match world.rng.below(100) {
+        0..=54 => submit(world),
+        55..=59 => submit_array(world),
+        60..=65 => submit_gang(world),
+        66..=73 => on_some_job(world, |job, user| Request::Cancel {
             job,
             request: CancelRequest { user, reason: None },
         }),
-        80..=86 => {
-            let before = world.held_jobs.len();
-            on_some_job(world, |job, user| Request::Hold {
-                job,
-                request: HoldRequest { user },
-            });
-            let _ = before;
-        }
-        87..=93 => release_one(world),
-        _ => administer(world),
+        74..=79 => on_some_job(world, |job, user| Request::Hold {
+            job,
+            request: HoldRequest { user },
+        }),
+        80..=86 => admin::release_one(world),
+        _ => admin::administer(world),
     }
 }
 
-fn submit(world: &mut World) {
-    let Some(id) = job_id(world) else {
-        return;
-    };
-    let user_index = world.rng.below(2) as usize;
-    let identity = world.users[user_index].clone();
+/// A spec with the draws every kind of job shares: priority, `--no-requeue`, a time limit.
+fn common_spec(world: &mut World, gpus: GpuAmount) -> JobSpec {
     let mut spec = JobSpec::new(vec!["train".into()], "/tmp");
-    spec.gpus = match world.rng.below(10) {
-        0..=5 => GpuAmount::whole(1),
-        6..=7 => GpuAmount::from_units(5_000),
-        8 => GpuAmount::whole(2),
-        _ => GpuAmount::ZERO,
-    };
+    spec.gpus = gpus;
     spec.priority = world.rng.below(3) as i32;
     spec.no_requeue = world.rng.chance(200);
     if world.rng.chance(100) {
         spec.on_timeout = OnTimeout::Requeue;
         spec.time_limit_secs = Some(world.rng.between(2, 8));
+    } else if world.rng.chance(50) {
+        spec.on_timeout = OnTimeout::Fail;
+        spec.time_limit_secs = Some(world.rng.between(2, 30));
     }
+    spec
+}
+
+fn submit(world: &mut World) {
+    let user = world.rng.below(2) as usize;
+    let gpus = match world.rng.below(10) {
+        0..=5 => GpuAmount::whole(1),
+        6..=7 => GpuAmount::from_units(5_000),
+        8 => GpuAmount::whole(2),
+        _ => GpuAmount::ZERO,
+    };
+    let mut spec = common_spec(world, gpus);
     if world.rng.chance(100) {
         let known: Vec<JobId> = world.submitted.keys().cloned().collect();
         if let Some(dependency) = world.rng.pick(&known) {
@@ -80,14 +77,79 @@ fn submit(world: &mut World) {
         }
     }
     spec.dedup = world.rng.chance(30);
+    send_job(world, user, spec);
+}
+
+/// An array of 2 to 6 tasks, with `%1`, `%2` or no limit: one request per task, as
+/// `mgpu submit --array` sends them.
+fn submit_array(world: &mut World) {
+    let Some(array_id) = job_id(world) else {
+        return;
+    };
+    let user = world.rng.below(2) as usize;
+    let tasks = world.rng.between(2, 6) as u32;
+    let max_running = match world.rng.below(3) {
+        0 => Some(1),
+        1 => Some(2),
+        _ => None,
+    };
+    let gpus = if world.rng.chance(700) {
+        GpuAmount::whole(1)
+    } else {
+        GpuAmount::from_units(5_000)
+    };
+    let spec = common_spec(world, gpus);
+    world.note(format!(
+        "array {} of {tasks} tasks, %{max_running:?}",
+        array_id.short()
+    ));
+    for index in 0..tasks {
+        let mut task = spec.clone();
+        task.array = Some(ArrayMember {
+            array_id: array_id.clone(),
+            index,
+            max_running,
+        });
+        send_job(world, user, task);
+    }
+}
+
+/// A job over 2 or 3 nodes, whole GPUs on each, distributed (a process per node) or not.
+fn submit_gang(world: &mut World) {
+    let user = world.rng.below(2) as usize;
+    let most = world.agents.len().min(3) as u64;
+    // bob's cap of two GPUs must let it run once the quiet period restores it.
+    let (nodes, per_node) = if user == 1 {
+        (2, 1)
+    } else {
+        (world.rng.between(2, most), world.rng.between(1, 2) as u32)
+    };
+    let mut spec = common_spec(world, GpuAmount::whole(per_node));
+    spec.nodes = nodes as u32;
+    spec.distributed = world.rng.chance(600);
+    send_job(world, user, spec);
+}
+
+/// Submits `spec` as user `user` (0: alice, 1: bob).
+fn send_job(world: &mut World, user: usize, spec: JobSpec) {
+    let Some(id) = job_id(world) else {
+        return;
+    };
+    let identity = world.users[user].clone();
     world.submitted.insert(id.clone(), spec.no_requeue);
-    world.note(format!("{} submits {}", identity.name, id.short()));
+    world.open.insert(id.clone());
+    let shape = if spec.nodes > 1 {
+        format!(" on {} nodes", spec.nodes)
+    } else {
+        String::new()
+    };
+    world.note(format!("{} submits {}{shape}", identity.name, id.short()));
     let request = Request::Submit(Box::new(SubmitRequest {
         id,
         user: identity.name.clone(),
         spec,
     }));
-    send(world, identity, request);
+    world.publish_request(identity, request);
 }
 
 /// A request about a job drawn from those submitted, by its owner or the admin.
@@ -108,70 +170,5 @@ fn on_some_job(world: &mut World, make: impl Fn(JobId, String) -> Request) {
             .take(120)
             .collect(),
     );
-    send(world, identity, request);
-}
-
-/// Releases a job held before (by the admin, who may).
-pub fn release_one(world: &mut World) {
-    let held: Vec<JobId> = world.held_jobs.iter().cloned().collect();
-    let Some(job) = world.rng.pick(&held).cloned() else {
-        return;
-    };
-    world.held_jobs.remove(&job);
-    let admin = world.users[2].clone();
-    let request = Request::Release {
-        job,
-        request: HoldRequest {
-            user: admin.name.clone(),
-        },
-    };
-    send(world, admin, request);
-}
-
-/// The admin drains a node, or resumes one drained.
-fn administer(world: &mut World) {
-    let admin = world.users[2].clone();
-    let node_index = world.rng.below(world.agents.len() as u64) as usize;
-    let node = world.agents[node_index].name.clone();
-    let request = if world.drained.remove(&node) {
-        Request::Admin(AdminRequest::ResumeNode {
-            node,
-            by: admin.name.clone(),
-        })
-    } else {
-        world.drained.insert(node.clone());
-        Request::Admin(AdminRequest::DrainNode {
-            node,
-            by: admin.name.clone(),
-            reason: None,
-        })
-    };
-    send(world, admin, request);
-}
-
-/// Resumes every drained node and releases every held job (the quiet period begins).
-pub fn settle(world: &mut World) {
-    let admin = world.users[2].clone();
-    let drained: Vec<String> = std::mem::take(&mut world.drained).into_iter().collect();
-    for node in drained {
-        let request = Request::Admin(AdminRequest::ResumeNode {
-            node,
-            by: admin.name.clone(),
-        });
-        send(world, admin.clone(), request);
-    }
-    while !world.held_jobs.is_empty() {
-        release_one(world);
-    }
-}
-
-/// Publishes a request: JetStream stores it, the scheduler's consumer delivers it.
-fn send(world: &mut World, identity: Identity, request: Request) {
-    let delay = world.rng.between(1, 50);
-    world.requests.push(Stored {
-        message: (identity, request),
-        available_at: world.now + delay,
-        acked: false,
-    });
-    world.at(delay, Event::Pump);
+    world.publish_request(identity, request);
 }

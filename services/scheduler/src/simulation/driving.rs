@@ -1,0 +1,408 @@
+//! The simulator's part of the driver, kept to what `crate::driver` does: a standby that
+//! becomes active loads the machine from the store, handles the reports stored meanwhile and
+//! resends unconfirmed assignments; requests are handed over in steps, then one pass; each
+//! report, heartbeat and tick is handed over, then a pass if one is due; the limits and
+//! principals files are read again on a tick; the slice timer wakes the machine when a time
+//! slice ends. Every command is carried out against the simulated store and streams, and its
+//! result fed back before the next input.
+
+use std::time::Duration;
+
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobState;
+use mgpu_protocol::request::Request;
+
+use super::agents::NodeMessage;
+use super::world::{ACK_WAIT_MS, Event, SimScheduler, Source, World};
+use crate::machine::messages::{
+    Admitted, Identity, Input, Loaded, RankAssignment, Step, Tick, Token, WriteOutcome, steps,
+};
+use crate::machine::{Command, SchedulerState};
+
+/// A node stream's duplicate window: an assignment published again with the same message id
+/// within it is dropped (`mgpu_nats::streams`).
+const DEDUP_WINDOW_MS: u64 = 120_000;
+
+impl World {
+    /// A standby becomes active: a new machine from what the store holds, the reports stored
+    /// meanwhile handled, unconfirmed assignments sent again, a tick, a pass.
+    pub fn start_scheduler(&mut self) {
+        let loaded = Loaded {
+            records: self.store.records.values().cloned().collect(),
+            heartbeats: self.store.heartbeats.values().cloned().collect(),
+            admin: self.store.admin.clone(),
+            usage: self.store.usage.clone(),
+            principals: self.registry.clone(),
+            limits: self.limits.clone(),
+            policy: self.policy.clone(),
+            now: self.wall(),
+        };
+        // It read both files as they are now.
+        self.limits_changed = false;
+        self.principals_changed = false;
+        self.ledger.in_force(&self.limits, &self.registry);
+        self.scheduler = Some(SimScheduler {
+            machine: SchedulerState::new(loaded),
+            held: std::collections::BTreeMap::new(),
+            next_token: 1,
+        });
+        self.note("scheduler active".into());
+        self.pump_reports();
+        self.feed(Input::Resumed);
+        self.tick();
+        self.pump();
+    }
+
+    /// The active scheduler dies: what it held is delivered again after the ack wait.
+    pub fn crash_scheduler(&mut self) {
+        let Some(scheduler) = self.scheduler.take() else {
+            return;
+        };
+        for (source, index) in scheduler.held.into_values() {
+            self.redeliver_later(source, index);
+        }
+        self.slice_timer = None;
+        let back = self.rng.between(3_000, 6_000);
+        self.at(back, Event::SchedulerStart);
+    }
+
+    /// Publishes a request: JetStream stores it, the scheduler's consumer delivers it.
+    pub fn publish_request(&mut self, identity: Identity, request: Request) {
+        let delay = self.rng.between(1, 50);
+        self.requests.publish((identity, request), self.now + delay);
+        self.at(delay, Event::Pump);
+    }
+
+    fn redeliver_later(&mut self, source: Source, index: usize) {
+        let at = self.now + ACK_WAIT_MS;
+        match source {
+            Source::Report => self.reports.redeliver_at(index, at),
+            Source::Request => self.requests.redeliver_at(index, at),
+        }
+        self.last_at(at, Event::Pump);
+    }
+
+    /// The liveness timer: the limits and principals files read again if they changed, then
+    /// the tick (the pass, if any, comes after all three, as in the driver's loop).
+    pub(super) fn tick(&mut self) {
+        if self.scheduler.is_none() {
+            return;
+        }
+        let limits = std::mem::take(&mut self.limits_changed);
+        let principals = std::mem::take(&mut self.principals_changed);
+        if limits {
+            self.feed_only(Input::Limits(self.limits.clone()));
+        }
+        if principals {
+            self.feed_only(Input::Principals(self.registry.clone()));
+        }
+        if limits || principals {
+            self.ledger.in_force(&self.limits, &self.registry);
+            self.note("the scheduler reads the limits and principals again".into());
+        }
+        let tick = Tick {
+            monotonic: Duration::from_millis(self.now),
+            heartbeats_visible: true,
+            reports_caught_up: self.reports.all_acked(),
+        };
+        self.feed(Input::Tick(tick));
+    }
+
+    /// The slice timer went off: the machine decides in a pass whether to preempt.
+    pub(super) fn slice_end(&mut self) {
+        if self.slice_timer.is_some_and(|at| at <= self.now) {
+            self.slice_timer = None;
+        }
+        if let Some(scheduler) = self.scheduler.as_mut() {
+            scheduler.machine.slice_over();
+        }
+        self.run_pass();
+    }
+
+    /// Delivers what the streams have ready: requests as the driver would (admitted, in
+    /// steps, then a pass), then reports one at a time.
+    pub fn pump(&mut self) {
+        if self.scheduler.is_none() {
+            return;
+        }
+        let ready = self.requests.take_ready(self.now, 512);
+        if !ready.is_empty() {
+            let admitted: Vec<Admitted> = ready
+                .into_iter()
+                .map(|(index, (identity, request))| Admitted {
+                    token: self.hold(Source::Request, index),
+                    identity,
+                    request,
+                })
+                .collect();
+            for step in steps(admitted, |a| &a.request) {
+                let input = match step {
+                    Step::Record(batch) => Input::Submissions(batch),
+                    Step::CarryOut(one) => Input::Request(Box::new(one)),
+                };
+                self.feed_only(input);
+            }
+            self.run_pass();
+            self.release_unacked();
+        }
+        self.pump_reports();
+    }
+
+    fn pump_reports(&mut self) {
+        while self.scheduler.is_some() {
+            let Some((index, report)) = self.reports.take_ready(self.now, 1).pop() else {
+                return;
+            };
+            let token = self.hold(Source::Report, index);
+            self.feed(Input::Report { token, report });
+            self.release_unacked();
+        }
+    }
+
+    fn hold(&mut self, source: Source, index: usize) -> Token {
+        let Some(scheduler) = self.scheduler.as_mut() else {
+            return 0;
+        };
+        let token = scheduler.next_token;
+        scheduler.next_token += 1;
+        scheduler.held.insert(token, (source, index));
+        token
+    }
+
+    /// Messages handled but not acknowledged are delivered again after the ack wait.
+    fn release_unacked(&mut self) {
+        let Some(scheduler) = self.scheduler.as_mut() else {
+            return;
+        };
+        let held: Vec<(Source, usize)> =
+            std::mem::take(&mut scheduler.held).into_values().collect();
+        for (source, index) in held {
+            self.redeliver_later(source, index);
+        }
+    }
+
+    /// Hands `input` to the machine and carries out what it asks, results fed back, then a
+    /// pass when one is due.
+    pub fn feed(&mut self, input: Input) {
+        self.feed_only(input);
+        self.run_pass();
+    }
+
+    /// Hands `input` to the machine and carries out what it asks, results fed back.
+    fn feed_only(&mut self, input: Input) {
+        let wall = self.wall();
+        let Some(scheduler) = self.scheduler.as_mut() else {
+            return;
+        };
+        let commands = scheduler.machine.handle(wall, input);
+        self.carry_out(commands);
+    }
+
+    /// A pass, when the machine says one is due; the slice timer set after it.
+    fn run_pass(&mut self) {
+        let wall = self.wall();
+        let Some(scheduler) = self.scheduler.as_mut() else {
+            return;
+        };
+        if scheduler.machine.pass_due() {
+            let (commands, _, _) = scheduler.machine.pass(wall, &mut || 0);
+            self.carry_out(commands);
+        }
+        let Some(end) = self
+            .scheduler
+            .as_ref()
+            .and_then(|s| s.machine.next_slice_end())
+        else {
+            return;
+        };
+        // The driver sleeps until 5 ms past the slice's end on the wall clock.
+        let at = self.when_wall(end) + 5;
+        if self.slice_timer.is_none_or(|armed| armed > at) {
+            self.slice_timer = Some(at);
+            self.last_at(at, Event::SliceEnd);
+        }
+    }
+
+    /// Carries commands out in rounds: the results of one round are fed back, and what they
+    /// ask for is the next round. A round goes in job order, each job's commands in the order
+    /// given: the machine lists different jobs' commands in the order of its hash maps (two
+    /// nodes lost in one tick, two slices over in one pass), which differs from run to run,
+    /// and the seed must replay exactly. The driver pipelines writes of different jobs, so
+    /// any order across jobs is one it may carry out.
+    fn carry_out(&mut self, mut commands: Vec<Command>) {
+        while !commands.is_empty() {
+            commands.sort_by(|a, b| a.job().cmp(&b.job()));
+            self.ledger.next_round();
+            let results: Vec<Input> = commands
+                .into_iter()
+                .filter_map(|command| self.carry_out_one(command))
+                .collect();
+            commands = Vec::new();
+            let wall = self.wall();
+            for result in results {
+                if let Some(scheduler) = self.scheduler.as_mut() {
+                    commands.extend(scheduler.machine.handle(wall, result));
+                }
+            }
+        }
+    }
+
+    fn carry_out_one(&mut self, command: Command) -> Option<Input> {
+        match command {
+            Command::Write {
+                op,
+                record,
+                expected,
+            } => Some(Input::Written {
+                op,
+                outcome: self.write(record, expected),
+            }),
+            Command::Assign { job, ranks, .. } => {
+                self.send_assignments(&job, ranks);
+                None
+            }
+            Command::Control { node, control, .. } => {
+                if let Some(index) = self.node_index(&node) {
+                    let delay = self.delay();
+                    self.at(delay, Event::ToNode(index, NodeMessage::Control(control)));
+                }
+                None
+            }
+            Command::Ack { token, .. } => {
+                let (source, index) = self.scheduler.as_mut()?.held.remove(&token)?;
+                if !self.quiet && self.rng.chance(self.options.ack_lost) {
+                    // The acknowledgement is lost: the message comes again.
+                    self.faults += 1;
+                    self.redeliver_later(source, index);
+                } else if source == Source::Report {
+                    self.reports.ack(index);
+                } else {
+                    self.requests.ack(index);
+                }
+                None
+            }
+            Command::StoreAdmin { op, node, admin } => {
+                self.ledger.admin_stored(&node, &admin);
+                self.store.admin.insert(node, admin);
+                Some(Input::AdminStored { op, stored: true })
+            }
+            Command::Archive { record } => {
+                let id = record.id.clone();
+                self.store.archive(record);
+                Some(Input::Archived { id, moved: true })
+            }
+            Command::SaveUsage(book) => {
+                self.store.usage = book;
+                None
+            }
+            Command::AskReportsCaughtUp { op } => Some(Input::ReportsCaughtUp {
+                op,
+                caught_up: self.reports.all_acked(),
+            }),
+            Command::Log(line) => {
+                if self.options.trace_logs {
+                    let job = line.job.as_ref().map(|j| j.short()).unwrap_or_default();
+                    self.note(format!("log {job} {}", line.message));
+                }
+                None
+            }
+            Command::Event(_) | Command::Audit(_) | Command::Count(_) => None,
+        }
+    }
+
+    /// A record write, failed now and then; a start it stores is checked as it lands.
+    fn write(
+        &mut self,
+        record: mgpu_protocol::job::JobRecord,
+        expected: Option<u64>,
+    ) -> WriteOutcome {
+        if !self.quiet && self.rng.chance(self.options.write_failure) {
+            self.faults += 1;
+            self.note(format!("write of {} fails", record.id.short()));
+            return WriteOutcome::Failed {
+                error: "store unavailable".into(),
+            };
+        }
+        let before = self.store.records.get(&record.id).map(|t| {
+            (
+                matches!(t.record.state, JobState::Running(_)),
+                t.record.attempt,
+            )
+        });
+        let running = matches!(record.state, JobState::Running(_)).then(|| record.clone());
+        let outcome = self.store.write(record, expected);
+        if let (Some(record), WriteOutcome::Stored { .. }) = (running, &outcome) {
+            let agents = &self.agents;
+            let memory_of = |node: &str| {
+                agents
+                    .iter()
+                    .find(|a| a.name == node)
+                    .map_or(0, |a| a.memory_mib)
+            };
+            self.ledger
+                .stored(before, &record, &self.store.records, memory_of);
+        }
+        outcome
+    }
+
+    /// A job's assignments, one per launched rank, each on its node's stream.
+    fn send_assignments(&mut self, job: &JobId, ranks: Vec<RankAssignment>) {
+        let sent: Vec<(u32, String)> = ranks
+            .iter()
+            .map(|r| (r.assignment.rank, r.node.clone()))
+            .collect();
+        if let Some(first) = ranks.first() {
+            let stored = self.store.records.get(job).map(|t| &t.record);
+            self.ledger
+                .assigned(stored, first.assignment.attempt, &sent);
+        }
+        for rank in ranks {
+            let message = NodeMessage::Assign {
+                job: job.clone(),
+                attempt: rank.assignment.attempt,
+                rank: rank.assignment.rank,
+                time_limit_ms: rank.assignment.spec.time_limit_secs.map(|s| s * 1000),
+            };
+            self.send_assignment(&rank.node, &rank.msg_id, message);
+        }
+        self.note(format!("assign {}", job.short()));
+    }
+
+    /// Publishes one rank's assignment on its node's stream (dropped there when its message
+    /// id came within the duplicate window); now and then delivered twice, as after an
+    /// agent's acknowledgement was lost.
+    fn send_assignment(&mut self, node: &str, msg_id: &str, message: NodeMessage) {
+        let Some(node) = self.node_index(node) else {
+            return;
+        };
+        if self
+            .msg_ids
+            .get(msg_id)
+            .is_some_and(|at| self.now < at + DEDUP_WINDOW_MS)
+        {
+            return;
+        }
+        self.msg_ids.insert(msg_id.to_owned(), self.now);
+        let delay = self.delay();
+        self.at(delay, Event::ToNode(node, message.clone()));
+        if !self.quiet && self.rng.chance(self.options.duplicate) {
+            self.faults += 1;
+            let again = self.delay() + 500;
+            self.at(again, Event::ToNode(node, message));
+        }
+    }
+
+    /// A delivery delay: mostly short, now and then long (which reorders messages).
+    pub(super) fn delay(&mut self) -> u64 {
+        if !self.quiet && self.rng.chance(self.options.delay) {
+            self.faults += 1;
+            self.rng.between(500, 4_000)
+        } else {
+            self.rng.between(1, 30)
+        }
+    }
+
+    pub(super) fn node_index(&self, name: &str) -> Option<usize> {
+        self.agents.iter().position(|a| a.name == name)
+    }
+}

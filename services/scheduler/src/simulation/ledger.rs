@@ -1,0 +1,452 @@
+//! The invariants that are about a moment, checked at that moment rather than after the step
+//! (by then a job may have ended, a cap changed, a GPU been resumed):
+//! - each job start as its record is stored: a multi-node job placed whole, on distinct nodes,
+//!   with its GPUs on every rank; no GPU given beyond its units or memory; none paused before
+//!   the start was decided; its owner within the `max_gpus_running` in force when it started;
+//!   its array within its `%N`;
+//! - each assignment sent: one per launched rank of the stored placement, none for others;
+//! - each process an agent starts: no other attempt of its job still alive anywhere, and a
+//!   `--no-requeue` job never started as a second attempt.
+//!
+//! What "before the decision" means: the simulator carries a machine's commands out in
+//! rounds (`World::carry_out`); what a round stored was decided by the machine before the
+//! round began, so a pause stored in an earlier round was known to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::node::NodeAdmin;
+use mgpu_protocol::principals::{Registry, Role};
+
+use crate::limits::Limits;
+use crate::machine::jobs::Tracked;
+
+/// What the checker remembers between moments, and what it found broken.
+#[derive(Default)]
+pub struct Ledger {
+    /// Invariants broken, in the order found.
+    pub broken: Vec<String>,
+    /// The round of commands being carried out.
+    round: u64,
+    /// Paused GPUs, with the round their pause was stored in.
+    paused: BTreeMap<(String, u32), u64>,
+    /// Each capped user's `max_gpus_running` (GPU units) in the machine's hands.
+    caps: BTreeMap<String, u64>,
+    /// Attempts agents ever started, by job.
+    ran: BTreeMap<JobId, BTreeSet<u32>>,
+    /// Jobs started, multi-node ones among them, and array tasks.
+    pub starts: u64,
+    pub gang_starts: u64,
+    pub array_starts: u64,
+}
+
+impl Ledger {
+    /// A new round of commands begins.
+    pub fn next_round(&mut self) {
+        self.round += 1;
+    }
+
+    /// The machine was handed these limits and principals (loaded, or read again).
+    pub fn in_force(&mut self, limits: &Limits, registry: &Registry) {
+        let users = registry
+            .principals
+            .iter()
+            .filter(|p| matches!(p.role, Role::User | Role::Admin))
+            .map(|p| (p.name.as_str(), p.group.as_deref()));
+        self.caps = limits.running_caps(users).into_iter().collect();
+    }
+
+    /// The cap of `user` in force, in GPU units.
+    pub fn cap(&self, user: &str) -> Option<u64> {
+        self.caps.get(user).copied()
+    }
+
+    /// A node's administration was stored: its GPUs paused from this round on.
+    pub fn admin_stored(&mut self, node: &str, admin: &NodeAdmin) {
+        let round = self.round;
+        self.paused
+            .retain(|(n, gpu), _| n != node || admin.paused_gpus.contains_key(gpu));
+        for gpu in admin.paused_gpus.keys() {
+            self.paused.entry((node.to_owned(), *gpu)).or_insert(round);
+        }
+    }
+
+    /// A record was stored over `before` (its state and attempt); `records` is the bucket
+    /// after the write. A start is checked.
+    pub fn stored(
+        &mut self,
+        before: Option<(bool, u32)>,
+        record: &JobRecord,
+        records: &BTreeMap<JobId, Tracked>,
+        memory_of: impl Fn(&str) -> u64,
+    ) {
+        let JobState::Running(run) = &record.state else {
+            return;
+        };
+        if before == Some((true, record.attempt)) {
+            return;
+        }
+        self.starts += 1;
+        let label = format!("job {} attempt {}", record.id.short(), record.attempt);
+        let placement = &run.placement;
+        if let Some(broken) = gang_broken(record) {
+            self.broken.push(format!("{label}: {broken}"));
+        }
+        if record.spec.nodes > 1 {
+            self.gang_starts += 1;
+        }
+        for (_, node, gpus) in placement.ranks() {
+            for share in gpus {
+                let since = self.paused.get(&(node.to_owned(), share.index));
+                if let Some(since) = since.filter(|since| **since < self.round) {
+                    self.broken.push(format!(
+                        "{label} started on GPU {} of {node}, paused since round {since} \
+                         (now {})",
+                        share.index, self.round
+                    ));
+                }
+                let (units, mem) = gpu_load(records, node, share.index);
+                if units > u64::from(GpuAmount::UNITS_PER_GPU) || mem > memory_of(node) {
+                    self.broken.push(format!(
+                        "{label}: GPU {} of {node} is given {units} units and {mem} MiB",
+                        share.index
+                    ));
+                }
+            }
+        }
+        self.check_cap(record, records, &label);
+        self.check_array(record, records, &label);
+    }
+
+    fn check_cap(&mut self, record: &JobRecord, records: &BTreeMap<JobId, Tracked>, label: &str) {
+        let Some(cap) = self.cap(&record.user) else {
+            return;
+        };
+        let held: u64 = records
+            .values()
+            .filter(|t| t.record.user == record.user)
+            .filter_map(|t| match &t.record.state {
+                JobState::Running(run) => Some(placement_units(&run.placement)),
+                _ => None,
+            })
+            .sum();
+        if held > cap {
+            self.broken.push(format!(
+                "{label} took {} to {held} GPU units running, over the cap of {cap} in force",
+                record.user
+            ));
+        }
+    }
+
+    fn check_array(&mut self, record: &JobRecord, records: &BTreeMap<JobId, Tracked>, label: &str) {
+        let Some(member) = &record.spec.array else {
+            return;
+        };
+        self.array_starts += 1;
+        let Some(most) = member.max_running else {
+            return;
+        };
+        let running = records
+            .values()
+            .filter(|t| matches!(t.record.state, JobState::Running(_)))
+            .filter(|t| {
+                t.record
+                    .spec
+                    .array
+                    .as_ref()
+                    .is_some_and(|a| a.array_id == member.array_id)
+            })
+            .count();
+        if running > most as usize {
+            self.broken.push(format!(
+                "{label}: array {} runs {running} tasks, over its %{most}",
+                member.array_id.short()
+            ));
+        }
+    }
+
+    /// An assignment went out for these ranks (rank, node) of `record`'s attempt `attempt`.
+    pub fn assigned(&mut self, record: Option<&JobRecord>, attempt: u32, ranks: &[(u32, String)]) {
+        let Some(record) = record.filter(|r| r.attempt == attempt) else {
+            return;
+        };
+        let JobState::Running(run) = &record.state else {
+            return;
+        };
+        let want: BTreeSet<(u32, String)> = run
+            .placement
+            .launched_ranks()
+            .into_iter()
+            .map(|(rank, node)| (rank, node.to_owned()))
+            .collect();
+        let sent: BTreeSet<(u32, String)> = ranks.iter().cloned().collect();
+        if sent != want {
+            self.broken.push(format!(
+                "job {} attempt {attempt}: assignments for ranks {sent:?}, its launched ranks \
+                 are {want:?}",
+                record.id.short()
+            ));
+        }
+    }
+
+    /// An agent started `attempt` of `job`, while `others` of its attempts are alive.
+    pub fn process_started(&mut self, job: &JobId, attempt: u32, others: &[u32], no_requeue: bool) {
+        let ran = self.ran.entry(job.clone()).or_default();
+        ran.insert(attempt);
+        if !others.is_empty() {
+            self.broken.push(format!(
+                "job {} runs attempts {others:?} and {attempt} at once",
+                job.short()
+            ));
+        }
+        if no_requeue && ran.len() > 1 {
+            self.broken.push(format!(
+                "--no-requeue job {} ran attempts {ran:?}",
+                job.short()
+            ));
+        }
+    }
+}
+
+/// What is wrong with a started job's gang, if anything: a multi-node job holds exactly its
+/// nodes, distinct, each with the GPUs it asked for; a distributed one launches everywhere.
+fn gang_broken(record: &JobRecord) -> Option<String> {
+    let JobState::Running(run) = &record.state else {
+        return None;
+    };
+    let placement = &run.placement;
+    let spec = &record.spec;
+    let want = spec.nodes.max(1) as usize;
+    if placement.node_count() != want {
+        return Some(format!(
+            "placed on {} node(s), asked for {want}",
+            placement.node_count()
+        ));
+    }
+    let distinct: BTreeSet<&str> = placement.node_names().into_iter().collect();
+    if distinct.len() != want {
+        return Some(format!(
+            "placed twice on a node: {}",
+            placement.nodes_label()
+        ));
+    }
+    if let Some((_, node, gpus)) = placement.ranks().find(|(_, _, gpus)| {
+        gpus.iter()
+            .map(|g| u64::from(g.amount.units()))
+            .sum::<u64>()
+            != u64::from(spec.gpus.units())
+    }) {
+        return Some(format!("half-placed: {} GPU(s) on {node}", gpus.len()));
+    }
+    (want > 1 && placement.distributed() != spec.distributed)
+        .then(|| "launched unlike it asked (--distributed)".to_owned())
+}
+
+/// GPU units and memory the running records hold on one GPU.
+fn gpu_load(records: &BTreeMap<JobId, Tracked>, node: &str, index: u32) -> (u64, u64) {
+    let mut load = (0, 0);
+    for tracked in records.values() {
+        let JobState::Running(run) = &tracked.record.state else {
+            continue;
+        };
+        for share in run.placement.gpus_on(node).unwrap_or_default() {
+            if share.index == index {
+                load.0 += u64::from(share.amount.units());
+                load.1 += share.mem_mib;
+            }
+        }
+    }
+    load
+}
+
+/// GPU units a placement holds on all its nodes.
+fn placement_units(placement: &mgpu_protocol::job::Placement) -> u64 {
+    placement
+        .ranks()
+        .flat_map(|(_, _, gpus)| gpus.iter().map(|g| u64::from(g.amount.units())))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use mgpu_protocol::job::{ArrayMember, GpuShare, JobSpec, Placement, Run};
+
+    use super::*;
+
+    fn record(n: u64, user: &str, spec: JobSpec, placement: Placement) -> Tracked {
+        let at = chrono::DateTime::from_timestamp(0, 0).unwrap_or_default();
+        Tracked {
+            record: JobRecord {
+                id: format!("{n:032x}")
+                    .parse()
+                    .unwrap_or_else(|e| panic!("job id: {e:?}")),
+                user: user.into(),
+                user_key: None,
+                spec,
+                submitted_at: at,
+                attempt: 1,
+                state: JobState::Running(Run::assigned(placement, at)),
+            },
+            revision: n,
+        }
+    }
+
+    fn on(node: &str, index: u32) -> Placement {
+        let gpu = GpuShare {
+            index,
+            amount: GpuAmount::ONE,
+            mem_mib: 0,
+        };
+        Placement::single(node, vec![gpu])
+    }
+
+    /// Stores `tracked` as a start in `records` and checks it.
+    fn start(ledger: &mut Ledger, records: &mut BTreeMap<JobId, Tracked>, tracked: Tracked) {
+        records.insert(tracked.record.id.clone(), tracked.clone());
+        ledger.stored(None, &tracked.record, records, |_| 81_920);
+    }
+
+    fn one_gpu() -> JobSpec {
+        JobSpec::new(vec!["x".into()], "/tmp")
+    }
+
+    #[test]
+    fn a_start_on_a_gpu_paused_in_an_earlier_round_is_caught() {
+        let mut ledger = Ledger::default();
+        let mut records = BTreeMap::new();
+        ledger.next_round();
+        let mut admin = NodeAdmin::default();
+        let mark = mgpu_protocol::node::AdminMark {
+            by: "root".into(),
+            at: chrono::DateTime::from_timestamp(0, 0).unwrap_or_default(),
+            reason: None,
+        };
+        admin.paused_gpus.insert(0, mark);
+        ledger.admin_stored("n", &admin);
+        // Decided before the pause was known: fine.
+        start(
+            &mut ledger,
+            &mut records,
+            record(1, "alice", one_gpu(), on("n", 0)),
+        );
+        assert!(ledger.broken.is_empty());
+        ledger.next_round();
+        start(
+            &mut ledger,
+            &mut records,
+            record(2, "alice", one_gpu(), on("n", 1)),
+        );
+        assert!(ledger.broken.is_empty(), "another GPU");
+        start(
+            &mut ledger,
+            &mut records,
+            record(3, "alice", one_gpu(), on("m", 0)),
+        );
+        assert!(ledger.broken.is_empty(), "another node");
+        start(
+            &mut ledger,
+            &mut records,
+            record(4, "alice", one_gpu(), on("n", 0)),
+        );
+        assert_eq!(
+            ledger.broken.len(),
+            2,
+            "paused, and given twice: {:?}",
+            ledger.broken
+        );
+    }
+
+    #[test]
+    fn a_start_past_the_cap_in_force_or_the_arrays_limit_is_caught() {
+        let mut ledger = Ledger::default();
+        ledger.in_force(
+            &super::super::admin::limits_of(Some(1), None),
+            &Registry {
+                principals: Vec::new(),
+            },
+        );
+        assert_eq!(ledger.cap("bob"), None, "bob is not a principal");
+        let bob = mgpu_protocol::principals::Principal {
+            name: "bob".into(),
+            role: Role::User,
+            public_key: "UBOB".into(),
+            unix_user: None,
+            group: None,
+        };
+        let registry = Registry {
+            principals: vec![bob],
+        };
+        ledger.in_force(&super::super::admin::limits_of(Some(1), None), &registry);
+        let mut records = BTreeMap::new();
+        start(
+            &mut ledger,
+            &mut records,
+            record(1, "bob", one_gpu(), on("n", 0)),
+        );
+        assert!(ledger.broken.is_empty());
+        start(
+            &mut ledger,
+            &mut records,
+            record(2, "bob", one_gpu(), on("n", 1)),
+        );
+        assert_eq!(ledger.broken.len(), 1, "{:?}", ledger.broken);
+        let mut task = one_gpu();
+        task.array = Some(ArrayMember {
+            array_id: JobId::random(),
+            index: 0,
+            max_running: Some(1),
+        });
+        start(
+            &mut ledger,
+            &mut records,
+            record(3, "alice", task.clone(), on("n", 2)),
+        );
+        start(
+            &mut ledger,
+            &mut records,
+            record(4, "alice", task, on("n", 3)),
+        );
+        assert_eq!(ledger.broken.len(), 2, "{:?}", ledger.broken);
+    }
+
+    #[test]
+    fn a_gang_half_placed_or_twice_on_a_node_and_a_missing_rank_are_caught() {
+        let mut ledger = Ledger::default();
+        let mut records = BTreeMap::new();
+        let mut gang = one_gpu();
+        gang.nodes = 2;
+        gang.distributed = true;
+        start(
+            &mut ledger,
+            &mut records,
+            record(1, "alice", gang.clone(), on("n", 0)),
+        );
+        assert_eq!(ledger.broken.len(), 1, "one node of two");
+        let mut twice = on("n", 1);
+        twice.peers.push(mgpu_protocol::job::NodeShare {
+            node: "n".into(),
+            gpus: twice.gpus.clone(),
+        });
+        start(&mut ledger, &mut records, record(2, "alice", gang, twice));
+        assert_eq!(ledger.broken.len(), 2, "{:?}", ledger.broken);
+        let single = record(3, "alice", one_gpu(), on("m", 0)).record;
+        ledger.assigned(Some(&single), 1, &[(0, "m".into())]);
+        assert_eq!(ledger.broken.len(), 2, "every launched rank assigned");
+        ledger.assigned(Some(&single), 1, &[(0, "n".into())]);
+        assert_eq!(ledger.broken.len(), 3, "{:?}", ledger.broken);
+    }
+
+    #[test]
+    fn two_live_attempts_and_a_no_requeue_job_started_twice_are_caught() {
+        let mut ledger = Ledger::default();
+        let job = JobId::random();
+        ledger.process_started(&job, 1, &[], true);
+        assert!(ledger.broken.is_empty());
+        ledger.process_started(&job, 2, &[], true);
+        assert_eq!(ledger.broken.len(), 1, "--no-requeue");
+        ledger.process_started(&job, 3, &[2], false);
+        assert_eq!(ledger.broken.len(), 2, "{:?}", ledger.broken);
+    }
+}
