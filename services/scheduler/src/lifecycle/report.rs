@@ -119,6 +119,26 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
             };
         }
     }
+    if exit.preempted && ranks > 1 && cancel_requested_by.is_none() {
+        // A time slice stops every rank; the job goes back to the queue only once all have
+        // stopped, or its next attempt could start while a rank still runs (the simulator
+        // found that: a rank in its kill grace beside the next attempt).
+        let mut stopping = run.clone();
+        if !stopping.ranks_done.contains(&rank) {
+            stopping.ranks_done.push(rank);
+        }
+        if stopping.ranks_done.len() < ranks {
+            let mut record = current.clone();
+            record.state = JobState::Running(stopping);
+            return Transition {
+                record: Some(record),
+                effects: vec![log(
+                    Level::Info,
+                    format!("rank {rank} stopped on {node}; requeued once every rank stopped"),
+                )],
+            };
+        }
+    }
     // The job ends here (or goes back to the queue): its GPU time counts once.
     let mut effects: Vec<Effect> = usage_of(current, at).into_iter().collect();
     if !exit.is_clean() {

@@ -681,6 +681,32 @@ fn a_rank_that_could_not_start_fails_a_distributed_job_and_stops_the_others() {
     assert!(kills[0].best_effort);
 }
 
+/// Found by the simulator: the first rank's `preempted` exit requeued the job while the other
+/// ranks were still in their kill grace, and the next attempt started beside them.
+#[test]
+fn a_distributed_job_at_its_slice_end_is_requeued_only_once_every_rank_stopped() {
+    let job = running(across(&["a", "b"], true));
+    let preempted = || {
+        exit(Exit {
+            exit_code: 143,
+            signal: Some(15),
+            preempted: true,
+            ..Exit::default()
+        })
+    };
+    let first = step(&job, report(&job, "a", 10, preempted()), 10);
+    let job = stored(&first);
+    assert!(
+        matches!(job.state, JobState::Running(_)),
+        "rank b still runs"
+    );
+    assert_eq!(job.attempt, 1);
+    let second = step(&job, report(&job, "b", 12, preempted()), 12);
+    let requeued = stored(&second);
+    assert!(matches!(requeued.state, JobState::Queued(_)));
+    assert_eq!(requeued.attempt, 2);
+}
+
 #[test]
 fn a_distributed_job_succeeds_only_when_every_rank_exited_0() {
     let mut job = running(across(&["a", "b", "c"], true));
@@ -730,25 +756,21 @@ fn a_failing_rank_ends_a_distributed_job_and_kills_the_others() {
 fn a_rank_stopped_at_the_end_of_its_time_slice_requeues_the_job_even_when_it_exits_0() {
     let job = running(across(&["a", "b"], true));
     let preempting = stored(&step(&job, Input::SliceEnd, 10));
-    let stopped = exit(Exit {
-        preempted: true,
-        ..Exit::default()
-    });
-    let transition = step(&preempting, report(&preempting, "b", 12, stopped), 12);
+    let stopped = || {
+        exit(Exit {
+            preempted: true,
+            ..Exit::default()
+        })
+    };
+    // The slice's end stopped every rank: nothing more to kill, and the job waits for them.
+    let transition = step(&preempting, report(&preempting, "b", 12, stopped()), 12);
+    let stopping = stored(&transition);
+    assert_eq!(stopping.attempt, 1);
+    assert!(kills(&transition).is_empty());
+    let transition = step(&stopping, report(&stopping, "a", 13, stopped()), 13);
     let requeued = stored(&transition);
     assert_eq!(requeued.attempt, 2);
-    assert_eq!(waiting_of(&requeued).enqueued_at, Some(at(12)));
-    assert_eq!(
-        kills(&transition),
-        vec![&Kill {
-            attempt: 1,
-            placement: across(&["a", "b"], true),
-            except: Some("b".into()),
-            reason: "the job is being requeued".into(),
-            requeue: false,
-            best_effort: true,
-        }]
-    );
+    assert_eq!(waiting_of(&requeued).enqueued_at, Some(at(13)));
 }
 
 #[test]
@@ -1782,7 +1804,8 @@ fn check(
             done.is_empty() || done.len() < launched.len(),
             "every rank done but still running"
         );
-        // Only a rank that ended cleanly by itself counts as done.
+        // Only a rank that ended cleanly by itself, or stopped for its time slice, counts as
+        // done.
         if let JobState::Running(before) = &current.state
             && run.ranks_done.len() > before.ranks_done.len()
         {
@@ -1791,7 +1814,7 @@ fn check(
                 Input::Report(AgentReport {
                     kind: ReportKind::Exited(exit),
                     ..
-                }) if exit.is_clean()
+                }) if exit.is_clean() || exit.preempted
             );
             prop_assert!(clean, "a rank counted done after {:?}", input);
         }

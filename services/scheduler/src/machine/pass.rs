@@ -38,7 +38,9 @@ impl SchedulerState {
         };
         self.views.refresh(changed, &sources, now);
         let queue: Vec<&QueuedJob> = self.views.queued().collect();
-        let running: Vec<&RunningJob> = self.views.running().collect();
+        let mut running: Vec<&RunningJob> = self.views.running().collect();
+        // In id order: which slice yields first must not depend on hashing.
+        running.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         // Only slices still to come arm the timer: one already over is acted on by the next
         // pass that finds someone waiting (a submission or an exit wakes the loop anyway).
         self.next_slice_end = running
