@@ -149,7 +149,7 @@ fn report_failure(outcome: &Outcome, options: &Options, without: &[Fault]) {
     }
     let without: String = without
         .iter()
-        .filter_map(|fault| clap::ValueEnum::to_possible_value(fault))
+        .filter_map(clap::ValueEnum::to_possible_value)
         .map(|value| format!(" --without {}", value.get_name()))
         .collect();
     println!(
