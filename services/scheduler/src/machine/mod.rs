@@ -96,6 +96,10 @@ pub struct SchedulerState {
     pass_due: bool,
     /// Decisions of the last pass whose records were stored.
     pass_changes: usize,
+    /// Decisions of the last pass not applied yet, and the time they were made at.
+    decisions_left:
+        std::collections::VecDeque<(JobId, crate::lifecycle::Input, transitions::Origin)>,
+    decided_at: Timestamp,
 }
 
 impl SchedulerState {
@@ -152,6 +156,8 @@ impl SchedulerState {
             out,
             pass_due: true,
             pass_changes: 0,
+            decisions_left: std::collections::VecDeque::new(),
+            decided_at: now,
         }
     }
 
@@ -196,12 +202,15 @@ impl SchedulerState {
             Input::Resumed => self.resend_assignments_older_than(now, chrono::Duration::zero()),
             Input::Stop => self.save_usage(now, true),
         }
+        // A pass's decisions go out a chunk at a time, each once the one before is stored.
+        self.apply_more_decisions();
         std::mem::take(&mut self.out)
     }
 
-    /// Whether something changed that a pass should see.
+    /// Whether something changed that a pass should see (and the last pass's decisions are
+    /// all applied).
     pub fn pass_due(&self) -> bool {
-        self.pass_due
+        self.pass_due && self.decisions_left.is_empty()
     }
 
     /// Whether operations asked for are still unanswered.

@@ -12,6 +12,10 @@ use super::assignment::master_port;
 use super::messages::Command;
 use super::transitions::Origin;
 use crate::core::{self, CoreSettings, Decision, QueuedJob, RunningJob};
+
+/// Decisions of a pass applied at once: their writes go out together (pipelined), and what
+/// they hold until stored stays a few MB.
+pub(crate) const DECISIONS_AT_ONCE: usize = 2_048;
 use crate::lifecycle::Input;
 use crate::queue_view::Sources;
 use crate::status::PassSample;
@@ -86,8 +90,10 @@ impl SchedulerState {
 
     /// Turns a pass's decisions into lifecycle inputs: starts first, then new wait reasons
     /// (a reason the record already gives is not written again), then rejections and
-    /// preemptions.
+    /// preemptions. They are applied [`DECISIONS_AT_ONCE`] at a time (see
+    /// [`SchedulerState::apply_more_decisions`]).
     fn carry_out_decisions(&mut self, decisions: Vec<Decision>, now: Timestamp) {
+        let mut starts = Vec::new();
         let mut waits = Vec::new();
         let mut others = Vec::new();
         for decision in decisions {
@@ -95,8 +101,7 @@ impl SchedulerState {
                 Decision::Start { job, placement } => {
                     let placement = self.with_launch(&job, placement);
                     let waited = self.jobs.get(&job).and_then(|record| waited(record, now));
-                    let input = Input::Start { placement };
-                    self.apply(now, &job, input, Origin::Pass { waited }, None);
+                    starts.push((job, Input::Start { placement }, Origin::Pass { waited }));
                 }
                 Decision::Wait { job, reason } => {
                     let unchanged = matches!(
@@ -104,15 +109,38 @@ impl SchedulerState {
                         Some(JobState::Queued(w)) if w.reason == reason
                     );
                     if !unchanged {
-                        waits.push((job, Input::Wait { reason }));
+                        let origin = Origin::Pass { waited: None };
+                        waits.push((job, Input::Wait { reason }, origin));
                     }
                 }
-                Decision::Reject { job, reason } => others.push((job, Input::Reject { reason })),
-                Decision::Preempt { job } => others.push((job, Input::SliceEnd)),
+                Decision::Reject { job, reason } => {
+                    let origin = Origin::Pass { waited: None };
+                    others.push((job, Input::Reject { reason }, origin));
+                }
+                Decision::Preempt { job } => {
+                    let origin = Origin::Pass { waited: None };
+                    others.push((job, Input::SliceEnd, origin));
+                }
             }
         }
-        for (job, input) in waits.into_iter().chain(others) {
-            self.apply(now, &job, input, Origin::Pass { waited: None }, None);
+        self.decisions_left = starts.into_iter().chain(waits).chain(others).collect();
+        self.decided_at = now;
+        self.apply_more_decisions();
+    }
+
+    /// Applies the next [`DECISIONS_AT_ONCE`] decisions of the last pass, once the writes of
+    /// those before have come out: what is held at once (records on their way to the store,
+    /// their effects) stays bounded when a pass decides for 100 000 jobs.
+    pub(crate) fn apply_more_decisions(&mut self) {
+        let now = self.decided_at;
+        // A chunk that wrote nothing (jobs gone meanwhile) is followed by the next at once.
+        while self.pending.is_empty() && !self.decisions_left.is_empty() {
+            for _ in 0..DECISIONS_AT_ONCE {
+                let Some((job, input, origin)) = self.decisions_left.pop_front() else {
+                    break;
+                };
+                self.apply(now, &job, input, origin, None);
+            }
         }
     }
 
