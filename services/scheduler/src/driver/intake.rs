@@ -77,7 +77,7 @@ impl Driver {
             .as_ref()
             .and_then(|h| h.get(signing::SIGNER))
             .map(|k| k.as_str().to_owned());
-        if let Some(why) = request_incompatibility(&message) {
+        if let Some(why) = incompatibility(&message, "the mgpu that sent this request") {
             let about = subjects::job_id_of(&subject)
                 .and_then(|id| id.parse::<JobId>().ok())
                 .or_else(|| version::peek_job_id(&message.payload));
@@ -218,14 +218,7 @@ impl Driver {
     /// acknowledged and dropped; one of a protocol this scheduler cannot read is left for a
     /// scheduler that can (the upgraded one, if the agents were upgraded first).
     pub(super) async fn on_event_message(&mut self, message: jetstream::Message) {
-        let protocol = version::of_header(
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(version::HEADER))
-                .map(|v| v.as_str()),
-        );
-        if let Some(why) = version::incompatibility("a job event's sender", protocol) {
+        if let Some(why) = incompatibility(&message, "a job event's sender") {
             tracing::warn!(subject = %message.subject, "job event left unread: {why}");
             let later = jetstream::AckKind::Nak(Some(UNREADABLE_RETRY));
             if let Err(err) = message.ack_with(later).await {
@@ -371,8 +364,9 @@ pub(super) async fn acknowledge(message: &jetstream::Message) {
     }
 }
 
-/// Why a request cannot be read by this scheduler: its sender speaks another protocol.
-fn request_incompatibility(message: &jetstream::Message) -> Option<String> {
+/// Why a message cannot be read by this scheduler: `sender` speaks another protocol (the
+/// message's version header says which).
+fn incompatibility(message: &jetstream::Message, sender: &str) -> Option<String> {
     let protocol = version::of_header(
         message
             .headers
@@ -380,5 +374,5 @@ fn request_incompatibility(message: &jetstream::Message) -> Option<String> {
             .and_then(|h| h.get(version::HEADER))
             .map(|v| v.as_str()),
     );
-    version::incompatibility("the mgpu that sent this request", protocol)
+    version::incompatibility(sender, protocol)
 }
