@@ -26,6 +26,7 @@ fn record(id: &JobId, state: JobState) -> JobRecord {
         submitted_at: mgpu_protocol::now(),
         attempt: 1,
         state,
+        last_request: None,
     }
 }
 

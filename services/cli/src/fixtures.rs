@@ -21,6 +21,7 @@ pub fn job(name: &str, state: JobState, priority: i32, submitted_secs_ago: i64) 
         submitted_at: mgpu_protocol::now() - Duration::seconds(submitted_secs_ago),
         attempt: 1,
         state,
+        last_request: None,
     }
 }
 

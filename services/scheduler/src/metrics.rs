@@ -361,6 +361,7 @@ mod tests {
             submitted_at: mgpu_protocol::now(),
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
+            last_request: None,
         };
         assert_eq!(
             SubmitOutcome::of(Some(&record), false),

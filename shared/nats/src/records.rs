@@ -259,6 +259,7 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
                 submitted_at: chrono::DateTime::from_timestamp_nanos(nanos),
                 attempt: 1,
                 state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
+                last_request: None,
             });
         }
     }
@@ -496,6 +497,7 @@ mod tests {
             submitted_at: mgpu_protocol::now(),
             attempt: 1,
             state,
+            last_request: None,
         }
     }
 

@@ -182,6 +182,10 @@ pub struct NodeAdmin {
     /// Paused GPUs by index: running jobs finish, nothing new lands on them.
     #[serde(default)]
     pub paused_gpus: std::collections::BTreeMap<u32, AdminMark>,
+    /// The requests stream's sequence of the last drain, resume, pause or resume applied:
+    /// one of them delivered again after a later one was applied is not applied again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request: Option<u64>,
 }
 
 /// Who put a node or GPU out of service, when and why.

@@ -150,6 +150,7 @@ fn write_history(cluster: &Cluster, from: usize, to: usize) -> Result<Duration> 
                     reason: None,
                     usage: None,
                 }),
+                last_request: None,
             };
             let subject = subjects::history(subjects::history_owner(&record), &record.id);
             in_flight.push_back(

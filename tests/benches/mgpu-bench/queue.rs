@@ -224,6 +224,7 @@ fn record_jobs(cluster: &Cluster, count: usize) -> Result<Duration> {
                 submitted_at: mgpu_protocol::now(),
                 attempt: 1,
                 state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+                last_request: None,
             };
             let subject = format!("$KV.{}.{}", subjects::JOBS_BUCKET, record.id);
             let ack = js

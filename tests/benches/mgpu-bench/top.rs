@@ -236,5 +236,6 @@ fn job(n: usize, now: mgpu_protocol::Timestamp) -> JobRecord {
         submitted_at,
         attempt: 1,
         state,
+        last_request: None,
     }
 }

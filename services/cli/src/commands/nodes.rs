@@ -322,6 +322,7 @@ mod tests {
         let admin = NodeAdmin {
             drained: Some(mark.clone()),
             paused_gpus: [(0, mark)].into(),
+            last_request: None,
         };
         let text = render(&node, &view(admin.clone(), 3));
         assert!(text.starts_with("node001  drained  "), "{text}");

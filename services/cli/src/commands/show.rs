@@ -335,6 +335,7 @@ mod tests {
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+            last_request: None,
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          queued\n"), "{text}");
@@ -374,6 +375,7 @@ mod tests {
             submitted_at: now - chrono::Duration::seconds(75),
             attempt: 2,
             state: JobState::Queued(waiting),
+            last_request: None,
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         for expected in [
@@ -416,6 +418,7 @@ mod tests {
                 reason: Some("time limit of 1m reached".into()),
                 usage: None,
             }),
+            last_request: None,
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          timed_out\n"), "{text}");
@@ -446,6 +449,7 @@ mod tests {
                 reason: Some("node node001 went offline; not requeued (--no-requeue)".into()),
                 usage: None,
             }),
+            last_request: None,
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          node_failed\n"), "{text}");

@@ -32,6 +32,10 @@ struct Args {
     /// Put the scheduler's log lines in a failing seed's trace too.
     #[arg(long)]
     trace_logs: bool,
+    /// How many of the last trace lines a failing seed prints (a job that waits forever may
+    /// have stalled long before the end).
+    #[arg(long, default_value_t = 200)]
+    trace_lines: usize,
     /// Draw no fault of this kind (repeatable): e.g. to run what a known open bug does not
     /// need while it is being fixed.
     #[arg(long, value_enum, value_name = "FAULT")]
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
     let mut options = Options {
         active_secs: args.active_secs,
         trace_logs: args.trace_logs,
+        trace_lines: args.trace_lines,
         ..Options::default()
     };
     for fault in &args.without {

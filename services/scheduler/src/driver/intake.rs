@@ -17,6 +17,7 @@ use mgpu_protocol::{Timestamp, now, subjects, version, wire};
 
 use super::Driver;
 use crate::identity::SeenNonce;
+use crate::lifecycle::StreamOrder;
 use crate::machine::messages::{Admitted, Input, Refused, Step, steps};
 use crate::metrics::RefusalReason;
 
@@ -93,7 +94,12 @@ impl Driver {
         }
         let decoded = Request::decode(&subject, &message.payload);
         let stored_at = stored_at(&message);
-        let sequence = message.info().ok().map(|info| info.stream_sequence);
+        let order = message.info().ok().map(|info| StreamOrder {
+            sequence: info.stream_sequence,
+            redelivered: info.delivered > 1,
+            stored_at,
+        });
+        let sequence = order.map(|order| order.sequence);
         let verified = signing::verify(
             message.headers.as_ref(),
             &subject,
@@ -129,6 +135,7 @@ impl Driver {
                         token,
                         identity,
                         request,
+                        order,
                     },
                     nonce,
                 ))

@@ -48,6 +48,29 @@ impl Requester {
     }
 }
 
+/// Where a request stands in the requests stream. JetStream delivers a request again when
+/// its acknowledgement was lost, possibly after a later request about the same job or node
+/// was applied: such an older one is not applied again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamOrder {
+    pub sequence: u64,
+    /// Whether the stream delivered it before (only then can it be stale: a first delivery
+    /// comes in stream order, and a stream created again starts its sequences over).
+    pub redelivered: bool,
+    /// When the stream stored it.
+    pub stored_at: Timestamp,
+}
+
+impl StreamOrder {
+    /// Whether this request is a redelivery older than the `last` one applied.
+    pub fn is_stale(order: Option<StreamOrder>, last: Option<u64>) -> bool {
+        match (order, last) {
+            (Some(order), Some(last)) => order.redelivered && order.sequence <= last,
+            _ => false,
+        }
+    }
+}
+
 /// What can happen to an existing job.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
@@ -57,9 +80,15 @@ pub enum Input {
         reason: Option<String>,
     },
     /// `jobs.<id>.hold`.
-    Hold { by: Requester },
+    Hold {
+        by: Requester,
+        order: Option<StreamOrder>,
+    },
     /// `jobs.<id>.release`.
-    Release { by: Requester },
+    Release {
+        by: Requester,
+        order: Option<StreamOrder>,
+    },
     /// An agent's report about one attempt's process.
     Report(AgentReport),
     /// The core placed the job: it runs there now.
@@ -159,8 +188,8 @@ impl Transition {
 pub fn apply(current: &JobRecord, input: Input, now: Timestamp, limits: &Limits) -> Transition {
     match input {
         Input::Cancel { by, reason } => requests::cancel(current, &by, reason.as_deref(), now),
-        Input::Hold { by } => requests::hold(current, &by, true),
-        Input::Release { by } => requests::hold(current, &by, false),
+        Input::Hold { by, order } => requests::hold(current, &by, true, order),
+        Input::Release { by, order } => requests::hold(current, &by, false, order),
         Input::Report(report) => report::on_report(current, report, limits),
         Input::Start { placement } => scheduling::start(current, placement, now),
         Input::Wait { reason } => scheduling::wait(current, reason),

@@ -9,7 +9,10 @@ use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
 use mgpu_protocol::request::Action;
 use mgpu_protocol::submit::SubmitRequest;
 
-use super::{Effect, Level, Requester, Transition, ended_unstarted, finish, kill_everywhere, log};
+use super::{
+    Effect, Level, Requester, StreamOrder, Transition, ended_unstarted, finish, kill_everywhere,
+    log,
+};
 
 /// Who signed a submission.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,6 +105,7 @@ pub fn submit(
         submitted_at: now,
         attempt: 1,
         state,
+        last_request: None,
     };
     Transition {
         record: Some(record),
@@ -165,11 +169,33 @@ pub(super) fn cancel(
     transition
 }
 
-/// `by` holds (`hold`) or releases the job: only a queued job changes.
-pub(super) fn hold(current: &JobRecord, by: &Requester, hold: bool) -> Transition {
+/// `by` holds (`hold`) or releases the job: only a queued job changes, and not by a request
+/// delivered again after a later one was applied (`order`).
+pub(super) fn hold(
+    current: &JobRecord,
+    by: &Requester,
+    hold: bool,
+    order: Option<StreamOrder>,
+) -> Transition {
     let action = if hold { Action::Hold } else { Action::Release };
     if !by.may_act_on(&current.user) {
         return refused(current, action);
+    }
+    if StreamOrder::is_stale(order, current.last_request) {
+        return Transition {
+            record: None,
+            effects: vec![
+                Effect::Audit {
+                    action,
+                    accepted: true,
+                    detail: "delivered again after a later request: not applied".into(),
+                },
+                log(
+                    Level::Info,
+                    format!("{action} delivered again after a later request: not applied"),
+                ),
+            ],
+        };
     }
     let JobState::Queued(waiting) = &current.state else {
         return Transition {
@@ -194,6 +220,9 @@ pub(super) fn hold(current: &JobRecord, by: &Requester, hold: bool) -> Transitio
     }
     let mut record = current.clone();
     record.state = JobState::Queued(waiting);
+    if let Some(order) = order {
+        record.last_request = Some(order.sequence);
+    }
     Transition {
         record: Some(record),
         effects: vec![

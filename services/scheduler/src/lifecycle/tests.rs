@@ -90,6 +90,7 @@ fn queued() -> JobRecord {
         submitted_at: t0(),
         attempt: 1,
         state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+        last_request: None,
     }
 }
 
@@ -396,13 +397,55 @@ fn another_users_cancel_hold_or_release_is_refused() {
         );
         assert_eq!(cancel.record, None);
         assert_eq!(cancel.effects, vec![refusal(Action::Cancel)]);
-        let hold = step(&job, Input::Hold { by: bob() }, 1);
+        let hold = step(
+            &job,
+            Input::Hold {
+                by: bob(),
+                order: None,
+            },
+            1,
+        );
         assert_eq!(hold.record, None);
         assert_eq!(hold.effects, vec![refusal(Action::Hold)]);
-        let release = step(&job, Input::Release { by: bob() }, 1);
+        let release = step(
+            &job,
+            Input::Release {
+                by: bob(),
+                order: None,
+            },
+            1,
+        );
         assert_eq!(release.record, None);
         assert_eq!(release.effects, vec![refusal(Action::Release)]);
     }
+}
+
+#[test]
+fn a_hold_delivered_again_after_a_later_release_is_not_applied() {
+    let order = |sequence, redelivered| {
+        Some(StreamOrder {
+            sequence,
+            redelivered,
+            stored_at: t0(),
+        })
+    };
+    let hold = |order| Input::Hold { by: root(), order };
+    let held = stored(&step(&queued(), hold(order(10, false)), 1));
+    assert_eq!(held.last_request, Some(10));
+    let release = Input::Release {
+        by: root(),
+        order: order(12, false),
+    };
+    let released = stored(&step(&held, release, 2));
+    assert_eq!(waiting_of(&released).held_by, None);
+    // The hold's acknowledgement was lost: JetStream delivers it again, after the release.
+    let again = step(&released, hold(order(10, true)), 3);
+    assert_eq!(again.record, None, "{again:?}");
+    // A later hold, or a first delivery (a stream created again starts over), applies.
+    let later = stored(&step(&released, hold(order(13, true)), 4));
+    assert_eq!(waiting_of(&later).held_by.as_deref(), Some("root"));
+    let anew = stored(&step(&released, hold(order(3, false)), 5));
+    assert_eq!(anew.last_request, Some(3));
 }
 
 #[test]
@@ -416,7 +459,14 @@ fn an_admin_may_cancel_and_hold_anyones_job() {
         1,
     ));
     assert_eq!(reason_of(&cancelled), Some("cancelled by root"));
-    let held = stored(&step(&queued(), Input::Hold { by: root() }, 1));
+    let held = stored(&step(
+        &queued(),
+        Input::Hold {
+            by: root(),
+            order: None,
+        },
+        1,
+    ));
     assert_eq!(waiting_of(&held).held_by.as_deref(), Some("root"));
     let job = running(on("node001"));
     let cancelling = stored(&step(
@@ -439,7 +489,14 @@ fn hold_keeps_a_queued_job_waiting_and_release_lets_it_go() {
     if let JobState::Queued(waiting) = &mut job.state {
         waiting.enqueued_at = Some(at(3));
     }
-    let transition = step(&job, Input::Hold { by: alice() }, 5);
+    let transition = step(
+        &job,
+        Input::Hold {
+            by: alice(),
+            order: None,
+        },
+        5,
+    );
     let held = stored(&transition);
     assert_eq!(
         waiting_of(&held),
@@ -458,7 +515,14 @@ fn hold_keeps_a_queued_job_waiting_and_release_lets_it_go() {
             detail: "done".into(),
         })
     );
-    let transition = step(&held, Input::Release { by: alice() }, 6);
+    let transition = step(
+        &held,
+        Input::Release {
+            by: alice(),
+            order: None,
+        },
+        6,
+    );
     let released = stored(&transition);
     assert_eq!(waiting_of(&released).held_by, None);
     assert_eq!(
@@ -480,8 +544,20 @@ fn hold_keeps_a_queued_job_waiting_and_release_lets_it_go() {
 fn holding_or_releasing_a_job_that_is_not_queued_changes_nothing() {
     let job = running(on("node001"));
     for (input, action) in [
-        (Input::Hold { by: alice() }, Action::Hold),
-        (Input::Release { by: alice() }, Action::Release),
+        (
+            Input::Hold {
+                by: alice(),
+                order: None,
+            },
+            Action::Hold,
+        ),
+        (
+            Input::Release {
+                by: alice(),
+                order: None,
+            },
+            Action::Release,
+        ),
     ] {
         let transition = step(&job, input, 1);
         assert_eq!(transition.record, None);
@@ -1192,7 +1268,14 @@ fn a_rank_that_could_not_start_after_another_started_counts_the_gpu_time_used() 
 
 #[test]
 fn a_held_job_is_not_started_even_if_asked() {
-    let held = stored(&step(&queued(), Input::Hold { by: alice() }, 1));
+    let held = stored(&step(
+        &queued(),
+        Input::Hold {
+            by: alice(),
+            order: None,
+        },
+        1,
+    ));
     let transition = step(
         &held,
         Input::Start {
@@ -1329,6 +1412,7 @@ fn a_valid_submission_is_queued_under_its_signer_not_the_name_it_claims() {
             submitted_at: at(1),
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
+            last_request: None,
         }
     );
     let audit = Effect::Audit {
@@ -1656,9 +1740,11 @@ fn resolve(current: &JobRecord, step: &Step, now: Timestamp) -> Input {
         },
         Step::Hold { who } => Input::Hold {
             by: requester(*who),
+            order: None,
         },
         Step::Release { who } => Input::Release {
             by: requester(*who),
+            order: None,
         },
         Step::Report {
             attempt,

@@ -19,7 +19,7 @@ use mgpu_protocol::report::AgentReport;
 use mgpu_protocol::request::{Action, Request};
 
 use super::jobs::Tracked;
-use crate::lifecycle::{Requester, Signer};
+use crate::lifecycle::{Requester, Signer, StreamOrder};
 use crate::limits::Limits;
 use crate::metrics::{RefusalReason, SubmitOutcome};
 
@@ -62,6 +62,8 @@ pub struct Admitted {
     pub token: Token,
     pub identity: Identity,
     pub request: Request,
+    /// Where it stands in the requests stream, when the driver knows.
+    pub order: Option<StreamOrder>,
 }
 
 /// A request refused at the gate: unsigned, forged, replayed, from an unknown key, of an

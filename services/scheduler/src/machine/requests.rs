@@ -19,8 +19,12 @@ use super::jobs::JobTable;
 use super::messages::{Admitted, Command, Count, Identity, LogLevel, Token};
 use super::transitions::{Origin, Pending};
 use super::{OpId, SchedulerState};
-use crate::lifecycle::{self, Effect, Input, NotAdded, Transition};
+use crate::lifecycle::{self, Effect, Input, NotAdded, StreamOrder, Transition};
 use crate::metrics::{RefusalReason, SubmitOutcome};
+
+/// How long a request about a job that is not recorded yet waits for its submission (left
+/// unacknowledged, delivered again) before it is dropped as about an unknown job.
+const UNKNOWN_JOB_PATIENCE: chrono::Duration = chrono::Duration::minutes(3);
 
 impl SchedulerState {
     /// Plain submissions that came together: each checked and its record written, the
@@ -40,6 +44,7 @@ impl SchedulerState {
             token,
             identity,
             request,
+            order,
         } = admitted;
         match request {
             Request::Submit(_) => {
@@ -47,6 +52,7 @@ impl SchedulerState {
                     token,
                     identity,
                     request,
+                    order,
                 };
                 self.submit(now, admitted, &mut QueuedByUser::default());
             }
@@ -55,34 +61,47 @@ impl SchedulerState {
                     by: identity.requester(),
                     reason: request.reason,
                 };
-                self.on_job_request(now, &job, input, identity, token);
+                self.on_job_request(now, &job, input, identity, (token, order));
             }
             Request::Hold { job, .. } => {
                 let input = Input::Hold {
                     by: identity.requester(),
+                    order,
                 };
-                self.on_job_request(now, &job, input, identity, token);
+                self.on_job_request(now, &job, input, identity, (token, order));
             }
             Request::Release { job, .. } => {
                 let input = Input::Release {
                     by: identity.requester(),
+                    order,
                 };
-                self.on_job_request(now, &job, input, identity, token);
+                self.on_job_request(now, &job, input, identity, (token, order));
             }
-            Request::Admin(request) => self.on_node_admin(now, request, identity, token),
+            Request::Admin(request) => {
+                self.on_node_admin(now, request, identity, (token, order));
+            }
         }
     }
 
-    /// A cancel, hold or release of `job`.
+    /// A cancel, hold or release of `job`. One about a job not recorded yet may come before
+    /// its submission is (that one's write failed: JetStream delivers it again); it is left
+    /// unacknowledged to come again after it, while young, and dropped once old.
     fn on_job_request(
         &mut self,
         now: Timestamp,
         job: &JobId,
         input: Input,
         identity: Identity,
-        token: Token,
+        (token, order): (Token, Option<StreamOrder>),
     ) {
         if self.jobs.get(job).is_none() {
+            let young = order.is_some_and(|o| now - o.stored_at < UNKNOWN_JOB_PATIENCE);
+            if young {
+                let said = "request about a job not recorded yet: handled when delivered again";
+                self.out
+                    .push(Command::log(LogLevel::Debug, Some(job), said));
+                return;
+            }
             self.out.push(Command::log(
                 LogLevel::Warn,
                 Some(job),
@@ -100,6 +119,7 @@ impl SchedulerState {
             token,
             identity,
             request,
+            ..
         } = admitted;
         let Request::Submit(request) = request else {
             return;
@@ -198,13 +218,14 @@ impl SchedulerState {
 
     /// An admin drains or resumes a node, pauses or resumes a GPU: the new marks are stored,
     /// then taken by the node table. The server lets only admins publish such a request, and
-    /// the signature must be an admin's too.
+    /// the signature must be an admin's too; one delivered again after a later one about the
+    /// same node was applied is not applied again.
     fn on_node_admin(
         &mut self,
         now: Timestamp,
         request: AdminRequest,
         identity: Identity,
-        token: Token,
+        (token, order): (Token, Option<StreamOrder>),
     ) {
         if !identity.admin {
             let reason = format!("{} is not an admin", identity.name);
@@ -227,6 +248,16 @@ impl SchedulerState {
             | AdminRequest::ResumeGpu { node, .. } => node.clone(),
         };
         let mut admin = self.nodes.admin.get(&node).cloned().unwrap_or_default();
+        if StreamOrder::is_stale(order, admin.last_request) {
+            let said = format!("{request:?} delivered again after a later request: not applied");
+            self.out
+                .push(Command::node_log(LogLevel::Info, &node, said));
+            self.ack(Some(token), None);
+            return;
+        }
+        if let Some(order) = order {
+            admin.last_request = Some(order.sequence);
+        }
         match &request {
             AdminRequest::DrainNode { reason, .. } => admin.drained = Some(mark(reason)),
             AdminRequest::ResumeNode { .. } => admin.drained = None,

@@ -20,6 +20,7 @@ use mgpu_protocol::submit::SubmitRequest;
 
 use super::messages::{Admitted, Identity, Tick, WriteOutcome};
 use super::{Command, Input, Loaded, SchedulerState};
+use crate::lifecycle::StreamOrder;
 use crate::simulation::store::SimStore;
 
 fn t0() -> Timestamp {
@@ -166,6 +167,11 @@ impl Rig {
             token,
             identity: who,
             request,
+            order: Some(StreamOrder {
+                sequence: token + 1,
+                redelivered: false,
+                stored_at: t0(),
+            }),
         }
     }
 

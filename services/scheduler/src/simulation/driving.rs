@@ -14,6 +14,7 @@ use mgpu_protocol::request::Request;
 
 use super::agents::NodeMessage;
 use super::world::{ACK_WAIT_MS, Event, SimScheduler, Source, World};
+use crate::lifecycle::StreamOrder;
 use crate::machine::messages::{
     Admitted, Identity, Input, Loaded, RankAssignment, Step, Tick, Token, WriteOutcome, steps,
 };
@@ -69,7 +70,9 @@ impl World {
     /// Publishes a request: JetStream stores it, the scheduler's consumer delivers it.
     pub fn publish_request(&mut self, identity: Identity, request: Request) {
         let delay = self.rng.between(1, 50);
-        self.requests.publish((identity, request), self.now + delay);
+        let stored_at = self.wall();
+        self.requests
+            .publish((identity, request, stored_at), self.now + delay);
         self.at(delay, Event::Pump);
     }
 
@@ -129,10 +132,15 @@ impl World {
         if !ready.is_empty() {
             let admitted: Vec<Admitted> = ready
                 .into_iter()
-                .map(|(index, (identity, request))| Admitted {
+                .map(|(index, (identity, request, stored_at))| Admitted {
                     token: self.hold(Source::Request, index),
                     identity,
                     request,
+                    order: Some(StreamOrder {
+                        sequence: index as u64 + 1,
+                        redelivered: self.requests.redelivered(index),
+                        stored_at,
+                    }),
                 })
                 .collect();
             for step in steps(admitted, |a| &a.request) {

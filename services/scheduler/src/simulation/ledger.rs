@@ -288,6 +288,7 @@ mod tests {
                 submitted_at: at,
                 attempt: 1,
                 state: JobState::Running(Run::assigned(placement, at)),
+                last_request: None,
             },
             revision: n,
         }

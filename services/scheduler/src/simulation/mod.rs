@@ -64,6 +64,8 @@ pub struct Options {
     pub heartbeat_drop: u64,
     /// Whether the machine's log lines go into the trace.
     pub trace_logs: bool,
+    /// How many of the last trace lines a failing seed prints.
+    pub trace_lines: usize,
 }
 
 impl Default for Options {
@@ -82,6 +84,7 @@ impl Default for Options {
             delay: 50,
             heartbeat_drop: 5,
             trace_logs: false,
+            trace_lines: 200,
         }
     }
 }
@@ -170,11 +173,16 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
     }
 }
 
-/// The options with as few fault kinds as still break an invariant on `seed`: each kind is
-/// turned off in turn and kept off when the run still fails. The seed's trace under those
-/// options is the shortest found.
+/// The options with as few fault kinds as still break the same invariant on `seed`: each
+/// kind is turned off in turn and kept off when the run still fails the same way (another
+/// broken invariant is another bug, and its trace would not explain this one). The seed's
+/// trace under those options is the shortest found.
 pub fn shrink(seed: u64, options: &Options) -> Options {
     let mut smallest = options.clone();
+    let Some((first, _)) = run(seed, options).violation else {
+        return smallest;
+    };
+    let kind = violation_kind(&first);
     let knobs: [fn(&mut Options) -> &mut u64; 10] = [
         |o| &mut o.node_crash,
         |o| &mut o.partition,
@@ -193,11 +201,32 @@ pub fn shrink(seed: u64, options: &Options) -> Options {
             continue;
         }
         *knob(&mut trial) = 0;
-        if run(seed, &trial).violation.is_some() {
+        let same = run(seed, &trial)
+            .violation
+            .is_some_and(|(broken, _)| violation_kind(&broken) == kind);
+        if same {
             smallest = trial;
         }
     }
     smallest
+}
+
+/// A broken invariant without its time, ids and counts: `job 7dd0… runs attempts [1] and 2
+/// at once` and `job 65a1… runs attempts [3] and 4 at once` are the same kind.
+pub fn violation_kind(violation: &str) -> String {
+    let without_time = match violation.split_once(" ms: ") {
+        Some((at, rest)) if at.starts_with("at ") => rest,
+        _ => violation,
+    };
+    without_time
+        .split_whitespace()
+        .take(6)
+        .map(|word| match word.chars().any(|c| c.is_ascii_digit()) {
+            true => "#",
+            false => word,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -220,5 +249,14 @@ mod tests {
             (again.jobs, again.faults, again.steps)
         );
         assert!(first.jobs > 0 && first.faults > 0, "{first:?}");
+    }
+
+    #[test]
+    fn violations_of_one_invariant_are_one_kind() {
+        let one = violation_kind("at 40103 ms: job 65810132a2 runs attempts [1] and 2 at once");
+        let other = violation_kind("at 9 ms: job bcf335f50d runs attempts [3] and 4 at once");
+        assert_eq!(one, other);
+        let liveness = violation_kind("liveness: 1 jobs never ended after the quiet period: x");
+        assert_ne!(one, liveness);
     }
 }

@@ -12,9 +12,13 @@ use std::collections::BTreeSet;
 pub struct Stream<T> {
     messages: Vec<T>,
     acked: Vec<bool>,
+    /// How many times each message was handed out.
+    deliveries: Vec<u32>,
     /// Messages neither acknowledged nor handed out, by when they can be delivered (again).
     waiting: BTreeSet<(u64, usize)>,
     unacked: usize,
+    /// When the last message stored can first be delivered.
+    last_available: u64,
 }
 
 impl<T> Default for Stream<T> {
@@ -22,18 +26,25 @@ impl<T> Default for Stream<T> {
         Stream {
             messages: Vec::new(),
             acked: Vec::new(),
+            deliveries: Vec::new(),
             waiting: BTreeSet::new(),
             unacked: 0,
+            last_available: 0,
         }
     }
 }
 
 impl<T: Clone> Stream<T> {
-    /// Stores `message`; it can be delivered from `available_at` on. Its index.
+    /// Stores `message`; it can be delivered from `available_at` on, and not before one
+    /// stored earlier: the stream's order is the order messages reached it, and its
+    /// sequences (the indexes) follow that order. Its index.
     pub fn publish(&mut self, message: T, available_at: u64) -> usize {
+        let available_at = available_at.max(self.last_available);
+        self.last_available = available_at;
         let index = self.messages.len();
         self.messages.push(message);
         self.acked.push(false);
+        self.deliveries.push(0);
         self.waiting.insert((available_at, index));
         self.unacked += 1;
         index
@@ -52,9 +63,14 @@ impl<T: Clone> Stream<T> {
         for key in &ready {
             self.waiting.remove(key);
         }
+        ready.retain(|&(_, index)| self.acked.get(index) == Some(&false));
+        for &(_, index) in &ready {
+            if let Some(count) = self.deliveries.get_mut(index) {
+                *count += 1;
+            }
+        }
         ready
             .into_iter()
-            .filter(|&(_, index)| self.acked.get(index) == Some(&false))
             .filter_map(|(_, index)| Some((index, self.messages.get(index)?.clone())))
             .collect()
     }
@@ -64,6 +80,11 @@ impl<T: Clone> Stream<T> {
         if self.acked.get(index) == Some(&false) {
             self.waiting.insert((at, index));
         }
+    }
+
+    /// Whether message `index` was handed out more than once (JetStream's delivery count).
+    pub fn redelivered(&self, index: usize) -> bool {
+        self.deliveries.get(index).is_some_and(|&count| count > 1)
     }
 
     /// The consumer acknowledged message `index`.
@@ -96,7 +117,7 @@ mod tests {
         let mut stream = Stream::default();
         let first = stream.publish("a", 10);
         stream.publish("b", 5);
-        assert!(stream.take_ready(4, 10).is_empty());
+        assert!(stream.take_ready(9, 10).is_empty(), "b stored after a");
         // Ready ones in stream order, whenever each became ready.
         let both: Vec<&str> = stream.take_ready(10, 10).into_iter().map(|m| m.1).collect();
         assert_eq!(both, vec!["a", "b"]);
@@ -104,7 +125,9 @@ mod tests {
         stream.redeliver_at(first, 40);
         stream.ack(1);
         assert!(!stream.all_acked());
+        assert!(!stream.redelivered(first));
         assert_eq!(stream.take_ready(40, 10), vec![(first, "a")]);
+        assert!(stream.redelivered(first) && !stream.redelivered(1));
         stream.ack(first);
         assert!(stream.all_acked());
         stream.redeliver_at(first, 50);

@@ -78,7 +78,7 @@ pub struct World {
     pub store: SimStore,
     pub scheduler: Option<SimScheduler>,
     pub agents: Vec<SimAgent>,
-    pub requests: Stream<(Identity, Request)>,
+    pub requests: Stream<(Identity, Request, Timestamp)>,
     pub reports: Stream<AgentReport>,
     /// Assignment message ids the node streams saw, and when (JetStream's duplicate window).
     pub msg_ids: BTreeMap<String, u64>,
@@ -216,7 +216,7 @@ impl World {
     }
 
     pub fn note(&mut self, line: String) {
-        if self.trace.len() >= 200 {
+        if self.trace.len() >= self.options.trace_lines.max(1) {
             self.trace.pop_front();
         }
         self.trace.push_back(format!("{:>9} ms  {line}", self.now));

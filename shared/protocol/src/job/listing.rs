@@ -73,6 +73,7 @@ impl JobRecord {
             submitted_at: listed.submitted_at,
             attempt: listed.attempt,
             state: listed.state,
+            last_request: None,
         })
     }
 }
@@ -108,6 +109,7 @@ mod tests {
             submitted_at: crate::now(),
             attempt: 2,
             state: JobState::Queued(waiting),
+            last_request: None,
         };
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
         let listed = JobRecord::from_listing_json(&bytes);
@@ -138,6 +140,7 @@ mod tests {
             submitted_at: crate::now(),
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+            last_request: None,
         };
         let mut json = serde_json::to_value(&record).unwrap_or_default();
         if let Some(spec) = json["spec"].as_object_mut() {

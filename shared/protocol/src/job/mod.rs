@@ -381,6 +381,10 @@ pub struct JobRecord {
     pub attempt: u32,
     #[serde(flatten)]
     pub state: JobState,
+    /// The requests stream's sequence of the last hold or release applied: one of them
+    /// delivered again after a later one was applied is not applied again (it would undo it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request: Option<u64>,
 }
 
 impl JobRecord {
@@ -467,6 +471,7 @@ mod tests {
             submitted_at: crate::now(),
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+            last_request: None,
         };
         let json = serde_json::to_value(&record).unwrap_or_default();
         assert_eq!(json["state"], "queued");

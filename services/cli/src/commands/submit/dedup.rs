@@ -77,6 +77,7 @@ mod tests {
             submitted_at: mgpu_protocol::now(),
             attempt: 1,
             state,
+            last_request: None,
         }
     }
 

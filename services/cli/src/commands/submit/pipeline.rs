@@ -235,6 +235,7 @@ mod tests {
             submitted_at: mgpu_protocol::now(),
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+            last_request: None,
         }
     }
 

@@ -31,6 +31,7 @@ pub fn job(user: &str, name: &str, state: JobState) -> JobRecord {
         submitted_at: mgpu_protocol::now() - Duration::seconds(60),
         attempt: 1,
         state,
+        last_request: None,
     }
 }
 
