@@ -20,14 +20,10 @@ if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
 fi
 step "no import cycles between files"
 cargo run -q -p mgpu-tests --bin import-cycles
-# The debug build setup.sh made (scripts/simulate.sh builds release, for long runs). Two open
-# bugs the simulation finds (docs/simulation.md, "Open"): a node's stale assignment started
-# after it returns (needs node crashes or partitions) and a redelivered request re-applied after
-# a later one (needs lost acknowledgements or failed writes). Until they are fixed, the test
-# command draws every other fault; `scripts/simulate.sh` draws them all.
+# The debug build setup.sh made (scripts/simulate.sh builds release, for long runs), every
+# fault kind drawn.
 step "scheduler simulation: 60 seeds (as scripts/simulate.sh)"
-target/debug/mgpu-simulate --seeds 60 --minutes 3 \
-  --without node-crash --without partition --without ack-lost --without write-failure
+target/debug/mgpu-simulate --seeds 60 --minutes 3
 step "cargo test (unit, property and end-to-end against a real nats-server)"
 export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo test --workspace -- "$@"

@@ -222,6 +222,34 @@ fn a_no_requeue_job_on_a_lost_node_ends_node_failed() {
     assert_eq!(marks(&marks_file), ["start 1", "stop 1"]);
 }
 
+/// A job assigned to a node that has just crashed waits in the node's stream; the node is
+/// found offline and the job requeued. When the agent comes back it must not start the old
+/// attempt (the job may run elsewhere by then): the scheduler dropped what waited for the node.
+#[test]
+fn an_assignment_waiting_for_a_crashed_node_is_dropped_and_only_the_next_attempt_runs() {
+    // 15 missed heartbeats of 200 ms: the crashed node counts as online for 3 s, long enough
+    // for the job to be assigned to it.
+    let mut cluster = Cluster::start_with(&one_node(), &["--missed-heartbeats", "15"]);
+    let marks_file = marker(&cluster, "w");
+    cluster.kill_agent("node001");
+    let id = cluster.submit(&[], &marked_job(&marks_file, 1, 1));
+    let assigned = cluster.show(&id);
+    assert_eq!(
+        (text(&assigned, "state"), &assigned["attempt"]),
+        ("running", &1.into()),
+        "assigned to the crashed node while it still counted as online: {assigned}"
+    );
+    wait_node_state(&cluster, "node001", "offline");
+    wait_for("the job to be requeued as attempt 2", T, || {
+        (cluster.show(&id)["attempt"] == 2).then_some(())
+    });
+
+    cluster.start_agent("node001");
+    let done = cluster.finished_as(&id, "succeeded", T);
+    assert_eq!(done["attempt"], 2, "{done}");
+    assert_eq!(marks(&marks_file), ["start 2", "end 2"]);
+}
+
 #[test]
 fn a_job_out_of_attempts_on_a_lost_node_ends_node_failed_saying_so() {
     let mut cluster = start(&one_node(), &["--max-attempts", "1"]);

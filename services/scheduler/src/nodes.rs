@@ -71,6 +71,32 @@ impl NodeTable {
         lost
     }
 
+    /// Attempts that may still run: those the latest heartbeat of each node lists, each with
+    /// when it surely stopped: None while its node is online (its next heartbeat tells),
+    /// the time its agent fenced itself by when the node is offline. An offline node that
+    /// does not fence itself, or whose fence time passed, runs nothing.
+    pub fn possibly_running(
+        &self,
+        now: Timestamp,
+    ) -> impl Iterator<Item = (&mgpu_protocol::node::RunningJob, Option<Timestamp>)> {
+        self.nodes
+            .values()
+            .filter_map(move |beat| {
+                if beat.liveness_after(now, self.missed) != NodeLiveness::Offline {
+                    return Some((beat, None));
+                }
+                let dead_by = beat.jobs_dead_by()?;
+                (dead_by > now).then_some((beat, Some(dead_by)))
+            })
+            .flat_map(|(beat, until)| beat.running.iter().map(move |r| (r, until)))
+    }
+
+    /// `node` counts as newly lost again at the next [`NodeTable::newly_lost`] if it is still
+    /// offline then.
+    pub fn forget_lost(&mut self, node: &str) {
+        self.lost.remove(node);
+    }
+
     /// Records a heartbeat. Returns true when it may let queued work start: the node is new,
     /// was offline, or what it offers changed (GPUs, foreign use, thresholds).
     pub fn update(&mut self, beat: NodeHeartbeat, now: Timestamp) -> bool {

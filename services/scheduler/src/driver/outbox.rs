@@ -158,6 +158,16 @@ impl Driver {
                 };
                 Some(Input::AdminStored { op, stored })
             }
+            Command::PurgeAssignments { node } => {
+                let purged = match self.store.purge_assignments(&node).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::error!("{err:#}");
+                        false
+                    }
+                };
+                Some(Input::AssignmentsPurged { node, purged })
+            }
             Command::Archive { record } => {
                 let moved = match self.store.archive(&record).await {
                     Ok(()) => true,

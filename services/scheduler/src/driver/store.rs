@@ -323,6 +323,27 @@ impl RecordStore {
         Ok(())
     }
 
+    /// Drops what waits on `node`'s assignment subject (its controls stay: a kill is never
+    /// harmful).
+    pub(crate) async fn purge_assignments(&self, node: &str) -> Result<()> {
+        let subject = subjects::assign(node);
+        let purged = self
+            .js
+            .get_stream(subjects::ASSIGN_STREAM)
+            .await
+            .map_err(|e| anyhow!("opening the assignment stream: {e}"))?
+            .purge()
+            .filter(subject)
+            .await
+            .map_err(|e| anyhow!("dropping node {node}'s waiting assignments: {e}"))?;
+        tracing::info!(
+            node,
+            dropped = purged.purged,
+            "assignments waiting for an offline node dropped"
+        );
+        Ok(())
+    }
+
     /// Stores the fair-share usage book.
     pub(crate) async fn save_usage(&self, book: &UsageBook) -> Result<()> {
         let bytes = serde_json::to_vec(book)?;

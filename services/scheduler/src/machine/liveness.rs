@@ -67,7 +67,17 @@ impl SchedulerState {
             };
             self.pending.insert(op, pending);
         }
-        if self.nodes.update(beat, now) {
+        // An attempt gone from the node's list may have held a requeued job back (the pass's
+        // `earlier_attempts_still_running`): a pass looks again.
+        let gone = self.nodes.get(&beat.node).is_some_and(|old| {
+            old.running.iter().any(|was| {
+                !beat
+                    .running
+                    .iter()
+                    .any(|is| is.id == was.id && is.attempt == was.attempt)
+            })
+        });
+        if self.nodes.update(beat, now) || gone {
             self.pass_due = true;
         }
     }
@@ -135,8 +145,12 @@ impl SchedulerState {
         }
     }
 
-    /// The running jobs of a node that went offline are lost.
+    /// The running jobs of a node that went offline are lost, and what waits on its
+    /// assignment subject is dropped.
     fn lose_jobs_of(&mut self, node: &str, now: Timestamp) {
+        self.out.push(Command::PurgeAssignments {
+            node: node.to_owned(),
+        });
         let mut victims: Vec<JobId> = self
             .jobs
             .running_on(node)
@@ -158,6 +172,18 @@ impl SchedulerState {
         }
         if !victims.is_empty() {
             self.pass_due = true;
+        }
+    }
+
+    /// An offline node's assignments were dropped; when that failed, the node counts as
+    /// newly lost again at the next tick, which asks again.
+    pub(crate) fn on_assignments_purged(&mut self, node: &str, purged: bool) {
+        if !purged {
+            let said =
+                "dropping the assignments waiting for this offline node failed: trying again";
+            self.out
+                .push(Command::node_log(LogLevel::Error, node, said));
+            self.nodes.forget_lost(node);
         }
     }
 

@@ -134,6 +134,8 @@ pub enum Input {
     Archived { id: JobId, moved: bool },
     /// A node's administration ([`Command::StoreAdmin`]) was stored, or not.
     AdminStored { op: OpId, stored: bool },
+    /// [`Command::PurgeAssignments`] came out (or not: it is asked for again).
+    AssignmentsPurged { node: String, purged: bool },
     /// The answer to [`Command::AskReportsCaughtUp`].
     ReportsCaughtUp { op: OpId, caught_up: bool },
     /// How jobs in history that live jobs depend on ended.
@@ -234,6 +236,10 @@ pub enum Command {
         node: String,
         admin: NodeAdmin,
     },
+    /// Drop the assignments that wait on an offline node's subject: its jobs were requeued,
+    /// and its agent, back after a crash or a partition, must not start them there while they
+    /// run elsewhere. Answered with [`Input::AssignmentsPurged`].
+    PurgeAssignments { node: String },
     /// Move a finished job to history (its record published there, its key purged, its
     /// environment dropped); answered with [`Input::Archived`].
     Archive { record: JobRecord },

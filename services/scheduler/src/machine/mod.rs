@@ -182,6 +182,7 @@ impl SchedulerState {
             Input::Written { op, outcome } => self.on_written(op, outcome),
             Input::Archived { id, moved } => self.on_archived(&id, moved),
             Input::AdminStored { op, stored } => self.on_admin_stored(now, op, stored),
+            Input::AssignmentsPurged { node, purged } => self.on_assignments_purged(&node, purged),
             Input::ReportsCaughtUp { op, caught_up } => {
                 self.on_reports_caught_up(now, op, caught_up);
             }

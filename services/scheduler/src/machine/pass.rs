@@ -3,6 +3,8 @@
 //! written as running with its placement, then the assignments sent), new wait reasons,
 //! rejections and preemptions (a time slice over while others wait).
 
+use std::collections::{HashMap, HashSet};
+
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, Launch, Placement};
@@ -22,6 +24,42 @@ use crate::status::PassSample;
 use crate::time_limits::run_ends;
 
 impl SchedulerState {
+    /// Queued jobs whose earlier attempt may still run: a node lists it although the job
+    /// was requeued (the node came back before its agent fenced itself, or the other ranks
+    /// of a distributed job one rank of which was lost are still stopping). The stale
+    /// attempt is being killed (liveness); the new one waits until it is gone, or until the
+    /// offline node that lists it surely stopped it, so the job never runs twice. Also the
+    /// earliest such time, when a pass must look again. Only jobs requeued after a node loss
+    /// (a `not_before`) and distributed jobs are looked for.
+    fn earlier_attempts_still_running(
+        &self,
+        now: Timestamp,
+    ) -> (HashSet<JobId>, Option<Timestamp>) {
+        let requeued: HashMap<&JobId, u32> = self
+            .views
+            .queued()
+            .filter(|q| q.not_before.is_some() || q.nodes > 1)
+            .filter_map(|q| Some((&q.id, self.jobs.get(&q.id)?.attempt)))
+            .collect();
+        let mut waiting = HashSet::new();
+        let mut look_again: Option<Timestamp> = None;
+        if requeued.is_empty() {
+            return (waiting, look_again);
+        }
+        for (running, until) in self.nodes.possibly_running(now) {
+            if requeued
+                .get(&running.id)
+                .is_some_and(|attempt| running.attempt < *attempt)
+            {
+                waiting.insert(running.id.clone());
+                if let Some(until) = until {
+                    look_again = Some(look_again.map_or(until, |earliest| earliest.min(until)));
+                }
+            }
+        }
+        (waiting, look_again)
+    }
+
     /// One scheduling pass at `now`. `lap` reads a stopwatch (microseconds since the pass
     /// began) for the pass's statistics; the machine reads no clock of its own. The sample's
     /// `changes` and `total_us` are the driver's to fill in once the pass's writes came out
@@ -41,7 +79,12 @@ impl SchedulerState {
             policy: &self.policy,
         };
         self.views.refresh(changed, &sources, now);
-        let queue: Vec<&QueuedJob> = self.views.queued().collect();
+        let (stale, stale_gone_by) = self.earlier_attempts_still_running(now);
+        let queue: Vec<&QueuedJob> = self
+            .views
+            .queued()
+            .filter(|q| !stale.contains(&q.id))
+            .collect();
         let mut running: Vec<&RunningJob> = self.views.running().collect();
         // In id order: which slice yields first must not depend on hashing.
         running.sort_unstable_by(|a, b| a.id.cmp(&b.id));
@@ -56,6 +99,7 @@ impl SchedulerState {
         self.watch.next_release = queue
             .iter()
             .filter_map(|q| q.not_before)
+            .chain(stale_gone_by)
             .filter(|t| *t > now)
             .min();
         let mut sample = PassSample {

@@ -232,7 +232,7 @@ fn a_record_changed_under_the_scheduler_is_decided_again_from_what_is_stored() {
     let mut rig = Rig::new(Policy::default());
     let id = rig.submit(one_gpu());
     // Another scheduler rewrote the record: the machine's revision is stale.
-    assert!(rig.store.rewrite(&id));
+    assert!(rig.store.rewrite(&id, t0()));
     let cancel = Request::Cancel {
         job: id.clone(),
         request: CancelRequest {
@@ -518,4 +518,65 @@ fn finished_jobs_move_to_history_after_keep_finished_and_are_forgotten_once_move
         },
     );
     assert!(rig.machine.job(&id).is_none());
+}
+
+#[test]
+fn a_lost_node_s_waiting_assignments_are_dropped_and_its_job_waits_while_it_still_runs_there() {
+    let mut rig = Rig::new(Policy::default());
+    let fenced = |sent_at, running: &[(&JobId, u32)]| {
+        let mut beat = beat("node1", sent_at, running);
+        beat.fence_after_ms = Some(5_000);
+        Input::Heartbeat(Box::new(beat))
+    };
+    rig.feed(t0(), fenced(t0(), &[]));
+    let id = running_job(&mut rig, one_gpu());
+    let purges = |commands: &[Command]| {
+        commands
+            .iter()
+            .filter(|c| matches!(c, Command::PurgeAssignments { node } if node == "node1"))
+            .count()
+    };
+    let tick = |seconds: u64| {
+        Input::Tick(Tick {
+            monotonic: Duration::from_secs(seconds),
+            heartbeats_visible: true,
+            reports_caught_up: true,
+        })
+    };
+    let at = |seconds| t0() + chrono::Duration::seconds(seconds);
+    // Silent: offline, its job requeued, what waits on its subject dropped.
+    let commands: Vec<Command> = (1..=10)
+        .flat_map(|second| rig.feed(at(second as i64), tick(second)))
+        .collect();
+    assert_eq!(purges(&commands), 1, "{commands:?}");
+    assert_eq!(rig.machine.job(&id).map(|r| r.attempt), Some(2));
+    let failed = Input::AssignmentsPurged {
+        node: "node1".into(),
+        purged: false,
+    };
+    rig.feed(at(10), failed);
+    assert_eq!(purges(&rig.feed(at(11), tick(11))), 1, "asked again");
+    let done = Input::AssignmentsPurged {
+        node: "node1".into(),
+        purged: true,
+    };
+    rig.feed(at(11), done);
+    assert_eq!(purges(&rig.feed(at(12), tick(12))), 0, "once purged");
+    // Back before its agent fenced itself, still running attempt 1: attempt 2 waits.
+    rig.feed(at(20), fenced(at(20), &[(&id, 1)]));
+    let assigns = |commands: &[Command]| {
+        commands
+            .iter()
+            .filter(|c| matches!(c, Command::Assign { .. }))
+            .count()
+    };
+    assert_eq!(assigns(&rig.pass(at(20))), 0);
+    rig.feed(at(21), fenced(at(21), &[]));
+    let commands = rig.pass(at(21));
+    assert_eq!(
+        assigns(&commands),
+        1,
+        "once it is gone: {commands:?} {:?}",
+        rig.state(&id)
+    );
 }

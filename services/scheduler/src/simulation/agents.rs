@@ -36,6 +36,9 @@ pub enum NodeMessage {
         rank: u32,
         /// The hard limit the agent enforces (`agent_limit_secs`), if any.
         time_limit_ms: Option<u64>,
+        /// How many times the node's assignments had been purged when it was stored: one
+        /// stored before a later purge is gone from the stream.
+        purges_before: u32,
     },
     Control(NodeControl),
 }
@@ -116,6 +119,8 @@ pub struct SimAgent {
     pub inbox: Vec<NodeMessage>,
     /// Restarted while cut off: assignments wait until its lost attempts are reported.
     pub reconciling: bool,
+    /// How many times the scheduler purged the assignments waiting for this node.
+    pub purges: u32,
 }
 
 impl SimAgent {
@@ -136,6 +141,7 @@ impl SimAgent {
             outbox: Vec::new(),
             inbox: Vec::new(),
             reconciling: false,
+            purges: 0,
         }
     }
 

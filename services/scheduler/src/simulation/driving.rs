@@ -294,6 +294,13 @@ impl World {
                 self.store.admin.insert(node, admin);
                 Some(Input::AdminStored { op, stored: true })
             }
+            Command::PurgeAssignments { node } => {
+                let purged = self.quiet || !self.rng.chance(self.options.write_failure);
+                if purged {
+                    self.purge_assignments(&node);
+                }
+                Some(Input::AssignmentsPurged { node, purged })
+            }
             Command::Archive { record } => {
                 let id = record.id.clone();
                 self.store.archive(record);
@@ -365,11 +372,15 @@ impl World {
                 .assigned(stored, first.assignment.attempt, &sent);
         }
         for rank in ranks {
+            let purges_before = self
+                .node_index(&rank.node)
+                .map_or(0, |index| self.agents[index].purges);
             let message = NodeMessage::Assign {
                 job: job.clone(),
                 attempt: rank.assignment.attempt,
                 rank: rank.assignment.rank,
                 time_limit_ms: rank.assignment.spec.time_limit_secs.map(|s| s * 1000),
+                purges_before,
             };
             self.send_assignment(&rank.node, &rank.msg_id, message);
         }

@@ -34,8 +34,9 @@ pub fn inject(world: &mut World) {
         }
     } else if hit(options.other_writer) {
         let live: Vec<_> = world.store.records.keys().cloned().collect();
+        let at = world.wall();
         if let Some(id) = world.rng.pick(&live).cloned()
-            && world.store.rewrite(&id)
+            && world.store.rewrite(&id, at)
         {
             world.faults += 1;
             world.note(format!("another writer rewrites {}", id.short()));

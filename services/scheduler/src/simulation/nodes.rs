@@ -17,9 +17,15 @@ use super::world::{Event, World};
 use crate::machine::messages::Input;
 
 impl World {
-    /// A message from the node's stream reaches the agent, or waits there.
+    /// A message from the node's stream reaches the agent, or waits there; an assignment
+    /// purged since it was stored never arrives.
     pub(super) fn deliver_to_node(&mut self, node: usize, message: NodeMessage) {
         let agent = &mut self.agents[node];
+        if let NodeMessage::Assign { purges_before, .. } = &message
+            && *purges_before < agent.purges
+        {
+            return;
+        }
         // Until its reconciliation is over a restarted agent takes nothing, and then takes
         // the stream in order.
         if !agent.connected() || agent.reconciling {
@@ -32,12 +38,27 @@ impl World {
                 attempt,
                 rank,
                 time_limit_ms,
+                ..
             } => self.start_attempt(node, job, attempt, rank, time_limit_ms),
             NodeMessage::Control(control) => {
                 let now = self.now;
                 self.agents[node].kill(&control, now, &mut self.rng);
             }
         }
+    }
+
+    /// The assignments waiting on `node`'s stream, delivered to the agent or not yet, are
+    /// dropped (its controls stay).
+    pub(super) fn purge_assignments(&mut self, node: &str) {
+        let Some(index) = self.node_index(node) else {
+            return;
+        };
+        let agent = &mut self.agents[index];
+        agent.purges += 1;
+        agent
+            .inbox
+            .retain(|message| !matches!(message, NodeMessage::Assign { .. }));
+        self.note(format!("assignments waiting for {node} purged"));
     }
 
     fn start_attempt(

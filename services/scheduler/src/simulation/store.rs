@@ -71,12 +71,28 @@ impl SimStore {
         WriteOutcome::Stored { revision }
     }
 
-    /// Another writer (a scheduler that still believed it held the lease) rewrote `id` with
-    /// the same record: the next compare-and-set on the old revision finds it changed.
-    pub fn rewrite(&mut self, id: &JobId) -> bool {
-        let Some(tracked) = self.records.get(id).cloned() else {
+    /// Another writer (a scheduler that still believed it held the lease) rewrote `id`: the
+    /// next compare-and-set on the old revision finds it changed. A queued job it ends
+    /// cancelled (it handled a cancel); any other record it writes again as it was.
+    pub fn rewrite(&mut self, id: &JobId, at: mgpu_protocol::Timestamp) -> bool {
+        let Some(mut tracked) = self.records.get(id).cloned() else {
             return false;
         };
+        if matches!(
+            tracked.record.state,
+            mgpu_protocol::job::JobState::Queued(_)
+        ) {
+            tracked.record.state =
+                mgpu_protocol::job::JobState::Cancelled(mgpu_protocol::job::Ending {
+                    placement: None,
+                    started_at: None,
+                    ended_at: at,
+                    exit_code: None,
+                    signal: None,
+                    reason: Some("cancelled by another scheduler".into()),
+                    usage: None,
+                });
+        }
         self.sequence += 1;
         let revision = self.sequence;
         self.records.insert(
