@@ -100,6 +100,12 @@ pub async fn settle(leftovers: Leftovers, ctx: &JobContext) {
     if leftovers.orphans.is_empty() && leftovers.gone.is_empty() {
         return;
     }
+    // Every leftover attempt counts as finished here: its assignment, unacknowledged when the
+    // previous agent died, is delivered again, and must not start it once more (the scheduler
+    // requeues it on the lost report, perhaps onto another node).
+    for attempt in &leftovers.gone {
+        ctx.table.finish(&attempt.key());
+    }
     let mut fates: Vec<(RecordedAttempt, Fate)> = leftovers
         .gone
         .into_iter()

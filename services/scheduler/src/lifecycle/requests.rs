@@ -198,8 +198,16 @@ pub(super) fn hold(
         };
     }
     let JobState::Queued(waiting) = &current.state else {
+        // Nothing changes but a running job's sequence: an older hold delivered again once
+        // the job is back in the queue must not undo this release (or the reverse).
+        let running = matches!(current.state, JobState::Running(_));
+        let record = order.filter(|_| running).map(|order| {
+            let mut record = current.clone();
+            record.last_request = Some(order.sequence);
+            record
+        });
         return Transition {
-            record: None,
+            record,
             effects: vec![
                 Effect::Audit {
                     action,

@@ -446,6 +446,19 @@ fn a_hold_delivered_again_after_a_later_release_is_not_applied() {
     assert_eq!(waiting_of(&later).held_by.as_deref(), Some("root"));
     let anew = stored(&step(&released, hold(order(3, false)), 5));
     assert_eq!(anew.last_request, Some(3));
+    // A release while it runs changes nothing but the sequence: the older hold, delivered
+    // again once the job is back in the queue, is not applied.
+    let mut job = running(on("node001"));
+    job.last_request = Some(10);
+    let release = Input::Release {
+        by: root(),
+        order: order(12, false),
+    };
+    let noted = stored(&step(&job, release, 6));
+    assert_eq!((noted.last_request, &noted.state), (Some(12), &job.state));
+    let mut requeued = queued();
+    requeued.last_request = noted.last_request;
+    assert_eq!(step(&requeued, hold(order(10, true)), 7).record, None);
 }
 
 #[test]

@@ -294,6 +294,8 @@ impl SimAgent {
     pub fn restart(&mut self, lost: &[Attempt], at: Timestamp, now: u64) -> Vec<AgentReport> {
         self.up = true;
         self.boot += 1;
+        // The state file remembers them: an assignment for one delivered again is ignored.
+        self.ran.extend(lost.iter().cloned());
         // `Contact::new`: the fence counts from the agent's start.
         self.last_stored = now;
         lost.iter()
