@@ -28,6 +28,14 @@ pub(crate) struct LivenessMemory {
     last_repair: Option<Duration>,
     /// The earliest moment a job held for fencing may start (the pass sets it).
     pub(crate) next_release: Option<Timestamp>,
+    /// The same on the monotonic clock, for jobs held by [`LivenessMemory::fenced_until`].
+    pub(crate) next_release_monotonic: Option<Duration>,
+    /// When each node's latest heartbeat was heard (at the latest tick before it).
+    heard_from: HashMap<String, Duration>,
+    /// Jobs requeued off a lost node, and when its agent surely stopped them, measured from
+    /// when its last heartbeat was heard: the wall-clock `not_before` comes from the node's
+    /// clock and ours, and a step of either would make it early.
+    fenced_until: HashMap<JobId, Duration>,
     /// Stale attempts we told a node to kill, and when.
     kills_sent: HashMap<AttemptKey, Duration>,
     /// How many `kills_sent` kept at its last pruning.
@@ -36,7 +44,48 @@ pub(crate) struct LivenessMemory {
     stops_sent: HashMap<AttemptKey, Duration>,
 }
 
+/// Ticks come every second: a heartbeat heard at a tick's reading may have come up to this
+/// much later.
+const TICK: Duration = Duration::from_secs(1);
+
 impl LivenessMemory {
+    /// Notes that `node`'s heartbeat was heard at `now` (the latest tick's reading).
+    pub(crate) fn heard(&mut self, node: &str, now: Duration) {
+        match self.heard_from.get_mut(node) {
+            Some(at) => *at = now,
+            None => {
+                self.heard_from.insert(node.to_owned(), now);
+            }
+        }
+    }
+
+    /// Holds `job`, requeued off a node whose agent fences itself `fence_span` after the
+    /// heartbeat last heard from it, until that has surely passed on our monotonic clock;
+    /// `since` instead of that heartbeat when the node may have heard from us later (it
+    /// may have taken the job's assignment after its last heartbeat, up to now).
+    pub(crate) fn hold_until_fenced(
+        &mut self,
+        job: JobId,
+        node: &str,
+        fence_span: Duration,
+        since: Option<Duration>,
+    ) {
+        if let Some(from) = since.or_else(|| self.heard_from.get(node).copied()) {
+            self.fenced_until.insert(job, from + TICK + fence_span);
+        }
+    }
+
+    /// Whether `job` is still held for its lost node's fence at `now`.
+    pub(crate) fn fencing(&self, job: &JobId, now: Duration) -> bool {
+        self.fenced_until.get(job).is_some_and(|until| *until > now)
+    }
+
+    /// Forgets the holds that are over at `now`; the earliest one left, if any.
+    pub(crate) fn prune_fenced(&mut self, now: Duration) -> Option<Duration> {
+        self.fenced_until.retain(|_, until| *until > now);
+        self.fenced_until.values().min().copied()
+    }
+
     /// Notes a check at `now`; true when the previous one is so long ago that this loop was
     /// stalled in between.
     pub(crate) fn stalled(&mut self, now: Duration) -> bool {
@@ -161,5 +210,29 @@ mod tests {
         assert!(watch.repair_due(start));
         assert!(!watch.repair_due(start + Duration::from_secs(2)));
         assert!(watch.repair_due(start + REPAIR_EVERY));
+    }
+
+    #[test]
+    fn a_job_off_a_lost_node_is_held_for_its_fence_on_the_monotonic_clock() {
+        let mut watch = LivenessMemory::default();
+        let job: JobId = format!("{:032x}", 7)
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let heard = Duration::from_secs(100);
+        watch.heard("node1", heard);
+        watch.hold_until_fenced(job.clone(), "node1", Duration::from_secs(20), None);
+        // Heard at a tick's reading: it may have come up to a tick later.
+        let until = heard + TICK + Duration::from_secs(20);
+        assert!(watch.fencing(&job, until - Duration::from_millis(1)));
+        assert_eq!(watch.prune_fenced(heard), Some(until));
+        assert!(!watch.fencing(&job, until));
+        assert_eq!(watch.prune_fenced(until), None);
+        // A node never heard from holds nothing here (its wall-clock `not_before` does).
+        watch.hold_until_fenced(job.clone(), "node9", Duration::from_secs(20), None);
+        assert!(!watch.fencing(&job, heard));
+        // Assigned after the node's last heartbeat: from now.
+        let now = heard + Duration::from_secs(30);
+        watch.hold_until_fenced(job.clone(), "node9", Duration::from_secs(20), Some(now));
+        assert!(watch.fencing(&job, now + Duration::from_secs(20)));
     }
 }

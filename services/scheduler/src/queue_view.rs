@@ -200,6 +200,7 @@ fn queued_job(
         node_gpu_ids: record.spec.node_gpu_ids.clone(),
         not_before: waiting.not_before,
         recorded_reason: Some(waiting.reason),
+        attempt: record.attempt,
     }
 }
 

@@ -143,6 +143,8 @@ pub struct QueuedJob {
     /// Why it waits according to its record, if known: the pass decides `Wait` only for a
     /// different reason.
     pub recorded_reason: Option<WaitReason>,
+    /// The attempt it would start as: above 1, an earlier attempt may still run somewhere.
+    pub attempt: u32,
 }
 
 impl QueuedJob {
@@ -170,6 +172,7 @@ impl QueuedJob {
             node_gpu_ids: Vec::new(),
             not_before: None,
             recorded_reason: None,
+            attempt: 1,
         }
     }
 

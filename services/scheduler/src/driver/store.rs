@@ -39,7 +39,7 @@ pub const WRITE_RETRY_FOR: Duration = Duration::from_secs(20);
 /// One write the machine asked for.
 pub(crate) struct Write {
     pub op: OpId,
-    pub record: JobRecord,
+    pub record: std::sync::Arc<JobRecord>,
     pub expected: Option<u64>,
 }
 
@@ -141,7 +141,7 @@ impl RecordStore {
             {
                 outcomes[done] = ack.await.ok().map(|a| a.sequence);
             }
-            let Ok(payload) = serde_json::to_vec(&write.record) else {
+            let Ok(payload) = serde_json::to_vec(write.record.as_ref()) else {
                 continue;
             };
             let mut headers = HeaderMap::new();

@@ -88,6 +88,7 @@ fn started(current: &JobRecord, run: &Run, node: &str, pid: u32, at: Timestamp) 
     }
     if ranks > 1 && !run.ranks_started.contains(&rank) {
         run.ranks_started.push(rank);
+        run.last_rank_started_at = Some(at);
     }
     let mut record = current.clone();
     record.state = JobState::Running(run);

@@ -2109,3 +2109,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_distributed_job_remembers_when_its_latest_rank_started() {
+    let job = assigned(across(&["node001", "node002"], true));
+    let start = |record: &JobRecord, node: &str, seconds| {
+        stored(&step(
+            record,
+            report(record, node, seconds, ReportKind::Started { pid: 7 }),
+            seconds,
+        ))
+    };
+    let one = start(&job, "node001", 1);
+    let both = start(&one, "node002", 5);
+    let JobState::Running(run) = &both.state else {
+        panic!("{both:?}");
+    };
+    // The job started with its first rank; a heartbeat of node002 sent before 5 s may not
+    // list its rank yet, and must not count it missing (liveness).
+    assert_eq!(
+        (run.started_at, run.last_rank_started_at),
+        (Some(at(1)), Some(at(5)))
+    );
+}

@@ -52,6 +52,7 @@ impl SchedulerState {
 
     /// A node's heartbeat: compared with the records both ways, then kept in the node table.
     pub(crate) fn on_heartbeat(&mut self, now: Timestamp, beat: NodeHeartbeat) {
+        self.watch.heard(&beat.node, self.monotonic);
         self.kill_stale_attempts(&beat);
         let missing = self.missing_jobs(&beat);
         if !missing.is_empty() {
@@ -116,7 +117,11 @@ impl SchedulerState {
     pub(crate) fn on_tick(&mut self, now: Timestamp, tick: Tick) {
         self.save_usage(now, false);
         self.sweep_history(now, tick.monotonic);
-        let released = self.watch.next_release.is_some_and(|t| t <= now);
+        let released = self.watch.next_release.is_some_and(|t| t <= now)
+            || self
+                .watch
+                .next_release_monotonic
+                .is_some_and(|t| t <= tick.monotonic);
         // Our own blindness is not the nodes' silence: a stall of the driver's loop (a write
         // retried through a NATS leader election), or a heartbeat stream that cannot answer,
         // restarts every node's allowance.
@@ -164,11 +169,31 @@ impl SchedulerState {
         );
         self.out.push(Command::node_log(LogLevel::Warn, node, said));
         // The node's agent stops its jobs by itself (self-fencing): a requeued job waits
-        // until then, so it never runs twice.
-        let dead_by = self.nodes.get(node).and_then(|beat| beat.jobs_dead_by());
+        // until then, so it never runs twice. A job assigned after the node's last heartbeat
+        // may have been taken by the agent since (up to the purge, now): counted from now.
+        let beat = self.nodes.get(node);
+        let last_beat = beat.map(|beat| beat.sent_at);
+        let dead_by = beat.and_then(|beat| beat.jobs_dead_by());
+        let fence_span = last_beat
+            .zip(dead_by)
+            .and_then(|(sent, dead_by)| (dead_by - sent).to_std().ok());
         let why = format!("node {node} went offline");
         for job in &victims {
-            self.lose_job(now, job, &why, now, dead_by);
+            let assigned_later = self.jobs.get(job).is_some_and(|r| {
+                matches!(&r.state, JobState::Running(run)
+                    if last_beat.is_none_or(|sent| run.assigned_at > sent))
+            });
+            let (not_before, since) = match (assigned_later, fence_span) {
+                (true, Some(span)) => {
+                    let from_now = chrono::Duration::from_std(span).ok().map(|s| now + s);
+                    (dead_by.max(from_now), Some(self.monotonic))
+                }
+                _ => (dead_by, None),
+            };
+            self.lose_job(now, job, &why, now, not_before);
+            if let Some(span) = fence_span {
+                self.watch.hold_until_fenced(job.clone(), node, span, since);
+            }
         }
         if !victims.is_empty() {
             self.pass_due = true;
@@ -330,10 +355,12 @@ fn started_and_missing(record: &JobRecord, beat: &NodeHeartbeat, margin: chrono:
         Some(rank) => run.ranks_started.contains(&rank) && !run.ranks_done.contains(&rank),
         None => false,
     };
+    // A distributed job's ranks start apart: counted from the latest one's start.
     run.placement.launches_on(&beat.node)
         && started_here
         && run
-            .started_at
+            .last_rank_started_at
+            .or(run.started_at)
             .and_then(|s| s.checked_add_signed(margin))
             .is_some_and(|deadline| beat.sent_at > deadline)
         && !beat

@@ -203,7 +203,8 @@ pub enum Command {
     /// exist); answered with [`Input::Written`].
     Write {
         op: OpId,
-        record: JobRecord,
+        /// Shared with what waits for the write's result (no copy of the record).
+        record: std::sync::Arc<JobRecord>,
         expected: Option<u64>,
     },
     /// Send a running job's assignments, every rank's. Its spec carries no environment when
@@ -258,7 +259,8 @@ impl Command {
     /// The job a command is about, when it is about one.
     pub fn job(&self) -> Option<&JobId> {
         match self {
-            Command::Write { record, .. } | Command::Archive { record } => Some(&record.id),
+            Command::Write { record, .. } => Some(&record.id),
+            Command::Archive { record } => Some(&record.id),
             Command::Assign { job, .. } | Command::Control { job, .. } => Some(job),
             Command::Event(event) => Some(&event.job_id),
             Command::Ack { job, .. } => job.as_ref(),

@@ -25,12 +25,13 @@ use crate::time_limits::run_ends;
 
 impl SchedulerState {
     /// Queued jobs whose earlier attempt may still run: a node lists it although the job
-    /// was requeued (the node came back before its agent fenced itself, or the other ranks
-    /// of a distributed job one rank of which was lost are still stopping). The stale
+    /// was requeued (the node came back before its agent fenced itself, or after its fence
+    /// time but before a standby that had not heard from it yet gave up on it, or the other
+    /// ranks of a distributed job one rank of which was lost are still stopping). The stale
     /// attempt is being killed (liveness); the new one waits until it is gone, or until the
     /// offline node that lists it surely stopped it, so the job never runs twice. Also the
-    /// earliest such time, when a pass must look again. Only jobs requeued after a node loss
-    /// (a `not_before`) and distributed jobs are looked for.
+    /// earliest such time, when a pass must look again. Only jobs that ran before are looked
+    /// for.
     fn earlier_attempts_still_running(
         &self,
         now: Timestamp,
@@ -38,8 +39,8 @@ impl SchedulerState {
         let requeued: HashMap<&JobId, u32> = self
             .views
             .queued()
-            .filter(|q| q.not_before.is_some() || q.nodes > 1)
-            .filter_map(|q| Some((&q.id, self.jobs.get(&q.id)?.attempt)))
+            .filter(|q| q.attempt > 1)
+            .map(|q| (&q.id, q.attempt))
             .collect();
         let mut waiting = HashSet::new();
         let mut look_again: Option<Timestamp> = None;
@@ -80,10 +81,12 @@ impl SchedulerState {
         };
         self.views.refresh(changed, &sources, now);
         let (stale, stale_gone_by) = self.earlier_attempts_still_running(now);
+        self.watch.next_release_monotonic = self.watch.prune_fenced(self.monotonic);
+        let monotonic = self.monotonic;
         let queue: Vec<&QueuedJob> = self
             .views
             .queued()
-            .filter(|q| !stale.contains(&q.id))
+            .filter(|q| !stale.contains(&q.id) && !self.watch.fencing(&q.id, monotonic))
             .collect();
         let mut running: Vec<&RunningJob> = self.views.running().collect();
         // In id order: which slice yields first must not depend on hashing.

@@ -159,9 +159,10 @@ impl SchedulerState {
             return;
         }
         let op = self.op();
+        let record = std::sync::Arc::new(record);
         self.out.push(Command::Write {
             op,
-            record: record.clone(),
+            record: std::sync::Arc::clone(&record),
             expected: None,
         });
         let pending = Pending::Create {

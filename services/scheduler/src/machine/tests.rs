@@ -141,6 +141,7 @@ impl Rig {
                         record,
                         expected,
                     } => {
+                        let record = std::sync::Arc::unwrap_or_clone(record);
                         let outcome = self.store.write(record, expected);
                         results.push(Input::Written { op, outcome });
                     }

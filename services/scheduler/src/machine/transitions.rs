@@ -6,6 +6,8 @@
 //! kills go out (the job's other processes must stop either way) and the request is not
 //! acknowledged, so JetStream delivers it again.
 
+use std::sync::Arc;
+
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
@@ -46,7 +48,7 @@ pub(crate) enum Pending {
     Transition(PendingTransition),
     /// A new job's record on its way to the store.
     Create {
-        record: JobRecord,
+        record: Arc<JobRecord>,
         effects: Vec<Effect>,
         identity: Identity,
         outcome: SubmitOutcome,
@@ -69,7 +71,9 @@ pub(crate) enum Pending {
 }
 
 pub(crate) struct PendingTransition {
-    record: JobRecord,
+    /// Shared with the write command: the driver drops its handle once the write came out,
+    /// so taking it back costs no copy.
+    record: Arc<JobRecord>,
     input: Input,
     effects: Vec<Effect>,
     origin: Origin,
@@ -120,9 +124,10 @@ impl SchedulerState {
         match record {
             Some(record) => {
                 let op = self.op();
+                let record = Arc::new(record);
                 self.out.push(Command::Write {
                     op,
-                    record: record.clone(),
+                    record: Arc::clone(&record),
                     expected: Some(revision),
                 });
                 let pending = PendingTransition {
@@ -175,6 +180,7 @@ impl SchedulerState {
         let id = record.id.clone();
         match outcome {
             WriteOutcome::Stored { revision } => {
+                let record = Arc::unwrap_or_clone(record);
                 self.jobs.put(Tracked { record, revision });
                 self.pass_due = true;
                 if let Origin::Pass { waited } = &origin {
@@ -220,7 +226,7 @@ impl SchedulerState {
     /// A new record's write came out.
     fn created(
         &mut self,
-        record: JobRecord,
+        record: Arc<JobRecord>,
         outcome: WriteOutcome,
         (effects, identity, counted): (Vec<Effect>, Identity, SubmitOutcome),
         token: Option<Token>,
@@ -229,6 +235,7 @@ impl SchedulerState {
         match outcome {
             WriteOutcome::Stored { revision } => {
                 let at = record.submitted_at;
+                let record = Arc::unwrap_or_clone(record);
                 self.jobs.put(Tracked { record, revision });
                 self.pass_due = true;
                 self.after_submit(at, &id, effects, &identity, counted);

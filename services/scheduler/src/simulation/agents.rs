@@ -362,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn a_restarted_agent_forgets_what_it_ran_and_reports_its_table_lost() {
+    fn a_restarted_agent_reports_its_table_lost_and_runs_none_of_it_again() {
         let mut rng = Rng::new(1);
         let mut agent = SimAgent::new("n".into(), 1, 3_000, 0);
         agent.assign(&job(1), 1, None, 0, &mut rng);
@@ -372,6 +372,9 @@ mod tests {
         let at = chrono::DateTime::from_timestamp(0, 0).unwrap_or_default();
         let reports = agent.restart(&lost, at, 50);
         assert!(matches!(&reports[0].kind, ReportKind::Exited(e) if e.lost));
-        assert!(agent.ran.is_empty() && agent.processes.is_empty());
+        assert!(agent.processes.is_empty());
+        // Its assignment, delivered again (unacknowledged when the agent died), is ignored.
+        assert!(agent.assign(&job(1), 1, None, 60, &mut rng).is_none());
+        assert!(agent.assign(&job(1), 2, None, 60, &mut rng).is_some());
     }
 }

@@ -263,7 +263,7 @@ impl World {
                 expected,
             } => Some(Input::Written {
                 op,
-                outcome: self.write(record, expected),
+                outcome: self.write(std::sync::Arc::unwrap_or_clone(record), expected),
             }),
             Command::Assign { job, ranks, .. } => {
                 self.send_assignments(&job, ranks);

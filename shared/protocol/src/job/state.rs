@@ -105,6 +105,10 @@ pub struct Run {
     /// Ranks of a distributed job whose process already exited successfully.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks_done: Vec<u32>,
+    /// When the latest of a distributed job's ranks started: a heartbeat sent before then
+    /// may not list that rank yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rank_started_at: Option<Timestamp>,
 }
 
 impl Run {
@@ -119,6 +123,7 @@ impl Run {
             preempt_requested: false,
             ranks_started: Vec::new(),
             ranks_done: Vec::new(),
+            last_rank_started_at: None,
         }
     }
 }
