@@ -243,7 +243,7 @@ pub enum Command {
     PurgeAssignments { node: String },
     /// Move a finished job to history (its record published there, its key purged, its
     /// environment dropped); answered with [`Input::Archived`].
-    Archive { record: JobRecord },
+    Archive { record: Box<JobRecord> },
     /// Store the fair-share usage book (a failure is answered with [`Input::UsageNotSaved`]).
     SaveUsage(UsageBook),
     /// Ask whether every agent report stored so far was handled; answered with

@@ -50,7 +50,7 @@ impl SchedulerState {
         for id in moving {
             if let Some(record) = self.jobs.get(&id) {
                 self.out.push(Command::Archive {
-                    record: record.clone(),
+                    record: Box::new(record.clone()),
                 });
                 self.archiving.insert(id);
             }

@@ -303,7 +303,7 @@ impl World {
             }
             Command::Archive { record } => {
                 let id = record.id.clone();
-                self.store.archive(record);
+                self.store.archive(*record);
                 Some(Input::Archived { id, moved: true })
             }
             Command::SaveUsage(book) => {
