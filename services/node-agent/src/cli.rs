@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::gpu::GpuProbe;
 use crate::gpu_spec::{DeclaredSpec, parse_gpu_spec};
+use crate::gpu_type::{TypeOverrides, parse_feature, parse_gpu_type, parse_gpu_type_of};
 
 /// What `mgpu-node`'s config file holds beside its flags' keys: nothing; and the flags that
 /// are actions, not settings, and so have no key.
@@ -71,7 +72,8 @@ pub struct Args {
     pub ca: Option<PathBuf>,
 
     /// Declare the GPUs instead of reading them through NVML: comma-separated COUNTxSIZE
-    /// groups, e.g. `2x24GiB` or `4x80GiB,2x16GiB` (sizes in MiB, GiB or TiB).
+    /// groups, e.g. `2x24GiB` or `4x80GiB,2x16GiB` (sizes in MiB, GiB or TiB), each with its
+    /// GPUs' type if wanted: `2x24GiB:rtx-4090,1x80GiB:a100-80gb`.
     #[arg(long, value_name = "SPEC", value_parser = parse_gpu_spec)]
     pub gpus: Option<DeclaredSpec>,
 
@@ -79,6 +81,16 @@ pub struct Args {
     /// --gpus. Heartbeats then say why.
     #[arg(long, value_name = "SPEC", value_parser = parse_gpu_spec)]
     pub fallback_gpus: Option<DeclaredSpec>,
+
+    /// The type of every GPU here as jobs ask for it (`--gpu-type a100-80gb`), instead of the
+    /// one derived from the model name or declared in --gpus: lower-case letters, digits, `-`.
+    #[arg(long, env = "MGPU_NODE_GPU_TYPE", value_name = "TYPE", value_parser = parse_gpu_type)]
+    pub gpu_type: Option<String>,
+
+    /// The type of one GPU, by index (repeatable): `--gpu-type-of 0=h100`. Wins over
+    /// --gpu-type.
+    #[arg(long = "gpu-type-of", value_name = "INDEX=TYPE", value_parser = parse_gpu_type_of)]
+    pub gpu_types_of: Vec<(u32, String)>,
 
     /// How often to send a heartbeat (`2s`, `500ms`, `1m`).
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_interval)]
@@ -174,6 +186,11 @@ pub struct Args {
     /// prefer nodes that share the value of the scheduler's topology label (`rack`).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+
+    /// A feature of this node (repeatable): `--feature ib --feature nvlink`. Jobs select
+    /// nodes by their features (`mgpu submit --constraint 'ib&nvlink'`).
+    #[arg(long = "feature", value_name = "NAME", value_parser = parse_feature)]
+    pub features: Vec<String>,
 
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. `0.0.0.0:9451`: per
     /// GPU its readings and the job holding it, per job its CPU and memory. Off by default;
@@ -304,6 +321,11 @@ pub fn node_name(args: &Args) -> anyhow::Result<String> {
     mgpu_protocol::ids::validate_node_name(&node)
         .map_err(|err| anyhow::anyhow!("--node: {err}"))?;
     Ok(node)
+}
+
+/// The GPU types `--gpu-type` and `--gpu-type-of` give (each name checked as it was parsed).
+pub fn type_overrides(args: &Args) -> anyhow::Result<TypeOverrides> {
+    TypeOverrides::new(args.gpu_type.clone(), &args.gpu_types_of).map_err(anyhow::Error::msg)
 }
 
 /// The host name as the kernel has it.
@@ -439,6 +461,63 @@ mod tests {
         assert_eq!(args.kill_grace, Duration::from_secs(3));
         assert_eq!(args.gpus.map(|g| g.to_string()).as_deref(), Some("2x24GiB"));
         assert!(Args::try_parse_from(["mgpu-node", "--creds", "x", "--gpus", "4"]).is_err());
+    }
+
+    #[test]
+    fn gpu_types_and_features_parse_and_name_their_flag_when_wrong() {
+        let base = ["mgpu-node", "--creds", "/tmp/n1.nk"];
+        let flags = base.into_iter().chain([
+            "--gpus",
+            "1x80GiB:A100-80GB,1x24GiB",
+            "--gpu-type",
+            "L40S",
+            "--gpu-type-of",
+            "1=h100",
+            "--gpu-type-of",
+            "0=t4",
+            "--feature",
+            "nvlink",
+            "--feature",
+            "IB",
+        ]);
+        let args = Args::try_parse_from(flags);
+        let Ok(args) = args else {
+            panic!("flags did not parse: {args:?}");
+        };
+        assert_eq!(
+            args.gpus.map(|g| g.to_string()).as_deref(),
+            Some("1x80GiB:a100-80gb,1x24GiB")
+        );
+        assert_eq!(args.gpu_type.as_deref(), Some("l40s"));
+        assert_eq!(
+            args.gpu_types_of,
+            vec![(1, "h100".to_owned()), (0, "t4".to_owned())]
+        );
+        assert_eq!(args.features, vec!["nvlink", "ib"]);
+        for (flag, value) in [
+            ("--gpu-type", "rtx 4090"),
+            ("--gpu-type-of", "h100"),
+            ("--gpu-type-of", "0=a100_80gb"),
+            ("--feature", "nv/link"),
+            ("--gpus", "2x24GiB:rtx_4090"),
+        ] {
+            let err = Args::try_parse_from(base.into_iter().chain([flag, value]))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(flag), "{flag} {value}: {err}");
+        }
+        let twice = base
+            .into_iter()
+            .chain(["--gpu-type-of", "0=h100", "--gpu-type-of", "0=t4"]);
+        let Ok(args) = Args::try_parse_from(twice) else {
+            panic!("--gpu-type-of twice did not parse");
+        };
+        let err = type_overrides(&args).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("--gpu-type-of")),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub struct GpuProcessMemory {
     pub used_mib: u64,
 }
 
-/// GPUs the operator declared: fixed sizes, never busy, no foreign processes.
+/// GPUs the operator declared: fixed sizes and types, never busy, no foreign processes.
 #[derive(Debug)]
 pub struct DeclaredProbe {
     gpus: Vec<GpuStatus>,
@@ -47,9 +47,9 @@ pub struct DeclaredProbe {
 impl DeclaredProbe {
     pub fn new(node: &str, spec: &DeclaredSpec, note: Option<String>) -> Self {
         let gpus = spec
-            .memory_per_gpu()
+            .gpus()
             .zip(0u32..)
-            .map(|(memory_total_mib, index)| GpuStatus {
+            .map(|((memory_total_mib, gpu_type), index)| GpuStatus {
                 index,
                 uuid: format!("declared-{node}-{index}"),
                 name: "Declared GPU".to_owned(),
@@ -59,6 +59,7 @@ impl DeclaredProbe {
                 temperature_c: None,
                 power_w: None,
                 foreign_processes: Vec::new(),
+                gpu_type: gpu_type.map(str::to_owned),
             })
             .collect();
         DeclaredProbe { gpus, note }
@@ -91,7 +92,7 @@ mod tests {
 
     #[test]
     fn declared_gpus_are_named_and_numbered() {
-        let Ok(spec) = parse_gpu_spec("1x80GiB,2x16GiB") else {
+        let Ok(spec) = parse_gpu_spec("1x80GiB,2x16GiB:t4") else {
             panic!("spec did not parse");
         };
         let mut probe = DeclaredProbe::new("node001", &spec, None);
@@ -102,6 +103,8 @@ mod tests {
         assert_eq!(gpus[2].uuid, "declared-node001-2");
         assert_eq!(gpus[2].name, "Declared GPU");
         assert_eq!(gpus[2].memory_used_mib, 0);
+        assert_eq!(gpus[0].gpu_type, None);
+        assert_eq!(gpus[2].gpu_type.as_deref(), Some("t4"));
         assert_eq!(probe.source(), GpuSource::Declared);
         assert_eq!(probe.note(), None);
     }

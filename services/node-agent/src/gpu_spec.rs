@@ -1,5 +1,6 @@
-//! The declared GPU inventory as operators type it (`--gpus 2x24GiB`, `4x80GiB,2x16GiB`):
-//! comma-separated `COUNTxSIZE` groups, numbered in the order given.
+//! The declared GPU inventory as operators type it (`--gpus 2x24GiB`, `4x80GiB,2x16GiB`,
+//! `2x24GiB:rtx-4090,1x80GiB:a100-80gb`): comma-separated `COUNTxSIZE[:TYPE]` groups, numbered
+//! in the order given; a group's GPUs report its type, if it has one.
 
 use std::fmt;
 
@@ -8,11 +9,13 @@ const MAX_DECLARED_GPUS: u32 = 1024;
 /// Largest memory a declared GPU may have (16 TiB), the same bound job specs use for `--mem`.
 const MAX_GPU_MEMORY_MIB: u64 = 16 * 1024 * 1024;
 
-/// `count` identical GPUs with `memory_mib` MiB each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `count` identical GPUs with `memory_mib` MiB each, of type `gpu_type` (a checked,
+/// lower-case name) when the operator gave one.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuGroup {
     pub count: u32,
     pub memory_mib: u64,
+    pub gpu_type: Option<String>,
 }
 
 /// A parsed `--gpus` / `--fallback-gpus` value.
@@ -22,15 +25,15 @@ pub struct DeclaredSpec {
 }
 
 impl DeclaredSpec {
-    /// Memory of each GPU in index order.
-    pub fn memory_per_gpu(&self) -> impl Iterator<Item = u64> + '_ {
-        self.groups
-            .iter()
-            .flat_map(|g| std::iter::repeat_n(g.memory_mib, g.count as usize))
+    /// Memory and type of each GPU in index order.
+    pub fn gpus(&self) -> impl Iterator<Item = (u64, Option<&str>)> + '_ {
+        self.groups.iter().flat_map(|g| {
+            std::iter::repeat_n((g.memory_mib, g.gpu_type.as_deref()), g.count as usize)
+        })
     }
 }
 
-/// Canonical form (`2x24GiB,1x16384MiB` style), used in notes and logs.
+/// Canonical form (`2x24GiB,1x16384MiB:t4` style), used in notes and logs.
 impl fmt::Display for DeclaredSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, group) in self.groups.iter().enumerate() {
@@ -45,6 +48,9 @@ impl fmt::Display for DeclaredSpec {
             } else {
                 write!(f, "{}x{}MiB", group.count, mib)?;
             }
+            if let Some(gpu_type) = &group.gpu_type {
+                write!(f, ":{gpu_type}")?;
+            }
         }
         Ok(())
     }
@@ -55,7 +61,7 @@ impl fmt::Display for DeclaredSpec {
 pub fn parse_gpu_spec(text: &str) -> Result<DeclaredSpec, String> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
-        return Err("empty GPU inventory: write COUNTxSIZE groups, e.g. 2x24GiB".into());
+        return Err("empty GPU inventory: write COUNTxSIZE[:TYPE] groups, e.g. 2x24GiB".into());
     }
     let mut groups = Vec::new();
     let mut total: u32 = 0;
@@ -76,14 +82,26 @@ fn parse_group(part: &str) -> Result<GpuGroup, String> {
     if part.is_empty() {
         return Err("empty group in GPU inventory (two commas in a row?)".into());
     }
-    let Some((count, size)) = part.split_once(['x', 'X']) else {
-        return Err(if part.bytes().all(|b| b.is_ascii_digit()) {
-            format!(
-                "`{part}` gives a GPU count but no memory size: write {part}x24GiB (COUNTxSIZE)"
-            )
-        } else {
-            format!("`{part}` is not COUNTxSIZE (e.g. 2x24GiB, 4x80G, 1x16384MiB)")
-        });
+    let (shape, gpu_type) = match part.split_once(':') {
+        Some((shape, name)) => {
+            let name =
+                crate::gpu_type::parse_gpu_type(name).map_err(|why| format!("`{part}`: {why}"))?;
+            (shape.trim(), Some(name))
+        }
+        None => (part, None),
+    };
+    let Some((count, size)) = shape.split_once(['x', 'X']) else {
+        return Err(
+            if !shape.is_empty() && shape.bytes().all(|b| b.is_ascii_digit()) {
+                format!(
+                    "`{shape}` gives a GPU count but no memory size: write {shape}x24GiB (COUNTxSIZE)"
+                )
+            } else {
+                format!(
+                    "`{part}` is not COUNTxSIZE[:TYPE] (e.g. 2x24GiB, 4x80G, 1x16384MiB, 2x24GiB:rtx-4090)"
+                )
+            },
+        );
     };
     let count: u32 = count
         .trim()
@@ -93,7 +111,11 @@ fn parse_group(part: &str) -> Result<GpuGroup, String> {
         return Err(format!("`{part}`: a group needs at least one GPU"));
     }
     let memory_mib = parse_memory_size(size.trim()).map_err(|why| format!("`{part}`: {why}"))?;
-    Ok(GpuGroup { count, memory_mib })
+    Ok(GpuGroup {
+        count,
+        memory_mib,
+        gpu_type,
+    })
 }
 
 /// `24GiB`, `80G`, `80GB`, `16384MiB`, `1TiB` (units case-insensitive; G and GB mean GiB, as
@@ -161,8 +183,46 @@ mod tests {
     #[test]
     fn gpus_are_numbered_in_group_order() {
         let spec = parse_gpu_spec("1x80GiB,2x16GiB").ok();
-        let memory: Option<Vec<u64>> = spec.map(|s| s.memory_per_gpu().collect());
+        let memory: Option<Vec<u64>> = spec.map(|s| s.gpus().map(|(mib, _)| mib).collect());
         assert_eq!(memory, Some(vec![80 * 1024, 16 * 1024, 16 * 1024]));
+    }
+
+    #[test]
+    fn groups_may_carry_a_type() {
+        let Ok(spec) = parse_gpu_spec("2x24GiB:RTX-4090, 1x80GiB:a100-80gb,1x16GiB") else {
+            panic!("typed inventory refused");
+        };
+        let gpus: Vec<(u64, Option<&str>)> = spec.gpus().collect();
+        assert_eq!(
+            gpus,
+            vec![
+                (24 * 1024, Some("rtx-4090")),
+                (24 * 1024, Some("rtx-4090")),
+                (80 * 1024, Some("a100-80gb")),
+                (16 * 1024, None),
+            ]
+        );
+        assert_eq!(
+            spec.to_string(),
+            "2x24GiB:rtx-4090,1x80GiB:a100-80gb,1x16GiB"
+        );
+        for bad in [
+            "2x24GiB:",
+            "2x24GiB:rtx 4090",
+            "2x24GiB:rtx_4090",
+            "2x24GiB:-x",
+            ":t4",
+        ] {
+            let err = parse_gpu_spec(bad).err().unwrap_or_default();
+            assert!(!err.is_empty(), "`{bad}` accepted");
+        }
+        let err = parse_gpu_spec("2x24GiB:rtx_4090").err().unwrap_or_default();
+        assert!(
+            err.contains("2x24GiB:rtx_4090") && err.contains("GPU type `rtx_4090`"),
+            "{err}"
+        );
+        let err = parse_gpu_spec("2:t4").err().unwrap_or_default();
+        assert!(err.contains("no memory size"), "{err}");
     }
 
     #[test]
@@ -195,7 +255,13 @@ mod tests {
 
     #[test]
     fn the_canonical_form_reads_back() {
-        for text in ["2x24GiB", "4x80GiB,2x16GiB", "1x1000MiB", "1x2TiB"] {
+        for text in [
+            "2x24GiB",
+            "4x80GiB,2x16GiB",
+            "1x1000MiB",
+            "1x2TiB",
+            "1x15GiB:t4",
+        ] {
             let shown = parse_gpu_spec(text).map(|s| s.to_string()).ok();
             assert_eq!(shown.as_deref(), Some(text));
         }

@@ -51,6 +51,8 @@ pub struct Identity {
     pub thresholds: Thresholds,
     /// `--label` values, sent in every heartbeat.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// `--feature` values, sorted and each once, sent in every heartbeat.
+    pub features: Vec<String>,
     /// `--fence-after`, announced so the scheduler knows when a silent node's jobs are dead.
     pub fence_after: Option<Duration>,
     pub kill_grace: Duration,
@@ -192,6 +194,7 @@ impl Heartbeater {
                 .fence_after
                 .map(|f| u64::try_from(f.as_millis()).unwrap_or(u64::MAX)),
             kill_grace_ms: u64::try_from(self.identity.kill_grace.as_millis()).unwrap_or(u64::MAX),
+            features: self.identity.features.clone(),
         };
         match self.publish(&heartbeat).await {
             Ok(()) => {

@@ -12,9 +12,10 @@
 //! imports it back, directly or through others):
 //!
 //! - startup: `cli` (flags, host facts), `address` (this node's address), `gpu_spec`
-//!   (`COUNTxSIZE`), `gpu` (the `GpuProbe` trait, declared GPUs), `nvml` (the NVML probe),
-//!   `gpu_choice` (which probe), `state_file` (attempts remembered on disk), `reconcile`
-//!   (what a previous agent left running);
+//!   (`COUNTxSIZE[:TYPE]`), `gpu_type` (GPU types from model names, the operator's types and
+//!   the node's features), `gpu` (the `GpuProbe` trait, declared GPUs), `nvml` (the NVML
+//!   probe), `gpu_choice` (which probe, with the operator's types), `state_file` (attempts
+//!   remembered on disk), `reconcile` (what a previous agent left running);
 //! - loops: `heartbeat`, `fence` (self-fencing, the guards' contact file), `assignments` (the
 //!   node's inbox), `running` (the attempts running here), `report` (reports retried until
 //!   stored), `shutdown` (one-way signals), `throttle` (log throttling), `metrics` (what
@@ -38,6 +39,7 @@ mod gpu;
 mod gpu_choice;
 mod gpu_peaks;
 mod gpu_spec;
+mod gpu_type;
 mod guard;
 mod heartbeat;
 mod holdings;
@@ -137,8 +139,12 @@ fn main() -> ExitCode {
 /// opens its state file before connecting (an agent that cannot remember its jobs must not
 /// take any), connects, sets up the guards' fencing, then runs until SIGTERM or SIGINT.
 async fn run(args: Args, node: String) -> anyhow::Result<()> {
-    let mut probe =
-        gpu_choice::choose_probe(&node, args.gpus.as_ref(), args.fallback_gpus.as_ref())?;
+    let mut probe = gpu_choice::choose_probe(
+        &node,
+        args.gpus.as_ref(),
+        args.fallback_gpus.as_ref(),
+        cli::type_overrides(&args)?,
+    )?;
     if args.print_gpus {
         return cli::print_gpus(probe.as_mut());
     }
@@ -289,6 +295,7 @@ fn identity(args: &Args, node: String, address: String, run_as: &run_as::RunAsPo
             load: args.load_threshold,
         },
         labels: args.labels.iter().cloned().collect(),
+        features: gpu_type::node_features(&args.features),
         fence_after: args.fence_after.resolve(args.heartbeat_interval),
         kill_grace: args.kill_grace,
     }

@@ -257,6 +257,7 @@ mod tests {
             temperature_c: sensors.then_some(61),
             power_w: sensors.then_some(250),
             foreign_processes: Vec::new(),
+            gpu_type: None,
         }
     }
 

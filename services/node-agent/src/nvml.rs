@@ -1,5 +1,6 @@
-//! The NVML probe: reads each GPU's name, UUID, memory, utilisation and processes from the
-//! NVIDIA driver, and tells the agent's own job processes from foreign ones by process group.
+//! The NVML probe: reads each GPU's name (and from it its type), UUID, memory, utilisation and
+//! processes from the NVIDIA driver, and tells the agent's own job processes from foreign ones
+//! by process group.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -97,11 +98,13 @@ impl GpuProbe for NvmlProbe {
                     pid: process.pid,
                     used_mib: used_mib_of(process),
                 }));
+            let memory_total_mib = memory.total / BYTES_PER_MIB;
             gpus.push(GpuStatus {
                 index,
                 uuid,
+                gpu_type: crate::gpu_type::type_of_model(&name, memory_total_mib),
                 name,
-                memory_total_mib: memory.total / BYTES_PER_MIB,
+                memory_total_mib,
                 memory_used_mib: memory.used / BYTES_PER_MIB,
                 utilization_pct,
                 // Not every GPU has the sensors: missing is shown as unknown, not as zero.
