@@ -490,6 +490,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
             temperature_c: None,
             power_w: None,
             foreign_processes: Vec::new(),
+            gpu_type: None,
         }],
         running,
         address: "ghost01".into(),
@@ -505,6 +506,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
         gpu_isolation: false,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     };
     cluster.publish_heartbeat(&beat(mgpu_protocol::now(), Vec::new()));
     cluster.wait_nodes_online(1);

@@ -712,6 +712,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         } else {
             Vec::new()
         },
+        gpu_type: None,
     };
     NodeHeartbeat {
         node: "busy01".into(),
@@ -734,6 +735,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
         gpu_isolation: false,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }
 

@@ -30,6 +30,7 @@ fn ghost_beat(protocol: u32) -> NodeHeartbeat {
             temperature_c: None,
             power_w: None,
             foreign_processes: Vec::new(),
+            gpu_type: None,
         }],
         running: Vec::new(),
         address: "ghost01".into(),
@@ -45,6 +46,7 @@ fn ghost_beat(protocol: u32) -> NodeHeartbeat {
         gpu_isolation: false,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }
 

@@ -80,6 +80,7 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
                 temperature_c: None,
                 power_w: None,
                 foreign_processes: vec![],
+                gpu_type: None,
             })
             .collect(),
         running: vec![],
@@ -96,5 +97,6 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         gpu_isolation: false,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }

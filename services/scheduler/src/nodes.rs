@@ -1,7 +1,7 @@
 //! The scheduler's view of the nodes: the last heartbeat of each plus its administrative
 //! state (drained, paused GPUs), turned into what the core needs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat, NodeLiveness};
@@ -89,6 +89,21 @@ impl NodeTable {
                 (dead_by > now).then_some((beat, Some(dead_by)))
             })
             .flat_map(|(beat, until)| beat.running.iter().map(move |r| (r, until)))
+    }
+
+    /// Every GPU type and node feature the known nodes report, each once, in order.
+    pub fn types_and_features(&self) -> (BTreeSet<&str>, BTreeSet<&str>) {
+        let types = self
+            .nodes
+            .values()
+            .flat_map(|beat| beat.gpus.iter().filter_map(|g| g.gpu_type.as_deref()))
+            .collect();
+        let features = self
+            .nodes
+            .values()
+            .flat_map(|beat| beat.features.iter().map(String::as_str))
+            .collect();
+        (types, features)
     }
 
     /// `node` counts as newly lost again at the next [`NodeTable::newly_lost`] if it is still
@@ -205,6 +220,7 @@ impl NodeTable {
                     mem_threshold: beat.mem_threshold,
                     load_threshold: beat.load_threshold,
                     labels: beat.labels.clone(),
+                    features: beat.features.clone(),
                     gpus: beat
                         .gpus
                         .iter()
@@ -218,6 +234,7 @@ impl NodeTable {
                                 .fold(0u64, |sum, p| sum.saturating_add(p.used_mib)),
                             utilization_pct: g.utilization_pct,
                             paused: admin.is_some_and(|a| a.paused_gpus.contains_key(&g.index)),
+                            gpu_type: g.gpu_type.clone(),
                         })
                         .collect(),
                 }
@@ -255,6 +272,7 @@ mod tests {
             gpu_isolation: false,
             cpus: None,
             mem_host_mib: None,
+            features: Vec::new(),
         }
     }
 
@@ -369,6 +387,7 @@ mod tests {
                         pid: 4242,
                         used_mib: 1200,
                     }],
+                    gpu_type: None,
                 })
                 .collect();
             b.running = vec![RunningJob {
@@ -414,6 +433,7 @@ mod tests {
                 temperature_c: None,
                 power_w: None,
                 foreign_processes: vec![huge.clone(), huge],
+                gpu_type: None,
             }
         }
 

@@ -14,6 +14,7 @@ use crate::config::effective_host_request;
 use crate::core::{Dependencies, QueuedJob, RunningJob};
 use crate::machine::jobs::JobTable;
 use crate::time_limits::{run_ends, time_limit};
+use mgpu_protocol::gpu_type::Constraint;
 
 /// The core's views of the queued and running jobs, kept between passes.
 #[derive(Default)]
@@ -201,6 +202,13 @@ fn queued_job(
         not_before: waiting.not_before,
         recorded_reason: Some(waiting.reason),
         attempt: record.attempt,
+        gpu_types: record.spec.gpu_types.clone(),
+        // Checked at submit: a record that does not parse selects nothing rather than all.
+        constraint: record
+            .spec
+            .constraint
+            .as_deref()
+            .map(|text| Constraint::parse(text).unwrap_or_else(|_| Constraint::Any(Vec::new()))),
     }
 }
 

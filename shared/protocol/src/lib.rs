@@ -38,6 +38,7 @@ pub mod event;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod gpu_amount;
+pub mod gpu_type;
 pub mod hold;
 pub mod host;
 pub mod ids;

@@ -39,6 +39,10 @@ pub struct GpuStatus {
     pub index: u32,
     pub uuid: String,
     pub name: String,
+    /// Its type as jobs ask for it (`h100`, `a100-80gb`: `gpu_type`), from its model or the
+    /// node's configuration; None where the agent could not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
     pub memory_total_mib: u64,
     pub memory_used_mib: u64,
     /// Percent of time a kernel ran over the last sample period.
@@ -161,6 +165,10 @@ pub struct NodeHeartbeat {
     /// the value of the scheduler's topology label.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Operator-given features (`--feature ib`, `feature = ["ib", "nvlink"]`), which jobs select nodes by
+    /// (`--constraint`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
 
 pub const DEFAULT_THRESHOLD: f64 = 0.8;

@@ -150,6 +150,7 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
                 temperature_c: None,
                 power_w: None,
                 foreign_processes: Vec::new(),
+                gpu_type: None,
             })
             .collect(),
         running,
@@ -166,6 +167,7 @@ fn heartbeat(name: &str, running: Vec<RunningJob>) -> NodeHeartbeat {
         gpu_isolation: false,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }
 

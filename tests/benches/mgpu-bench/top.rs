@@ -162,6 +162,7 @@ fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHear
                     temperature_c: None,
                     power_w: None,
                     foreign_processes: vec![],
+                    gpu_type: None,
                 }
             })
             .collect(),
@@ -179,6 +180,7 @@ fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHear
         fence_after_ms: None,
         kill_grace_ms: 10_000,
         labels: Default::default(),
+        features: Vec::new(),
     }
 }
 

@@ -270,6 +270,7 @@ mod tests {
                     pid: 9,
                     used_mib: 100,
                 }],
+                gpu_type: None,
             }],
             running: vec![],
             address: "10.0.0.1".into(),
@@ -285,6 +286,7 @@ mod tests {
             gpu_isolation: false,
             cpus: None,
             mem_host_mib: None,
+            features: Vec::new(),
         }
     }
 

@@ -29,6 +29,10 @@ pub struct Draft {
     pub dedup: bool,
     /// `no_requeue = true|false` in a TOML job; None: the command line's `--no-requeue`.
     pub no_requeue: Option<bool>,
+    /// `gpu_type`: GPU types, preferred first.
+    pub gpu_types: Vec<String>,
+    /// `constraint`: node features.
+    pub constraint: Option<String>,
 }
 
 /// One job of a file: the line it starts on (1-based) and the job, or why it is unusable.

@@ -19,6 +19,8 @@
 //! dedup = true                                # the default in job files
 //! profile = "qwen2.5-7b-inst"                 # like --profile
 //! no_requeue = true                           # like --no-requeue
+//! gpu_type = "h100,a100-80gb"                 # or a list: like --gpu-type
+//! constraint = "ib&nvlink"                    # like --constraint
 //! ```
 //!
 //! Each value is checked with the command line's own parsers, so a mistake reads the same as
@@ -36,7 +38,7 @@ use super::draft::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
-const KEYS: [&str; 17] = [
+const KEYS: [&str; 19] = [
     "command",
     "name",
     "gpus",
@@ -54,6 +56,8 @@ const KEYS: [&str; 17] = [
     "dedup",
     "profile",
     "no_requeue",
+    "gpu_type",
+    "constraint",
 ];
 
 type Table = BTreeMap<Spanned<String>, Spanned<Value>>;
@@ -175,6 +179,8 @@ fn job(table: &Table) -> Result<Draft, Problem> {
         draft.dedup = dedup;
     }
     draft.no_requeue = table.read("no_requeue", boolean)?;
+    draft.gpu_types = table.read("gpu_type", gpu_types)?.unwrap_or_default();
+    draft.constraint = table.read("constraint", constraint)?;
     Ok(draft)
 }
 
@@ -224,6 +230,28 @@ fn boolean(key: &str, value: &Value) -> Result<bool, String> {
 
 fn expected(key: &str, what: &str, found: &Value) -> String {
     format!("`{key}` must be {what}, not {}", found.type_str())
+}
+
+/// `"h100,a100-80gb"` or `["h100", "a100-80gb"]`, preferred first.
+fn gpu_types(key: &str, value: &Value) -> Result<Vec<String>, String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items
+            .iter()
+            .map(|item| string(key, item))
+            .collect::<Result<Vec<_>, _>>()?
+            .join(","),
+        other => return Err(expected(key, "a GPU type or a list of them", other)),
+    };
+    mgpu_protocol::gpu_type::parse_types(&text).map_err(|e| format!("`{key}`: {e}"))
+}
+
+/// A node constraint (`"ib&nvlink"`), in its canonical form.
+fn constraint(key: &str, value: &Value) -> Result<String, String> {
+    let text = string(key, value)?;
+    mgpu_protocol::gpu_type::Constraint::parse(&text)
+        .map(|c| c.to_string())
+        .map_err(|e| format!("`{key}`: {e}"))
 }
 
 fn string(key: &str, value: &Value) -> Result<String, String> {

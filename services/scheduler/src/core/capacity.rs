@@ -17,6 +17,7 @@ pub(super) struct FreeGpu {
     pub in_service: bool,
     /// Not busy with processes mgpu did not start (memory and load thresholds).
     pub unbusy: bool,
+    pub gpu_type: Option<String>,
 }
 
 impl FreeGpu {
@@ -32,6 +33,7 @@ pub(super) struct FreeNode {
     /// Where the node's [`NodeView`] is in the pass's node list.
     pub view: usize,
     pub labels: std::collections::BTreeMap<String, String>,
+    pub features: Vec<String>,
     pub gpus: Vec<FreeGpu>,
     /// Node-level switch for CPU-only jobs (a drained node takes nothing).
     pub offered: bool,
@@ -98,6 +100,7 @@ impl Capacity {
                 name: n.name.clone(),
                 view,
                 labels: n.labels.clone(),
+                features: n.features.clone(),
                 offered: !n.drained,
                 cpus_free: n.cpus,
                 mem_host_free_mib: n.mem_host_mib,
@@ -113,6 +116,7 @@ impl Capacity {
                             memory_mib: g.memory_total_mib.saturating_sub(g.foreign_mem_mib),
                             in_service: !n.drained && !g.paused,
                             unbusy: !too_much_foreign_memory,
+                            gpu_type: g.gpu_type.clone(),
                         }
                     })
                     .collect(),
@@ -192,12 +196,29 @@ impl Capacity {
     }
 
     /// The best placement for `job` now under `constraints`, if one exists: all of its
-    /// nodes, or nothing.
+    /// nodes, or nothing. A job that names GPU types gets GPUs of one type, the first of
+    /// its list that fits now.
     pub fn place(
         &self,
         job: &QueuedJob,
         constraints: &Constraints<'_>,
         settings: &CoreSettings,
+    ) -> Option<Placement> {
+        if job.gpu_types.is_empty() || job.gpus.is_zero() {
+            return self.place_of_type(job, constraints, settings, None);
+        }
+        job.gpu_types
+            .iter()
+            .find_map(|t| self.place_of_type(job, constraints, settings, Some(t)))
+    }
+
+    /// [`Capacity::place`] on GPUs of `only_type` (None: any).
+    fn place_of_type(
+        &self,
+        job: &QueuedJob,
+        constraints: &Constraints<'_>,
+        settings: &CoreSettings,
+        only_type: Option<&str>,
     ) -> Option<Placement> {
         // Every node that could take one rank now, with its GPUs and how free it is.
         let mut fitting: Vec<(&FreeNode, Vec<GpuShare>, usize)> = Vec::new();
@@ -205,12 +226,16 @@ impl Capacity {
             if constraints.in_service_only && !node.offered {
                 continue;
             }
-            if !job.may_use_node(&node.name) || !node.has_host_room_for(job) {
+            if !job.may_use_node(&node.name)
+                || !job.selects_node(&node.features)
+                || !node.has_host_room_for(job)
+            {
                 continue;
             }
             let usable: Vec<&FreeGpu> = node
                 .gpus
                 .iter()
+                .filter(|g| only_type.is_none_or(|t| g.gpu_type.as_deref() == Some(t)))
                 .filter(|g| !constraints.in_service_only || g.in_service)
                 .filter(|g| !constraints.unbusy_only || g.unbusy)
                 .filter(|g| !(constraints.avoid)(position, g.index))
@@ -376,7 +401,10 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
     }
     let mem = job.mem_mib.unwrap_or(0);
     let can_hold = |node: &NodeView| {
-        if !job.may_use_node(&node.name) || !host_could_hold(node, job) {
+        if !job.may_use_node(&node.name)
+            || !job.selects_node(&node.features)
+            || !host_could_hold(node, job)
+        {
             return false;
         }
         if job.gpus.is_zero() {
@@ -387,6 +415,7 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
             .iter()
             .filter(|g| g.memory_total_mib >= mem)
             .filter(|g| job.may_use_gpu(&node.name, g.index))
+            .filter(|g| job.takes_type(g.gpu_type.as_deref()))
             .map(|g| g.index)
             .collect();
         match job.pinned_on(&node.name) {
@@ -399,6 +428,9 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
     }
     if nodes.iter().any(can_hold) {
         return None;
+    }
+    if let Some(reason) = selection_impossible_reason(nodes, job) {
+        return Some(reason);
     }
     if let Some(reason) = host_impossible_reason(nodes, job) {
         return Some(reason);
@@ -439,6 +471,37 @@ pub fn impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> 
     })
 }
 
+/// Why no node could ever run `job` for its GPU types or its constraint, if that is why.
+fn selection_impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> {
+    let selected: Vec<&NodeView> = nodes
+        .iter()
+        .filter(|n| job.selects_node(&n.features))
+        .collect();
+    if let Some(constraint) = &job.constraint
+        && selected.is_empty()
+    {
+        return Some(format!("no node has the features {constraint}"));
+    }
+    if job.gpu_types.is_empty() || job.gpus.is_zero() {
+        return None;
+    }
+    let typed = selected
+        .iter()
+        .flat_map(|n| n.gpus.iter())
+        .any(|g| job.takes_type(g.gpu_type.as_deref()));
+    (!typed).then(|| {
+        let constrained = if job.constraint.is_some() {
+            " among the nodes its constraint selects"
+        } else {
+            ""
+        };
+        format!(
+            "asks for GPU type {}; no node has one{constrained}",
+            job.gpu_types.join(" or ")
+        )
+    })
+}
+
 /// Whether `node`, idle, has the cores and host memory `job` needs (a node that does not
 /// count them has).
 fn host_could_hold(node: &NodeView, job: &QueuedJob) -> bool {
@@ -448,7 +511,11 @@ fn host_could_hold(node: &NodeView, job: &QueuedJob) -> bool {
 
 /// Why no node could ever give `job` its cores or host memory, if that is why.
 fn host_impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<String> {
-    let allowed = || nodes.iter().filter(|n| job.may_use_node(&n.name));
+    let allowed = || {
+        nodes
+            .iter()
+            .filter(|n| job.may_use_node(&n.name) && job.selects_node(&n.features))
+    };
     allowed().next()?;
     if allowed().any(|n| n.cpus.is_none_or(|cpus| job.cpus <= cpus)) {
         if allowed().any(|n| host_could_hold(n, job)) {

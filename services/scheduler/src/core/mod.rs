@@ -24,6 +24,10 @@
 //! fullest GPU that still fits. Among nodes, `fill_first` packs (fewest free GPUs first) and
 //! `spread` spreads (most free first). `--mem` is booked per GPU until the job ends.
 //!
+//! A job that names GPU types (`--gpu-type h100,a100-80gb`) gets GPUs of one type: the first
+//! of its list that fits now, on nodes whose features satisfy its `--constraint`
+//! (`queued.rs`). It does not wait for a preferred type that is busy.
+//!
 //! A multi-node job (`--nodes N`) is placed whole or not at all (gang allocation): N distinct
 //! nodes that each fit its per-node request, its `--nodelist` nodes first, preferring nodes
 //! that share the value of the topology label (`rack`). It is reserved for like any other job.
@@ -33,7 +37,10 @@ mod fast_hash;
 mod owner_gpus;
 #[cfg(test)]
 mod owner_gpus_tests;
+mod queued;
 mod reservation;
+#[cfg(test)]
+mod selection_tests;
 #[cfg(test)]
 mod tests;
 
@@ -44,6 +51,7 @@ use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::gpu_type::Constraint;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{NodeGpuIds, Placement, WaitReason};
 use mgpu_protocol::priority::PlacementPolicy;
@@ -52,6 +60,7 @@ pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};
 use fast_hash::FastHash;
 use owner_gpus::OwnerGpus;
+pub use queued::{Dependencies, QueuedJob};
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 
 /// One GPU of a node as the core sees it.
@@ -63,6 +72,8 @@ pub struct GpuView {
     pub foreign_mem_mib: u64,
     pub utilization_pct: u32,
     pub paused: bool,
+    /// Its type (`h100`), where its agent says.
+    pub gpu_type: Option<String>,
 }
 
 /// A node that may receive work.
@@ -82,6 +93,8 @@ pub struct NodeView {
     pub mem_host_mib: Option<u64>,
     /// Operator-given labels (`rack=r1`), for topology preference.
     pub labels: BTreeMap<String, String>,
+    /// Operator-given features (`ib`), which jobs' constraints select by.
+    pub features: Vec<String>,
 }
 
 /// A job holding GPUs now.
@@ -96,113 +109,6 @@ pub struct RunningJob {
     /// End of its time slice when it runs with `--on-timeout requeue`.
     pub slice_end: Option<Timestamp>,
     pub array_id: Option<JobId>,
-}
-
-/// Whether a queued job's `--after` / `--after-any` are met.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Dependencies {
-    Met,
-    Waiting,
-    /// A dependency ended in a way that means this job can never run.
-    Broken(String),
-}
-
-/// What a queued job needs, and its place in line.
-#[derive(Clone, Debug, PartialEq)]
-pub struct QueuedJob {
-    pub id: JobId,
-    /// The user it belongs to (caps on running GPUs are per user).
-    pub owner: String,
-    pub effective_priority: i64,
-    pub queued_at: Timestamp,
-    pub gpus: GpuAmount,
-    pub gpu_ids: Option<Vec<u32>>,
-    pub allowed_gpus: Option<Vec<u32>>,
-    pub mem_mib: Option<u64>,
-    /// CPU cores it needs on each node (its `--cpus`, or the cluster's `cpus_per_gpu`); 0:
-    /// not counted.
-    pub cpus: u32,
-    /// Host memory in MiB it needs on each node (`--mem-host`, or `mem_per_gpu`); 0: none.
-    pub mem_host_mib: u64,
-    /// How long it may run (its own limit, capped by the cluster's); None: unlimited.
-    pub time_limit: Option<Duration>,
-    pub held: bool,
-    pub dependencies: Dependencies,
-    /// Its array and the array's `%N`.
-    pub array: Option<(JobId, Option<u32>)>,
-    /// Nodes it spans (1 for most jobs); `gpus` is per node.
-    pub nodes: u32,
-    /// Nodes it must run on, in rank order (`--nodelist`, or `--node-gpu-ids`'s nodes).
-    pub required_nodes: Vec<String>,
-    /// Nodes it must not run on.
-    pub exclude: Vec<String>,
-    /// GPUs pinned per node (`--node-gpu-ids`); when set, only those nodes may take it.
-    pub node_gpu_ids: Vec<NodeGpuIds>,
-    /// Not to start before then (its previous attempt's node is fencing itself).
-    pub not_before: Option<Timestamp>,
-    /// Why it waits according to its record, if known: the pass decides `Wait` only for a
-    /// different reason.
-    pub recorded_reason: Option<WaitReason>,
-    /// The attempt it would start as: above 1, an earlier attempt may still run somewhere.
-    pub attempt: u32,
-}
-
-impl QueuedJob {
-    /// A job asking for `gpus` on one node, with no other constraint, queued at `queued_at`.
-    #[cfg(test)]
-    pub fn new(id: JobId, gpus: GpuAmount, queued_at: Timestamp) -> Self {
-        QueuedJob {
-            id,
-            owner: String::new(),
-            effective_priority: 0,
-            queued_at,
-            gpus,
-            gpu_ids: None,
-            allowed_gpus: None,
-            mem_mib: None,
-            cpus: 0,
-            mem_host_mib: 0,
-            time_limit: None,
-            held: false,
-            dependencies: Dependencies::Met,
-            array: None,
-            nodes: 1,
-            required_nodes: Vec::new(),
-            exclude: Vec::new(),
-            node_gpu_ids: Vec::new(),
-            not_before: None,
-            recorded_reason: None,
-            attempt: 1,
-        }
-    }
-
-    /// The GPU ids pinned on `node` (`--node-gpu-ids`, else `--gpu-ids`), if any.
-    pub fn pinned_on(&self, node: &str) -> Option<&[u32]> {
-        if self.node_gpu_ids.is_empty() {
-            return self.gpu_ids.as_deref();
-        }
-        self.node_gpu_ids
-            .iter()
-            .find(|n| n.node == node)
-            .map(|n| n.gpu_ids.as_slice())
-    }
-
-    /// Whether `node` may hold a part of this job at all.
-    pub fn may_use_node(&self, node: &str) -> bool {
-        !self.exclude.iter().any(|n| n == node)
-            && (self.node_gpu_ids.is_empty() || self.node_gpu_ids.iter().any(|n| n.node == node))
-    }
-
-    /// Whether GPU `index` of `node` is one this job may get: among its pinned ids
-    /// (`--gpu-ids`, `--node-gpu-ids`) and its allowed GPUs (job files' `allowed_gpus`).
-    pub fn may_use_gpu(&self, node: &str, index: u32) -> bool {
-        self.may_use_node(node)
-            && self.pinned_on(node).is_none_or(|ids| ids.contains(&index))
-            && self
-                .allowed_gpus
-                .as_ref()
-                .is_none_or(|allowed| allowed.contains(&index))
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -240,6 +146,8 @@ struct Shape<'a> {
     required_nodes: &'a [String],
     exclude: &'a [String],
     node_gpu_ids: &'a [NodeGpuIds],
+    gpu_types: &'a [String],
+    constraint: Option<&'a Constraint>,
 }
 
 impl<'a> Shape<'a> {
@@ -256,6 +164,8 @@ impl<'a> Shape<'a> {
             required_nodes: &job.required_nodes,
             exclude: &job.exclude,
             node_gpu_ids: &job.node_gpu_ids,
+            gpu_types: &job.gpu_types,
+            constraint: job.constraint.as_ref(),
         }
     }
 }

@@ -143,7 +143,7 @@ pub(super) fn reserve(
         .nodes
         .iter()
         .enumerate()
-        .filter(|(_, n)| n.offered && job.may_use_node(&n.name))
+        .filter(|(_, n)| n.offered && job.may_use_node(&n.name) && job.selects_node(&n.features))
         .filter_map(|(position, node)| {
             let view = nodes.get(node.view)?;
             let offer = Offer {
@@ -213,6 +213,7 @@ impl<'a> Offer<'a> {
             .filter(|g| g.offered())
             .filter(|g| !self.reserved.holds(self.position, g.index))
             .filter(|g| job.may_use_gpu(&node.name, g.index))
+            .filter(|g| job.takes_type(g.gpu_type.as_deref()))
             .filter(|g| {
                 view.gpus.iter().any(|v| {
                     v.index == g.index

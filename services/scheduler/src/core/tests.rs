@@ -30,11 +30,13 @@ pub(super) fn node(name: &str, gpus: u32, mem: u64) -> NodeView {
                 foreign_mem_mib: 0,
                 utilization_pct: 0,
                 paused: false,
+                gpu_type: None,
             })
             .collect(),
         labels: BTreeMap::new(),
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }
 

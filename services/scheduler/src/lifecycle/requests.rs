@@ -28,6 +28,8 @@ pub enum NotAdded<'a> {
     Duplicate(&'a JobId),
     /// It is over one of its owner's limits (the reason names it).
     OverLimit(String),
+    /// It asks for a GPU type or node feature no node has (the reason names those there are).
+    Unselectable(String),
 }
 
 /// The record a submission makes, signed by `signer` at `now`: queued, or failed when its
@@ -60,7 +62,7 @@ pub fn submit(
             now,
             format!("not added: identical to job {} (--dedup)", original.short()),
         )),
-        (Ok(()), Some(NotAdded::OverLimit(why))) => {
+        (Ok(()), Some(NotAdded::OverLimit(why) | NotAdded::Unselectable(why))) => {
             JobState::Failed(ended_unstarted(now, format!("not added: {why}")))
         }
         (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),

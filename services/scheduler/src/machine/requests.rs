@@ -131,11 +131,13 @@ impl SchedulerState {
             .dedup
             .then(|| twin_of(&self.jobs, &request, &identity))
             .flatten();
+        let unselectable = self.unselectable(&request.spec);
         let over_limit = self.over_limit(&mut request, &identity, queued);
-        let not_added = match (&twin, over_limit) {
-            (Some(twin), _) => Some(NotAdded::Duplicate(twin)),
-            (None, Some(why)) => Some(NotAdded::OverLimit(why)),
-            (None, None) => None,
+        let not_added = match (&twin, unselectable, over_limit) {
+            (Some(twin), _, _) => Some(NotAdded::Duplicate(twin)),
+            (None, Some(why), _) => Some(NotAdded::Unselectable(why)),
+            (None, None, Some(why)) => Some(NotAdded::OverLimit(why)),
+            (None, None, None) => None,
         };
         let id = request.id.clone();
         let Transition { record, effects } =
@@ -189,6 +191,46 @@ impl SchedulerState {
             outcome,
         }));
         self.carry_out(at, id, effects, Some(identity));
+    }
+
+    /// Why `spec` asks for what no known node has: a GPU type or a node feature, naming those
+    /// the cluster has. None while no node is known (nothing to compare with).
+    fn unselectable(&self, spec: &mgpu_protocol::job::JobSpec) -> Option<String> {
+        if self.nodes.is_empty() || (spec.gpu_types.is_empty() && spec.constraint.is_none()) {
+            return None;
+        }
+        let (types, features) = self.nodes.types_and_features();
+        let listed = |names: &std::collections::BTreeSet<&str>| match names.is_empty() {
+            true => "none".to_owned(),
+            false => names.iter().copied().collect::<Vec<_>>().join(", "),
+        };
+        let missing_types: Vec<&str> = spec
+            .gpu_types
+            .iter()
+            .map(String::as_str)
+            .filter(|t| !types.contains(t))
+            .collect();
+        if !missing_types.is_empty() && !spec.gpus.is_zero() {
+            return Some(format!(
+                "no node has GPU type {} (the cluster has: {})",
+                missing_types.join(", "),
+                listed(&types)
+            ));
+        }
+        let constraint = spec.constraint.as_deref()?;
+        let parsed = mgpu_protocol::gpu_type::Constraint::parse(constraint).ok()?;
+        let missing: Vec<&str> = parsed
+            .features()
+            .into_iter()
+            .filter(|f| !features.contains(f))
+            .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "no node has the feature {} (the cluster has: {})",
+                missing.join(", "),
+                listed(&features)
+            )
+        })
     }
 
     /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`), counting

@@ -60,6 +60,7 @@ fn beat(node: &str, sent_at: Timestamp, running: &[(&JobId, u32)]) -> NodeHeartb
             temperature_c: None,
             power_w: None,
             foreign_processes: Vec::new(),
+            gpu_type: None,
         }],
         running: running
             .iter()
@@ -82,6 +83,7 @@ fn beat(node: &str, sent_at: Timestamp, running: &[(&JobId, u32)]) -> NodeHeartb
         gpu_isolation: true,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }
 

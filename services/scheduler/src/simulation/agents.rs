@@ -97,6 +97,9 @@ pub struct SimAgent {
     pub name: String,
     pub gpus: u32,
     pub memory_mib: u64,
+    /// The type of each of its GPUs, and the node's features.
+    pub gpu_type: String,
+    pub features: Vec<String>,
     /// `--fence-after` and `--kill-grace`, announced in every heartbeat.
     pub fence_after_ms: u64,
     pub kill_grace_ms: u64,
@@ -129,6 +132,8 @@ impl SimAgent {
             name,
             gpus,
             memory_mib: 81_920,
+            gpu_type: "a100".into(),
+            features: Vec::new(),
             fence_after_ms,
             kill_grace_ms,
             up: true,

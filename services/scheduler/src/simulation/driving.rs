@@ -356,6 +356,13 @@ impl World {
             };
             self.ledger
                 .stored(before, &record, &self.store.records, memory_of);
+            let node_of = |node: &str| agents.iter().find(|a| a.name == node);
+            let selection = super::ledger::selection_broken(&record, |node| {
+                node_of(node).map(|a| (a.gpu_type.as_str(), a.features.as_slice()))
+            });
+            if let Some(broken) = selection {
+                self.ledger.broken.push(broken);
+            }
         }
         outcome
     }

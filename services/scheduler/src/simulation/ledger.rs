@@ -269,6 +269,47 @@ fn placement_units(placement: &mgpu_protocol::job::Placement) -> u64 {
         .sum()
 }
 
+/// Whether a started job's placement breaks its selection: a GPU not of its types, GPUs of
+/// two types, or a node without its constraint's features. `node` gives a node's GPU type
+/// and features.
+pub fn selection_broken<'a>(
+    record: &JobRecord,
+    node: impl Fn(&str) -> Option<(&'a str, &'a [String])>,
+) -> Option<String> {
+    let JobState::Running(run) = &record.state else {
+        return None;
+    };
+    let label = format!("job {} attempt {}", record.id.short(), record.attempt);
+    let constraint = record
+        .spec
+        .constraint
+        .as_deref()
+        .and_then(|text| mgpu_protocol::gpu_type::Constraint::parse(text).ok());
+    let mut types_used = BTreeSet::new();
+    for (_, name, gpus) in run.placement.ranks() {
+        let (gpu_type, features) = node(name)?;
+        if constraint.as_ref().is_some_and(|c| !c.holds_for(features)) {
+            return Some(format!(
+                "{label} runs on {name}, which lacks its constraint's features"
+            ));
+        }
+        if !gpus.is_empty() {
+            types_used.insert(gpu_type);
+        }
+    }
+    let wanted = &record.spec.gpu_types;
+    let foreign = types_used
+        .iter()
+        .find(|t| !wanted.is_empty() && !wanted.iter().any(|w| w == *t));
+    match (foreign, types_used.len()) {
+        (Some(t), _) => Some(format!("{label} got {t} GPUs; it takes only {wanted:?}")),
+        (None, n) if n > 1 && !wanted.is_empty() => {
+            Some(format!("{label} got GPUs of {n} types: {types_used:?}"))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use mgpu_protocol::job::{ArrayMember, GpuShare, JobSpec, Placement, Run};

@@ -209,6 +209,7 @@ impl World {
                     temperature_c: None,
                     power_w: None,
                     foreign_processes: Vec::new(),
+                    gpu_type: Some(agent.gpu_type.clone()),
                 })
                 .collect(),
             running: agent
@@ -233,6 +234,7 @@ impl World {
             gpu_isolation: true,
             cpus: None,
             mem_host_mib: None,
+            features: agent.features.clone(),
         }
     }
 

@@ -77,6 +77,17 @@ fn submit(world: &mut World) {
         }
     }
     spec.dedup = world.rng.chance(30);
+    if world.rng.chance(200) {
+        // One type, or both in either order of preference.
+        spec.gpu_types = match world.rng.below(3) {
+            0 => vec!["h100".into()],
+            1 => vec!["a100".into(), "h100".into()],
+            _ => vec!["h100".into(), "a100".into()],
+        };
+    }
+    if world.rng.chance(100) {
+        spec.constraint = Some("ib".into());
+    }
     send_job(world, user, spec);
 }
 

@@ -28,6 +28,8 @@ use crate::machine::messages::{Identity, Token};
 
 /// How long JetStream waits for an acknowledgement before it delivers a message again.
 pub const ACK_WAIT_MS: u64 = 30_000;
+/// The GPU types of the simulated nodes, node by node in turn.
+pub const GPU_TYPES: [&str; 2] = ["h100", "a100"];
 
 /// Something that happens at a simulated time.
 #[derive(Clone, Debug)]
@@ -122,7 +124,13 @@ impl World {
                 // grace from none to the 10 s default.
                 let fence = rng.between(3_000, 10_000);
                 let grace = rng.between(0, 10_000);
-                SimAgent::new(format!("node{i}"), gpus, fence, grace)
+                let mut agent = SimAgent::new(format!("node{i}"), gpus, fence, grace);
+                // Mixed GPU types, and a fast network on some nodes: jobs select by them.
+                agent.gpu_type = GPU_TYPES[i % GPU_TYPES.len()].into();
+                if i % 3 == 0 {
+                    agent.features = vec!["ib".into()];
+                }
+                agent
             })
             .collect();
         Self::with_agents(rng, options, limits, agents)

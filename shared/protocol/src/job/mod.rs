@@ -130,6 +130,12 @@ pub struct JobSpec {
     /// content, written to a private file, in place of the command's first word.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<BatchScript>,
+    /// GPU types it takes, preferred first (`--gpu-type h100,a100-80gb`); empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_types: Vec<String>,
+    /// The node features it needs (`--constraint 'ib&nvlink'`), as typed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
@@ -258,6 +264,8 @@ impl JobSpec {
             distributed: false,
             pty: None,
             script: None,
+            gpu_types: Vec::new(),
+            constraint: None,
         }
     }
 

@@ -12,6 +12,7 @@ impl JobSpec {
         self.validate_command()?;
         self.validate_gpus()?;
         self.validate_extras()?;
+        self.validate_selection()?;
         self.validate_nodes()?;
         self.validate_hostile()?;
         if let Some(script) = &self.script {
@@ -91,6 +92,23 @@ impl JobSpec {
             return Err(InvalidInput::new("--mem needs at least a share of a GPU"));
         }
         crate::host::check_request(self.cpus, self.mem_host_mib)
+    }
+
+    /// The GPU types and node constraint it selects by.
+    fn validate_selection(&self) -> Result<(), InvalidInput> {
+        if self.gpu_types.len() > crate::gpu_type::MAX_TYPES {
+            return Err(InvalidInput::new(format!(
+                "at most {} GPU types may be listed",
+                crate::gpu_type::MAX_TYPES
+            )));
+        }
+        for name in &self.gpu_types {
+            crate::gpu_type::check_name(name, "GPU type")?;
+        }
+        if let Some(text) = &self.constraint {
+            crate::gpu_type::Constraint::parse(text)?;
+        }
+        Ok(())
     }
 
     /// The conda environment, dependencies and array limit.

@@ -14,11 +14,23 @@ use crate::parse::{self, ArraySpec, GpuIds};
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
-    /// GPUs to use: a whole number (2), a share of one GPU (0.5), or 0 for a CPU-only job.
-    /// Defaults to the --profile's requirement, the number of ids in --gpu-ids, the profile of
-    /// `--llm NAME` in the command (when a profiles file exists), or 1.
-    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = parse_gpus)]
-    pub gpus: Option<GpuAmount>,
+    /// GPUs to use: a whole number (2), a share of one GPU (0.5), or 0 for a CPU-only job;
+    /// `TYPE:N` (h100:2) also asks for that GPU type (as --gpu-type TYPE). Defaults to the
+    /// --profile's requirement, the number of ids in --gpu-ids, the profile of `--llm NAME`
+    /// in the command (when a profiles file exists), or 1.
+    #[arg(long, value_name = "[TYPE:]N", allow_negative_numbers = true, value_parser = parse_gpus)]
+    pub gpus: Option<GpuRequest>,
+
+    /// GPU types the job takes, preferred first: `h100,a100-80gb` takes an H100 when one is
+    /// free, else an A100 80GB. All of a job's GPUs are of one type. `mgpu nodes` lists the
+    /// types the cluster has.
+    #[arg(long, value_name = "TYPE[,TYPE…]", value_parser = parse_gpu_types)]
+    pub gpu_type: Option<GpuTypes>,
+
+    /// Run only on nodes with these features: `ib&nvlink` (all), `ib|roce` (any), with
+    /// parentheses to group. `mgpu nodes` lists each node's features.
+    #[arg(long, value_name = "EXPR", value_parser = parse_constraint)]
+    pub constraint: Option<String>,
 
     /// Run on exactly these GPUs of a node: `0,2` or `0-3`.
     #[arg(long, value_name = "LIST", value_parser = parse::gpu_ids)]
@@ -152,7 +164,7 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
         "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
-        "node_gpu_ids", "distributed", "cpus", "mem_host", "pty",
+        "node_gpu_ids", "distributed", "cpus", "mem_host", "pty", "gpu_type", "constraint",
     ])]
     pub file: Option<PathBuf>,
 
@@ -212,8 +224,51 @@ impl From<TimeoutAction> for OnTimeout {
     }
 }
 
-fn parse_gpus(text: &str) -> Result<GpuAmount, String> {
-    text.parse::<GpuAmount>().map_err(|e| e.to_string())
+/// `--gpus`: an amount, with a GPU type before it (`h100:2`) or not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuRequest {
+    pub amount: GpuAmount,
+    pub gpu_type: Option<String>,
+}
+
+impl std::fmt::Display for GpuRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.gpu_type {
+            Some(gpu_type) => write!(f, "{gpu_type}:{}", self.amount),
+            None => write!(f, "{}", self.amount),
+        }
+    }
+}
+
+fn parse_gpus(text: &str) -> Result<GpuRequest, String> {
+    let (gpu_type, amount) = match text.split_once(':') {
+        Some((gpu_type, amount)) => {
+            let gpu_type = gpu_type.trim().to_ascii_lowercase();
+            mgpu_protocol::gpu_type::check_name(&gpu_type, "GPU type")
+                .map_err(|e| e.to_string())?;
+            (Some(gpu_type), amount)
+        }
+        None => (None, text),
+    };
+    let amount = amount.parse::<GpuAmount>().map_err(|e| e.to_string())?;
+    Ok(GpuRequest { amount, gpu_type })
+}
+
+/// `--gpu-type`, parsed (a newtype: clap reads a bare `Vec` as a repeated option).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuTypes(pub Vec<String>);
+
+fn parse_gpu_types(text: &str) -> Result<GpuTypes, String> {
+    mgpu_protocol::gpu_type::parse_types(text)
+        .map(GpuTypes)
+        .map_err(|e| e.to_string())
+}
+
+/// `--constraint`, checked and in its canonical form (`ib&nvlink`).
+fn parse_constraint(text: &str) -> Result<String, String> {
+    mgpu_protocol::gpu_type::Constraint::parse(text)
+        .map(|c| c.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_time_limit(text: &str) -> Result<Duration, String> {

@@ -34,7 +34,10 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
         .map(Vec::len)
         .or_else(|| node_gpu_ids.first().map(|n| n.gpu_ids.len()));
     let choice = gpu_profiles::choose_gpus(
-        args.gpus.or(args.gpus_per_node.map(GpuAmount::whole)),
+        args.gpus
+            .as_ref()
+            .map(|g| g.amount)
+            .or(args.gpus_per_node.map(GpuAmount::whole)),
         args.profile.as_deref(),
         pinned_per_node,
         &args.command,
@@ -70,9 +73,26 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     });
     spec.node_gpu_ids = node_gpu_ids;
     spec.distributed = args.distributed;
+    spec.gpu_types = gpu_types(args)?;
+    spec.constraint = args.constraint.clone();
     // The spec's own message says what is wrong and which option to change.
     spec.validate().map_err(plain)?;
     Ok(spec)
+}
+
+/// The GPU types asked for, by `--gpu-type` or `--gpus TYPE:N` (which must then agree).
+fn gpu_types(args: &SubmitArgs) -> Result<Vec<String>> {
+    let listed = args.gpu_type.as_ref().map(|t| t.0.clone());
+    let shorthand = args.gpus.as_ref().and_then(|g| g.gpu_type.clone());
+    match (listed, shorthand) {
+        (Some(listed), Some(one)) if !listed.contains(&one) => anyhow::bail!(
+            "--gpus {one}:… asks for {one}, --gpu-type for {}: give the type once",
+            listed.join(",")
+        ),
+        (Some(listed), _) => Ok(listed),
+        (None, Some(one)) => Ok(vec![one]),
+        (None, None) => Ok(Vec::new()),
+    }
 }
 
 /// GPUs per node for the spec. With `--node-gpu-ids`, `--gpus` may also count them all (as in
@@ -146,6 +166,8 @@ pub fn from_draft(
     spec.profile = choice.profile;
     spec.gpu_ids = draft.gpu_ids;
     spec.allowed_gpus = draft.allowed_gpus;
+    spec.gpu_types = draft.gpu_types;
+    spec.constraint = draft.constraint;
     spec.mem_mib = draft.mem_mib;
     spec.cpus = draft.cpus;
     spec.mem_host_mib = draft.mem_host_mib;

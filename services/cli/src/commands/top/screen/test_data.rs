@@ -91,6 +91,7 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
                 temperature_c: None,
                 power_w: None,
                 foreign_processes: vec![],
+                gpu_type: None,
             })
             .collect(),
         running: vec![],
@@ -107,6 +108,7 @@ pub fn heartbeat(node: &str, gpus: u32) -> NodeHeartbeat {
         gpu_isolation: false,
         cpus: None,
         mem_host_mib: None,
+        features: Vec::new(),
     }
 }
 

@@ -1,0 +1,117 @@
+//! GPU types and node features: a job gets GPUs of one of its types, the first that fits now;
+//! its constraint picks nodes by feature; one no node could ever satisfy is rejected.
+
+use proptest::prelude::*;
+
+use super::tests::{id, job, node, run, started};
+use super::*;
+
+/// `gpus` GPUs of `gpu_type` on a node with `features`.
+fn typed(name: &str, gpus: u32, gpu_type: &str, features: &[&str]) -> NodeView {
+    let mut view = node(name, gpus, 81_920);
+    for gpu in &mut view.gpus {
+        gpu.gpu_type = Some(gpu_type.into());
+    }
+    view.features = features.iter().map(|f| (*f).to_owned()).collect();
+    view
+}
+
+fn wanting(n: u32, gpus: u32, types: &[&str]) -> QueuedJob {
+    let mut queued = job(n, GpuAmount::whole(gpus));
+    queued.gpu_types = types.iter().map(|t| (*t).to_owned()).collect();
+    queued
+}
+
+fn placed_on(decisions: &[Decision], n: u32) -> Option<String> {
+    started(decisions)
+        .into_iter()
+        .find(|(job, _)| **job == id(n))
+        .map(|(_, placement)| placement.node.clone())
+}
+
+#[test]
+fn a_job_takes_its_first_type_when_one_is_free_and_the_next_when_not() {
+    let nodes = [typed("a", 2, "a100", &[]), typed("h", 1, "h100", &[])];
+    let first = wanting(1, 1, &["h100", "a100"]);
+    let second = wanting(2, 1, &["h100", "a100"]);
+    let decisions = run(&nodes, &[], &[first, second]);
+    assert_eq!(placed_on(&decisions, 1).as_deref(), Some("h"));
+    assert_eq!(placed_on(&decisions, 2).as_deref(), Some("a"));
+}
+
+#[test]
+fn all_of_a_job_s_gpus_are_of_one_type() {
+    let mut mixed = node("m", 2, 81_920);
+    mixed.gpus[0].gpu_type = Some("h100".into());
+    mixed.gpus[1].gpu_type = Some("a100".into());
+    let decisions = run(&[mixed], &[], &[wanting(1, 2, &["h100", "a100"])]);
+    assert!(started(&decisions).is_empty(), "{decisions:?}");
+}
+
+#[test]
+fn a_constraint_picks_nodes_by_feature() {
+    let nodes = [
+        typed("plain", 4, "a100", &[]),
+        typed("fast", 4, "a100", &["ib", "nvlink"]),
+    ];
+    let mut picky = wanting(1, 1, &[]);
+    picky.constraint = Constraint::parse("ib&nvlink").ok();
+    let decisions = run(&nodes, &[], &[picky]);
+    assert_eq!(placed_on(&decisions, 1).as_deref(), Some("fast"));
+}
+
+#[test]
+fn a_type_or_feature_no_node_has_is_rejected_with_the_reason() {
+    let nodes = [typed("a", 2, "a100", &["ib"])];
+    let mut no_feature = wanting(2, 1, &[]);
+    no_feature.constraint = Constraint::parse("nvlink").ok();
+    let decisions = run(&nodes, &[], &[wanting(1, 1, &["h100"]), no_feature]);
+    let reasons: Vec<&str> = decisions
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Reject { reason, .. } => Some(reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "asks for GPU type h100; no node has one",
+            "no node has the features nvlink"
+        ]
+    );
+}
+
+proptest! {
+    /// Whatever the nodes' types and the job's list, a started job's GPUs are all of one of
+    /// its types, and it is the first of its list that some free node could give.
+    #[test]
+    fn a_started_job_has_gpus_of_its_first_fitting_type(
+        kinds in proptest::collection::vec(0usize..3, 1..5),
+        wanted in proptest::collection::vec(0usize..3, 1..3),
+        gpus in 1u32..3,
+    ) {
+        let names = ["h100", "a100", "l40s"];
+        let nodes: Vec<NodeView> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| typed(&format!("n{i}"), 2, names[*k], &[]))
+            .collect();
+        let types: Vec<&str> = wanted.iter().map(|w| names[*w]).collect();
+        let decisions = run(&nodes, &[], &[wanting(1, gpus, &types)]);
+        let first_present = types.iter().find(|t| kinds.iter().any(|k| names[*k] == **t));
+        match started(&decisions).first() {
+            Some((_, placement)) => {
+                let view = nodes.iter().find(|n| n.name == placement.node);
+                let got: Vec<Option<&str>> = placement
+                    .gpus
+                    .iter()
+                    .map(|g| view.and_then(|v| v.gpus.iter().find(|x| x.index == g.index))
+                        .and_then(|x| x.gpu_type.as_deref()))
+                    .collect();
+                prop_assert!(got.iter().all(|t| *t == first_present.copied()), "{got:?} {types:?}");
+            }
+            None => prop_assert!(first_present.is_none(), "{decisions:?}"),
+        }
+    }
+}
