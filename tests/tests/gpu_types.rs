@@ -1,0 +1,67 @@
+//! GPU types and node features, end to end: agents declare typed GPUs and features, jobs ask
+//! for types in order of preference and for features, and what no node has is refused at
+//! submit, naming what the cluster has.
+
+use std::time::Duration;
+
+use mgpu_tests::{Cluster, NodeSpec};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+fn text<'a>(job: &'a Value, field: &str) -> &'a str {
+    job[field].as_str().unwrap_or("")
+}
+
+#[test]
+fn jobs_get_the_gpu_types_and_node_features_they_ask_for() {
+    let nodes = [
+        NodeSpec::new("node001", "1x80GiB:h100").agent_args(&["--feature", "ib"]),
+        NodeSpec::new("node002", "2x40GiB").agent_args(&["--gpu-type", "a100-40gb"]),
+    ];
+    let cluster = Cluster::start(&nodes);
+
+    // The H100 for the first, the A100 (its second choice) for the second while it is busy.
+    let first = cluster.submit(&["--gpus", "h100:1"], "sleep 3");
+    let on_h100 = cluster.wait_state(&first, "running", T);
+    assert_eq!(text(&on_h100, "node"), "node001", "{on_h100}");
+    let second = cluster.submit(&["--gpu-type", "h100,a100-40gb"], "true");
+    let on_a100 = cluster.finished_as(&second, "succeeded", T);
+    assert_eq!(text(&on_a100, "node"), "node002", "{on_a100}");
+    // Only node001 has `ib`: this one waits for it.
+    let fast = cluster.submit(&["--constraint", "ib"], "true");
+    let done = cluster.finished_as(&fast, "succeeded", T);
+    assert_eq!(text(&done, "node"), "node001", "{done}");
+    let shown: Value = serde_json::from_str(&cluster.mgpu_ok(&["show", &fast, "--json"]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(shown["record"]["spec"]["constraint"], "ib", "{shown}");
+    let typed: Value = serde_json::from_str(&cluster.mgpu_ok(&["show", &second, "--json"]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        typed["record"]["spec"]["gpu_types"],
+        serde_json::json!(["h100", "a100-40gb"])
+    );
+
+    // What no node has is refused at once, naming what there is.
+    let refused = [
+        (
+            cluster.submit(&["--gpu-type", "rtx-4090"], "true"),
+            "no node has GPU type rtx-4090 (the cluster has: a100-40gb, h100)",
+        ),
+        (
+            cluster.submit(&["--constraint", "ib&nvlink"], "true"),
+            "no node has the feature nvlink (the cluster has: ib)",
+        ),
+    ];
+    for (id, says) in refused {
+        let job = cluster.finished_as(&id, "failed", T);
+        assert!(text(&job, "reason").contains(says), "{job}");
+    }
+    // A malformed one never leaves the command line.
+    let out = cluster.mgpu(&["submit", "--constraint", "ib&", "--", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected a feature name"),
+        "{out:?}"
+    );
+}
