@@ -299,6 +299,12 @@ impl JobSpec {
         if let (Some(content), Some(parts)) = (self.script_dedup_part(), key.as_array_mut()) {
             parts.push(content.into());
         }
+        // Only when set, so a job without them keys as it did before they existed.
+        if (!self.gpu_types.is_empty() || self.constraint.is_some())
+            && let Some(parts) = key.as_array_mut()
+        {
+            parts.push(serde_json::json!([self.gpu_types, self.constraint]));
+        }
         key.to_string()
     }
 
@@ -467,6 +473,19 @@ mod tests {
 
     fn spec() -> JobSpec {
         JobSpec::new(vec!["python".into(), "train.py".into()], "/tmp")
+    }
+
+    #[test]
+    fn gpu_types_and_constraints_tell_twins_apart_and_leave_other_keys_as_they_were() {
+        let plain = spec().dedup_key();
+        let mut typed = spec();
+        typed.gpu_types = vec!["h100".into()];
+        let mut constrained = spec();
+        constrained.constraint = Some("ib".into());
+        assert!(plain.ends_with("null]"), "{plain}");
+        assert_ne!(typed.dedup_key(), plain);
+        assert_ne!(constrained.dedup_key(), plain);
+        assert_ne!(typed.dedup_key(), constrained.dedup_key());
     }
 
     #[test]
