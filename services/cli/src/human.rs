@@ -1,10 +1,11 @@
-//! Small formatting helpers for what people read: ages, times, sizes, states and GPU lists.
+//! Small formatting helpers for what people read: ages, times, sizes, states, GPU lists and
+//! GPU types.
 
 use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
-use mgpu_protocol::node::GpuSource;
+use mgpu_protocol::node::{GpuSource, GpuStatus};
 
 use crate::model::nodes::{NodeRow, NodeState};
 
@@ -78,6 +79,42 @@ pub fn gpu_source(source: GpuSource) -> &'static str {
     }
 }
 
+/// A node's GPUs by type, counted in the order the types first appear: `2×h100`, or
+/// `1×h100,3×a100-80gb` when mixed. A GPU reporting no type counts as `?` beside typed ones;
+/// `-` when none reports a type (an older agent, or no GPUs).
+pub fn gpu_types(gpus: &[GpuStatus]) -> String {
+    if gpus.iter().all(|gpu| gpu.gpu_type.is_none()) {
+        return "-".to_owned();
+    }
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for gpu in gpus {
+        let name = gpu.gpu_type.as_deref().unwrap_or("?");
+        match counts.iter_mut().find(|(seen, _)| *seen == name) {
+            Some((_, count)) => *count += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts
+        .iter()
+        .map(|(name, count)| format!("{count}×{name}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One GPU's type for a table cell: `h100`, or `-` when it reports none.
+pub fn gpu_type(gpu: &GpuStatus) -> &str {
+    gpu.gpu_type.as_deref().unwrap_or("-")
+}
+
+/// Names (a node's features) as `ib,nvlink`; `-` when there are none.
+pub fn name_list(names: &[String]) -> String {
+    if names.is_empty() {
+        "-".to_owned()
+    } else {
+        names.join(",")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +180,27 @@ mod tests {
         beat.sent_at = now;
         let fresh = NodeRow::new(&beat, &[], Some(&drained), now, 3);
         assert_eq!(node_state(&fresh), "drained");
+    }
+
+    #[test]
+    fn gpu_types_are_counted_and_unknown_ones_say_so() {
+        let mut gpus = crate::fixtures::heartbeat("n1", 4).gpus;
+        assert_eq!(gpu_types(&gpus), "-");
+        assert_eq!(gpu_types(&[]), "-");
+        assert_eq!(gpu_type(&gpus[0]), "-");
+        for gpu in &mut gpus {
+            gpu.gpu_type = Some("h100".into());
+        }
+        assert_eq!(gpu_types(&gpus), "4×h100");
+        assert_eq!(gpu_type(&gpus[0]), "h100");
+        gpus[1].gpu_type = Some("a100-80gb".into());
+        gpus[3].gpu_type = None;
+        assert_eq!(gpu_types(&gpus), "2×h100,1×a100-80gb,1×?");
+    }
+
+    #[test]
+    fn name_lists_are_comma_separated_or_a_dash() {
+        assert_eq!(name_list(&["ib".into(), "nvlink".into()]), "ib,nvlink");
+        assert_eq!(name_list(&[]), "-");
     }
 }

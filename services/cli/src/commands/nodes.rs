@@ -3,7 +3,8 @@
 //! A node's state (`online`, `draining`, `drained`, `offline`) is the read model's
 //! ([`crate::model::nodes`]), worked out as the scheduler does with the policy read from the
 //! cluster bucket, so the listing agrees with the scheduler about which nodes it has given up
-//! on. This module prints it: a block of text per node, or the heartbeats as JSON.
+//! on. This module prints it: a block of text per node (with its GPU types and features), or
+//! the heartbeats as JSON.
 
 use std::process::ExitCode;
 
@@ -91,6 +92,16 @@ fn json_value(node: &NodeHeartbeat, view: &View<'_>) -> Result<serde_json::Value
         let age_ms = (view.now - node.sent_at).num_milliseconds().max(0);
         object.insert("last_heartbeat_age_ms".into(), age_ms.into());
         object.insert("admin".into(), serde_json::to_value(&view.admin)?);
+        // Always there for scripts, though the heartbeat leaves out empty ones: `features`
+        // as an array, each GPU's `gpu_type` as a string or null.
+        object.insert("features".into(), serde_json::to_value(&node.features)?);
+        if let Some(gpus) = object.get_mut("gpus").and_then(|v| v.as_array_mut()) {
+            for (value, gpu) in gpus.iter_mut().zip(&node.gpus) {
+                if let Some(gpu_object) = value.as_object_mut() {
+                    gpu_object.insert("gpu_type".into(), serde_json::to_value(&gpu.gpu_type)?);
+                }
+            }
+        }
     }
     Ok(value)
 }
@@ -145,6 +156,11 @@ fn details(node: &NodeHeartbeat, row: &NodeRow, view: &View<'_>) -> String {
         node.agent_version,
         node.protocol,
     ));
+    text.push_str(&format!(
+        "  gpu types: {}  features: {}\n",
+        human::gpu_types(&node.gpus),
+        human::name_list(&node.features)
+    ));
     let sender = format!("its agent {}", node.agent_version);
     if let Some(why) = mgpu_protocol::version::incompatibility(&sender, node.protocol) {
         text.push_str(&format!("  incompatible, gets no jobs: {why}\n"));
@@ -192,6 +208,7 @@ fn gpu_table(node: &NodeHeartbeat, admin: &NodeAdmin) -> String {
     let mut table = if sensors {
         Table::new([
             "GPU",
+            "TYPE",
             "NAME",
             "MEM (MiB)",
             "UTIL",
@@ -204,6 +221,7 @@ fn gpu_table(node: &NodeHeartbeat, admin: &NodeAdmin) -> String {
     } else {
         Table::new([
             "GPU",
+            "TYPE",
             "NAME",
             "MEM (MiB)",
             "UTIL",
@@ -221,6 +239,7 @@ fn gpu_table(node: &NodeHeartbeat, admin: &NodeAdmin) -> String {
             .unwrap_or_default();
         let mut cells = vec![
             gpu.index.to_string(),
+            human::gpu_type(gpu).to_owned(),
             gpu.name.clone(),
             human::mib_pair(gpu.memory_used_mib, gpu.memory_total_mib),
             format!("{}%", gpu.utilization_pct),
@@ -307,7 +326,7 @@ mod tests {
         );
         assert!(text.contains("  note: NVML unavailable\n"), "{text}");
         assert!(
-            text.contains("  0    Fake 24GiB  100/24576  7%    1        declared\n"),
+            text.contains("  0    -     Fake 24GiB  100/24576  7%    1        declared\n"),
             "{text}"
         );
         assert!(!text.contains("drained"), "{text}");
@@ -362,16 +381,20 @@ mod tests {
         let text = render(&node, &view);
         assert!(
             text.contains(
-                "  GPU  NAME        MEM (MiB)  UTIL  TEMP  POWER  FOREIGN  SOURCE    ADMIN\n"
+                "  GPU  TYPE  NAME        MEM (MiB)  UTIL  TEMP  POWER  FOREIGN  SOURCE    ADMIN\n"
             ),
             "{text}"
         );
         assert!(
-            text.contains("  0    Fake 24GiB  100/24576  7%    67°C  250W   1        detected\n"),
+            text.contains(
+                "  0    -     Fake 24GiB  100/24576  7%    67°C  250W   1        detected\n"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("  1    Fake 24GiB  100/24576  7%    41°C  -      0        detected\n"),
+            text.contains(
+                "  1    -     Fake 24GiB  100/24576  7%    41°C  -      0        detected\n"
+            ),
             "{text}"
         );
         // `--json` carries them as read, and leaves out what was not.
@@ -430,5 +453,51 @@ mod tests {
         assert_eq!(json["state"], "offline");
         let json = json_value(&node, &view(drained, 3)).unwrap_or_default();
         assert_eq!(json["state"], "draining");
+    }
+
+    #[test]
+    fn gpu_types_and_features_show_and_are_always_in_the_json() {
+        let now = mgpu_protocol::now();
+        let mut node = heartbeat(now);
+        let view = View {
+            now,
+            jobs: &[],
+            admin: NodeAdmin::default(),
+            missed_heartbeats: 3,
+        };
+        // An agent that reports neither: dashes, and the JSON still has both fields.
+        let text = render(&node, &view);
+        assert!(text.contains("\n  gpu types: -  features: -\n"), "{text}");
+        let json = json_value(&node, &view).unwrap_or_default();
+        assert_eq!(json["features"], serde_json::json!([]));
+        assert_eq!(json["gpus"][0]["gpu_type"], serde_json::Value::Null);
+        assert!(json["gpus"][0].get("gpu_type").is_some(), "{json}");
+
+        node.features = vec!["ib".into(), "nvlink".into()];
+        node.gpus[0].gpu_type = Some("h100".into());
+        let mut second = node.gpus[0].clone();
+        second.index = 1;
+        second.name = "NVIDIA A100-SXM4-80GB".into();
+        second.gpu_type = Some("a100-80gb".into());
+        node.gpus.push(second);
+        let text = render(&node, &view);
+        assert!(
+            text.contains("\n  gpu types: 1×h100,1×a100-80gb  features: ib,nvlink\n"),
+            "{text}"
+        );
+        assert!(text.contains("  GPU  TYPE       NAME "), "{text}");
+        assert!(text.contains("\n  0    h100       Fake 24GiB "), "{text}");
+        assert!(
+            text.contains("\n  1    a100-80gb  NVIDIA A100-SXM4-80GB "),
+            "{text}"
+        );
+        let json = json_value(&node, &view).unwrap_or_default();
+        assert_eq!(json["features"], serde_json::json!(["ib", "nvlink"]));
+        assert_eq!(json["gpus"][0]["gpu_type"], "h100");
+        assert_eq!(json["gpus"][1]["gpu_type"], "a100-80gb");
+        // The fields scripts read already are untouched.
+        assert_eq!(json["gpus"][1]["name"], "NVIDIA A100-SXM4-80GB");
+        assert_eq!(json["node"], "node001");
+        assert_eq!(json["state"], "online");
     }
 }

@@ -1,5 +1,6 @@
 //! `mgpu show`: everything the scheduler recorded about one job, as aligned `key: value` lines
-//! (what the job asked for, where it runs or ran, and its state's times) or as JSON.
+//! (what the job asked for, GPU types and node constraint included, where it runs or ran, and
+//! its state's times) or as JSON.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -96,7 +97,8 @@ fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> Stri
         .collect()
 }
 
-/// What the job asked for: command, resources, limits, environment, dependencies.
+/// What the job asked for: command, resources (GPU types in order of preference, the node
+/// constraint), limits, environment, dependencies.
 fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     lines.push(("command", spec.command_line()));
     if let Some(script) = &spec.script {
@@ -108,6 +110,12 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     }
     lines.push(("workdir", spec.workdir.clone()));
     lines.push(("gpus requested", spec.gpus.to_string()));
+    if !spec.gpu_types.is_empty() {
+        lines.push(("gpu type", spec.gpu_types.join(", then ")));
+    }
+    if let Some(constraint) = &spec.constraint {
+        lines.push(("constraint", constraint.clone()));
+    }
     if let Some(ids) = &spec.gpu_ids {
         lines.push(("gpu ids pinned", human::index_list(ids)));
     }
@@ -459,5 +467,45 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("\nran for:"), "{text}");
+    }
+
+    #[test]
+    fn gpu_types_and_the_constraint_show_when_set_and_are_in_the_json() {
+        let now = mgpu_protocol::now();
+        let mut record = JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            user_key: None,
+            spec: JobSpec::new(vec!["python".into(), "train.py".into()], "/tmp"),
+            submitted_at: now - chrono::Duration::seconds(75),
+            attempt: 1,
+            state: JobState::Queued(Waiting::new(WaitReason::Resources)),
+            last_request: None,
+        };
+        let shown =
+            |record: &JobRecord| render(record, &Environment::Shown(record.spec.env.clone()), now);
+        // Any type on any node: neither line.
+        let text = shown(&record);
+        assert!(
+            !text.contains("gpu type") && !text.contains("constraint"),
+            "{text}"
+        );
+        record.spec.gpu_types = vec!["h100".into()];
+        assert!(shown(&record).contains("\ngpu type:       h100\n"));
+        record.spec.gpu_types.push("a100-80gb".into());
+        record.spec.constraint = Some("ib&nvlink".into());
+        let text = shown(&record);
+        assert!(
+            text.contains("\ngpus requested: 1\ngpu type:       h100, then a100-80gb\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nconstraint:     ib&nvlink\n"), "{text}");
+        // `--json` carries the record as stored.
+        let json = serde_json::to_value(&record).unwrap_or_default();
+        assert_eq!(
+            json["spec"]["gpu_types"],
+            serde_json::json!(["h100", "a100-80gb"])
+        );
+        assert_eq!(json["spec"]["constraint"], "ib&nvlink");
     }
 }

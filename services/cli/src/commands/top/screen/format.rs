@@ -1,5 +1,5 @@
 //! How `mgpu top` writes numbers for people: bars, memory sizes, temperatures and power,
-//! waiting times, GPU lists.
+//! waiting times, GPU lists and types.
 //! Bars are ASCII (`[|||   ]`) so they read the same on any terminal and in a captured screen.
 
 use std::time::Duration;
@@ -7,6 +7,7 @@ use std::time::Duration;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::job::Placement;
+use mgpu_protocol::node::GpuStatus;
 
 /// `[||||      ]` filled to `fraction` (0..=1) over `width` characters, brackets included.
 pub fn bar(fraction: f64, width: usize) -> String {
@@ -53,6 +54,12 @@ pub fn watts(power_w: Option<u32>) -> String {
 /// Time from `then` to `now` as `4m05s`; zero when the clocks disagree about the order.
 pub fn since(then: Timestamp, now: Timestamp) -> String {
     format_duration((now - then).to_std().unwrap_or(Duration::ZERO))
+}
+
+/// What a GPU is, short: its type as jobs ask for it (`h100`), or its model name where its
+/// agent reports no type.
+pub fn gpu_kind(gpu: &GpuStatus) -> &str {
+    gpu.gpu_type.as_deref().unwrap_or(&gpu.name)
 }
 
 /// GPU indices as `0,1,3`.

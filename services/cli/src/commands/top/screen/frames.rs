@@ -175,3 +175,30 @@ fn without_readings_or_room_the_nodes_pane_is_as_before() {
         "{wide}"
     );
 }
+
+#[test]
+fn gpus_show_their_type_and_the_header_counts_by_type() {
+    let now = mgpu_protocol::now();
+    let mut typed = heartbeat("node001", 2);
+    for gpu in &mut typed.gpus {
+        gpu.name = "NVIDIA H100 80GB HBM3".into();
+        gpu.gpu_type = Some("h100".into());
+    }
+    // An agent that reports no type: its model name stands in.
+    let untyped = heartbeat("node002", 1);
+    let text = nodes_frame(&[typed, untyped], 120, now);
+    let head = text
+        .lines()
+        .find(|l| l.contains("NODE"))
+        .unwrap_or_default();
+    assert!(head.contains(" GPU TYPE "), "{text}");
+    let typed_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" h100 ") && l.contains("/24.0"))
+        .collect();
+    assert_eq!(typed_lines.len(), 2, "{text}");
+    assert!(!text.contains("NVIDIA H100"), "{text}");
+    assert_eq!(gpu_row(&text, "A100", 0).len(), 1, "{text}");
+    assert!(text.contains("A100: 1 free, 0 used, 0 paused"), "{text}");
+    assert!(text.contains("h100: 2 free, 0 used, 0 paused"), "{text}");
+}

@@ -1,5 +1,5 @@
-//! The two panes, drawn line by line: the nodes pane (a line per GPU: its utilisation and
-//! memory, its temperature and power where NVML reads them, the job holding it and whose it
+//! The two panes, drawn line by line: the nodes pane (a line per GPU: its type, utilisation
+//! and memory, its temperature and power where NVML reads them, the job holding it and whose it
 //! is, paused and drained marks) and the queue
 //! (running jobs, then waiting ones with their effective priority and why they wait).
 //! The user's own jobs carry a `*` and a colour; the selected line a `>`.
@@ -135,7 +135,7 @@ pub(super) fn nodes(model: &Model, area: Rect, buf: &mut Buffer) {
     head.cell("NODE", columns.name, bold);
     head.cell("STATE", 8, bold);
     head.number("GPU", 3, bold);
-    head.cell("MODEL", 14, bold);
+    head.cell("TYPE", 14, bold);
     head.cell("UTIL", columns.bar + 5, bold);
     head.cell("MEMORY (GiB)", columns.bar + 12, bold);
     if columns.sensors {
@@ -218,7 +218,7 @@ fn gpu_line(
         return;
     };
     out.number(&gpu.index.to_string(), 3, base);
-    out.cell(&gpu.name, 14, base);
+    out.cell(format::gpu_kind(gpu), 14, base);
     let util = f64::from(gpu.utilization_pct) / 100.0;
     out.cell(&percent_bar(util, columns.bar), columns.bar + 5, base);
     let used = gpu.memory_used_mib as f64 / gpu.memory_total_mib.max(1) as f64;

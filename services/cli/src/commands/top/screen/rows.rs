@@ -16,6 +16,7 @@ use mgpu_protocol::priority::effective_priority;
 
 use super::data::Data;
 use super::filter::{Filter, GpuFacts};
+use super::format;
 use super::me::Me;
 
 /// One line of the nodes pane: a GPU, or a node without any.
@@ -97,7 +98,7 @@ pub struct Summary {
     pub nodes: usize,
     pub nodes_online: usize,
     pub gpus: GpuCounts,
-    /// By GPU model name.
+    /// By GPU type (the model name for a GPU whose agent reports no type).
     pub models: Vec<(String, GpuCounts)>,
     pub running: usize,
     pub queued: usize,
@@ -257,7 +258,7 @@ struct NodeLines<'a, 'l> {
 
 impl<'a> NodeLines<'a, '_> {
     /// Adds the node's GPU lines the filter keeps (one line if it has no GPU), and counts
-    /// every GPU by model.
+    /// every GPU by type.
     fn add(&mut self, holders: &Holders<'_>, models: &mut BTreeMap<&'a str, GpuCounts>) {
         let data = self.data;
         let Some(beat) = data.nodes.get(self.node) else {
@@ -281,7 +282,7 @@ impl<'a> NodeLines<'a, '_> {
                 .gpus
                 .get(&(beat.node.as_str(), gpu.index))
                 .map_or(&[][..], Vec::as_slice);
-            let counts = models.entry(gpu.name.as_str()).or_default();
+            let counts = models.entry(format::gpu_kind(gpu)).or_default();
             *bucket(counts, self.state, !held.is_empty(), paused) += 1;
             let line = GpuLine {
                 gpu: Some(at),
