@@ -1,6 +1,6 @@
 //! GPU types and node features, end to end: agents declare typed GPUs and features, jobs ask
 //! for types in order of preference and for features, and what no node has is refused at
-//! submit, naming what the cluster has.
+//! submit, naming what the cluster has; `mgpu report --by type` splits GPU time by type.
 
 use std::time::Duration;
 
@@ -41,6 +41,19 @@ fn jobs_get_the_gpu_types_and_node_features_they_ask_for() {
         typed["record"]["spec"]["gpu_types"],
         serde_json::json!(["h100", "a100-40gb"])
     );
+
+    // GPU time by type, from the nodes' types.
+    cluster.finished_as(&first, "succeeded", T);
+    let report: Value =
+        serde_json::from_str(&cluster.mgpu_ok(&["report", "--mine", "--by", "type", "--json"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let types: Vec<&str> = report["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g["type"].as_str())
+        .collect();
+    assert_eq!(types, ["a100-40gb", "h100"], "{report}");
 
     // What no node has is refused at once, naming what there is.
     let refused = [

@@ -1,5 +1,5 @@
 //! `mgpu report`: accounting over a period, like Slurm's `sreport`: jobs, how they ended and
-//! GPU-hours, by user, node or state, as a table, `--json` or `--csv` for spreadsheets; and
+//! GPU-hours, by user, node, state or GPU type, as a table, `--json` or `--csv` for spreadsheets; and
 //! with `--fairshare`, each user's usage as the scheduler's fair-share ledger decays it, their
 //! share of all, and the priority points it takes off their waiting jobs.
 
@@ -79,7 +79,15 @@ pub async fn run(connection: &ConnectionArgs, args: &ReportArgs) -> Result<ExitC
             ));
         }
         let jobs = history::read(&session.js, &filter).await?;
-        let groups = accounting::totals(&jobs, args.by);
+        let types = match args.by {
+            GroupBy::Type => accounting::gpu_types(
+                &mgpu_nats::records::list_nodes(&session.js)
+                    .await
+                    .map_err(crate::errors::plain)?,
+            ),
+            _ => accounting::GpuTypes::new(),
+        };
+        let groups = accounting::totals(&jobs, args.by, &types);
         let period = (since, args.until.unwrap_or(now));
         usage_report(&groups, args, period, &mut out)?;
     }
@@ -93,6 +101,7 @@ fn group_name(by: GroupBy) -> &'static str {
         GroupBy::User => "user",
         GroupBy::Node => "node",
         GroupBy::State => "state",
+        GroupBy::Type => "type",
     }
 }
 

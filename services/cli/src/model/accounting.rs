@@ -1,9 +1,9 @@
 //! Accounting over finished jobs, like Slurm's `sreport`: GPU time and how jobs ended, summed
-//! by user, node or state. GPU time is counted as the scheduler's fair-share ledger counts it:
+//! by user, node, state or GPU type (each GPU's type as its node reports it now). GPU time is counted as the scheduler's fair-share ledger counts it:
 //! the GPUs (and shares) a job held on all its nodes, times the milliseconds from its start
 //! to its end (its last attempt; the ledger also counts attempts that were requeued).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use mgpu_protocol::job::{JobRecord, JobState};
 use serde::Serialize;
@@ -26,6 +26,24 @@ pub enum GroupBy {
     User,
     Node,
     State,
+    /// The GPU type, as each job's GPUs' nodes report it now (`-` where unknown).
+    Type,
+}
+
+/// Each GPU's type by node and index, from the nodes' latest heartbeats.
+pub type GpuTypes = HashMap<(String, u32), String>;
+
+/// The GPU types the nodes' latest heartbeats report.
+pub fn gpu_types(nodes: &[mgpu_protocol::node::NodeHeartbeat]) -> GpuTypes {
+    nodes
+        .iter()
+        .flat_map(|beat| {
+            beat.gpus.iter().filter_map(|g| {
+                let gpu_type = g.gpu_type.clone()?;
+                Some(((beat.node.clone(), g.index), gpu_type))
+            })
+        })
+        .collect()
 }
 
 /// The jobs of one group and how they ended.
@@ -61,7 +79,7 @@ impl Totals {
 
 /// `jobs` summed by `by`. By node, a job counts once on each node it ran on, with the GPU
 /// time of the GPUs it held there.
-pub fn totals(jobs: &[JobRecord], by: GroupBy) -> BTreeMap<String, Totals> {
+pub fn totals(jobs: &[JobRecord], by: GroupBy, types: &GpuTypes) -> BTreeMap<String, Totals> {
     let mut groups: BTreeMap<String, Totals> = BTreeMap::new();
     for job in jobs.iter().filter(|job| job.state.is_finished()) {
         match by {
@@ -86,9 +104,39 @@ pub fn totals(jobs: &[JobRecord], by: GroupBy) -> BTreeMap<String, Totals> {
                     groups.entry(node.to_owned()).or_default().add(job, part);
                 }
             }
+            GroupBy::Type => add_by_type(&mut groups, job, types),
         }
     }
     groups
+}
+
+/// A job's GPU time split by the type of each GPU it held; the job counts once in each type.
+fn add_by_type(groups: &mut BTreeMap<String, Totals>, job: &JobRecord, types: &GpuTypes) {
+    let Some(placement) = job.state.placement() else {
+        groups.entry("-".to_owned()).or_default().add(job, 0.0);
+        return;
+    };
+    let total = placement.total_gpus();
+    let all = gpu_seconds(job);
+    let mut parts: BTreeMap<&str, f64> = BTreeMap::new();
+    for (_, node, shares) in placement.ranks() {
+        for share in shares {
+            let gpu_type = types
+                .get(&(node.to_owned(), share.index))
+                .map_or("-", String::as_str);
+            *parts.entry(gpu_type).or_default() += share.amount.as_f64();
+        }
+    }
+    if parts.is_empty() {
+        groups.entry("-".to_owned()).or_default().add(job, 0.0);
+    }
+    for (gpu_type, here) in parts {
+        let part = if total > 0.0 { all * here / total } else { 0.0 };
+        groups
+            .entry(gpu_type.to_owned())
+            .or_default()
+            .add(job, part);
+    }
 }
 
 #[cfg(test)]
@@ -122,15 +170,25 @@ mod tests {
     fn gpu_time_is_gpus_times_run_time_summed_by_group() {
         let jobs = [ran("n1", 2, 90, false), ran("n2", 1, 30, true)];
         assert_eq!(gpu_seconds(&jobs[0]), 2.0 * 90.0 * 60.0);
-        let by_user = totals(&jobs, GroupBy::User);
+        let by_user = totals(&jobs, GroupBy::User, &GpuTypes::new());
         let alice = &by_user["alice"];
         assert_eq!((alice.jobs, alice.succeeded, alice.failed), (2, 1, 1));
         assert!((alice.gpu_hours() - 3.5).abs() < 1e-9);
-        let by_node = totals(&jobs, GroupBy::Node);
+        let by_node = totals(&jobs, GroupBy::Node, &GpuTypes::new());
         assert!((by_node["n1"].gpu_hours() - 3.0).abs() < 1e-9);
         assert_eq!(by_node["n2"].failed, 1);
-        let by_state = totals(&jobs, GroupBy::State);
+        let by_state = totals(&jobs, GroupBy::State, &GpuTypes::new());
         assert_eq!(by_state["failed"].jobs, 1);
         assert_eq!(by_state["succeeded"].jobs, 1);
+        let types: GpuTypes = [(("n1".to_owned(), 0), "h100".to_owned())].into();
+        let by_type = totals(&jobs, GroupBy::Type, &types);
+        // n1's GPU 0 is an H100; every other GPU's type is unknown.
+        assert!(by_type["h100"].gpu_hours() > 0.0, "{by_type:?}");
+        let all: f64 = by_type.values().map(Totals::gpu_hours).sum();
+        let by_user_all: f64 = by_user.values().map(Totals::gpu_hours).sum();
+        assert!(
+            (all - by_user_all).abs() < 1e-9,
+            "the same hours, split otherwise"
+        );
     }
 }
