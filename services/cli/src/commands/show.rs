@@ -332,10 +332,9 @@ mod tests {
     use super::*;
     use mgpu_protocol::job::{ArrayMember, WaitReason};
 
-    #[test]
-    fn a_queued_job_shows_its_reason_aligned() {
-        let now = mgpu_protocol::now();
-        let record = JobRecord {
+    /// Alice's `python train.py`, queued for GPUs 75 s before `now`.
+    fn queued_train(now: mgpu_protocol::Timestamp) -> JobRecord {
+        JobRecord {
             id: JobId::random(),
             user: "alice".into(),
             user_key: None,
@@ -344,7 +343,13 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
             last_request: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_queued_job_shows_its_reason_aligned() {
+        let now = mgpu_protocol::now();
+        let record = queued_train(now);
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          queued\n"), "{text}");
         assert!(text.contains("\nwaiting:        1m15s\n"), "{text}");
@@ -472,16 +477,7 @@ mod tests {
     #[test]
     fn gpu_types_and_the_constraint_show_when_set_and_are_in_the_json() {
         let now = mgpu_protocol::now();
-        let mut record = JobRecord {
-            id: JobId::random(),
-            user: "alice".into(),
-            user_key: None,
-            spec: JobSpec::new(vec!["python".into(), "train.py".into()], "/tmp"),
-            submitted_at: now - chrono::Duration::seconds(75),
-            attempt: 1,
-            state: JobState::Queued(Waiting::new(WaitReason::Resources)),
-            last_request: None,
-        };
+        let mut record = queued_train(now);
         let shown =
             |record: &JobRecord| render(record, &Environment::Shown(record.spec.env.clone()), now);
         // Any type on any node: neither line.

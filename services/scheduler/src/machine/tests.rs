@@ -202,6 +202,15 @@ fn one_gpu() -> JobSpec {
     spec
 }
 
+/// The liveness timer at `seconds` on the monotonic clock, everything visible.
+fn tick(seconds: u64) -> Input {
+    Input::Tick(Tick {
+        monotonic: Duration::from_secs(seconds),
+        heartbeats_visible: true,
+        reports_caught_up: true,
+    })
+}
+
 fn acks(commands: &[Command]) -> usize {
     commands
         .iter()
@@ -389,13 +398,6 @@ fn a_stale_attempt_is_killed_at_most_every_five_seconds() {
             })
             .count()
     };
-    let tick = |seconds: u64| {
-        Input::Tick(Tick {
-            monotonic: Duration::from_secs(seconds),
-            heartbeats_visible: true,
-            reports_caught_up: true,
-        })
-    };
     rig.feed(t0(), tick(1));
     let listed = || Input::Heartbeat(Box::new(beat("node1", t0(), &[(&stranger, 1)])));
     assert_eq!(kills(&rig.feed(t0(), listed())), 1);
@@ -498,13 +500,6 @@ fn finished_jobs_move_to_history_after_keep_finished_and_are_forgotten_once_move
     };
     rig.feed(t0(), Input::Report { token: 7, report });
     assert!(matches!(rig.state(&id), Some(JobState::Succeeded(_))));
-    let tick = |seconds: u64| {
-        Input::Tick(Tick {
-            monotonic: Duration::from_secs(seconds),
-            heartbeats_visible: true,
-            reports_caught_up: true,
-        })
-    };
     let soon = rig.feed(t0() + chrono::Duration::seconds(30), tick(30));
     assert!(!soon.iter().any(|c| matches!(c, Command::Archive { .. })));
     let later = rig.feed(t0() + chrono::Duration::seconds(120), tick(120));
@@ -538,13 +533,6 @@ fn a_lost_node_s_waiting_assignments_are_dropped_and_its_job_waits_while_it_stil
             .iter()
             .filter(|c| matches!(c, Command::PurgeAssignments { node } if node == "node1"))
             .count()
-    };
-    let tick = |seconds: u64| {
-        Input::Tick(Tick {
-            monotonic: Duration::from_secs(seconds),
-            heartbeats_visible: true,
-            reports_caught_up: true,
-        })
     };
     let at = |seconds| t0() + chrono::Duration::seconds(seconds);
     // Silent: offline, its job requeued, what waits on its subject dropped.
