@@ -21,9 +21,10 @@ use mgpu_protocol::subjects;
 use crate::{Cluster, NodeSpec, free_port, nats_server_bin, wait_for};
 
 /// Every stream mgpu keeps (buckets by their stream's name).
-pub const MGPU_STREAMS: [&str; 8] = [
+pub const MGPU_STREAMS: [&str; 9] = [
     subjects::REQUESTS_STREAM,
     subjects::EVENTS_STREAM,
+    subjects::AUDIT_STREAM,
     subjects::OUTPUT_STREAM,
     subjects::NODES_STREAM,
     subjects::ASSIGN_STREAM,

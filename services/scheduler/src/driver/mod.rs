@@ -20,6 +20,7 @@
 //!   and audit records sent, acknowledgements, stores, answers fed back.
 //! - [`replica`]: the lease, the status micro service, the metrics endpoint.
 
+mod background;
 mod intake;
 pub(crate) mod outbox;
 pub mod replica;

@@ -20,6 +20,7 @@ use mgpu_protocol::event::JobEvent;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::{now, subjects};
 
+use super::background::BackgroundPublisher;
 use super::store::{Retry, Write};
 use super::{Driver, intake};
 use crate::machine::Command;
@@ -325,75 +326,5 @@ impl Outbox {
         };
         self.background
             .publish(subjects::audit(&record.action), payload, "an audit record");
-    }
-}
-
-/// Job events and audit records on their way to JetStream: for watchers, so a pass does not
-/// wait for them, yet each is stored, in the order made. One task publishes them with at most
-/// [`BACKGROUND_IN_FLIGHT`] acknowledgements awaited at once; what waits behind is a subject
-/// and a payload in a queue, where a task per message meant up to 200 000 tasks during a
-/// burst of 100 000 submissions (an event and an audit record each).
-#[derive(Clone)]
-pub(crate) struct BackgroundPublisher {
-    queue: tokio::sync::mpsc::UnboundedSender<Pending>,
-}
-
-struct Pending {
-    subject: String,
-    payload: Bytes,
-    /// Names the message in a failure's log line ("a job event").
-    what: &'static str,
-}
-
-/// Acknowledgements the background publisher awaits at once: well under async-nats's 5 000,
-/// and enough to keep the server busy.
-const BACKGROUND_IN_FLIGHT: usize = 1_024;
-
-impl BackgroundPublisher {
-    /// Starts the publishing task; it ends once every clone is dropped and the queue is empty.
-    fn start(js: jetstream::Context) -> Self {
-        let (queue, pending) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(publish_pending(js, pending));
-        BackgroundPublisher { queue }
-    }
-
-    /// Queues `payload` for `subject`; a failure is logged as `what`.
-    pub(crate) fn publish(&self, subject: String, payload: Vec<u8>, what: &'static str) {
-        let pending = Pending {
-            subject,
-            payload: payload.into(),
-            what,
-        };
-        if self.queue.send(pending).is_err() {
-            tracing::warn!("{what} not published: the publisher has stopped");
-        }
-    }
-}
-
-async fn publish_pending(
-    js: jetstream::Context,
-    mut pending: tokio::sync::mpsc::UnboundedReceiver<Pending>,
-) {
-    use futures::StreamExt;
-    let mut in_flight = futures::stream::FuturesUnordered::new();
-    let mut open = true;
-    while open || !in_flight.is_empty() {
-        tokio::select! {
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-            next = pending.recv(), if open && in_flight.len() < BACKGROUND_IN_FLIGHT => {
-                let Some(Pending { subject, payload, what }) = next else {
-                    open = false;
-                    continue;
-                };
-                match js.publish(subject, payload).await {
-                    Ok(ack) => in_flight.push(async move {
-                        if let Err(err) = ack.await {
-                            tracing::warn!(%err, "{what} not stored");
-                        }
-                    }),
-                    Err(err) => tracing::warn!(%err, "publishing {what}"),
-                }
-            }
-        }
     }
 }
