@@ -40,10 +40,11 @@ impl NodeTable {
         }
     }
 
-    /// The scheduler could not see heartbeats until `now`: a node counts as silent only once
-    /// it missed its heartbeats after that.
-    pub fn blind_until(&mut self, now: Timestamp) {
-        self.watching_since = Some(now);
+    /// The scheduler could not see heartbeats (or must not judge silence) until `until`: a
+    /// node counts as silent only once it missed its heartbeats after that. A later time
+    /// already set stands.
+    pub fn blind_until(&mut self, until: Timestamp) {
+        self.watching_since = Some(self.watching_since.map_or(until, |since| since.max(until)));
     }
 
     /// Nodes that went offline since the last call (each reported once per outage).

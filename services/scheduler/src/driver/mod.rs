@@ -43,7 +43,7 @@ use mgpu_protocol::{now, subjects};
 use crate::identity::{Gate, Principals};
 use crate::limits::LimitsFile;
 use crate::machine::SchedulerState;
-use crate::machine::messages::{Input, Loaded, Tick, Token};
+use crate::machine::messages::{ACK_WAIT, Input, Loaded, Tick, Token};
 use crate::passes::{Counts, PassStats};
 use crate::status::Status;
 use outbox::Outbox;
@@ -211,12 +211,16 @@ impl Driver {
         )
         .await?;
         self.events_consumer = Some(events_consumer.clone());
-        let backlog = events_consumer
+        let info = events_consumer
             .clone()
             .info()
             .await
             .map_err(|e| anyhow!("reading the events consumer: {e}"))?
-            .num_pending;
+            .clone();
+        let backlog = info.num_pending;
+        if info.num_ack_pending > 0 {
+            self.feed(Input::ReportsUnacknowledged).await;
+        }
         let mut events = Pull::new(events_consumer, "job events")
             .await
             .map_err(|e| anyhow!("consuming job events: {e}"))?;
@@ -465,7 +469,7 @@ async fn durable_consumer(
             consumer::pull::Config {
                 durable_name: Some(name.to_owned()),
                 ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
+                ack_wait: ACK_WAIT,
                 max_ack_pending: 10_000,
                 ..Default::default()
             },

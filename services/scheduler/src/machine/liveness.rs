@@ -24,7 +24,7 @@ use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::report::AgentReport;
 
 use super::assignment::{controls_to_job, pending_stop, stale_kill};
-use super::messages::{Command, LogLevel, Tick, Token};
+use super::messages::{ACK_WAIT, Command, LogLevel, Tick, Token};
 use super::transitions::{Origin, Pending};
 use super::{OpId, SchedulerState};
 use crate::lifecycle::Input;
@@ -212,7 +212,21 @@ impl SchedulerState {
         }
     }
 
-    /// A running job whose node lost it (see the lifecycle's `NodeLost`).
+    /// Reports handed to an earlier scheduler come again within the ack wait: no node counts
+    /// as silent before then.
+    pub(crate) fn await_redelivered_reports(&mut self, now: Timestamp) {
+        let wait =
+            chrono::Duration::from_std(ACK_WAIT).unwrap_or_else(|_| chrono::Duration::zero());
+        self.nodes.blind_until(now + wait);
+        let said = format!(
+            "agents' reports handed to an earlier scheduler were never acknowledged; they come \
+             again within {ACK_WAIT:?}, and no node counts as silent until then"
+        );
+        self.out.push(Command::log(LogLevel::Warn, None, said));
+    }
+
+    /// A running job whose node lost it (see the lifecycle's `NodeLost`); or, when the
+    /// exit report of its attempt came and only its record could not be stored, the exit.
     fn lose_job(
         &mut self,
         now: Timestamp,
@@ -221,6 +235,14 @@ impl SchedulerState {
         at: Timestamp,
         not_before: Option<Timestamp>,
     ) {
+        if let Some(report) = self.unsettled_exits.remove(job)
+            && self.runs_attempt(job, report.attempt)
+        {
+            let said = format!("{why}, after its exit report came: the exit stands");
+            self.out.push(Command::log(LogLevel::Info, Some(job), said));
+            self.apply(now, job, Input::Report(report), Origin::Scheduler, None);
+            return;
+        }
         let input = Input::NodeLost {
             why: why.to_owned(),
             at,

@@ -23,6 +23,9 @@ use crate::lifecycle::{Requester, Signer, StreamOrder};
 use crate::limits::Limits;
 use crate::metrics::{RefusalReason, SubmitOutcome};
 
+/// How long the scheduler's consumers (requests, agents' reports) wait for an
+/// acknowledgement before JetStream hands a message out again (`ack_wait`).
+pub const ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// A message the driver holds until the machine says to acknowledge it (a request, or an
 /// agent's report): left unacknowledged, JetStream delivers it again.
 pub type Token = u64;
@@ -150,6 +153,11 @@ pub enum Input {
     /// assignments recorded and never confirmed go out again (only then is it known which
     /// never reached their node).
     Resumed,
+    /// Agents' reports were handed to an earlier scheduler and never acknowledged (it died
+    /// handling them): JetStream hands them out again within [`ACK_WAIT`], and until
+    /// they were read no node counts as silent (an exit among them must not be taken for a
+    /// lost node's job).
+    ReportsUnacknowledged,
     /// The scheduler stops: what must be stored is stored now.
     Stop,
 }

@@ -29,6 +29,8 @@
 
 pub mod announce;
 pub mod assignment;
+#[cfg(test)]
+mod exit_tests;
 pub mod jobs;
 pub mod liveness;
 pub mod messages;
@@ -48,6 +50,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobSpec, JobState};
 use mgpu_protocol::principals::{Principal, Registry, Role};
 use mgpu_protocol::priority::{Policy, UsageBook};
+use mgpu_protocol::report::AgentReport;
 
 use crate::limits::Limits;
 use crate::liveness_memory::LivenessMemory;
@@ -87,6 +90,10 @@ pub struct SchedulerState {
     /// When finished jobs are next looked at for history (monotonic), and those on their way.
     next_sweep: Duration,
     archiving: HashSet<JobId>,
+    /// Exit reports whose record could not be stored (the store failed): JetStream delivers
+    /// each again after the acknowledgement wait, and until then a job they ended must not be
+    /// requeued as lost with its node ([`liveness`]'s `lose_job` applies the exit instead).
+    unsettled_exits: HashMap<JobId, AgentReport>,
     /// Operations asked for and not answered yet.
     pending: HashMap<OpId, Pending>,
     next_op: OpId,
@@ -151,6 +158,7 @@ impl SchedulerState {
             next_slice_end: None,
             next_sweep: Duration::ZERO,
             archiving: HashSet::new(),
+            unsettled_exits: HashMap::new(),
             pending: HashMap::new(),
             next_op: 1,
             out,
@@ -201,6 +209,7 @@ impl SchedulerState {
                 self.derive_caps();
             }
             Input::Resumed => self.resend_assignments_older_than(now, chrono::Duration::zero()),
+            Input::ReportsUnacknowledged => self.await_redelivered_reports(now),
             Input::Stop => self.save_usage(now, true),
         }
         // A pass's decisions go out a chunk at a time, each once the one before is stored.

@@ -62,6 +62,7 @@ impl SchedulerState {
         self.archiving.remove(id);
         if moved {
             self.jobs.forget(id);
+            self.unsettled_exits.remove(id);
         } else {
             let said = "moving a finished job to history failed; tried again later";
             self.out.push(Command::log(LogLevel::Warn, Some(id), said));

@@ -23,11 +23,11 @@ use super::{Command, Input, Loaded, SchedulerState};
 use crate::lifecycle::StreamOrder;
 use crate::simulation::store::SimStore;
 
-fn t0() -> Timestamp {
+pub(super) fn t0() -> Timestamp {
     chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default()
 }
 
-fn alice() -> Identity {
+pub(super) fn alice() -> Identity {
     Identity {
         name: "alice".into(),
         key: "UALICE".into(),
@@ -35,7 +35,7 @@ fn alice() -> Identity {
     }
 }
 
-fn root() -> Identity {
+pub(super) fn root() -> Identity {
     Identity {
         name: "root".into(),
         key: "UROOT".into(),
@@ -43,7 +43,7 @@ fn root() -> Identity {
     }
 }
 
-fn beat(node: &str, sent_at: Timestamp, running: &[(&JobId, u32)]) -> NodeHeartbeat {
+pub(super) fn beat(node: &str, sent_at: Timestamp, running: &[(&JobId, u32)]) -> NodeHeartbeat {
     NodeHeartbeat {
         node: node.into(),
         sent_at,
@@ -88,14 +88,14 @@ fn beat(node: &str, sent_at: Timestamp, running: &[(&JobId, u32)]) -> NodeHeartb
 }
 
 /// The machine with a store that carries its writes out at once.
-struct Rig {
-    machine: SchedulerState,
-    store: SimStore,
+pub(super) struct Rig {
+    pub(super) machine: SchedulerState,
+    pub(super) store: SimStore,
     next_token: u64,
 }
 
 impl Rig {
-    fn new(policy: Policy) -> Self {
+    pub(super) fn new(policy: Policy) -> Self {
         let principals = Registry {
             principals: [alice(), root()]
                 .into_iter()
@@ -127,12 +127,12 @@ impl Rig {
 
     /// Feeds `input` at `now`; writes are carried out against the store and their results fed
     /// back; every other command comes back, in order.
-    fn feed(&mut self, now: Timestamp, input: Input) -> Vec<Command> {
+    pub(super) fn feed(&mut self, now: Timestamp, input: Input) -> Vec<Command> {
         let commands = self.machine.handle(now, input);
         self.settle(now, commands)
     }
 
-    fn settle(&mut self, now: Timestamp, mut commands: Vec<Command>) -> Vec<Command> {
+    pub(super) fn settle(&mut self, now: Timestamp, mut commands: Vec<Command>) -> Vec<Command> {
         let mut seen = Vec::new();
         while !commands.is_empty() {
             let mut results = Vec::new();
@@ -158,12 +158,12 @@ impl Rig {
         seen
     }
 
-    fn pass(&mut self, now: Timestamp) -> Vec<Command> {
+    pub(super) fn pass(&mut self, now: Timestamp) -> Vec<Command> {
         let (commands, _, _) = self.machine.pass(now, &mut || 0);
         self.settle(now, commands)
     }
 
-    fn request(&mut self, who: Identity, request: Request) -> Admitted {
+    pub(super) fn request(&mut self, who: Identity, request: Request) -> Admitted {
         let token = self.next_token;
         self.next_token += 1;
         Admitted {
@@ -179,7 +179,7 @@ impl Rig {
     }
 
     /// Submits a job of `spec` as alice; its id.
-    fn submit(&mut self, spec: JobSpec) -> JobId {
+    pub(super) fn submit(&mut self, spec: JobSpec) -> JobId {
         let id = JobId::random();
         let request = Request::Submit(Box::new(SubmitRequest {
             id: id.clone(),
@@ -191,19 +191,19 @@ impl Rig {
         id
     }
 
-    fn state(&self, id: &JobId) -> Option<&JobState> {
+    pub(super) fn state(&self, id: &JobId) -> Option<&JobState> {
         self.machine.job(id).map(|r| &r.state)
     }
 }
 
-fn one_gpu() -> JobSpec {
+pub(super) fn one_gpu() -> JobSpec {
     let mut spec = JobSpec::new(vec!["train".into()], "/tmp");
     spec.gpus = GpuAmount::whole(1);
     spec
 }
 
 /// The liveness timer at `seconds` on the monotonic clock, everything visible.
-fn tick(seconds: u64) -> Input {
+pub(super) fn tick(seconds: u64) -> Input {
     Input::Tick(Tick {
         monotonic: Duration::from_secs(seconds),
         heartbeats_visible: true,
@@ -211,7 +211,7 @@ fn tick(seconds: u64) -> Input {
     })
 }
 
-fn acks(commands: &[Command]) -> usize {
+pub(super) fn acks(commands: &[Command]) -> usize {
     commands
         .iter()
         .filter(|c| matches!(c, Command::Ack { .. }))
@@ -292,7 +292,7 @@ fn a_write_that_fails_leaves_the_request_for_redelivery_and_changes_nothing() {
 }
 
 /// Starts a one-GPU job on node1 and reports it started; its id.
-fn running_job(rig: &mut Rig, spec: JobSpec) -> JobId {
+pub(super) fn running_job(rig: &mut Rig, spec: JobSpec) -> JobId {
     let id = rig.submit(spec);
     let commands = rig.pass(t0());
     assert!(

@@ -12,6 +12,7 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::node::NodeAdmin;
+use mgpu_protocol::report::ReportKind;
 
 use super::jobs::Tracked;
 use super::messages::{Command, Count, Identity, LogLevel, Token, WriteOutcome};
@@ -181,6 +182,12 @@ impl SchedulerState {
         match outcome {
             WriteOutcome::Stored { revision } => {
                 let record = Arc::unwrap_or_clone(record);
+                let settled = self.unsettled_exits.get(&id).is_some_and(|report| {
+                    record.state.is_finished() || record.attempt != report.attempt
+                });
+                if settled {
+                    self.unsettled_exits.remove(&id);
+                }
                 self.jobs.put(Tracked { record, revision });
                 self.pass_due = true;
                 if let Origin::Pass { waited } = &origin {
@@ -212,6 +219,11 @@ impl SchedulerState {
                 self.apply_try(now, &id, input, origin, token, tries);
             }
             WriteOutcome::Failed { error } => {
+                if let Input::Report(report) = input
+                    && matches!(report.kind, ReportKind::Exited(_))
+                {
+                    self.unsettled_exits.insert(id.clone(), report);
+                }
                 effects.retain(|e| matches!(e, Effect::Kill(kill) if kill.best_effort));
                 self.carry_out(now, &id, effects, origin.identity());
                 self.out.push(Command::log(

@@ -124,6 +124,9 @@ pub struct SimAgent {
     pub reconciling: bool,
     /// How many times the scheduler purged the assignments waiting for this node.
     pub purges: u32,
+    /// When the last message stored on the node's stream reaches the agent: its assignments
+    /// and controls share one stream and one consumer, so none overtakes one stored before.
+    pub stream_tail: u64,
 }
 
 impl SimAgent {
@@ -147,6 +150,7 @@ impl SimAgent {
             inbox: Vec::new(),
             reconciling: false,
             purges: 0,
+            stream_tail: 0,
         }
     }
 

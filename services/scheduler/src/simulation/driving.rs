@@ -48,6 +48,9 @@ impl World {
             next_token: 1,
         });
         self.note("scheduler active".into());
+        if self.reports.awaits_redelivery() {
+            self.feed(Input::ReportsUnacknowledged);
+        }
         self.pump_reports();
         self.feed(Input::Resumed);
         self.tick();
@@ -271,7 +274,11 @@ impl World {
             }
             Command::Control { node, control, .. } => {
                 if let Some(index) = self.node_index(&node) {
-                    let delay = self.delay();
+                    let mgpu_protocol::assign::NodeControl::Kill {
+                        job_id, attempt, ..
+                    } = &control;
+                    self.ledger.kill_sent(job_id, *attempt, &node);
+                    let delay = self.in_stream_order(index);
                     self.at(delay, Event::ToNode(index, NodeMessage::Control(control)));
                 }
                 None
@@ -345,7 +352,13 @@ impl World {
             )
         });
         let running = matches!(record.state, JobState::Running(_)).then(|| record.clone());
+        let id = record.id.clone();
         let outcome = self.store.write(record, expected);
+        if let (Some(stored), WriteOutcome::Stored { .. }) = (self.store.records.get(&id), &outcome)
+        {
+            self.ledger
+                .settled(before.map(|(_, attempt)| attempt), &stored.record, self.now);
+        }
         if let (Some(record), WriteOutcome::Stored { .. }) = (running, &outcome) {
             let agents = &self.agents;
             let memory_of = |node: &str| {
@@ -409,13 +422,21 @@ impl World {
             return;
         }
         self.msg_ids.insert(msg_id.to_owned(), self.now);
-        let delay = self.delay();
+        let delay = self.in_stream_order(node);
         self.at(delay, Event::ToNode(node, message.clone()));
         if !self.quiet && self.rng.chance(self.options.duplicate) {
             self.faults += 1;
             let again = self.delay() + 500;
             self.at(again, Event::ToNode(node, message));
         }
+    }
+
+    /// The delay of a message stored now on `node`'s stream: a delivery delay, but never
+    /// before one stored earlier (the agent's one consumer takes its stream in order).
+    fn in_stream_order(&mut self, node: usize) -> u64 {
+        let at = (self.now + self.delay()).max(self.agents[node].stream_tail);
+        self.agents[node].stream_tail = at;
+        at - self.now
     }
 
     /// A delivery delay: mostly short, now and then long (which reorders messages).

@@ -6,7 +6,8 @@
 //!   its array within its `%N`;
 //! - each assignment sent: one per launched rank of the stored placement, none for others;
 //! - each process an agent starts: no other attempt of its job still alive anywhere, and a
-//!   `--no-requeue` job never started as a second attempt.
+//!   `--no-requeue` job never started as a second attempt;
+//! - each record stored and process started: an ending is final ([`super::finality`]).
 //!
 //! What "before the decision" means: the simulator carries a machine's commands out in
 //! rounds (`World::carry_out`); what a round stored was decided by the machine before the
@@ -19,7 +20,9 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::node::NodeAdmin;
 use mgpu_protocol::principals::{Registry, Role};
+use mgpu_protocol::report::Exit;
 
+use super::finality::Finality;
 use crate::limits::Limits;
 use crate::machine::jobs::Tracked;
 
@@ -36,6 +39,10 @@ pub struct Ledger {
     caps: BTreeMap<String, u64>,
     /// Attempts agents ever started, by job.
     ran: BTreeMap<JobId, BTreeSet<u32>>,
+    /// Endings and cancels stored.
+    finality: Finality,
+    /// Kills sent: job, attempt, node.
+    kills_sent: BTreeSet<(JobId, u32, String)>,
     /// Jobs started, multi-node ones among them, and array tasks.
     pub starts: u64,
     pub gang_starts: u64,
@@ -71,6 +78,18 @@ impl Ledger {
         for gpu in admin.paused_gpus.keys() {
             self.paused.entry((node.to_owned(), *gpu)).or_insert(round);
         }
+    }
+
+    /// A record was stored at `now` over one of attempt `before`: an ending stays final.
+    pub fn settled(&mut self, before: Option<u32>, record: &JobRecord, now: u64) {
+        if let Some(broken) = self.finality.stored(before, record, now) {
+            self.broken.push(broken);
+        }
+    }
+
+    /// An exit report for `attempt` of `job` is in the reports stream from `at` on.
+    pub fn exit_reported(&mut self, job: &JobId, attempt: u32, exit: &Exit, at: u64) {
+        self.finality.exit_reported(job, attempt, exit, at);
     }
 
     /// A record was stored over `before` (its state and attempt); `records` is the bucket
@@ -191,8 +210,26 @@ impl Ledger {
         }
     }
 
-    /// An agent started `attempt` of `job`, while `others` of its attempts are alive.
-    pub fn process_started(&mut self, job: &JobId, attempt: u32, others: &[u32], no_requeue: bool) {
+    /// A kill of `attempt` of `job` was stored on `node`'s stream.
+    pub fn kill_sent(&mut self, job: &JobId, attempt: u32, node: &str) {
+        self.kills_sent
+            .insert((job.clone(), attempt, node.to_owned()));
+    }
+
+    /// An agent on `node` started `attempt` of `job`, while `others` of its attempts are
+    /// alive.
+    pub fn process_started(
+        &mut self,
+        (job, attempt, node): (&JobId, u32, &str),
+        others: &[u32],
+        no_requeue: bool,
+    ) {
+        let kill_follows = self
+            .kills_sent
+            .contains(&(job.clone(), attempt, node.to_owned()));
+        if let Some(broken) = self.finality.started(job, attempt, kill_follows) {
+            self.broken.push(broken);
+        }
         let ran = self.ran.entry(job.clone()).or_default();
         ran.insert(attempt);
         if !others.is_empty() {
@@ -484,11 +521,11 @@ mod tests {
     fn two_live_attempts_and_a_no_requeue_job_started_twice_are_caught() {
         let mut ledger = Ledger::default();
         let job = JobId::random();
-        ledger.process_started(&job, 1, &[], true);
+        ledger.process_started((&job, 1, "n"), &[], true);
         assert!(ledger.broken.is_empty());
-        ledger.process_started(&job, 2, &[], true);
+        ledger.process_started((&job, 2, "n"), &[], true);
         assert_eq!(ledger.broken.len(), 1, "--no-requeue");
-        ledger.process_started(&job, 3, &[2], false);
+        ledger.process_started((&job, 3, "n"), &[2], false);
         assert_eq!(ledger.broken.len(), 2, "{:?}", ledger.broken);
     }
 }

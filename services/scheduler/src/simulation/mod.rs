@@ -30,6 +30,7 @@ pub mod agents;
 pub mod checks;
 pub mod driving;
 pub mod faults;
+pub mod finality;
 pub mod ledger;
 pub mod nodes;
 pub mod rng;

@@ -80,9 +80,9 @@ impl World {
             .flat_map(|agent| agent.other_attempts(&job, attempt, now))
             .collect();
         let no_requeue = self.submitted.get(&job).copied().unwrap_or(false);
-        self.ledger
-            .process_started(&job, attempt, &others, no_requeue);
         let name = self.agents[node].name.clone();
+        self.ledger
+            .process_started((&job, attempt, &name), &others, no_requeue);
         self.note(format!(
             "{name} starts {} attempt {attempt} rank {rank}",
             job.short()
@@ -152,7 +152,15 @@ impl World {
     fn store_report(&mut self, node: usize, report: AgentReport) {
         self.agents[node].stored(&report);
         let delay = self.delay();
+        let exit = match &report.kind {
+            ReportKind::Exited(exit) => Some((report.job.clone(), report.attempt, exit.clone())),
+            _ => None,
+        };
         self.reports.publish(report, self.now + delay);
+        if let Some((job, attempt, exit)) = exit {
+            let at = self.reports.last_available();
+            self.ledger.exit_reported(&job, attempt, &exit, at);
+        }
         self.at(delay, Event::Pump);
     }
 

@@ -97,6 +97,18 @@ impl<T: Clone> Stream<T> {
         }
     }
 
+    /// When the last message stored can first be delivered (none stored earlier comes later).
+    pub fn last_available(&self) -> u64 {
+        self.last_available
+    }
+
+    /// Whether a message handed out before (to a scheduler since gone) waits to come again.
+    pub fn awaits_redelivery(&self) -> bool {
+        self.waiting
+            .iter()
+            .any(|&(_, index)| self.deliveries.get(index).is_some_and(|&count| count > 0))
+    }
+
     /// Whether every message stored so far was acknowledged.
     pub fn all_acked(&self) -> bool {
         self.unacked == 0

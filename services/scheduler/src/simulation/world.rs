@@ -27,7 +27,7 @@ use crate::machine::SchedulerState;
 use crate::machine::messages::{Identity, Token};
 
 /// How long JetStream waits for an acknowledgement before it delivers a message again.
-pub const ACK_WAIT_MS: u64 = 30_000;
+pub const ACK_WAIT_MS: u64 = crate::machine::messages::ACK_WAIT.as_millis() as u64;
 /// The GPU types of the simulated nodes, node by node in turn.
 pub const GPU_TYPES: [&str; 2] = ["h100", "a100"];
 
