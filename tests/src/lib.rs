@@ -176,8 +176,26 @@ pub fn nats_server_bin() -> PathBuf {
     PathBuf::from("nats-server")
 }
 
-/// A TCP port nothing listens on now (for a server a story starts: a metrics endpoint).
+/// A TCP port nothing listens on now (for a server a story starts: a nats-server, a
+/// metrics endpoint). Drawn below the kernel's ephemeral range (32768 and up on Linux), where
+/// a port the kernel hands to an outgoing connection meanwhile cannot take it before the
+/// server binds it (a route port of a three-server cluster was lost that way), and never the
+/// same twice in one test binary; a process-dependent start keeps binaries apart.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let start = (std::process::id() % 100) * (SPAN / 100);
+    for _ in 0..SPAN {
+        let offset = (start + HANDED_OUT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let Ok(port) = u16::try_from(FIRST + offset) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

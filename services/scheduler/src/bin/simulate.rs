@@ -55,6 +55,7 @@ enum Fault {
     Duplicate,
     Delay,
     HeartbeatDrop,
+    Replay,
 }
 
 impl Fault {
@@ -71,6 +72,7 @@ impl Fault {
             Fault::Duplicate => &mut options.duplicate,
             Fault::Delay => &mut options.delay,
             Fault::HeartbeatDrop => &mut options.heartbeat_drop,
+            Fault::Replay => &mut options.replay,
         }
     }
 }

@@ -6,6 +6,9 @@
 //! slice ends. Every command is carried out against the simulated store and streams, and its
 //! result fed back before the next input.
 
+use super::gate::{SimGate, StoredRequest};
+use crate::machine::messages::Refused;
+use crate::metrics::RefusalReason;
 use std::time::Duration;
 
 use mgpu_protocol::ids::JobId;
@@ -42,6 +45,7 @@ impl World {
         self.limits_changed = false;
         self.principals_changed = false;
         self.ledger.in_force(&self.limits, &self.registry);
+        self.gate = SimGate::restored(&self.store.nonces);
         self.scheduler = Some(SimScheduler {
             machine: SchedulerState::new(loaded),
             held: std::collections::BTreeMap::new(),
@@ -72,10 +76,35 @@ impl World {
 
     /// Publishes a request: JetStream stores it, the scheduler's consumer delivers it.
     pub fn publish_request(&mut self, identity: Identity, request: Request) {
+        self.next_nonce += 1;
+        let stored = StoredRequest {
+            identity,
+            request,
+            stored_at: self.wall(),
+            nonce: format!("nonce-{}", self.next_nonce),
+            signed_at: self.wall(),
+            copy_of: None,
+        };
+        self.store_request(stored);
+    }
+
+    /// Someone publishes a copy of the request stored at `index` again (a replay).
+    pub fn replay_request(&mut self, index: usize) -> bool {
+        let Some(original) = self.requests.messages().nth(index).cloned() else {
+            return false;
+        };
+        let copy = StoredRequest {
+            stored_at: self.wall(),
+            copy_of: Some(index),
+            ..original
+        };
+        self.store_request(copy);
+        true
+    }
+
+    fn store_request(&mut self, stored: StoredRequest) {
         let delay = self.rng.between(1, 50);
-        let stored_at = self.wall();
-        self.requests
-            .publish((identity, request, stored_at), self.now + delay);
+        self.requests.publish(stored, self.now + delay);
         self.at(delay, Event::Pump);
     }
 
@@ -135,16 +164,7 @@ impl World {
         if !ready.is_empty() {
             let admitted: Vec<Admitted> = ready
                 .into_iter()
-                .map(|(index, (identity, request, stored_at))| Admitted {
-                    token: self.hold(Source::Request, index),
-                    identity,
-                    request,
-                    order: Some(StreamOrder {
-                        sequence: index as u64 + 1,
-                        redelivered: self.requests.redelivered(index),
-                        stored_at,
-                    }),
-                })
+                .filter_map(|(index, stored)| self.through_the_gate(index, stored))
                 .collect();
             for step in steps(admitted, |a| &a.request) {
                 let input = match step {
@@ -157,6 +177,46 @@ impl World {
             self.release_unacked();
         }
         self.pump_reports();
+    }
+
+    /// The gate's nonce step: the request admitted (its nonce kept in the store), or refused
+    /// (the machine hears of it, and acknowledges it).
+    fn through_the_gate(&mut self, index: usize, stored: StoredRequest) -> Option<Admitted> {
+        let sequence = index as u64 + 1;
+        let (verdict, broken) = self.gate.check(&stored, sequence);
+        if let Some(broken) = broken {
+            self.ledger.broken.push(broken);
+        }
+        let token = self.hold(Source::Request, index);
+        match verdict {
+            Ok(()) => {
+                let kept = (stored.nonce.clone(), stored.signed_at, sequence);
+                self.store.nonces.push(kept);
+                Some(Admitted {
+                    token,
+                    identity: stored.identity,
+                    order: Some(StreamOrder {
+                        sequence,
+                        redelivered: self.requests.redelivered(index),
+                        stored_at: stored.stored_at,
+                    }),
+                    request: stored.request,
+                })
+            }
+            Err(err) => {
+                self.note(format!("the gate refuses message {sequence}: {err}"));
+                let refused = Refused {
+                    token,
+                    action: stored.request.action(),
+                    about: stored.request.job().cloned(),
+                    key: Some(stored.identity.key),
+                    why: RefusalReason::of_signature(&err),
+                    reason: err.to_string(),
+                };
+                self.feed_only(Input::Refused(refused));
+                None
+            }
+        }
     }
 
     fn pump_reports(&mut self) {

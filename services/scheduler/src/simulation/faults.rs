@@ -1,7 +1,7 @@
 //! The faults a run draws while it is not quiet: nodes that crash and come back, nodes cut off
 //! from NATS for a while (a network partition), the active scheduler dying and a standby
-//! taking over from the store, another writer changing a record under the scheduler, clock
-//! steps. (Lost and failed writes, lost acknowledgements,
+//! taking over from the store, another writer changing a record under the scheduler, a copy
+//! of an earlier request published again (a replay), clock steps. (Lost and failed writes, lost acknowledgements,
 //! delayed, reordered and duplicated messages and dropped heartbeats are drawn where they
 //! happen, in `driving.rs` and `nodes.rs`.)
 
@@ -40,6 +40,15 @@ pub fn inject(world: &mut World) {
         {
             world.faults += 1;
             world.note(format!("another writer rewrites {}", id.short()));
+        }
+    } else if hit(options.replay) {
+        let stored = world.requests.messages().count() as u64;
+        if stored > 0 {
+            let index = world.rng.below(stored) as usize;
+            if world.replay_request(index) {
+                world.faults += 1;
+                world.note(format!("someone publishes message {} again", index + 1));
+            }
         }
     } else if hit(options.clock_step) {
         let step = world.rng.between(1, 800) as i64;

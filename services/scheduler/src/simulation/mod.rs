@@ -31,6 +31,7 @@ pub mod checks;
 pub mod driving;
 pub mod faults;
 pub mod finality;
+pub mod gate;
 pub mod ledger;
 pub mod nodes;
 pub mod rng;
@@ -63,6 +64,8 @@ pub struct Options {
     pub duplicate: u64,
     pub delay: u64,
     pub heartbeat_drop: u64,
+    /// Per fault draw: a copy of an earlier request published again (a replay).
+    pub replay: u64,
     /// Whether the machine's log lines go into the trace.
     pub trace_logs: bool,
     /// How many of the last trace lines a failing seed prints.
@@ -84,6 +87,7 @@ impl Default for Options {
             duplicate: 30,
             delay: 50,
             heartbeat_drop: 5,
+            replay: 20,
             trace_logs: false,
             trace_lines: 200,
         }
@@ -184,7 +188,7 @@ pub fn shrink(seed: u64, options: &Options) -> Options {
         return smallest;
     };
     let kind = violation_kind(&first);
-    let knobs: [fn(&mut Options) -> &mut u64; 10] = [
+    let knobs: [fn(&mut Options) -> &mut u64; 11] = [
         |o| &mut o.node_crash,
         |o| &mut o.partition,
         |o| &mut o.scheduler_crash,
@@ -195,6 +199,7 @@ pub fn shrink(seed: u64, options: &Options) -> Options {
         |o| &mut o.duplicate,
         |o| &mut o.delay,
         |o| &mut o.heartbeat_drop,
+        |o| &mut o.replay,
     ];
     for knob in knobs {
         let mut trial = smallest.clone();

@@ -29,6 +29,7 @@ fn calm() -> Options {
         duplicate: 0,
         delay: 0,
         heartbeat_drop: 0,
+        replay: 0,
         ..Options::default()
     }
 }

@@ -23,6 +23,9 @@ pub struct SimStore {
     pub admin: BTreeMap<String, NodeAdmin>,
     pub usage: UsageBook,
     pub heartbeats: BTreeMap<String, NodeHeartbeat>,
+    /// Nonces of admitted requests, with their signing time and stream sequence (the
+    /// `mgpu-nonces` bucket).
+    pub nonces: Vec<(String, mgpu_protocol::Timestamp, u64)>,
     /// Writes that took a job out of a final state (the checker reports them).
     pub left_final: Vec<String>,
 }

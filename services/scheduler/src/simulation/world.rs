@@ -6,6 +6,7 @@
 //! of the driver is in `driving.rs`, the nodes' side (heartbeats, agents, partitions) in
 //! `nodes.rs`.
 
+use super::gate::{SimGate, StoredRequest};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use mgpu_protocol::Timestamp;
@@ -14,7 +15,6 @@ use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::principals::{Principal, Registry, Role};
 use mgpu_protocol::priority::Policy;
 use mgpu_protocol::report::AgentReport;
-use mgpu_protocol::request::Request;
 
 use super::Options;
 use super::agents::{Attempt, NodeMessage, SimAgent};
@@ -80,7 +80,10 @@ pub struct World {
     pub store: SimStore,
     pub scheduler: Option<SimScheduler>,
     pub agents: Vec<SimAgent>,
-    pub requests: Stream<(Identity, Request, Timestamp)>,
+    pub requests: Stream<StoredRequest>,
+    /// The active scheduler's gate (its nonces), and the next nonce a client signs with.
+    pub gate: SimGate,
+    pub next_nonce: u64,
     pub reports: Stream<AgentReport>,
     /// Assignment message ids the node streams saw, and when (JetStream's duplicate window).
     pub msg_ids: BTreeMap<String, u64>,
@@ -164,6 +167,8 @@ impl World {
             scheduler: None,
             agents,
             requests: Stream::default(),
+            gate: SimGate::default(),
+            next_nonce: 0,
             reports: Stream::default(),
             msg_ids: BTreeMap::new(),
             users,
