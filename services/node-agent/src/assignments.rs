@@ -315,6 +315,7 @@ impl Dispatcher {
                 attempt,
                 reason,
                 requeue,
+                warning: _,
             } => {
                 let key = AttemptKey { job_id, attempt };
                 let stop = if requeue {
@@ -462,6 +463,7 @@ mod tests {
                 attempt: 2,
                 reason: "cancelled by alice".into(),
                 requeue: false,
+                warning: None,
             }).unwrap_or_default())) {
                 if let Ok(control) = decode_control(&payload) {
                     prop_assert!(control.validate().is_ok());

@@ -52,6 +52,10 @@ pub enum NodeControl {
         /// not cancelled: the agent reports `preempted` instead of `cancelled`.
         #[serde(default)]
         requeue: bool,
+        /// Warn the job first (its `--signal`, its stop file), SIGTERM only after the grace.
+        /// Absent: SIGTERM at once. Agents older than the field refuse a kill carrying it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warning: Option<crate::stop::StopWarning>,
     },
 }
 
@@ -95,7 +99,8 @@ impl Assignment {
 
 impl NodeControl {
     /// Checks a control message. A kill is never refused for its wording: only the attempt
-    /// and the size of the reason are checked (a refused kill would leave a job running).
+    /// and the size of the reason are checked (a refused kill would leave a job running); an
+    /// agent bounds a warning's signal and grace itself.
     pub fn validate(&self) -> Result<(), InvalidInput> {
         match self {
             NodeControl::Kill {

@@ -51,6 +51,7 @@ pub mod priority;
 pub mod report;
 pub mod request;
 pub mod signing;
+pub mod stop;
 pub mod subjects;
 pub mod submit;
 pub mod terminal;

@@ -322,6 +322,11 @@ mod fuzz {
             attempt: 1,
             reason: "cancelled by alice".into(),
             requeue: true,
+            warning: Some(crate::stop::StopWarning {
+                signal: crate::stop::DEFAULT_SIGNAL,
+                grace_secs: 300,
+                cause: crate::stop::StopCause::Preempted,
+            }),
         }))) {
             check::<NodeControl>(&payload, MAX_CONTROL_BYTES, NodeControl::validate);
         }

@@ -82,6 +82,7 @@ pub(crate) fn kill_commands(job: &JobId, kill: &Kill) -> Vec<Command> {
         attempt: kill.attempt,
         reason: kill.reason.clone(),
         requeue: kill.requeue,
+        warning: None,
     };
     controls_to_job(
         job,
@@ -123,6 +124,7 @@ pub(crate) fn stale_kill(node: &str, job: &JobId, attempt: u32) -> Command {
             attempt,
             reason: STALE_ATTEMPT.into(),
             requeue: false,
+            warning: None,
         },
         required: false,
     }
@@ -144,6 +146,7 @@ pub(crate) fn pending_stop(record: &JobRecord) -> Option<(u32, Placement, NodeCo
             None => lifecycle::SLICE_OVER.into(),
         },
         requeue: run.cancel_requested_by.is_none(),
+        warning: None,
     };
     Some((record.attempt, run.placement.clone(), control))
 }

@@ -136,6 +136,12 @@ pub struct JobSpec {
     /// The node features it needs (`--constraint 'ib&nvlink'`), as typed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<String>,
+    /// Its quality-of-service class (`--qos`); None: `normal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    /// The warning it asks for before it is stopped (`--signal USR1@300`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<crate::stop::StopSignal>,
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
@@ -266,6 +272,8 @@ impl JobSpec {
             script: None,
             gpu_types: Vec::new(),
             constraint: None,
+            qos: None,
+            signal: None,
         }
     }
 

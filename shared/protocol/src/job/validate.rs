@@ -141,6 +141,42 @@ impl JobSpec {
                 ));
             }
         }
+        self.validate_stop()
+    }
+
+    /// `--qos` names a class (the scheduler checks it exists and who may use it); `--signal`
+    /// is a real signal, warned no earlier than the job's time limit allows.
+    fn validate_stop(&self) -> Result<(), InvalidInput> {
+        if let Some(qos) = &self.qos
+            && (qos.is_empty()
+                || qos.len() > 64
+                || !qos
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        {
+            return Err(InvalidInput::new(format!(
+                "--qos {qos:?}: a class name is letters, digits, `-` and `_`"
+            )));
+        }
+        let Some(signal) = &self.signal else {
+            return Ok(());
+        };
+        if crate::stop::signal_number(&signal.signal.to_string()) != Some(signal.signal)
+            || signal.seconds > crate::stop::MAX_WARNING_SECS
+        {
+            return Err(InvalidInput::new(format!(
+                "--signal {signal}: not a signal a job may be warned with"
+            )));
+        }
+        if let Some(limit) = self.time_limit_secs
+            && signal.seconds >= limit
+        {
+            return Err(InvalidInput::new(format!(
+                "--signal {signal}: {} s of warning is not less than the job's time limit \
+                 ({limit} s)",
+                signal.seconds
+            )));
+        }
         Ok(())
     }
 
@@ -291,4 +327,25 @@ pub(super) fn check_gpu_index(index: u32) -> Result<(), InvalidInput> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::job::JobSpec;
+    use crate::stop::StopSignal;
+
+    #[test]
+    fn a_warning_must_come_before_the_time_limit_and_a_class_name_be_plain() {
+        let mut spec = JobSpec::new(vec!["train".into()], "/tmp");
+        spec.signal = StopSignal::parse("USR1@300").ok();
+        assert!(spec.validate().is_ok(), "no time limit");
+        spec.time_limit_secs = Some(300);
+        assert!(spec.validate().is_err_and(|e| e.to_string().contains("time limit")));
+        spec.time_limit_secs = Some(301);
+        assert!(spec.validate().is_ok());
+        spec.qos = Some("scavenger".into());
+        assert!(spec.validate().is_ok());
+        spec.qos = Some("no spaces".into());
+        assert!(spec.validate().is_err());
+    }
 }
