@@ -432,6 +432,7 @@ mod tests {
                 input_keys: Vec::new(),
                 unix_user: None,
                 output_subject: None,
+                previous_stop: None,
             })
             .unwrap_or_default()
         }

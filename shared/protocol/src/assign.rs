@@ -28,6 +28,10 @@ pub struct Assignment {
     /// None: the public `jobs.<id>.output`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_subject: Option<String>,
+    /// Why the job's previous attempt stopped (`preempted by 4f2a… (bob)`), for the line the
+    /// agent writes before this attempt's output; None for a first attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_stop: Option<String>,
 }
 
 impl Assignment {
@@ -92,6 +96,13 @@ impl Assignment {
                     "output subject `{subject}` is not users.<key>{wanted}"
                 )));
             }
+        }
+        if let Some(why) = &self.previous_stop {
+            crate::wire::check_count(
+                "bytes of the previous attempt's stop",
+                why.len(),
+                crate::wire::MAX_TEXT_BYTES,
+            )?;
         }
         Ok(())
     }

@@ -308,6 +308,7 @@ mod fuzz {
             input_keys: vec![nkeys::KeyPair::new_user().public_key()],
             unix_user: Some("alice".into()),
             output_subject: None,
+            previous_stop: Some("preempted by 4f2a (bob)".into()),
         }))) {
             check::<Assignment>(&payload, MAX_ASSIGNMENT_BYTES, |a| {
                 a.validate()?;

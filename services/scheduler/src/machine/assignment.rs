@@ -63,6 +63,7 @@ impl SchedulerState {
                     input_keys: input_keys.clone(),
                     unix_user: unix_user.clone(),
                     output_subject: output_subject.clone(),
+                    previous_stop: None,
                 },
             })
             .collect();

@@ -340,7 +340,10 @@ mod tests {
         spec.signal = StopSignal::parse("USR1@300").ok();
         assert!(spec.validate().is_ok(), "no time limit");
         spec.time_limit_secs = Some(300);
-        assert!(spec.validate().is_err_and(|e| e.to_string().contains("time limit")));
+        assert!(
+            spec.validate()
+                .is_err_and(|e| e.to_string().contains("time limit"))
+        );
         spec.time_limit_secs = Some(301);
         assert!(spec.validate().is_ok());
         spec.qos = Some("scavenger".into());
