@@ -35,6 +35,7 @@ pub mod machine;
 pub mod metrics;
 pub mod nodes;
 pub mod passes;
+pub mod qos_config;
 pub mod queue_view;
 pub mod simulation;
 pub mod status;

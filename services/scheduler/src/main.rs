@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use mgpu_nats::connect::{ConnectTarget, connect};
 use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
 use mgpu_scheduler::driver::replica::{self, SchedulerMetrics};
-use mgpu_scheduler::{config, driver, identity, limits};
+use mgpu_scheduler::{config, driver, identity, limits, qos_config};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -243,6 +243,7 @@ fn policy_of(
 ) -> anyhow::Result<mgpu_protocol::priority::Policy> {
     let section = config::policy_section(&loaded.sections);
     let mut policy = config::load_policy(section, loaded.file.as_deref())?;
+    policy.qos = qos_config::load(loaded.sections.get("qos"))?;
     let args = &loaded.args;
     if let Some(placement) = args.placement {
         policy.placement = placement;

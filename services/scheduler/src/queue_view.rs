@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobSpec, JobState, Run, Waiting};
-use mgpu_protocol::priority::{Policy, UsageBook, effective_priority, effective_priority_after};
+use mgpu_protocol::priority::{
+    Policy, UsageBook, base_priority, effective_priority, effective_priority_after,
+};
 
 use crate::config::effective_host_request;
 use crate::core::{Dependencies, QueuedJob, RunningJob};
@@ -89,7 +91,7 @@ impl QueueViews {
             .get(&id)
             .and_then(|record| match &record.state {
                 JobState::Queued(waiting) => Some(QueueView {
-                    priority: record.spec.priority,
+                    priority: base_priority(&record.spec, sources.policy),
                     queued_secs: waiting
                         .enqueued_at
                         .unwrap_or(record.submitted_at)
@@ -174,7 +176,7 @@ fn queued_job(
         owner: record.user.clone(),
         id: record.id.clone(),
         effective_priority: effective_priority(
-            record.spec.priority,
+            base_priority(&record.spec, policy),
             queued_at,
             gpu_hours,
             policy,
@@ -203,6 +205,8 @@ fn queued_job(
         recorded_reason: Some(waiting.reason),
         attempt: record.attempt,
         gpu_types: record.spec.gpu_types.clone(),
+        qos: record.spec.qos.clone(),
+        may_preempt: policy.qos.of_job(record.spec.qos.as_deref()).may_preempt,
         // Checked at submit: a record that does not parse selects nothing rather than all.
         constraint: record
             .spec
@@ -214,6 +218,10 @@ fn queued_job(
 
 fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
     let ends = run_ends(policy, record, run);
+    let class = policy.qos.of_job(record.spec.qos.as_deref());
+    let started_at = run.started_at.unwrap_or(run.assigned_at);
+    let min_runtime =
+        chrono::Duration::seconds(i64::try_from(class.min_runtime_secs).unwrap_or(i64::MAX / 1000));
     RunningJob {
         owner: record.user.clone(),
         id: record.id.clone(),
@@ -221,6 +229,10 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
         expected_end: ends.expected_end,
         slice_end: ends.slice_end,
         array_id: record.spec.array.as_ref().map(|a| a.array_id.clone()),
+        started_at,
+        qos: record.spec.qos.clone(),
+        preemptible_from: class.preemptible.then(|| started_at + min_runtime),
+        stopping: run.preempt_requested || run.cancel_requested_by.is_some(),
     }
 }
 

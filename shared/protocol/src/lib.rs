@@ -48,6 +48,7 @@ pub mod node_admin;
 pub mod output;
 pub mod principals;
 pub mod priority;
+pub mod qos;
 pub mod report;
 pub mod request;
 pub mod signing;

@@ -71,6 +71,9 @@ pub struct Policy {
     /// Every job's output goes to its owner's private subject, as with `mgpu submit --private`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub private_output: bool,
+    /// Quality-of-service classes (`[qos.<name>]`); empty: `normal` alone.
+    #[serde(default, skip_serializing_if = "crate::qos::QosClasses::is_empty")]
+    pub qos: crate::qos::QosClasses,
 }
 
 impl Default for Policy {
@@ -91,6 +94,7 @@ impl Default for Policy {
             require_gpu_isolation: false,
             keep_finished_secs: 24 * 3600,
             private_output: false,
+            qos: crate::qos::QosClasses::default(),
         }
     }
 }
@@ -162,6 +166,12 @@ pub fn effective_priority(
         user_gpu_hours,
         policy,
     )
+}
+
+/// A job's own priority with its quality-of-service class's added (`--priority` and `--qos`).
+pub fn base_priority(spec: &crate::job::JobSpec, policy: &Policy) -> i32 {
+    spec.priority
+        .saturating_add(policy.qos.priority_of(spec.qos.as_deref()))
 }
 
 /// [`effective_priority`] for a job that has waited `waited_secs`: the scheduler computes it

@@ -13,7 +13,7 @@ use mgpu_nats::records;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
-use mgpu_protocol::priority::effective_priority;
+use mgpu_protocol::priority::{base_priority, effective_priority};
 
 use super::cluster::Cluster;
 use crate::client::session::Session;
@@ -113,7 +113,7 @@ impl Listing {
                         .gpu_hours(&record.user, now, cluster.policy.half_life_secs)
                 });
                 effective_priority(
-                    record.spec.priority,
+                    base_priority(&record.spec, &cluster.policy),
                     queued_at(record),
                     used,
                     &cluster.policy,

@@ -17,7 +17,9 @@
 //!    GPUs that free up first according to running jobs' time limits, and when.
 //!
 //! Running jobs whose time slice (`--on-timeout requeue`) is over are preempted when some
-//! other job waits for GPUs: they go back to the end of the queue.
+//! other job waits for GPUs: they go back to the end of the queue. A waiting job of a class
+//! that may preempt (`[qos.*]`) that cannot start, even by backfill, has the fewest jobs of
+//! preemptible classes stopped that let it start (`preemption.rs`).
 //!
 //! # Placement
 //! Whole-GPU jobs take GPUs nobody holds; a share (0.5) takes units of one GPU, preferring the
@@ -37,6 +39,9 @@ mod fast_hash;
 mod owner_gpus;
 #[cfg(test)]
 mod owner_gpus_tests;
+mod preemption;
+#[cfg(test)]
+mod preemption_tests;
 mod queued;
 mod reservation;
 #[cfg(test)]
@@ -109,6 +114,15 @@ pub struct RunningJob {
     /// End of its time slice when it runs with `--on-timeout requeue`.
     pub slice_end: Option<Timestamp>,
     pub array_id: Option<JobId>,
+    /// When it started (was assigned).
+    pub started_at: Timestamp,
+    /// Its quality-of-service class (None: `normal`).
+    pub qos: Option<String>,
+    /// From when it may be stopped for a job of a class that may preempt (its class is
+    /// preemptible, and it ran the class's `min_runtime`); None: never.
+    pub preemptible_from: Option<Timestamp>,
+    /// A stop was asked for already (a preemption, a cancel): its room frees up soon.
+    pub stopping: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,9 +139,11 @@ pub enum Decision {
         job: JobId,
         reason: String,
     },
-    /// Stop a running job whose time slice is over and put it back in the queue.
+    /// Stop a running job and put it back in the queue: its time slice is over (`for_job`
+    /// None), or a job of a class that may preempt starts in its room.
     Preempt {
         job: JobId,
+        for_job: Option<JobId>,
     },
 }
 
@@ -386,6 +402,10 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 expected_end: ends_at,
                 slice_end: None,
                 array_id: None,
+                started_at: now,
+                qos: job.qos.clone(),
+                preemptible_from: None,
+                stopping: false,
             });
             decisions.push(Decision::Start {
                 job: job.id.clone(),
@@ -435,7 +455,10 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         jobs: &waiting_for_room,
         reservations: &reservations,
     };
-    decisions.extend(preemptions(&capacity, &running, &waiting, settings, now));
+    let slices = preemptions(&capacity, &running, &waiting, settings, now);
+    let by_class = preemption::by_class(&capacity, &running, &waiting, settings, now, &slices);
+    decisions.extend(slices);
+    decisions.extend(by_class);
     (decisions, reservations)
 }
 
@@ -451,11 +474,23 @@ impl Waiters<'_> {
     /// it (backfill never delays them).
     fn could_start(
         &self,
-        (job, ahead): (&QueuedJob, usize),
+        waiter: (&QueuedJob, usize),
         capacity: &Capacity,
         settings: &CoreSettings,
         now: Timestamp,
     ) -> bool {
+        self.placement(waiter, capacity, settings, now).is_some()
+    }
+
+    /// Where `job` would start on `capacity`, keeping off what is reserved for jobs ahead of
+    /// it; None: it could not.
+    fn placement(
+        &self,
+        (job, ahead): (&QueuedJob, usize),
+        capacity: &Capacity,
+        settings: &CoreSettings,
+        now: Timestamp,
+    ) -> Option<Placement> {
         let reserved = self.reservations.get(..ahead).unwrap_or_default();
         let ends_at = job
             .time_limit
@@ -473,7 +508,7 @@ impl Waiters<'_> {
             unbusy_only: true,
             avoid: &avoid,
         };
-        capacity.place(job, &constraints, settings).is_some()
+        capacity.place(job, &constraints, settings)
     }
 }
 
@@ -508,6 +543,7 @@ fn preemptions(
         })
         .map(|job| Decision::Preempt {
             job: job.id.clone(),
+            for_job: None,
         })
         .collect()
 }

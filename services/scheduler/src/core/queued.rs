@@ -60,6 +60,10 @@ pub struct QueuedJob {
     pub gpu_types: Vec<String>,
     /// The node features it needs.
     pub constraint: Option<Constraint>,
+    /// Its quality-of-service class (`--qos`; None: `normal`).
+    pub qos: Option<String>,
+    /// Its class may stop preemptible jobs for it to start.
+    pub may_preempt: bool,
 }
 
 impl QueuedJob {
@@ -90,6 +94,8 @@ impl QueuedJob {
             attempt: 1,
             gpu_types: Vec::new(),
             constraint: None,
+            qos: None,
+            may_preempt: false,
         }
     }
 

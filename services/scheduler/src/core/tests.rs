@@ -67,6 +67,10 @@ pub(super) fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) ->
         expected_end: ends_in.map(|s| t0() + chrono::Duration::seconds(s)),
         slice_end: None,
         array_id: None,
+        started_at: t0(),
+        qos: None,
+        preemptible_from: None,
+        stopping: false,
     }
 }
 
@@ -313,7 +317,10 @@ fn over_slice_jobs_are_preempted_only_when_someone_waits() {
     let alone = run(&nodes, std::slice::from_ref(&over), &[]);
     assert!(alone.is_empty());
     let contended = run(&nodes, &[over.clone()], &[job(1, GpuAmount::ONE)]);
-    assert!(contended.contains(&Decision::Preempt { job: over.id }));
+    assert!(contended.contains(&Decision::Preempt {
+        job: over.id,
+        for_job: None
+    }));
 }
 
 #[test]
@@ -467,7 +474,7 @@ proptest! {
         // the jobs ahead of it started: re-planning it alone on that remainder starts nothing.
         let mut remaining = holding.clone();
         for (job_id, placement) in started(&decisions) {
-            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None });
+            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None, started_at: t0(), qos: None, preemptible_from: None, stopping: false });
         }
         for job in &queue {
             if reason_of(&decisions, &job.id) == Some(WaitReason::Resources) {
@@ -781,7 +788,8 @@ fn a_job_past_its_slice_yields_only_to_a_waiter_its_gpus_would_let_start() {
     let decisions = run(&nodes, &holding, &[two]);
     assert!(
         !decisions.contains(&Decision::Preempt {
-            job: over.id.clone()
+            job: over.id.clone(),
+            for_job: None
         }),
         "{decisions:?}"
     );
@@ -789,7 +797,8 @@ fn a_job_past_its_slice_yields_only_to_a_waiter_its_gpus_would_let_start() {
     let decisions = run(&nodes, &holding, &[job(2, GpuAmount::ONE)]);
     assert!(
         decisions.contains(&Decision::Preempt {
-            job: over.id.clone()
+            job: over.id.clone(),
+            for_job: None
         }),
         "{decisions:?}"
     );

@@ -12,6 +12,8 @@
 //! state; `attempt` only grows; a job lost with its node is requeued at most `max_attempts`
 //! times in all; a report about any attempt but the current one changes nothing.
 
+#[cfg(test)]
+mod preemption_tests;
 mod report;
 mod requests;
 mod scheduling;
@@ -23,6 +25,7 @@ use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, WaitReason};
 use mgpu_protocol::report::AgentReport;
 use mgpu_protocol::request::Action;
+use mgpu_protocol::stop::StopWarning;
 
 pub use requests::{NotAdded, Signer, submit};
 pub use scheduling::SLICE_OVER;
@@ -99,6 +102,12 @@ pub enum Input {
     Reject { reason: String },
     /// The job's time slice is over while others wait: it is stopped and requeued.
     SliceEnd,
+    /// A job of a class that may preempt (`for_job`: `4f2a1b2c3d (bob)`) starts in this
+    /// one's room: it is warned, stopped after the grace, and requeued.
+    Preempt {
+        for_job: String,
+        warning: StopWarning,
+    },
     /// The job's node was lost (`at`: when that was seen); a requeued job starts no earlier
     /// than `not_before`, when the lost node's agent has surely stopped it.
     NodeLost {
@@ -149,6 +158,8 @@ pub struct Kill {
     pub reason: String,
     /// The job goes back to the queue once stopped (a time slice), rather than ending.
     pub requeue: bool,
+    /// Warn it first (a preemption by class): the signal, its stop file, then the grace.
+    pub warning: Option<StopWarning>,
     /// A failure is only logged: heartbeat fencing kills what this misses.
     pub best_effort: bool,
 }
@@ -195,6 +206,7 @@ pub fn apply(current: &JobRecord, input: Input, now: Timestamp, limits: &Limits)
         Input::Wait { reason } => scheduling::wait(current, reason),
         Input::Reject { reason } => scheduling::reject(current, &reason, now),
         Input::SliceEnd => scheduling::slice_end(current),
+        Input::Preempt { for_job, warning } => scheduling::preempt(current, &for_job, warning),
         Input::NodeLost {
             why,
             at,
@@ -275,6 +287,7 @@ fn kill_everywhere(
         except: None,
         reason,
         requeue,
+        warning: None,
         best_effort: false,
     })
 }
@@ -294,6 +307,7 @@ fn stop_other_ranks(
             except: except.map(str::to_owned),
             reason: why.to_owned(),
             requeue: false,
+            warning: None,
             best_effort: true,
         })
     })

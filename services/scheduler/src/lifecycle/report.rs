@@ -153,6 +153,10 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
     }
     let mut transition = if exit.preempted && cancel_requested_by.is_none() {
         // Back to the end of the queue, as the next attempt.
+        let why = match &run.preempted_for {
+            Some(preemptor) => format!("preempted by {preemptor}"),
+            None => "its time slice ended".to_owned(),
+        };
         let mut record = current.clone();
         record.attempt = record.attempt.saturating_add(1);
         record.state = JobState::Queued(Waiting {
@@ -160,6 +164,7 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
             held_by: None,
             enqueued_at: Some(at),
             not_before: None,
+            previous_stop: Some(why.clone()),
         });
         Transition {
             record: Some(record),
@@ -167,7 +172,7 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
                 Effect::Publish(JobEventKind::Queued {
                     reason: WaitReason::Resources,
                 }),
-                log(Level::Info, "requeued after its time slice"),
+                log(Level::Info, format!("requeued: {why}")),
             ],
         }
     } else {

@@ -4,6 +4,7 @@
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, Run, WaitReason, Waiting};
+use mgpu_protocol::stop::StopWarning;
 
 use super::{
     Effect, Level, Limits, Transition, ended_unstarted, finish, kill_everywhere, log,
@@ -29,8 +30,14 @@ pub(super) fn start(current: &JobRecord, placement: Placement, now: Timestamp) -
             );
         }
     }
+    let previous_stop = match &current.state {
+        JobState::Queued(waiting) => waiting.previous_stop.clone(),
+        _ => None,
+    };
     let mut record = current.clone();
-    record.state = JobState::Running(Run::assigned(placement.clone(), now));
+    let mut run = Run::assigned(placement.clone(), now);
+    run.previous_stop = previous_stop;
+    record.state = JobState::Running(run);
     Transition {
         record: Some(record),
         effects: vec![
@@ -98,6 +105,47 @@ pub(super) fn slice_end(current: &JobRecord) -> Transition {
     }
 }
 
+/// A running job a job of a class that may preempt (`for_job`) starts in place of: warned
+/// with `warning`, stopped at its grace's end, then requeued (`report.rs`) saying by whom.
+/// Once per attempt; never for a job being cancelled or already being stopped.
+pub(super) fn preempt(current: &JobRecord, for_job: &str, warning: StopWarning) -> Transition {
+    let JobState::Running(run) = &current.state else {
+        return Transition::default();
+    };
+    if run.preempt_requested || run.cancel_requested_by.is_some() {
+        return Transition::default();
+    }
+    let mut record = current.clone();
+    if let JobState::Running(run) = &mut record.state {
+        run.preempt_requested = true;
+        run.preempted_for = Some(for_job.to_owned());
+        run.stop_warning = Some(warning);
+    }
+    let mut kill = kill_everywhere(
+        current,
+        &run.placement,
+        format!("preempted by {for_job}: back to the queue"),
+        true,
+    );
+    if let Effect::Kill(kill) = &mut kill {
+        kill.warning = Some(warning);
+    }
+    Transition {
+        record: Some(record),
+        effects: vec![
+            kill,
+            log(
+                Level::Info,
+                format!(
+                    "preempted by {for_job}: signal {} now, stopped {} s later",
+                    mgpu_protocol::stop::signal_name(warning.signal),
+                    warning.grace_secs
+                ),
+            ),
+        ],
+    }
+}
+
 /// A running job whose node lost it: back to the queue as the next attempt (keeping its
 /// place in line, not before `not_before`), or `node_failed` when it may not be requeued
 /// (`--no-requeue`, or `max_attempts` made), or `cancelled` when a cancel was on its way
@@ -145,6 +193,7 @@ pub(super) fn node_lost(
         record.attempt += 1;
         let mut waiting = Waiting::new(WaitReason::Resources);
         waiting.not_before = not_before.filter(|t| *t > at);
+        waiting.previous_stop = Some(why.to_owned());
         record.state = JobState::Queued(waiting);
         let attempt = record.attempt;
         Transition {

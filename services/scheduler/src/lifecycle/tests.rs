@@ -23,7 +23,7 @@ fn t0() -> Timestamp {
 }
 
 /// `seconds` after [`t0`].
-fn at(seconds: i64) -> Timestamp {
+pub(super) fn at(seconds: i64) -> Timestamp {
     t0() + chrono::Duration::seconds(seconds)
 }
 
@@ -49,7 +49,7 @@ fn gpus(indices: &[u32]) -> Vec<GpuShare> {
 }
 
 /// One GPU on one node.
-fn on(node: &str) -> Placement {
+pub(super) fn on(node: &str) -> Placement {
     Placement::single(node, gpus(&[0]))
 }
 
@@ -103,7 +103,7 @@ fn assigned(placement: Placement) -> JobRecord {
 }
 
 /// Alice's job, every process of it started at [`t0`] on `placement`.
-fn running(placement: Placement) -> JobRecord {
+pub(super) fn running(placement: Placement) -> JobRecord {
     let mut record = assigned(placement);
     if let JobState::Running(run) = &mut record.state {
         run.started_at = Some(t0());
@@ -128,7 +128,7 @@ fn person(name: &str) -> Requester {
     }
 }
 
-fn alice() -> Requester {
+pub(super) fn alice() -> Requester {
     person("alice")
 }
 
@@ -144,7 +144,7 @@ fn root() -> Requester {
 }
 
 /// What `node` says about `record`'s current attempt, `seconds` after [`t0`].
-fn report(record: &JobRecord, node: &str, seconds: i64, kind: ReportKind) -> Input {
+pub(super) fn report(record: &JobRecord, node: &str, seconds: i64, kind: ReportKind) -> Input {
     Input::Report(AgentReport {
         job: record.id.clone(),
         attempt: record.attempt,
@@ -161,17 +161,17 @@ fn exit_code(code: i32) -> ReportKind {
     })
 }
 
-fn exit(exit: Exit) -> ReportKind {
+pub(super) fn exit(exit: Exit) -> ReportKind {
     ReportKind::Exited(exit)
 }
 
 /// Applies `input` to `record` at `seconds` after [`t0`], with the default [`limits`].
-fn step(record: &JobRecord, input: Input, seconds: i64) -> Transition {
+pub(super) fn step(record: &JobRecord, input: Input, seconds: i64) -> Transition {
     apply(record, input, at(seconds), &limits())
 }
 
 /// The record a transition stores (it must store one).
-fn stored(transition: &Transition) -> JobRecord {
+pub(super) fn stored(transition: &Transition) -> JobRecord {
     transition
         .record
         .clone()
@@ -185,7 +185,7 @@ fn run_of(record: &JobRecord) -> &Run {
     }
 }
 
-fn waiting_of(record: &JobRecord) -> &Waiting {
+pub(super) fn waiting_of(record: &JobRecord) -> &Waiting {
     match &record.state {
         JobState::Queued(waiting) => waiting,
         other => panic!("not queued: {other:?}"),
@@ -203,7 +203,7 @@ fn reason_of(record: &JobRecord) -> Option<&str> {
     ending_of(record).reason.as_deref()
 }
 
-fn kills(transition: &Transition) -> Vec<&Kill> {
+pub(super) fn kills(transition: &Transition) -> Vec<&Kill> {
     transition
         .effects
         .iter()
@@ -316,6 +316,7 @@ fn a_running_job_cancelled_is_killed_then_ends_cancelled_when_its_agent_says_so(
             except: None,
             reason: "cancelled by alice: no longer needed".into(),
             requeue: false,
+            warning: None,
             best_effort: false,
         }]
     );
@@ -518,6 +519,7 @@ fn hold_keeps_a_queued_job_waiting_and_release_lets_it_go() {
             held_by: Some("alice".into()),
             enqueued_at: Some(at(3)),
             not_before: None,
+            previous_stop: None,
         }
     );
     assert_eq!(
@@ -835,6 +837,7 @@ fn a_failing_rank_ends_a_distributed_job_and_kills_the_others() {
             except: Some("b".into()),
             reason: "another rank of the job ended".into(),
             requeue: false,
+            warning: None,
             best_effort: true,
         }]
     );
@@ -939,6 +942,7 @@ fn a_preempted_job_goes_back_to_the_queue_as_its_next_attempt() {
             except: None,
             reason: SLICE_OVER.into(),
             requeue: true,
+            warning: None,
             best_effort: false,
         }]
     );
@@ -962,6 +966,7 @@ fn a_preempted_job_goes_back_to_the_queue_as_its_next_attempt() {
             held_by: None,
             enqueued_at: Some(at(100)),
             not_before: None,
+            previous_stop: Some("its time slice ended".into()),
         }
     );
     assert!(
@@ -1065,7 +1070,9 @@ fn a_process_its_restarted_agent_stopped_is_requeued_as_the_next_attempt() {
     let transition = step(&job, report(&job, "node001", 50, lost), 50);
     let requeued = stored(&transition);
     assert_eq!(requeued.attempt, 2);
-    assert_eq!(waiting_of(&requeued), &Waiting::new(WaitReason::Resources));
+    let mut waiting = Waiting::new(WaitReason::Resources);
+    waiting.previous_stop = Some("its agent on node001 restarted and stopped it".into());
+    assert_eq!(waiting_of(&requeued), &waiting);
     assert!(finished(&transition).is_empty());
     assert_eq!(usages(&transition), vec![("alice", 50.0, at(50))]);
 }

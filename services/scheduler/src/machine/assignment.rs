@@ -63,7 +63,7 @@ impl SchedulerState {
                     input_keys: input_keys.clone(),
                     unix_user: unix_user.clone(),
                     output_subject: output_subject.clone(),
-                    previous_stop: None,
+                    previous_stop: run.previous_stop.clone(),
                 },
             })
             .collect();
@@ -83,7 +83,7 @@ pub(crate) fn kill_commands(job: &JobId, kill: &Kill) -> Vec<Command> {
         attempt: kill.attempt,
         reason: kill.reason.clone(),
         requeue: kill.requeue,
-        warning: None,
+        warning: kill.warning,
     };
     controls_to_job(
         job,
@@ -142,12 +142,16 @@ pub(crate) fn pending_stop(record: &JobRecord) -> Option<(u32, Placement, NodeCo
     let control = NodeControl::Kill {
         job_id: record.id.clone(),
         attempt: record.attempt,
-        reason: match &run.cancel_requested_by {
-            Some(by) => format!("cancelled by {by}"),
-            None => lifecycle::SLICE_OVER.into(),
+        reason: match (&run.cancel_requested_by, &run.preempted_for) {
+            (Some(by), _) => format!("cancelled by {by}"),
+            (None, Some(preemptor)) => format!("preempted by {preemptor}: back to the queue"),
+            (None, None) => lifecycle::SLICE_OVER.into(),
         },
         requeue: run.cancel_requested_by.is_none(),
-        warning: None,
+        // The same warning again: an agent already warning the job changes nothing.
+        warning: run
+            .stop_warning
+            .filter(|_| run.cancel_requested_by.is_none()),
     };
     Some((record.attempt, run.placement.clone(), control))
 }

@@ -3,6 +3,7 @@
 //! written as running with its placement, then the assignments sent), new wait reasons,
 //! rejections and preemptions (a time slice over while others wait).
 
+use mgpu_protocol::stop::{StopCause, StopWarning};
 use std::collections::{HashMap, HashSet};
 
 use mgpu_protocol::Timestamp;
@@ -164,9 +165,13 @@ impl SchedulerState {
                     let origin = Origin::Pass { waited: None };
                     others.push((job, Input::Reject { reason }, origin));
                 }
-                Decision::Preempt { job } => {
+                Decision::Preempt { job, for_job } => {
                     let origin = Origin::Pass { waited: None };
-                    others.push((job, Input::SliceEnd, origin));
+                    let input = match for_job {
+                        None => Some(Input::SliceEnd),
+                        Some(for_job) => self.preemption(&job, &for_job),
+                    };
+                    others.extend(input.map(|input| (job, input, origin)));
                 }
             }
         }
@@ -189,6 +194,29 @@ impl SchedulerState {
                 self.apply(now, &job, input, origin, None);
             }
         }
+    }
+
+    /// The stop of `victim` for `for_job`, a job of a class that may preempt: the warning
+    /// is the victim's `--signal` (default SIGUSR1), its grace the victim's class's, or the
+    /// shorter time its `--signal` asks for.
+    fn preemption(&self, victim: &JobId, for_job: &JobId) -> Option<Input> {
+        let record = self.jobs.get(victim)?;
+        let preemptor = self.jobs.get(for_job)?;
+        let class = self.policy.qos.of_job(record.spec.qos.as_deref());
+        let asked = record.spec.signal;
+        let grace_secs = match asked.map(|s| s.seconds) {
+            Some(seconds) if seconds > 0 => seconds.min(class.grace_secs),
+            _ => class.grace_secs,
+        };
+        let warning = StopWarning {
+            signal: asked.map_or(mgpu_protocol::stop::DEFAULT_SIGNAL, |s| s.signal),
+            grace_secs,
+            cause: StopCause::Preempted,
+        };
+        Some(Input::Preempt {
+            for_job: format!("{} ({})", for_job.short(), preemptor.user),
+            warning,
+        })
     }
 
     /// A job a pass just started runs in slices: the machine wants to be woken when its

@@ -131,7 +131,9 @@ impl SchedulerState {
             .dedup
             .then(|| twin_of(&self.jobs, &request, &identity))
             .flatten();
-        let unselectable = self.unselectable(&request.spec);
+        let unselectable = self
+            .qos_refusal(&request.spec, &identity.name)
+            .or_else(|| self.unselectable(&request.spec));
         let over_limit = self.over_limit(&mut request, &identity, queued);
         let not_added = match (&twin, unselectable, over_limit) {
             (Some(twin), _, _) => Some(NotAdded::Duplicate(twin)),
@@ -195,6 +197,12 @@ impl SchedulerState {
 
     /// Why `spec` asks for what no known node has: a GPU type or a node feature, naming those
     /// the cluster has. None while no node is known (nothing to compare with).
+    /// Why the submitter may not use the class its job names (`--qos`), if they may not.
+    fn qos_refusal(&self, spec: &mgpu_protocol::job::JobSpec, user: &str) -> Option<String> {
+        let group = self.group_of(user);
+        self.policy.qos.refusal(spec.qos.as_deref(), user, group)
+    }
+
     fn unselectable(&self, spec: &mgpu_protocol::job::JobSpec) -> Option<String> {
         if self.nodes.is_empty() || (spec.gpu_types.is_empty() && spec.constraint.is_none()) {
             return None;

@@ -28,6 +28,8 @@ struct ListedSpec {
     workdir: String,
     #[serde(default)]
     array: Option<ArrayMember>,
+    #[serde(default)]
+    qos: Option<String>,
 }
 
 /// [`JobRecord`] with a [`ListedSpec`].
@@ -46,7 +48,7 @@ struct ListedRecord {
 
 impl JobRecord {
     /// Decodes a stored record for a listing. The spec keeps its command, name, GPUs, priority,
-    /// directory and array membership; everything else (environment, setup, placement
+    /// class (`qos`), directory and array membership; everything else (environment, setup, placement
     /// constraints, dependencies, limits) is left at [`JobSpec::new`]'s defaults. Such a record
     /// is for showing only: never write it back, and never compare specs with it (`--dedup`
     /// needs the whole record).
@@ -59,12 +61,14 @@ impl JobRecord {
             priority,
             workdir,
             array,
+            qos,
         } = listed.spec;
         let mut spec = JobSpec::new(command, workdir);
         spec.name = name;
         spec.gpus = gpus;
         spec.priority = priority;
         spec.array = array;
+        spec.qos = qos;
         Ok(JobRecord {
             id: listed.id,
             user: listed.user,

@@ -71,6 +71,10 @@ pub struct Waiting {
     /// agent stops the attempt by this time (self-fencing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Timestamp>,
+    /// Why its previous attempt stopped (`preempted by 4f2a1b2c3d (bob)`); None before a
+    /// first attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_stop: Option<String>,
 }
 
 impl Waiting {
@@ -80,6 +84,7 @@ impl Waiting {
             held_by: None,
             enqueued_at: None,
             not_before: None,
+            previous_stop: None,
         }
     }
 }
@@ -109,6 +114,17 @@ pub struct Run {
     /// may not list that rank yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rank_started_at: Option<Timestamp>,
+    /// The job it is being stopped for (`4f2a1b2c3d (bob)`), when a job of a class that may
+    /// preempt takes its room.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_for: Option<String>,
+    /// The warning its stop carries (sent again, the same, until it stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_warning: Option<crate::stop::StopWarning>,
+    /// Why its previous attempt stopped, as its queued record said (for the line before
+    /// this attempt's output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_stop: Option<String>,
 }
 
 impl Run {
@@ -124,6 +140,9 @@ impl Run {
             ranks_started: Vec::new(),
             ranks_done: Vec::new(),
             last_rank_started_at: None,
+            preempted_for: None,
+            stop_warning: None,
+            previous_stop: None,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::node::NodeLiveness;
-use mgpu_protocol::priority::effective_priority;
+use mgpu_protocol::priority::{base_priority, effective_priority};
 
 use super::data::Data;
 use super::filter::{Filter, GpuFacts};
@@ -378,7 +378,8 @@ fn job_lines(
                 data.usage
                     .gpu_hours(&job.user, now, data.policy.half_life_secs)
             });
-            effective_priority(job.spec.priority, key.2, used, &data.policy, now)
+            let base = base_priority(&job.spec, &data.policy);
+            effective_priority(base, key.2, used, &data.policy, now)
         });
         let key = (key.0, Reverse(effective.unwrap_or(0)), key.2);
         keyed.push((

@@ -1,0 +1,156 @@
+//! Preemption by quality-of-service class: which running jobs a waiting job of a class that
+//! may preempt has stopped, so that it starts in their room. A pure decision of the pass:
+//!
+//! - only a waiter that cannot start now, even by backfill, may preempt;
+//! - only jobs of a preemptible class, of another class than the waiter's, that ran their
+//!   class's `min_runtime` and are not being stopped already, may be victims;
+//! - victims are taken in order of GPU-hours they would lose (fewest first), then youngest
+//!   first, until the waiter fits; then any whose room the waiter does not need is let go,
+//!   so never more are stopped than needed; none are stopped when even all of them would not
+//!   make room (nothing is preempted for a job that then cannot start);
+//! - room that jobs being stopped already will free counts as free: a waiter does not have
+//!   more jobs stopped while the ones stopped for it are in their grace;
+//! - waiters are served in queue order, each booking the room it will take, so two do not
+//!   count on the same victims; only the first `max_reservations` of them in a pass (the head
+//!   of the queue), and none when nothing preemptible runs.
+
+use std::collections::HashSet;
+
+use mgpu_protocol::Timestamp;
+use mgpu_protocol::ids::JobId;
+
+use super::capacity::Capacity;
+use super::{CoreSettings, Decision, QueuedJob, RunningJob, Waiters};
+
+/// The jobs to stop for waiting jobs of classes that may preempt; `already` are the pass's
+/// other preemptions (time slices), whose room is counted as freed.
+pub(super) fn by_class(
+    capacity: &Capacity,
+    running: &[&RunningJob],
+    waiting: &Waiters<'_>,
+    settings: &CoreSettings,
+    now: Timestamp,
+    already: &[Decision],
+) -> Vec<Decision> {
+    // Nothing preemptible runs (a cluster without such classes): no work at all.
+    if !running.iter().any(|job| job.preemptible_from.is_some()) {
+        return Vec::new();
+    }
+    // The head of the queue only, as for reservations: a pass over 100 000 blocked jobs
+    // does not search room for each.
+    let preemptors: Vec<(&QueuedJob, usize)> = waiting
+        .jobs
+        .iter()
+        .copied()
+        .filter(|(job, _)| job.may_preempt)
+        .take(settings.max_reservations.max(1))
+        .collect();
+    let mut taken: HashSet<&JobId> = already
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Preempt { job, .. } => Some(job),
+            _ => None,
+        })
+        .collect();
+    let mut freed = capacity.clone();
+    for job in running {
+        if job.stopping || taken.contains(&job.id) {
+            freed.release(&job.placement);
+        }
+    }
+    let mut decisions = Vec::new();
+    for waiter in preemptors {
+        if let Some(placement) = waiting.placement(waiter, &freed, settings, now) {
+            // Room is there, or will be once jobs already stopping are gone.
+            freed.book(&placement);
+            continue;
+        }
+        let candidates = candidates(running, waiter.0, &taken, now);
+        let Some(victims) = fewest_victims(&freed, &candidates, waiting, waiter, settings, now)
+        else {
+            continue;
+        };
+        for victim in &victims {
+            freed.release(&victim.placement);
+        }
+        if let Some(placement) = waiting.placement(waiter, &freed, settings, now) {
+            freed.book(&placement);
+        }
+        for victim in victims {
+            taken.insert(&victim.id);
+            decisions.push(Decision::Preempt {
+                job: victim.id.clone(),
+                for_job: Some(waiter.0.id.clone()),
+            });
+        }
+    }
+    decisions
+}
+
+/// The running jobs `waiter` may have stopped, cheapest first: fewest GPU-hours lost, then
+/// youngest, then id.
+fn candidates<'a>(
+    running: &[&'a RunningJob],
+    waiter: &QueuedJob,
+    taken: &HashSet<&JobId>,
+    now: Timestamp,
+) -> Vec<&'a RunningJob> {
+    let mut candidates: Vec<&RunningJob> = running
+        .iter()
+        .copied()
+        .filter(|job| job.preemptible_from.is_some_and(|from| from <= now))
+        .filter(|job| !job.stopping && !taken.contains(&job.id))
+        .filter(|job| job.qos != waiter.qos)
+        .collect();
+    let lost = |job: &RunningJob| {
+        let ran = (now - job.started_at).num_seconds().max(0) as f64;
+        job.placement.total_gpus() * ran
+    };
+    candidates.sort_by(|a, b| {
+        lost(a)
+            .total_cmp(&lost(b))
+            .then(b.started_at.cmp(&a.started_at))
+            .then(a.id.cmp(&b.id))
+    });
+    candidates
+}
+
+/// The fewest of `candidates` (in their order) whose room lets `waiter` start, with any
+/// whose room it does not need let go; None when all of them would not be enough.
+fn fewest_victims<'a>(
+    freed: &Capacity,
+    candidates: &[&'a RunningJob],
+    waiting: &Waiters<'_>,
+    waiter: (&QueuedJob, usize),
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> Option<Vec<&'a RunningJob>> {
+    let fits = |victims: &[&RunningJob]| {
+        let mut room = freed.clone();
+        for victim in victims {
+            room.release(&victim.placement);
+        }
+        waiting.could_start(waiter, &room, settings, now)
+    };
+    let mut chosen: Vec<&RunningJob> = Vec::new();
+    for candidate in candidates {
+        chosen.push(candidate);
+        if fits(&chosen) {
+            break;
+        }
+    }
+    if chosen.is_empty() || !fits(&chosen) {
+        return None;
+    }
+    // Let go, latest first, every victim the others already make enough room without.
+    let mut index = chosen.len();
+    while index > 0 {
+        index -= 1;
+        let mut without = chosen.clone();
+        without.remove(index);
+        if !without.is_empty() && fits(&without) {
+            chosen = without;
+        }
+    }
+    Some(chosen)
+}

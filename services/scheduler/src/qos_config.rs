@@ -1,0 +1,132 @@
+//! The `[qos.<name>]` sections of the scheduler's config file: one quality-of-service class
+//! each, read into the policy's classes (`mgpu_protocol::qos`).
+//!
+//! ```toml
+//! [qos.scavenger]
+//! priority = -10          # added to its jobs' --priority
+//! preemptible = true      # its jobs may be stopped for classes that may preempt
+//! may_preempt = false     # its jobs may not stop others
+//! grace = "2m"            # warning signal to SIGTERM (default 5m)
+//! min_runtime = "10m"     # not preempted before it ran this long (default 0)
+//!
+//! [qos.urgent]
+//! priority = 100
+//! allowed_groups = ["staff"]   # who may use it (with allowed_users); none named: everyone
+//! ```
+//!
+//! `normal`, the class of a job that names none, exists with its defaults (no extra
+//! priority, not preemptible, may preempt) unless a section sets it otherwise.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use mgpu_protocol::duration::parse_duration;
+use mgpu_protocol::qos::{QosClass, QosClasses};
+
+/// One `[qos.<name>]` section as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QosSection {
+    priority: Option<i32>,
+    preemptible: Option<bool>,
+    may_preempt: Option<bool>,
+    grace: Option<String>,
+    min_runtime: Option<String>,
+    #[serde(default)]
+    allowed_users: Vec<String>,
+    #[serde(default)]
+    allowed_groups: Vec<String>,
+}
+
+/// The classes of the `[qos]` table of the config file (none: `normal` alone).
+pub fn load(qos: Option<&toml::Value>) -> Result<QosClasses> {
+    let Some(qos) = qos else {
+        return Ok(QosClasses::default());
+    };
+    let Some(table) = qos.as_table() else {
+        bail!("[qos] must hold one table per class: [qos.scavenger]");
+    };
+    let mut classes = BTreeMap::new();
+    for (name, section) in table {
+        let class = class_of(name, section).with_context(|| format!("[qos.{name}]"))?;
+        classes.insert(name.clone(), class);
+    }
+    Ok(QosClasses(classes))
+}
+
+fn class_of(name: &str, section: &toml::Value) -> Result<QosClass> {
+    let plain = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !plain {
+        bail!("a class name is letters, digits, `-` and `_`");
+    }
+    let section: QosSection = section.clone().try_into()?;
+    let defaults = QosClass::default();
+    let seconds = |text: &Option<String>, default: u64| -> Result<u64> {
+        match text {
+            Some(text) => Ok(parse_duration(text)?.as_secs()),
+            None => Ok(default),
+        }
+    };
+    let grace_secs = seconds(&section.grace, defaults.grace_secs).context("grace")?;
+    if grace_secs > mgpu_protocol::stop::MAX_WARNING_SECS {
+        bail!("grace: at most {} s", mgpu_protocol::stop::MAX_WARNING_SECS);
+    }
+    Ok(QosClass {
+        priority: section.priority.unwrap_or(defaults.priority),
+        preemptible: section.preemptible.unwrap_or(defaults.preemptible),
+        may_preempt: section.may_preempt.unwrap_or(defaults.may_preempt),
+        grace_secs,
+        min_runtime_secs: seconds(&section.min_runtime, 0).context("min_runtime")?,
+        allowed_users: section.allowed_users,
+        allowed_groups: section.allowed_groups,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<QosClasses> {
+        let table: toml::Table = text.parse()?;
+        load(table.get("qos"))
+    }
+
+    #[test]
+    fn a_typical_site_reads_with_normal_left_at_its_defaults() {
+        let classes = parse(
+            "[qos.scavenger]\npriority = -10\npreemptible = true\nmay_preempt = false\n\
+             grace = \"2m\"\nmin_runtime = \"10m\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let scavenger = classes.get(Some("scavenger")).unwrap_or_default();
+        assert_eq!(
+            (
+                scavenger.priority,
+                scavenger.grace_secs,
+                scavenger.min_runtime_secs
+            ),
+            (-10, 120, 600)
+        );
+        assert!(scavenger.preemptible && !scavenger.may_preempt);
+        assert_eq!(classes.get(None), Some(QosClass::default()));
+    }
+
+    #[test]
+    fn a_misspelt_key_or_a_bad_duration_names_its_class() {
+        let typo = parse("[qos.scavenger]\npreemtible = true\n").map(|_| ());
+        let said = format!(
+            "{:#}",
+            typo.err().map(|e| e.to_string()).unwrap_or_default()
+        );
+        assert!(said.contains("scavenger"), "{said}");
+        let bad = parse("[qos.x]\ngrace = \"soon\"\n");
+        assert!(bad.is_err_and(|e| format!("{e:#}").contains("grace")));
+        assert!(parse("[qos]\nscavenger = 3\n").is_err());
+    }
+}
