@@ -149,6 +149,12 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
         }
         .to_owned(),
     ));
+    if let Some(qos) = &spec.qos {
+        lines.push(("qos", qos.clone()));
+    }
+    if let Some(signal) = &spec.signal {
+        lines.push(("signal", signal_text(signal)));
+    }
     if spec.no_requeue {
         lines.push((
             "no requeue",
@@ -166,6 +172,17 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     }
     if !spec.after_any.is_empty() {
         lines.push(("after any", id_list(&spec.after_any)));
+    }
+}
+
+/// `--signal`, said in words: `USR1, 300 s before a stop`.
+fn signal_text(signal: &mgpu_protocol::stop::StopSignal) -> String {
+    match signal.seconds {
+        0 => format!(
+            "{} (at the class's grace before a preemption)",
+            signal.name()
+        ),
+        secs => format!("{}, {secs} s before a stop ({signal})", signal.name()),
     }
 }
 
@@ -503,5 +520,30 @@ mod tests {
             serde_json::json!(["h100", "a100-80gb"])
         );
         assert_eq!(json["spec"]["constraint"], "ib&nvlink");
+    }
+
+    #[test]
+    fn qos_and_signal_show_when_set_and_are_in_the_json() {
+        let now = mgpu_protocol::now();
+        let mut record = queued_train(now);
+        let shown =
+            |record: &JobRecord| render(record, &Environment::Shown(record.spec.env.clone()), now);
+        let text = shown(&record);
+        assert!(
+            !text.contains("\nqos:") && !text.contains("\nsignal:"),
+            "{text}"
+        );
+        record.spec.qos = Some("scavenger".into());
+        record.spec.signal = mgpu_protocol::stop::StopSignal::parse("USR1@300").ok();
+        let text = shown(&record);
+        assert!(text.contains("\nqos:            scavenger\n"), "{text}");
+        assert!(
+            text.contains("\nsignal:         USR1, 300 s before a stop (USR1@300)\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&record).unwrap_or_default();
+        assert_eq!(json["spec"]["qos"], "scavenger");
+        assert_eq!(json["spec"]["signal"]["signal"], 10);
+        assert_eq!(json["spec"]["signal"]["seconds"], 300);
     }
 }

@@ -3,6 +3,7 @@
 
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::job::OnTimeout;
+use mgpu_protocol::stop::StopSignal;
 
 /// One job as a file describes it, before the submitter's defaults and profiles apply.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,6 +34,10 @@ pub struct Draft {
     pub gpu_types: Vec<String>,
     /// `constraint`: node features.
     pub constraint: Option<String>,
+    /// `qos`: the quality-of-service class, as `--qos`.
+    pub qos: Option<String>,
+    /// `signal`: the warning before a stop, as `--signal` (`"USR1@300"`).
+    pub signal: Option<StopSignal>,
 }
 
 /// One job of a file: the line it starts on (1-based) and the job, or why it is unusable.

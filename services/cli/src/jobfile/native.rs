@@ -21,6 +21,8 @@
 //! no_requeue = true                           # like --no-requeue
 //! gpu_type = "h100,a100-80gb"                 # or a list: like --gpu-type
 //! constraint = "ib&nvlink"                    # like --constraint
+//! qos = "scavenger"                           # like --qos
+//! signal = "USR1@300"                         # like --signal
 //! ```
 //!
 //! Each value is checked with the command line's own parsers, so a mistake reads the same as
@@ -31,6 +33,7 @@ use std::collections::BTreeMap;
 use mgpu_protocol::duration::parse_duration;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::job::OnTimeout;
+use mgpu_protocol::stop::StopSignal;
 use serde::Deserialize;
 use toml::{Spanned, Value};
 
@@ -38,7 +41,7 @@ use super::draft::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 21] = [
     "command",
     "name",
     "gpus",
@@ -58,6 +61,8 @@ const KEYS: [&str; 19] = [
     "no_requeue",
     "gpu_type",
     "constraint",
+    "qos",
+    "signal",
 ];
 
 type Table = BTreeMap<Spanned<String>, Spanned<Value>>;
@@ -181,6 +186,8 @@ fn job(table: &Table) -> Result<Draft, Problem> {
     draft.no_requeue = table.read("no_requeue", boolean)?;
     draft.gpu_types = table.read("gpu_type", gpu_types)?.unwrap_or_default();
     draft.constraint = table.read("constraint", constraint)?;
+    draft.qos = table.read("qos", string)?;
+    draft.signal = table.read("signal", signal)?;
     Ok(draft)
 }
 
@@ -252,6 +259,12 @@ fn constraint(key: &str, value: &Value) -> Result<String, String> {
     mgpu_protocol::gpu_type::Constraint::parse(&text)
         .map(|c| c.to_string())
         .map_err(|e| format!("`{key}`: {e}"))
+}
+
+/// The warning before a stop, in `--signal`'s syntax (`"USR1@300"`).
+fn signal(key: &str, value: &Value) -> Result<StopSignal, String> {
+    let text = string(key, value)?;
+    StopSignal::parse(&text).map_err(|e| format!("`{key}`: {e}"))
 }
 
 fn string(key: &str, value: &Value) -> Result<String, String> {
@@ -460,6 +473,25 @@ no_requeue = true
             let (_, err) = error_of(&format!("[[job]]\n{text}\n"));
             assert!(err.contains(why), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn qos_and_signal_read_as_the_options_do() {
+        let entries =
+            parse("[[job]]\ncommand = \"a\"\nqos = \"scavenger\"\nsignal = \"USR1@300\"\n")
+                .unwrap_or_default();
+        let draft = entries.first().and_then(|e| e.draft.clone().ok());
+        let draft = draft.unwrap_or_default();
+        assert_eq!(draft.qos.as_deref(), Some("scavenger"));
+        assert_eq!(draft.signal, StopSignal::parse("USR1@300").ok());
+        let (line, err) = error_of("[[job]]\ncommand = \"a\"\nsignal = \"USR3@5\"\n");
+        assert_eq!(line, 3);
+        assert!(
+            err.contains("`signal`: --signal \"USR3@5\": unknown signal \"USR3\""),
+            "{err}"
+        );
+        let (_, err) = error_of("[[job]]\ncommand = \"a\"\nsignal = 10\n");
+        assert!(err.contains("`signal` must be a string"), "{err}");
     }
 
     #[test]

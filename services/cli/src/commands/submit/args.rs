@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use mgpu_protocol::duration::parse_duration;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::job::{NodeGpuIds, OnTimeout};
+use mgpu_protocol::stop::StopSignal;
 
 use crate::parse::{self, ArraySpec, GpuIds};
 
@@ -106,6 +107,20 @@ pub struct SubmitArgs {
     #[arg(long, value_enum, value_name = "WHAT")]
     pub on_timeout: Option<TimeoutAction>,
 
+    /// The quality-of-service class the job runs in (default `normal`). The cluster's classes
+    /// decide which jobs may preempt which, and how long a preempted job has to save its
+    /// work; a class may be open to some users only.
+    #[arg(long, value_name = "NAME")]
+    pub qos: Option<String>,
+
+    /// Warn the job before it is stopped: SIG (USR1, USR2, HUP, INT, QUIT, ALRM, TERM, URG or
+    /// its number) goes to all its processes SECONDS before SIGTERM, and the file named by
+    /// $MGPU_STOP_FILE says why (`preempted`, `time_limit`, …). Default: USR1, at the class's
+    /// grace, when it is preempted. With a hard time limit (--on-timeout fail) it also comes
+    /// SECONDS before the limit.
+    #[arg(long, value_name = "SIG[@SECONDS]", value_parser = parse_signal)]
+    pub signal: Option<StopSignal>,
+
     /// When the job's node is lost (stops heartbeating, or its agent restarts) while the job
     /// runs, end it as `node_failed` instead of putting it back in the queue: for jobs that
     /// must not run twice (they send mail, they append to a shared file).
@@ -165,6 +180,7 @@ pub struct SubmitArgs {
         "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
         "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
         "node_gpu_ids", "distributed", "cpus", "mem_host", "pty", "gpu_type", "constraint",
+        "qos", "signal",
     ])]
     pub file: Option<PathBuf>,
 
@@ -271,6 +287,11 @@ fn parse_constraint(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--signal SIG@SECONDS`, in Slurm's syntax; the message names the option and the value.
+fn parse_signal(text: &str) -> Result<StopSignal, String> {
+    StopSignal::parse(text).map_err(|e| e.to_string())
+}
+
 fn parse_time_limit(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
 }
@@ -341,6 +362,28 @@ pub(crate) mod tests {
             Some(vec!["ab".into(), "cd".into(), "ef".into()])
         );
         assert_eq!(args.map(|a| a.after_any), Some(vec!["01".into()]));
+    }
+
+    #[test]
+    fn the_stop_signal_parses_in_slurm_s_syntax_and_bad_ones_say_why() {
+        let args = submit_args(&["--signal", "USR1@300", "--qos", "scavenger", "x"]);
+        assert_eq!(
+            args.as_ref().and_then(|a| a.signal),
+            Some(StopSignal {
+                signal: 10,
+                seconds: 300
+            })
+        );
+        assert_eq!(args.and_then(|a| a.qos), Some("scavenger".into()));
+        let err = parse_error(&["--signal", "USR3@5", "x"]);
+        assert!(
+            err.contains("--signal \"USR3@5\": unknown signal \"USR3\""),
+            "{err}"
+        );
+        let err = parse_error(&["--signal", "USR1@soon", "x"]);
+        assert!(err.contains("whole seconds"), "{err}");
+        let err = parse_error(&["--file", "jobs.toml", "--qos", "scavenger"]);
+        assert!(err.contains("cannot be used with"), "{err}");
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     spec.distributed = args.distributed;
     spec.gpu_types = gpu_types(args)?;
     spec.constraint = args.constraint.clone();
+    spec.qos = args.qos.clone();
+    spec.signal = args.signal;
     // The spec's own message says what is wrong and which option to change.
     spec.validate().map_err(plain)?;
     Ok(spec)
@@ -168,6 +170,8 @@ pub fn from_draft(
     spec.allowed_gpus = draft.allowed_gpus;
     spec.gpu_types = draft.gpu_types;
     spec.constraint = draft.constraint;
+    spec.qos = draft.qos;
+    spec.signal = draft.signal;
     spec.mem_mib = draft.mem_mib;
     spec.cpus = draft.cpus;
     spec.mem_host_mib = draft.mem_host_mib;
@@ -319,6 +323,50 @@ mod tests {
             Some(OnTimeout::Requeue)
         );
         assert_eq!(default.map(|s| s.no_requeue), Some(false));
+    }
+
+    #[test]
+    fn qos_and_signal_reach_the_spec_and_the_warning_must_fit_the_limit() {
+        let spec = spec_of(&[
+            "--workdir",
+            "/",
+            "--qos",
+            "scavenger",
+            "--signal",
+            "USR1@300",
+            "--",
+            "true",
+        ]);
+        assert_eq!(
+            spec.as_ref().and_then(|s| s.qos.as_deref()),
+            Some("scavenger")
+        );
+        assert_eq!(
+            spec.and_then(|s| s.signal.map(|s| s.to_string())),
+            Some("USR1@300".into())
+        );
+        let err = |argv: &[&str]| {
+            submit_args(argv)
+                .and_then(|a| from_args(&a, &mut LazyProfiles::preloaded(None)).err())
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let late = err(&[
+            "--workdir",
+            "/",
+            "--signal",
+            "USR1@60",
+            "--time-limit",
+            "60",
+            "--",
+            "x",
+        ]);
+        assert!(
+            late.contains("not less than the job's time limit"),
+            "{late}"
+        );
+        let badly_named = err(&["--workdir", "/", "--qos", "no way", "--", "x"]);
+        assert!(badly_named.contains("--qos"), "{badly_named}");
     }
 
     #[test]
