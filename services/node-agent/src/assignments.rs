@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use crate::job::{self, JobContext};
-use crate::running::{AttemptKey, AttemptStatus, StopReason};
+use crate::running::{AttemptKey, AttemptStatus, StopReason, StopRequest};
 use crate::shutdown::Signal;
 use crate::throttle::{Throttle, Verdict};
 
@@ -315,16 +315,20 @@ impl Dispatcher {
                 attempt,
                 reason,
                 requeue,
-                warning: _,
+                warning,
             } => {
                 let key = AttemptKey { job_id, attempt };
-                let stop = if requeue {
-                    StopReason::Requeued
-                } else {
-                    StopReason::Cancelled
+                let stop = StopRequest {
+                    reason: if requeue {
+                        StopReason::Requeued
+                    } else {
+                        StopReason::Cancelled
+                    },
+                    warning,
                 };
-                if self.ctx.table.request_stop(&key, stop) {
-                    info!(job = %key.job_id, attempt = key.attempt, reason, requeue, "kill requested");
+                let warned = warning.map(|w| w.grace_secs);
+                if self.ctx.table.request(&key, stop) {
+                    info!(job = %key.job_id, attempt = key.attempt, reason, requeue, ?warned, "kill requested");
                 } else {
                     info!(job = %key.job_id, attempt = key.attempt, reason, requeue, "kill requested for a job attempt not running here; nothing to do");
                 }
@@ -451,7 +455,8 @@ mod tests {
                         .collect();
                     let key = AttemptKey { job_id: a.job_id.clone(), attempt: a.attempt };
                     let _ = build_script(&a.spec, &gpus);
-                    let _ = job_environment(&a.spec, &key, "node001", &gpus, None);
+                    let stop_file = std::path::Path::new("/tmp/stop");
+                    let _ = job_environment(&a.spec, &key, "node001", &gpus, stop_file, None);
                     // The deadline the supervisor computes must not overflow.
                     let limit = a.spec.time_limit().unwrap_or_default();
                     prop_assert!(tokio::time::Instant::now().checked_add(limit).is_some());

@@ -1,6 +1,7 @@
 //! The environment a job attempt runs with: the submitter's captured variables, filtered,
-//! then the agent's own (GPUs, mgpu ids, array index, and for multi-node jobs the rendezvous
-//! variables torchrun and MPI launchers read), which always win.
+//! then the agent's own (GPUs, mgpu ids, the restart count and stop file of preemption's
+//! handshake, array index, and for multi-node jobs the rendezvous variables torchrun and MPI
+//! launchers read), which always win.
 //!
 //! Pure, so the exact environment a job gets is unit-tested without spawning it.
 
@@ -32,12 +33,14 @@ pub struct RankInfo<'a> {
 }
 
 /// The job's whole environment: the submitter's captured one (filtered), then the agent's
-/// variables, which always win.
+/// variables, which always win. `stop_file`: where the agent says why it stops the job
+/// (`MGPU_STOP_FILE`, see `stop_notice.rs`).
 pub fn job_environment(
     spec: &JobSpec,
     key: &AttemptKey,
     node: &str,
     gpus: &[u32],
+    stop_file: &Path,
     ranks: Option<&RankInfo<'_>>,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = spec
@@ -58,6 +61,9 @@ pub fn job_environment(
         "MGPU_RESTART_COUNT".into(),
         key.attempt.saturating_sub(1).to_string(),
     );
+    // Always set, though the file exists only once a stop is announced: a job's signal handler
+    // reads it without checking whether the variable is there.
+    env.insert("MGPU_STOP_FILE".into(), stop_file.display().to_string());
     env.insert("MGPU_GPUS".into(), gpu_list);
     if let Some(member) = &spec.array {
         env.insert("MGPU_ARRAY_INDEX".into(), member.index.to_string());
@@ -107,6 +113,8 @@ mod tests {
     use mgpu_protocol::ids::JobId;
     use mgpu_protocol::job::ArrayMember;
 
+    const STOP: &str = "/tmp/mgpu-stop-x/stop";
+
     fn spec(command: &[&str]) -> JobSpec {
         JobSpec::new(command.iter().map(|s| (*s).to_owned()).collect(), "/tmp")
     }
@@ -131,6 +139,7 @@ mod tests {
             ("MGPU_JOB_ID", "forged"),
             ("MGPU_ANYTHING", "x"),
             ("MGPU_RESTART_COUNT", "9"),
+            ("MGPU_STOP_FILE", "/home/alice/forged"),
             ("MGPU_ARRAY_INDEX", "9"),
             ("MGPU_ARRAY_ID", "forged"),
             ("BAD=NAME", "x"),
@@ -140,7 +149,7 @@ mod tests {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         let key = key(3);
-        let env = job_environment(&s, &key, "node001", &[2, 5], None);
+        let env = job_environment(&s, &key, "node001", &[2, 5], Path::new(STOP), None);
         let get = |name: &str| env.get(name).map(String::as_str);
         assert_eq!(get("PATH"), Some("/usr/bin"));
         assert_eq!(get("HOME"), Some("/home/alice"));
@@ -156,6 +165,7 @@ mod tests {
         assert_eq!(get("MGPU_NODE"), Some("node001"));
         assert_eq!(get("MGPU_ATTEMPT"), Some("3"));
         assert_eq!(get("MGPU_RESTART_COUNT"), Some("2"));
+        assert_eq!(get("MGPU_STOP_FILE"), Some(STOP));
         // Not an array task: the forged array variables are dropped, none are set.
         assert_eq!(get("MGPU_ARRAY_INDEX"), None);
         assert_eq!(get("MGPU_ARRAY_ID"), None);
@@ -163,8 +173,9 @@ mod tests {
 
     #[test]
     fn the_first_attempt_is_no_restart() {
-        let env = job_environment(&spec(&["true"]), &key(1), "n", &[0], None);
+        let env = job_environment(&spec(&["true"]), &key(1), "n", &[0], Path::new(STOP), None);
         assert_eq!(env.get("MGPU_RESTART_COUNT").map(String::as_str), Some("0"));
+        assert_eq!(env.get("MGPU_STOP_FILE").map(String::as_str), Some(STOP));
     }
 
     #[test]
@@ -176,7 +187,7 @@ mod tests {
             index: 4,
             max_running: Some(2),
         });
-        let env = job_environment(&s, &key(1), "n", &[0], None);
+        let env = job_environment(&s, &key(1), "n", &[0], Path::new(STOP), None);
         let get = |name: &str| env.get(name).map(String::as_str);
         assert_eq!(get("MGPU_ARRAY_INDEX"), Some("4"));
         assert_eq!(get("MGPU_ARRAY_ID"), Some(array_id.as_str()));
@@ -184,7 +195,7 @@ mod tests {
 
     #[test]
     fn a_job_without_gpus_sees_none() {
-        let env = job_environment(&spec(&["true"]), &key(1), "n", &[], None);
+        let env = job_environment(&spec(&["true"]), &key(1), "n", &[], Path::new(STOP), None);
         assert_eq!(
             env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
             Some("")
@@ -221,7 +232,14 @@ mod tests {
             rank: 1,
             hostfile: Path::new("/tmp/h"),
         };
-        let env = job_environment(&spec(&["true"]), &key(1), "b", &[2, 3], Some(&info));
+        let env = job_environment(
+            &spec(&["true"]),
+            &key(1),
+            "b",
+            &[2, 3],
+            Path::new(STOP),
+            Some(&info),
+        );
         let get = |name: &str| env.get(name).map(String::as_str);
         assert_eq!(get("MASTER_ADDR"), Some("10.0.0.1"));
         assert_eq!(get("MASTER_PORT"), Some("29877"));

@@ -138,7 +138,10 @@ mod tests {
         assert_eq!(*stop_requests.borrow(), None);
         // Then silence past the fence.
         tokio::time::sleep(Duration::from_secs(4)).await;
-        assert_eq!(*stop_requests.borrow(), Some(StopReason::Fenced));
+        assert_eq!(
+            *stop_requests.borrow(),
+            Some(crate::running::StopRequest::now(StopReason::Fenced))
+        );
         stop.fire();
         let _ = watcher.await;
     }

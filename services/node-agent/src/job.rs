@@ -1,13 +1,11 @@
 //! One job attempt's life on this node: [`start`] checks and spawns it under its guard (the
-//! launch from `launch.rs`, the environment from `environment.rs`, the hostfile of a
-//! multi-node job from `hostfile.rs`) in its own process group and records it; then
-//! [`StartedJob::supervise`] reports its start, lets `stopping.rs` stop it when it must, flushes
-//! its output and reports how it ended.
+//! command from `job_command.rs`, the environment from `environment.rs`, the hostfile of a
+//! multi-node job from `hostfile.rs`, the stop file from `stop_notice.rs`) in its own process
+//! group and records it; then [`StartedJob::supervise`] reports its start, lets `stopping.rs`
+//! warn and stop it when it must, flushes its output and reports how it ended.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStringExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +13,9 @@ use async_nats::Subscriber;
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use mgpu_protocol::assign::Assignment;
-use mgpu_protocol::job::{JobSpec, Placement};
+use mgpu_protocol::job::Placement;
 use mgpu_protocol::report::{Exit, ReportKind};
+use mgpu_protocol::stop::StopSignal;
 use mgpu_protocol::{output, subjects};
 use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
@@ -27,18 +26,20 @@ use tracing::{info, warn};
 
 use crate::cgroup::{Containment, Emptied, JobCgroup};
 use crate::environment::{RankInfo, job_environment};
-use crate::guard::{GuardFence, GuardProgram, guard_args};
+use crate::guard::{GuardFence, GuardProgram};
 use crate::host::JobHost;
 use crate::hostfile::write_hostfile;
 use crate::input::{InputForwarder, JobInput};
+use crate::job_command::{JobParts, guarded_command};
 use crate::job_io::{ConnectedIo, JobIo};
-use crate::launch::{launch, shell_program};
-use crate::output::{OutputPipeline, OutputSummary, output_headers};
+use crate::output::{OutputPipeline, OutputSummary, output_headers, restart_line};
 use crate::report::Reporter;
-use crate::run_as::{Account, RunAsPolicy};
+use crate::run_as::RunAsPolicy;
 use crate::running::{AttemptKey, RunningTable, StopRequests};
 use crate::state_file::{self, RecordedAttempt, StateFile};
-use crate::stopping::{Ending, Watch, exit_code_of, signal_group};
+use crate::stop_notice::StopFile;
+use crate::stop_state::limit_warning;
+use crate::stopping::{Ending, Notice, Watch, exit_code_of, signal_group};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
 /// that escaped the group (a daemon) can hold the pipes open that long.
@@ -79,7 +80,11 @@ pub struct StartedJob {
     pid: u32,
     started: Instant,
     time_limit: Option<Duration>,
+    /// `--signal`: how the job is warned before it is stopped.
+    warning_signal: Option<StopSignal>,
     stop_requests: StopRequests,
+    /// Where the job reads why it is stopped; removed with its directory when dropped.
+    stop_file: StopFile,
     streams: Streams,
     /// The job's cgroup, emptied when it ends; None where jobs are not contained.
     cgroup: Option<JobCgroup>,
@@ -127,7 +132,9 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
 
     let rank = assignment.rank;
     let gpus = gpus_on(&assignment.placement, node);
-    let (environment, hostfile) = environment_and_hostfile(assignment, &key, node, &gpus).await?;
+    let stop_file = StopFile::create(&key, node).await?;
+    let (environment, hostfile) =
+        environment_and_hostfile(assignment, &key, node, &gpus, stop_file.path()).await?;
     let (cpus, mem_host_mib) = (assignment.placement.cpus, assignment.placement.mem_host_mib);
     let limits = ctx.host.limits_for(&key, &gpus, cpus, mem_host_mib);
     let cgroup = ctx.containment.create(&key, &limits).map_err(|err| {
@@ -168,7 +175,9 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         pid,
         started: Instant::now(),
         time_limit: spec.time_limit(),
+        warning_signal: spec.signal,
         stop_requests,
+        stop_file,
         streams: Streams {
             output,
             output_subject: assignment.output_subject(),
@@ -187,6 +196,7 @@ async fn environment_and_hostfile(
     key: &AttemptKey,
     node: &str,
     gpus: &[u32],
+    stop_file: &Path,
 ) -> Result<(BTreeMap<String, String>, Option<PathBuf>), String> {
     let hostfile = match &assignment.placement.launch {
         Some(_) => Some(write_hostfile(key, node, &assignment.placement).await?),
@@ -197,7 +207,8 @@ async fn environment_and_hostfile(
         rank: assignment.rank,
         hostfile: path,
     });
-    let environment = job_environment(&assignment.spec, key, node, gpus, ranks.as_ref());
+    let spec = &assignment.spec;
+    let environment = job_environment(spec, key, node, gpus, stop_file, ranks.as_ref());
     Ok((environment, hostfile))
 }
 
@@ -211,12 +222,16 @@ fn carry_streams(
     subscription: Option<Subscriber>,
     assignment: &Assignment,
 ) -> (OutputPipeline, Option<InputForwarder>) {
+    // Rank 0 alone says why the attempt before this one stopped: the line is the job's, once.
+    let preamble = (rank == 0)
+        .then(|| restart_line(assignment.attempt, assignment.previous_stop.as_deref()))
+        .flatten();
     let output = OutputPipeline::start(
         ctx.js.clone(),
         (key.clone(), assignment.output_subject()),
         rank,
-        streams.stdout,
-        streams.stderr,
+        preamble,
+        (streams.stdout, streams.stderr),
     );
     let input = match (subscription, streams.stdin) {
         (Some(subscription), Some(stdin)) => Some(InputForwarder::start(
@@ -280,92 +295,6 @@ fn gpus_on(placement: &Placement, node: &str) -> Vec<u32> {
         .collect()
 }
 
-/// What the job's command is made of.
-struct JobParts<'a> {
-    spec: &'a JobSpec,
-    gpus: &'a [u32],
-    environment: BTreeMap<String, String>,
-    account: Option<Account>,
-    cgroup: Option<&'a JobCgroup>,
-    io: &'a JobIo,
-}
-
-/// The command that starts the job under its guard, in its own process group, with exactly
-/// `environment` (and the account's variables). The job runs under a guard that stops it if
-/// the agent dies. `mgpu-job-guard` switches to the job's account itself; otherwise the child
-/// is switched between fork and exec. The guard moves into `cgroup` before it starts the job,
-/// or where the child is switched, the child moves in before it is.
-fn guarded_command(ctx: &JobContext, parts: JobParts<'_>) -> std::io::Result<Command> {
-    let JobParts {
-        spec,
-        gpus,
-        environment,
-        account,
-        cgroup,
-        io,
-    } = parts;
-    let (program, program_args) = launch(spec, gpus).into_program(shell_program());
-    let switch_in_guard = ctx.guard.switches_accounts();
-    let join_before_switch = account.is_some() && !switch_in_guard;
-    // Where the child joins before its switch, the guard is told it joined already (`@`): it
-    // still empties the cgroup when it stops the job without the agent.
-    let guard_procs = cgroup.map(|cgroup| {
-        let list = cgroup.guard_argument();
-        if join_before_switch {
-            format!("@{list}")
-        } else {
-            list
-        }
-    });
-    let guard_account = account
-        .as_ref()
-        .filter(|_| switch_in_guard)
-        .map(|a| a.guard_spec());
-    let (guard, guard_prefix) = ctx.guard.program();
-    let mut command = Command::new(guard);
-    command
-        .args(guard_prefix)
-        .args(guard_args(
-            std::process::id(),
-            ctx.kill_grace,
-            ctx.guard_fence.as_ref(),
-            guard_account,
-            guard_procs.as_deref(),
-            &program,
-        ))
-        .args(program_args)
-        .env_clear()
-        .envs(environment)
-        .envs(account.iter().flat_map(|a| a.environment()))
-        // As a shell would set it (a job started without one still sees it).
-        .env("PWD", &spec.workdir)
-        .current_dir(&spec.workdir);
-    if spec.pty.is_some() && !spec.env.contains_key("TERM") {
-        // Submitted from no terminal: programs still need to know what this one speaks.
-        command.env("TERM", "xterm-256color");
-    }
-    // Before the account switch below: the session is made while still allowed to.
-    io.configure(&mut command)?;
-    if let Some(account) = account.filter(|_| !switch_in_guard) {
-        let join: Vec<CString> = cgroup
-            .map(JobCgroup::procs_files)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|path| CString::new(path.into_os_string().into_vec()).ok())
-            .collect();
-        // SAFETY: between fork and exec the closure makes only system calls (open, write,
-        // close, setgroups, setgid, setuid) on data prepared before the fork; it allocates
-        // nothing.
-        unsafe {
-            command.pre_exec(move || {
-                crate::cgroup::join(&join)?;
-                account.switch()
-            });
-        }
-    }
-    Ok(command)
-}
-
 /// The spawned child's pid and the agent's ends of its streams. A freshly spawned child has
 /// its pid and the pipes asked for; the checks only keep a broken invariant from becoming a
 /// panic.
@@ -413,21 +342,30 @@ impl StartedJob {
             pid,
             started,
             time_limit,
+            warning_signal,
             mut stop_requests,
+            stop_file,
             streams,
             cgroup,
         } = self;
         // Reported alongside the run, so a slow JetStream never delays a kill or time limit.
         let started_report = report_started(&ctx.reporter, &key, pid);
+        // Checked: assignments are validated, but an overflowing `Instant + Duration` panics;
+        // no deadline beats a dead agent.
+        let time_limit_at = time_limit.and_then(|limit| started.checked_add(limit));
         let watch = Watch {
             key: &key,
             pid,
             kill_grace: ctx.kill_grace,
-            // Checked: assignments are validated, but an overflowing `Instant + Duration`
-            // panics; no deadline beats a dead agent.
-            time_limit_at: time_limit.and_then(|limit| started.checked_add(limit)),
+            time_limit_at,
+            limit_warning: limit_warning(warning_signal, time_limit_at),
+            notice: Notice {
+                stop_file: Some(&stop_file),
+                cgroup: cgroup.as_ref(),
+            },
         };
         let ending = watch.until_exit(&mut child, &mut stop_requests).await;
+        drop(stop_file);
 
         // Background processes the job left behind would keep its output pipes open forever.
         signal_group(pid, Signal::SIGKILL, &key);

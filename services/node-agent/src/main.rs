@@ -47,6 +47,7 @@ mod host;
 mod hostfile;
 mod input;
 mod job;
+mod job_command;
 mod job_io;
 mod launch;
 mod lease;
@@ -61,6 +62,8 @@ mod running;
 mod script;
 mod shutdown;
 mod state_file;
+mod stop_notice;
+mod stop_state;
 mod stopping;
 mod throttle;
 

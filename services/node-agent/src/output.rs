@@ -2,7 +2,9 @@
 //! each read returns, at once and without line buffering (people watch it live), through one
 //! channel to a single publisher that numbers the chunks in arrival order and publishes them
 //! to JetStream with a window of acknowledgements in flight (a job writing gigabytes must not
-//! wait one round trip per chunk).
+//! wait one round trip per chunk). A restarted attempt's output starts with a line of the
+//! agent's saying why the attempt before it stopped ([`restart_line`]), published before
+//! anything the job writes.
 
 use std::time::Duration;
 
@@ -47,15 +49,29 @@ pub struct OutputPipeline {
 }
 
 impl OutputPipeline {
-    /// `rank`: which of the job's processes this is (0 unless it is distributed).
+    /// `rank`: which of the job's processes this is (0 unless it is distributed);
+    /// `preamble`: the agent's own line, published first, on stdout.
     pub fn start(
         js: jetstream::Context,
         (key, subject): (AttemptKey, String),
         rank: u32,
-        stdout: impl AsyncRead + Unpin + Send + 'static,
-        stderr: impl AsyncRead + Unpin + Send + 'static,
+        preamble: Option<String>,
+        (stdout, stderr): (
+            impl AsyncRead + Unpin + Send + 'static,
+            impl AsyncRead + Unpin + Send + 'static,
+        ),
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
+        // Queued before the readers start, and the channel keeps its order: the preamble is
+        // the first chunk published, whatever the job writes at once.
+        if let Some(line) = preamble {
+            let chunk = Chunk {
+                stream: output::STDOUT,
+                data: Bytes::from(line),
+            };
+            // A fresh channel has room; a full one would only mean the line is not shown.
+            let _ = tx.try_send(chunk);
+        }
         let readers = vec![
             tokio::spawn(read_pipe(stdout, output::STDOUT, tx.clone(), key.clone())),
             tokio::spawn(read_pipe(stderr, output::STDERR, tx, key.clone())),
@@ -128,6 +144,25 @@ async fn read_pipe(
             }
         }
     }
+}
+
+/// The line that opens a restarted attempt's output: `--- mgpu: attempt 2 starts; attempt 1
+/// stopped: preempted by 4f2a… (bob) ---`. None for a first attempt, or when the scheduler did
+/// not say why the last one stopped. The reason is the scheduler's text, kept to one line.
+pub fn restart_line(attempt: u32, previous_stop: Option<&str>) -> Option<String> {
+    let why = previous_stop?;
+    if attempt < 2 {
+        return None;
+    }
+    let why: String = why
+        .trim()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    Some(format!(
+        "--- mgpu: attempt {attempt} starts; attempt {} stopped: {why} ---\n",
+        attempt - 1
+    ))
 }
 
 /// Headers of an output message; see [`mgpu_protocol::output`].
@@ -221,5 +256,26 @@ async fn publish_chunks(
         next_seq: last_seq + 1,
         bytes,
         lost_chunks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarted_attempt_says_why_the_one_before_stopped_on_one_line() {
+        assert_eq!(
+            restart_line(2, Some("preempted by 4f2a1b2c3d (bob)")).as_deref(),
+            Some(
+                "--- mgpu: attempt 2 starts; attempt 1 stopped: preempted by 4f2a1b2c3d (bob) ---\n"
+            )
+        );
+        assert_eq!(
+            restart_line(3, Some("node lost\n\x1b[2Jcleared")).as_deref(),
+            Some("--- mgpu: attempt 3 starts; attempt 2 stopped: node lost  [2Jcleared ---\n")
+        );
+        assert_eq!(restart_line(1, Some("preempted")), None);
+        assert_eq!(restart_line(2, None), None);
     }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::node::RunningJob;
+use mgpu_protocol::stop::StopWarning;
 use tokio::sync::watch;
 
 /// One run of one job: attempts of the same job are distinct.
@@ -41,8 +42,38 @@ pub enum StopReason {
     Fenced,
 }
 
+/// A stop asked for: why, and whether the job is warned first (its signal and stop file, then
+/// the grace before SIGTERM) or stopped at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopRequest {
+    pub reason: StopReason,
+    pub warning: Option<StopWarning>,
+}
+
+impl StopRequest {
+    /// A stop without warning: SIGTERM at once.
+    pub fn now(reason: StopReason) -> Self {
+        StopRequest {
+            reason,
+            warning: None,
+        }
+    }
+
+    /// What a later request makes of this one; None when it changes nothing. The first
+    /// reason sticks (it is the one reported), but a later stop that will not wait (the
+    /// agent shutting down, fencing, a kill without warning) cuts a warning's grace short:
+    /// a shutdown cannot wait out a preemption's minutes, and a fenced job may already run
+    /// elsewhere.
+    pub fn then(self, later: StopRequest) -> Option<StopRequest> {
+        (self.warning.is_some() && later.warning.is_none()).then_some(StopRequest {
+            reason: self.reason,
+            warning: None,
+        })
+    }
+}
+
 /// The job's side of a stop request; `None` until someone asks.
-pub type StopRequests = watch::Receiver<Option<StopReason>>;
+pub type StopRequests = watch::Receiver<Option<StopRequest>>;
 
 /// What the table knows about an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +89,7 @@ const FINISHED_REMEMBERED: usize = 4096;
 
 struct Entry {
     pid: u32,
-    stop: watch::Sender<Option<StopReason>>,
+    stop: watch::Sender<Option<StopRequest>>,
 }
 
 #[derive(Default)]
@@ -114,20 +145,30 @@ impl RunningTable {
         }
     }
 
-    /// Asks a running attempt to stop. False when it does not run here. The first reason given
-    /// sticks: a job cancelled and then caught by shutdown still ends as cancelled.
+    /// Asks a running attempt to stop at once. False when it does not run here. The first
+    /// reason given sticks: a job cancelled and then caught by shutdown still ends as
+    /// cancelled.
     pub fn request_stop(&self, key: &AttemptKey, reason: StopReason) -> bool {
+        self.request(key, StopRequest::now(reason))
+    }
+
+    /// Asks a running attempt to stop, warned first when the request says so; later requests
+    /// combine with it as [`StopRequest::then`] says. False when it does not run here.
+    pub fn request(&self, key: &AttemptKey, request: StopRequest) -> bool {
         let inner = self.lock();
         let Some(entry) = inner.running.get(key) else {
             return false;
         };
         entry.stop.send_if_modified(|current| {
-            if current.is_none() {
-                *current = Some(reason);
-                true
-            } else {
-                false
+            let next = match *current {
+                None => Some(request),
+                Some(earlier) => earlier.then(request),
+            };
+            let changed = next.is_some();
+            if let Some(next) = next {
+                *current = Some(next);
             }
+            changed
         });
         true
     }
@@ -208,7 +249,49 @@ mod tests {
         let stop = table.insert(k.clone(), 1);
         assert!(table.request_stop(&k, StopReason::Cancelled));
         assert_eq!(table.request_stop_all(StopReason::AgentShutdown), 1);
-        assert_eq!(*stop.borrow(), Some(StopReason::Cancelled));
+        assert_eq!(
+            *stop.borrow(),
+            Some(StopRequest::now(StopReason::Cancelled))
+        );
+    }
+
+    #[test]
+    fn a_stop_that_will_not_wait_cuts_a_warning_short_but_keeps_its_reason() {
+        use mgpu_protocol::stop::StopCause;
+        let warning = StopWarning {
+            signal: 10,
+            grace_secs: 300,
+            cause: StopCause::Preempted,
+        };
+        let preempt = StopRequest {
+            reason: StopReason::Requeued,
+            warning: Some(warning),
+        };
+        let table = RunningTable::default();
+        let k = key(1);
+        let mut stop = table.insert(k.clone(), 1);
+        assert!(table.request(&k, preempt));
+        assert_eq!(*stop.borrow_and_update(), Some(preempt));
+        // Another warned kill changes nothing: the job is being warned already.
+        assert!(table.request(
+            &k,
+            StopRequest {
+                reason: StopReason::Cancelled,
+                ..preempt
+            }
+        ));
+        assert!(!stop.has_changed().unwrap_or(true));
+        // Shutdown will not wait out the grace; the job still ends as preempted.
+        assert_eq!(table.request_stop_all(StopReason::AgentShutdown), 1);
+        assert_eq!(
+            *stop.borrow_and_update(),
+            Some(StopRequest::now(StopReason::Requeued))
+        );
+        assert_eq!(
+            StopRequest::now(StopReason::Cancelled).then(preempt),
+            None,
+            "a warning never slows down a stop already under way"
+        );
     }
 
     #[test]

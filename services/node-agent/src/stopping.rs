@@ -1,44 +1,25 @@
-//! The stopping rules for one running job attempt: its time limit and the stop requests of the
-//! running table (cancel, requeue, agent shutdown, fencing) send SIGTERM to its process group,
-//! and SIGKILL follows once the kill grace has passed. [`StopState::step`] is the pure
-//! transition (old state and an event in, new state and the signal to send out);
-//! [`Watch::until_exit`] feeds it the live process's events and sends the signals.
+//! Stopping one running job attempt, live: [`Watch::until_exit`] waits for its exit while it
+//! turns the clock (its time limit, the warning before it, the graces) and the running
+//! table's stop requests into events for the pure rules of `stop_state.rs`, and carries out
+//! the effects they return: a warning (the cause in its stop file, its signal to its
+//! processes, see `stop_notice.rs`), SIGTERM or SIGKILL to its process group. Also how an
+//! exit status reads in the shell's convention.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use mgpu_protocol::stop::{DEFAULT_SIGNAL, StopCause};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::running::{AttemptKey, StopReason, StopRequests};
-
-/// Why the agent stopped a job; all false when it ended by itself.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stopped {
-    pub cancelled: bool,
-    pub timed_out: bool,
-    /// Stopped so that it goes back to the queue (a Kill with `requeue`).
-    pub preempted: bool,
-    /// Stopped by the agent itself (shutdown, fencing): the scheduler treats it like a job
-    /// whose node was lost.
-    pub lost: bool,
-}
-
-impl Stopped {
-    /// What a stop request for `reason` makes of the job's end.
-    fn by(reason: StopReason) -> Self {
-        Stopped {
-            cancelled: reason == StopReason::Cancelled,
-            timed_out: false,
-            preempted: reason == StopReason::Requeued,
-            lost: matches!(reason, StopReason::AgentShutdown | StopReason::Fenced),
-        }
-    }
-}
+use crate::cgroup::JobCgroup;
+use crate::running::{AttemptKey, StopReason, StopRequest, StopRequests};
+use crate::stop_notice::{StopFile, warn_processes};
+use crate::stop_state::{Effect, Event, StopState, Stopped, bounded};
 
 /// How the main process ended, and why the agent stopped it if it did.
 pub struct Ending {
@@ -47,126 +28,36 @@ pub struct Ending {
     pub stopped: Stopped,
 }
 
-/// Where the stopping of a job stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    Running,
-    /// SIGTERM sent; SIGKILL is due at `kill_at` (None: a kill grace too long to ever end).
-    Terminating {
-        kill_at: Option<Instant>,
-    },
-    /// SIGKILL sent; only the exit is left to wait for.
-    Killed,
-}
-
-/// What happened to a running job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
-    TimeLimit,
-    Stop(StopReason),
-    KillDue,
-}
-
-/// The signal a transition asks for, to the job's process group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Effect {
-    Terminate,
-    Kill,
-}
-
-/// The state of one job's stopping: its phase and why it was stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StopState {
-    pub phase: Phase,
-    pub stopped: Stopped,
-}
-
-impl StopState {
-    pub const RUNNING: StopState = StopState {
-        phase: Phase::Running,
-        stopped: Stopped {
-            cancelled: false,
-            timed_out: false,
-            preempted: false,
-            lost: false,
-        },
-    };
-
-    /// The first time limit or stop request terminates the job (later ones change nothing:
-    /// the first reason is the one reported); SIGKILL follows once, when due.
-    pub fn step(
-        self,
-        event: Event,
-        now: Instant,
-        kill_grace: Duration,
-    ) -> (StopState, Option<Effect>) {
-        // Checked: `Instant + Duration` panics on overflow, and the grace is the operator's.
-        let terminating = Phase::Terminating {
-            kill_at: now.checked_add(kill_grace),
-        };
-        match (self.phase, event) {
-            (Phase::Running, Event::TimeLimit) => {
-                let stopped = Stopped {
-                    timed_out: true,
-                    ..self.stopped
-                };
-                let next = StopState {
-                    phase: terminating,
-                    stopped,
-                };
-                (next, Some(Effect::Terminate))
-            }
-            (Phase::Running, Event::Stop(reason)) => {
-                let next = StopState {
-                    phase: terminating,
-                    stopped: Stopped::by(reason),
-                };
-                (next, Some(Effect::Terminate))
-            }
-            (Phase::Terminating { .. }, Event::KillDue) => {
-                let next = StopState {
-                    phase: Phase::Killed,
-                    ..self
-                };
-                (next, Some(Effect::Kill))
-            }
-            _ => (self, None),
-        }
-    }
-
-    fn running(&self) -> bool {
-        self.phase == Phase::Running
-    }
-
-    /// When SIGKILL is due, while it is still to be sent.
-    fn kill_at(&self) -> Option<Instant> {
-        match self.phase {
-            Phase::Terminating { kill_at } => kill_at,
-            Phase::Running | Phase::Killed => None,
-        }
-    }
-
-    fn terminating(&self) -> bool {
-        matches!(self.phase, Phase::Terminating { .. })
-    }
-}
-
 /// The rules for stopping one running job.
 pub struct Watch<'a> {
     pub key: &'a AttemptKey,
     pub pid: u32,
     pub kill_grace: Duration,
     pub time_limit_at: Option<Instant>,
+    /// When the warning before the time limit is due, and its signal
+    /// ([`crate::stop_state::limit_warning`]).
+    pub limit_warning: Option<(Instant, i32)>,
+    /// Where a warning writes why, and the cgroup whose processes it also reaches.
+    pub notice: Notice<'a>,
+}
+
+/// What a warning reaches besides the process group.
+#[derive(Clone, Copy)]
+pub struct Notice<'a> {
+    pub stop_file: Option<&'a StopFile>,
+    pub cgroup: Option<&'a JobCgroup>,
 }
 
 impl Watch<'_> {
     /// Waits for the main process to exit. On the time limit or a stop request: SIGTERM to the
-    /// process group, then SIGKILL once the kill grace has passed.
+    /// process group (after a warning and its grace, where asked), then SIGKILL once the kill
+    /// grace has passed. A job that ends during a grace is seen at once.
     pub async fn until_exit(&self, child: &mut Child, stop_requests: &mut StopRequests) -> Ending {
         let mut state = StopState::RUNNING;
         let mut stop_requests_open = true;
+        let warn_at = self.limit_warning.map(|(at, _)| at);
         loop {
-            let running = state.running();
+            let open = state.before_terminate();
             let event = tokio::select! {
                 status = child.wait() => {
                     let status = status
@@ -174,18 +65,23 @@ impl Watch<'_> {
                         .ok();
                     return Ending { status, stopped: state.stopped };
                 }
-                () = sleep_until(self.time_limit_at), if running && self.time_limit_at.is_some() => {
+                () = sleep_until(warn_at), if state.running() && !state.limit_warned && warn_at.is_some() => {
+                    let signal = self.limit_warning.map_or(DEFAULT_SIGNAL, |(_, signal)| signal);
+                    Event::LimitWarning { signal }
+                }
+                () = sleep_until(self.time_limit_at), if open && self.time_limit_at.is_some() => {
                     Event::TimeLimit
                 }
-                changed = stop_requests.changed(), if running && stop_requests_open => {
+                changed = stop_requests.changed(), if open && stop_requests_open => {
                     if changed.is_err() {
                         // The table dropped its side; no stop can come any more.
                         stop_requests_open = false;
                         continue;
                     }
-                    let Some(reason) = *stop_requests.borrow_and_update() else { continue };
-                    Event::Stop(reason)
+                    let Some(request) = *stop_requests.borrow_and_update() else { continue };
+                    Event::Stop(request)
                 }
+                () = sleep_until(state.term_at()), if state.warned() => Event::TermDue,
                 () = sleep_until(state.kill_at()), if state.terminating() => Event::KillDue,
             };
             let (next, effect) = state.step(event, Instant::now(), self.kill_grace);
@@ -196,34 +92,64 @@ impl Watch<'_> {
         }
     }
 
-    /// Says why, and signals the job's group.
+    /// Says why, and warns or signals the job.
     fn apply(&self, event: Event, effect: Effect) {
         let key = self.key;
         match event {
+            Event::LimitWarning { .. } => {
+                info!(job = %key.job_id, attempt = key.attempt, "warning the job of its time limit")
+            }
             Event::TimeLimit => {
                 info!(job = %key.job_id, attempt = key.attempt, "time limit reached; stopping the job")
             }
-            Event::Stop(StopReason::Cancelled) => {
-                info!(job = %key.job_id, attempt = key.attempt, "cancelling the job")
-            }
-            Event::Stop(StopReason::AgentShutdown) => {
-                info!(job = %key.job_id, attempt = key.attempt, "stopping the job: the agent is shutting down")
-            }
-            Event::Stop(StopReason::Requeued) => {
-                info!(job = %key.job_id, attempt = key.attempt, "stopping the job: the scheduler puts it back in the queue")
-            }
-            Event::Stop(StopReason::Fenced) => {
-                warn!(job = %key.job_id, attempt = key.attempt, "stopping the job: this node lost contact with NATS (fenced)")
+            Event::Stop(request) => self.say_stop(request),
+            Event::TermDue => {
+                info!(job = %key.job_id, attempt = key.attempt, "the job's warning grace is over; stopping it")
             }
             Event::KillDue => {
                 warn!(job = %key.job_id, attempt = key.attempt, grace = ?self.kill_grace, "the job ignored SIGTERM; sending SIGKILL")
             }
         }
-        let signal = match effect {
-            Effect::Terminate => Signal::SIGTERM,
-            Effect::Kill => Signal::SIGKILL,
+        match effect {
+            Effect::Warn { signal, cause } => self.warn(signal, cause),
+            Effect::Terminate => signal_group(self.pid, Signal::SIGTERM, key),
+            Effect::Kill => signal_group(self.pid, Signal::SIGKILL, key),
+        }
+    }
+
+    fn say_stop(&self, request: StopRequest) {
+        let key = self.key;
+        let warned = request.warning.map(|w| bounded(w).grace_secs);
+        match request.reason {
+            StopReason::Cancelled => {
+                info!(job = %key.job_id, attempt = key.attempt, ?warned, "cancelling the job")
+            }
+            StopReason::AgentShutdown => {
+                info!(job = %key.job_id, attempt = key.attempt, "stopping the job: the agent is shutting down")
+            }
+            StopReason::Requeued => {
+                info!(job = %key.job_id, attempt = key.attempt, ?warned, "stopping the job: the scheduler puts it back in the queue")
+            }
+            StopReason::Fenced => {
+                warn!(job = %key.job_id, attempt = key.attempt, "stopping the job: this node lost contact with NATS (fenced)")
+            }
+        }
+    }
+
+    /// Writes the cause to the stop file first, so a job that reads it on the signal finds it.
+    fn warn(&self, signal: i32, cause: StopCause) {
+        let key = self.key;
+        if let Some(file) = self.notice.stop_file
+            && let Err(err) = file.announce(cause)
+        {
+            warn!(job = %key.job_id, attempt = key.attempt, "cannot write the job's stop file {}: {err}", file.path().display());
+        }
+        let Ok(signal) = Signal::try_from(signal) else {
+            warn!(job = %key.job_id, attempt = key.attempt, signal, "not a signal; the job is not warned");
+            return;
         };
-        signal_group(self.pid, signal, key);
+        let reached = warn_processes(self.pid, signal, self.notice.cgroup);
+        debug!(job = %key.job_id, attempt = key.attempt, ?signal, cause = cause.as_str(), reached, "warned the job");
     }
 }
 
@@ -281,65 +207,6 @@ mod tests {
         assert_eq!(exit_code_of(None), (-1, None));
     }
 
-    const GRACE: Duration = Duration::from_secs(5);
-
-    #[test]
-    fn each_stop_reason_is_reported_as_what_it_was() {
-        let now = Instant::now();
-        let stopped = |reason| {
-            StopState::RUNNING
-                .step(Event::Stop(reason), now, GRACE)
-                .0
-                .stopped
-        };
-        let cancelled = stopped(StopReason::Cancelled);
-        assert!(cancelled.cancelled && !cancelled.preempted && !cancelled.lost);
-        let requeued = stopped(StopReason::Requeued);
-        assert!(requeued.preempted && !requeued.cancelled && !requeued.lost);
-        assert!(stopped(StopReason::AgentShutdown).lost);
-        let fenced = stopped(StopReason::Fenced);
-        assert!(fenced.lost && !fenced.cancelled && !fenced.timed_out);
-    }
-
-    #[test]
-    fn the_first_reason_stops_the_job_and_sigkill_follows_once() {
-        let now = Instant::now();
-        let (timed_out, effect) = StopState::RUNNING.step(Event::TimeLimit, now, GRACE);
-        assert_eq!(effect, Some(Effect::Terminate));
-        assert_eq!(
-            timed_out.phase,
-            Phase::Terminating {
-                kill_at: Some(now + GRACE)
-            }
-        );
-        assert!(timed_out.stopped.timed_out);
-        // A cancel during the grace neither signals again nor changes what is reported.
-        assert_eq!(
-            timed_out.step(Event::Stop(StopReason::Cancelled), now, GRACE),
-            (timed_out, None)
-        );
-        let (killed, effect) = timed_out.step(Event::KillDue, now + GRACE, GRACE);
-        assert_eq!(effect, Some(Effect::Kill));
-        assert_eq!(killed.phase, Phase::Killed);
-        assert_eq!(killed.stopped, timed_out.stopped);
-        assert_eq!(killed.step(Event::KillDue, now, GRACE), (killed, None));
-        assert_eq!(killed.kill_at(), None);
-        // Nothing is killed that was never terminated.
-        assert_eq!(
-            StopState::RUNNING.step(Event::KillDue, now, GRACE),
-            (StopState::RUNNING, None)
-        );
-    }
-
-    #[test]
-    fn a_kill_grace_too_long_for_the_clock_never_comes_due() {
-        let now = Instant::now();
-        let (state, effect) = StopState::RUNNING.step(Event::TimeLimit, now, Duration::MAX);
-        assert_eq!(effect, Some(Effect::Terminate));
-        assert_eq!(state.phase, Phase::Terminating { kill_at: None });
-        assert_eq!(state.kill_at(), None);
-    }
-
     /// Spawns `sleep` as the agent spawns jobs (own process group), asks the table to stop it
     /// for `reason` and returns how the watch saw it end.
     async fn stop_a_sleeping_job(reason: StopReason) -> Ending {
@@ -362,6 +229,11 @@ mod tests {
             pid,
             kill_grace: Duration::from_secs(5),
             time_limit_at: None,
+            limit_warning: None,
+            notice: Notice {
+                stop_file: None,
+                cgroup: None,
+            },
         };
         tokio::time::timeout(
             Duration::from_secs(10),
@@ -382,5 +254,107 @@ mod tests {
         // Both end the same way: SIGTERM to the group.
         assert_eq!(exit_code_of(requeued.status), (143, Some(15)));
         assert_eq!(exit_code_of(cancelled.status), (143, Some(15)));
+    }
+
+    /// A job as the agent runs one: a leader standing for its guard (it must not be warned:
+    /// it would die of SIGUSR1), and under it the job's shell, which on SIGUSR1 copies its
+    /// stop file to `seen` and ends unless `ignore` (then only SIGTERM ends it).
+    fn guarded_job(dir: &std::path::Path, stop_file: &StopFile, ignore: bool) -> Child {
+        let seen = dir.join("seen");
+        let ready = dir.join("ready");
+        let on_usr1 = if ignore { "" } else { "; exit 0" };
+        let job = format!(
+            "trap 'cat \"$MGPU_STOP_FILE\" > {seen}{on_usr1}' USR1; touch {ready}; \
+             while :; do sleep 0.05; done",
+            seen = seen.display(),
+            ready = ready.display(),
+        );
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg("sh -c \"$JOB\" & wait $!")
+            .env("JOB", job)
+            .env("MGPU_STOP_FILE", stop_file.path())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning sh: {e}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the job never got ready"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    }
+
+    /// Runs `guarded_job` to its end after a preemption that warns it with `grace_secs`;
+    /// returns how it ended, what it read and how long that took.
+    async fn preempt_with_warning(ignore: bool, grace_secs: u64) -> (Ending, String, Duration) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let key = AttemptKey {
+            job_id: mgpu_protocol::ids::JobId::random(),
+            attempt: 1,
+        };
+        let stop_file = StopFile::create(&key, "n1")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut child = guarded_job(dir.path(), &stop_file, ignore);
+        let pid = child.id().unwrap_or_else(|| panic!("sh has no pid"));
+        let table = RunningTable::default();
+        let mut stop_requests = table.insert(key.clone(), pid);
+        let warning = mgpu_protocol::stop::StopWarning {
+            signal: 10,
+            grace_secs,
+            cause: StopCause::Preempted,
+        };
+        let request = StopRequest {
+            reason: StopReason::Requeued,
+            warning: Some(warning),
+        };
+        assert!(table.request(&key, request));
+        let watch = Watch {
+            key: &key,
+            pid,
+            kill_grace: Duration::from_secs(5),
+            time_limit_at: None,
+            limit_warning: None,
+            notice: Notice {
+                stop_file: Some(&stop_file),
+                cgroup: None,
+            },
+        };
+        let began = Instant::now();
+        let ending = tokio::time::timeout(
+            Duration::from_secs(20),
+            watch.until_exit(&mut child, &mut stop_requests),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the job was not stopped"));
+        let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap_or_default();
+        (ending, seen, began.elapsed())
+    }
+
+    #[tokio::test]
+    async fn a_warned_job_reads_why_and_is_seen_to_end_within_its_grace() {
+        let (ending, seen, took) = preempt_with_warning(false, 60).await;
+        assert_eq!(seen, "preempted\n");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+        assert!(ending.stopped.preempted && !ending.stopped.cancelled);
+        // The job's own exit, not SIGTERM's: its guard was never signalled.
+        assert_eq!(exit_code_of(ending.status), (0, None));
+    }
+
+    #[tokio::test]
+    async fn a_job_that_ignores_its_warning_gets_sigterm_when_the_grace_is_over() {
+        let (ending, seen, took) = preempt_with_warning(true, 1).await;
+        assert_eq!(seen, "preempted\n");
+        assert!(
+            took >= Duration::from_secs(1),
+            "SIGTERM before the grace: {took:?}"
+        );
+        assert!(ending.stopped.preempted);
+        assert_eq!(exit_code_of(ending.status), (143, Some(15)));
     }
 }
