@@ -231,7 +231,12 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
         array_id: record.spec.array.as_ref().map(|a| a.array_id.clone()),
         started_at,
         qos: record.spec.qos.clone(),
-        preemptible_from: class.preemptible.then(|| started_at + min_runtime),
+        // Counted from the process's start: a job not started yet has run nothing; a
+        // `--no-requeue` job is never requeued, so never preempted.
+        preemptible_from: run
+            .started_at
+            .filter(|_| class.preemptible && !record.spec.no_requeue)
+            .map(|started| started + min_runtime),
         stopping: run.preempt_requested || run.cancel_requested_by.is_some(),
     }
 }

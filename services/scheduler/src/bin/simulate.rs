@@ -100,6 +100,7 @@ fn main() -> ExitCode {
         None => (args.first_seed..args.first_seed.saturating_add(args.seeds)).collect(),
     };
     let (mut ran, mut jobs, mut faults, mut steps, mut violations) = (0u64, 0, 0, 0, 0u64);
+    let mut preemptions = 0u64;
     for seed in seeds {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -109,6 +110,7 @@ fn main() -> ExitCode {
         jobs += outcome.jobs;
         faults += outcome.faults;
         steps += outcome.steps;
+        preemptions += outcome.preemptions;
         if outcome.violation.is_some() {
             violations += 1;
             report_failure(&outcome, &options, &args.without);
@@ -127,6 +129,7 @@ fn main() -> ExitCode {
             "jobs": jobs,
             "faults": faults,
             "steps": steps,
+            "preemptions": preemptions,
             "steps_per_second": per_second,
             "violations": violations,
         })

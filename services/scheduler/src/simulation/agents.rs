@@ -61,6 +61,9 @@ pub struct Process {
     pub time_limit_at: Option<u64>,
     /// A stop under way: why, when the process is gone, and the signal that ends it.
     pub stopping: Option<(StopWhy, u64, i32)>,
+    /// Warned (a preemption's signal): SIGTERM comes then, unless a cancel, a fence or its
+    /// time limit stops it sooner.
+    pub warned_until: Option<u64>,
 }
 
 impl Process {
@@ -124,6 +127,8 @@ pub struct SimAgent {
     pub reconciling: bool,
     /// How many times the scheduler purged the assignments waiting for this node.
     pub purges: u32,
+    /// Invariants its kills broke (the world hands them to the ledger).
+    pub broken: Vec<String>,
     /// When the last message stored on the node's stream reaches the agent: its assignments
     /// and controls share one stream and one consumer, so none overtakes one stored before.
     pub stream_tail: u64,
@@ -150,6 +155,7 @@ impl SimAgent {
             inbox: Vec::new(),
             reconciling: false,
             purges: 0,
+            broken: Vec::new(),
             stream_tail: 0,
         }
     }
@@ -188,6 +194,7 @@ impl SimAgent {
                 exit_code,
                 time_limit_at: time_limit_ms.map(|limit| now + limit),
                 stopping: None,
+                warned_until: None,
             },
         );
         Some(ReportKind::Started {
@@ -195,20 +202,62 @@ impl SimAgent {
         })
     }
 
-    /// A kill from the scheduler: the attempt it names is stopped, if it runs here.
+    /// A kill from the scheduler: the attempt it names is stopped, if it runs here; warned
+    /// first and stopped at the grace's end when the kill carries a warning. A requeue without
+    /// a warning must not cut a warned process's grace short (`broken` says so).
     pub fn kill(&mut self, control: &NodeControl, now: u64, rng: &mut Rng) {
         let NodeControl::Kill {
             job_id,
             attempt,
             requeue,
+            warning,
             ..
         } = control;
+        let key = (job_id.clone(), *attempt);
         let why = if *requeue {
             StopWhy::Requeued
         } else {
             StopWhy::Cancelled
         };
-        self.stop(&(job_id.clone(), *attempt), why, now, rng);
+        if let Some(warning) = warning {
+            self.warn(&key, why, warning.grace_secs.saturating_mul(1000), now, rng);
+            return;
+        }
+        let warned = self
+            .processes
+            .get(&key)
+            .and_then(|p| p.warned_until)
+            .is_some_and(|until| now < until);
+        if warned && *requeue {
+            self.broken.push(format!(
+                "a preempted job's grace cut short: {} attempt {attempt} got a requeue with no \
+                 warning",
+                job_id.short()
+            ));
+            return;
+        }
+        self.stop(&key, why, now, rng);
+    }
+
+    /// A warning: the process is stopped `grace_ms` from `now` (SIGTERM then), or exits by
+    /// itself before, reported stopped for `why` all the same (it saved its work and left).
+    /// Nothing changes for a process already being stopped or warned.
+    fn warn(&mut self, key: &Attempt, why: StopWhy, grace_ms: u64, now: u64, rng: &mut Rng) {
+        let Some(process) = self.processes.get_mut(key) else {
+            return;
+        };
+        if process.stopping.is_some() {
+            return;
+        }
+        let term_at = now + grace_ms;
+        if process.ends_at <= term_at {
+            process.stopping = Some((why, process.ends_at, 0));
+        } else {
+            self.stop(key, why, term_at, rng);
+        }
+        if let Some(process) = self.processes.get_mut(key) {
+            process.warned_until = Some(term_at);
+        }
     }
 
     /// Stops a process at `at` (SIGTERM, then SIGKILL after the kill grace). False when it
@@ -218,9 +267,13 @@ impl SimAgent {
         let Some(process) = self.processes.get_mut(key) else {
             return false;
         };
-        if process.stopping.is_some() || process.ends_at <= at {
+        // A warned process is stopped sooner by a cancel, a fence or its time limit.
+        let hurried = process.warned_until.is_some_and(|until| at < until);
+        if (process.stopping.is_some() && !hurried) || process.ends_at <= at {
             return false;
         }
+        let why = process.stopping.map_or(why, |(first, _, _)| first);
+        process.warned_until = None;
         // Most jobs end soon after SIGTERM; one in ten ignores it until SIGKILL.
         let reacts_in = (!rng.chance(100)).then(|| rng.between(10, 300));
         let (gone_at, signal) = match reacts_in {

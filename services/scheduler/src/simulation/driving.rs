@@ -338,6 +338,11 @@ impl World {
                         job_id, attempt, ..
                     } = &control;
                     self.ledger.kill_sent(job_id, *attempt, &node);
+                    let record = self.store.records.get(job_id).map(|t| &t.record);
+                    let broken = record.and_then(|record| {
+                        super::preemption_checks::kill_sent(record, &control, &self.policy.qos)
+                    });
+                    self.ledger.broken.extend(broken);
                     let delay = self.in_stream_order(index);
                     self.at(delay, Event::ToNode(index, NodeMessage::Control(control)));
                 }
@@ -418,6 +423,15 @@ impl World {
         {
             self.ledger
                 .settled(before.map(|(_, attempt)| attempt), &stored.record, self.now);
+            let wall = self.wall();
+            let broken = super::preemption_checks::stored(&stored.record, &self.policy.qos, wall);
+            self.ledger.broken.extend(broken);
+            if let JobState::Running(run) = &stored.record.state
+                && run.preempted_for.is_some()
+            {
+                let attempt = (stored.record.id.clone(), stored.record.attempt);
+                self.ledger.preempted.insert(attempt);
+            }
         }
         if let (Some(record), WriteOutcome::Stored { .. }) = (running, &outcome) {
             let agents = &self.agents;

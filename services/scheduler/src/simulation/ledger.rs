@@ -47,6 +47,8 @@ pub struct Ledger {
     pub starts: u64,
     pub gang_starts: u64,
     pub array_starts: u64,
+    /// Attempts stopped for a job of a class that may preempt.
+    pub preempted: BTreeSet<(JobId, u32)>,
 }
 
 impl Ledger {

@@ -34,6 +34,7 @@ pub mod finality;
 pub mod gate;
 pub mod ledger;
 pub mod nodes;
+pub mod preemption_checks;
 pub mod rng;
 #[cfg(test)]
 mod scenarios;
@@ -106,6 +107,8 @@ pub struct Outcome {
     pub starts: u64,
     pub gang_starts: u64,
     pub array_starts: u64,
+    /// Attempts preempted for a job of a class that may preempt.
+    pub preemptions: u64,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
@@ -174,6 +177,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         starts: world.ledger.starts,
         gang_starts: world.ledger.gang_starts,
         array_starts: world.ledger.array_starts,
+        preemptions: world.ledger.preempted.len() as u64,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
 }

@@ -43,6 +43,8 @@ impl World {
             NodeMessage::Control(control) => {
                 let now = self.now;
                 self.agents[node].kill(&control, now, &mut self.rng);
+                let broken = std::mem::take(&mut self.agents[node].broken);
+                self.ledger.broken.extend(broken);
             }
         }
     }

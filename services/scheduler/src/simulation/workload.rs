@@ -51,6 +51,12 @@ fn common_spec(world: &mut World, gpus: GpuAmount) -> JobSpec {
     spec.gpus = gpus;
     spec.priority = world.rng.below(3) as i32;
     spec.no_requeue = world.rng.chance(200);
+    if world.rng.chance(250) {
+        spec.qos = Some("scavenger".into());
+        if world.rng.chance(300) {
+            spec.signal = mgpu_protocol::stop::StopSignal::parse("USR2@1").ok();
+        }
+    }
     if world.rng.chance(100) {
         spec.on_timeout = OnTimeout::Requeue;
         spec.time_limit_secs = Some(world.rng.between(2, 8));

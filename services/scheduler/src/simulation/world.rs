@@ -152,6 +152,7 @@ impl World {
         let registry = registry_of(&users, &BTreeMap::new());
         let policy = Policy {
             max_job_time_secs: Some(3_600),
+            qos: sim_classes(),
             ..Policy::default()
         };
         let mut ledger = Ledger::default();
@@ -325,4 +326,18 @@ fn registry_of(users: &[Identity], groups: &BTreeMap<String, String>) -> Registr
             })
             .collect(),
     }
+}
+
+/// The classes the simulated cluster has: `scavenger` (preemptible, 2 s of grace, 1 s of
+/// minimum run time, may not preempt) beside `normal` (which may preempt it).
+pub fn sim_classes() -> mgpu_protocol::qos::QosClasses {
+    let scavenger = mgpu_protocol::qos::QosClass {
+        priority: -1,
+        preemptible: true,
+        may_preempt: false,
+        grace_secs: 2,
+        min_runtime_secs: 1,
+        ..mgpu_protocol::qos::QosClass::default()
+    };
+    mgpu_protocol::qos::QosClasses(BTreeMap::from([("scavenger".to_owned(), scavenger)]))
 }
