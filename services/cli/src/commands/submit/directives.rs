@@ -233,6 +233,22 @@ mod tests {
     }
 
     #[test]
+    fn qos_and_signal_are_directives_too() {
+        let args = merged(
+            &["--qos scavenger --signal USR1@300"],
+            &["--signal", "USR2@60"],
+        );
+        let Ok(args) = args else { panic!("{args:?}") };
+        assert_eq!(args.qos.as_deref(), Some("scavenger"));
+        assert_eq!(
+            args.signal.map(|s| s.to_string()).as_deref(),
+            Some("USR2@60")
+        );
+        let err = error(&["--signal USR3@5"], &[]);
+        assert!(err.contains("unknown signal \"USR3\""), "{err}");
+    }
+
+    #[test]
     fn a_later_directive_wins_over_an_earlier_one_and_defaults_do_not_count() {
         let args = merged(&["--priority 3", "--priority 4"], &["--gpus", "1"]);
         let Ok(args) = args else { panic!("{args:?}") };
