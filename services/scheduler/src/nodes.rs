@@ -47,6 +47,19 @@ impl NodeTable {
         self.watching_since = Some(self.watching_since.map_or(until, |since| since.max(until)));
     }
 
+    /// Nodes whose latest heartbeat is already too old at `now` (offline, were the scheduler
+    /// watching), in name order.
+    pub fn silent_at(&self, now: Timestamp) -> Vec<String> {
+        let mut silent: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|beat| beat.liveness_after(now, self.missed) == NodeLiveness::Offline)
+            .map(|beat| beat.node.clone())
+            .collect();
+        silent.sort_unstable();
+        silent
+    }
+
     /// Nodes that went offline since the last call (each reported once per outage).
     pub fn newly_lost(&mut self, now: Timestamp) -> Vec<String> {
         let mut lost = Vec::new();

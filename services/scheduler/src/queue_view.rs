@@ -207,6 +207,7 @@ fn queued_job(
         gpu_types: record.spec.gpu_types.clone(),
         qos: record.spec.qos.clone(),
         may_preempt: policy.qos.of_job(record.spec.qos.as_deref()).may_preempt,
+        preemptible: policy.qos.of_job(record.spec.qos.as_deref()).preemptible,
         // Checked at submit: a record that does not parse selects nothing rather than all.
         constraint: record
             .spec
@@ -238,6 +239,7 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
             .filter(|_| class.preemptible && !record.spec.no_requeue)
             .map(|started| started + min_runtime),
         stopping: run.preempt_requested || run.cancel_requested_by.is_some(),
+        may_preempt: class.may_preempt,
     }
 }
 

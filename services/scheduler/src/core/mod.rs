@@ -123,6 +123,8 @@ pub struct RunningJob {
     pub preemptible_from: Option<Timestamp>,
     /// A stop was asked for already (a preemption, a cancel): its room frees up soon.
     pub stopping: bool,
+    /// Its class may preempt: at its slice's end it yields to no job it could preempt back.
+    pub may_preempt: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -406,6 +408,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 qos: job.qos.clone(),
                 preemptible_from: None,
                 stopping: false,
+                may_preempt: job.may_preempt,
             });
             decisions.push(Decision::Start {
                 job: job.id.clone(),
@@ -537,8 +540,10 @@ fn preemptions(
         .filter(|job| {
             let mut freed = capacity.clone();
             freed.release(&job.placement);
+            // Yielding to a job it may preempt back would only swap them, forever.
             blocked
                 .iter()
+                .filter(|(waiter, _)| !preemption::may_take_back(job, waiter))
                 .any(|&waiter| waiting.could_start(waiter, &freed, settings, now))
         })
         .map(|job| Decision::Preempt {

@@ -87,6 +87,12 @@ pub(super) fn by_class(
     decisions
 }
 
+/// Whether `running`, once requeued, could have `waiter` stopped again at once: its class
+/// may preempt, and `waiter`'s, another one, is preemptible.
+pub(super) fn may_take_back(running: &RunningJob, waiter: &QueuedJob) -> bool {
+    running.may_preempt && waiter.preemptible && running.qos != waiter.qos
+}
+
 /// The running jobs `waiter` may have stopped, cheapest first: fewest GPU-hours lost, then
 /// youngest, then id.
 fn candidates<'a>(

@@ -95,6 +95,32 @@ fn a_waiter_whose_victims_are_still_stopping_has_no_more_stopped() {
     assert_eq!(victims_of(&decisions, &id(11)), vec![id(1002)]);
 }
 
+#[test]
+fn a_job_past_its_slice_does_not_yield_to_a_scavenger_it_would_preempt_back() {
+    let nodes = [node("n1", 1, 24_576)];
+    let mut sliced = running(1, "n1", &[0], None);
+    sliced.slice_end = Some(t0() - chrono::Duration::seconds(1));
+    sliced.may_preempt = true;
+    let mut waiter = job(10, GpuAmount::ONE);
+    waiter.qos = Some("scavenger".into());
+    waiter.preemptible = true;
+    let yields = |decisions: &[Decision]| {
+        decisions
+            .iter()
+            .any(|d| matches!(d, Decision::Preempt { for_job: None, .. }))
+    };
+    assert!(!yields(&run(
+        &nodes,
+        std::slice::from_ref(&sliced),
+        &[waiter]
+    )));
+    let plain = job(11, GpuAmount::ONE);
+    assert!(
+        yields(&run(&nodes, &[sliced], &[plain])),
+        "to a job of no preemptible class"
+    );
+}
+
 proptest! {
     /// Whatever runs and waits: only preemptible jobs past their minimum run time are
     /// stopped, each for one waiter, and the waiter could start in the room the stopping

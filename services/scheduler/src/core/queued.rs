@@ -64,6 +64,9 @@ pub struct QueuedJob {
     pub qos: Option<String>,
     /// Its class may stop preemptible jobs for it to start.
     pub may_preempt: bool,
+    /// Its class is preemptible: a job past its time slice does not yield to it when it may
+    /// preempt it back at once.
+    pub preemptible: bool,
 }
 
 impl QueuedJob {
@@ -96,6 +99,7 @@ impl QueuedJob {
             constraint: None,
             qos: None,
             may_preempt: false,
+            preemptible: false,
         }
     }
 

@@ -96,3 +96,19 @@ fn a_job_being_cancelled_is_not_preempted_and_a_cancel_wins_over_a_preemption() 
         ended.state
     );
 }
+
+#[test]
+fn a_job_at_its_slice_s_end_is_warned_when_it_asked() {
+    let mut job = running(on("node001"));
+    job.spec.signal = mgpu_protocol::stop::StopSignal::parse("USR2@30").ok();
+    let transition = step(&job, Input::SliceEnd, 10);
+    let [kill] = kills(&transition)[..] else {
+        panic!("{:?}", transition.effects);
+    };
+    let warning = kill.warning.unwrap_or_else(|| panic!("no warning"));
+    assert_eq!((warning.signal, warning.grace_secs), (12, 30));
+    assert_eq!(warning.cause, StopCause::TimeLimit);
+    job.spec.signal = None;
+    let plain = step(&job, Input::SliceEnd, 10);
+    assert!(kills(&plain).iter().all(|k| k.warning.is_none()));
+}

@@ -76,9 +76,9 @@ pub(super) fn reject(current: &JobRecord, reason: &str, now: Timestamp) -> Trans
     )
 }
 
-/// A running job's time slice is over while others wait: its processes are stopped, and it
-/// goes back to the queue when its agent reports them gone. Once per attempt; never for a job
-/// being cancelled.
+/// A running job's time slice is over while others wait: its processes are stopped (warned
+/// first when it asked with `--signal SIG@SECONDS`), and it goes back to the queue when its
+/// agent reports them gone. Once per attempt; never for a job being cancelled.
 pub(super) fn slice_end(current: &JobRecord) -> Transition {
     let JobState::Running(run) = &current.state else {
         return Transition::default();
@@ -86,14 +86,29 @@ pub(super) fn slice_end(current: &JobRecord) -> Transition {
     if run.preempt_requested || run.cancel_requested_by.is_some() {
         return Transition::default();
     }
+    // A job that asked for a warning (`--signal SIG@SECONDS`) gets it that long before.
+    let warning = current
+        .spec
+        .signal
+        .filter(|signal| signal.seconds > 0)
+        .map(|signal| StopWarning {
+            signal: signal.signal,
+            grace_secs: signal.seconds,
+            cause: mgpu_protocol::stop::StopCause::TimeLimit,
+        });
     let mut record = current.clone();
     if let JobState::Running(run) = &mut record.state {
         run.preempt_requested = true;
+        run.stop_warning = warning;
+    }
+    let mut kill = kill_everywhere(current, &run.placement, SLICE_OVER.into(), true);
+    if let Effect::Kill(kill) = &mut kill {
+        kill.warning = warning;
     }
     Transition {
         record: Some(record),
         effects: vec![
-            kill_everywhere(current, &run.placement, SLICE_OVER.into(), true),
+            kill,
             log(
                 Level::Info,
                 format!(

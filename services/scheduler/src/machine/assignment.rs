@@ -25,6 +25,13 @@ impl SchedulerState {
         };
         let mut spec = record.spec.clone();
         spec.time_limit_secs = agent_limit_secs(&self.policy, &record.spec);
+        // A limit shorter than the job asked (the cluster's cap) leaves a warning time the
+        // agent would refuse the assignment for: warned a second before, at the latest.
+        if let (Some(signal), Some(limit)) = (spec.signal.as_mut(), spec.time_limit_secs)
+            && signal.seconds >= limit
+        {
+            signal.seconds = limit.saturating_sub(1);
+        }
         // Kept apart from the record: the driver fetches it under its owner's key.
         let env_owner = spec
             .private_env

@@ -138,6 +138,14 @@ impl SchedulerState {
             .collect();
         let mut nodes = NodeTable::new(heartbeats, admin, policy.missed_heartbeats);
         nodes.require_gpu_isolation = policy.require_gpu_isolation;
+        // A node already silent when this scheduler starts is found offline only after the
+        // allowance below; what waits on its assignment subject meanwhile (an assignment of a
+        // job since ended, whose purge the scheduler before this one did not live to make)
+        // must not reach its agent should it come back first. Unconfirmed assignments of
+        // jobs still running go out again on `Resumed`.
+        for node in nodes.silent_at(now) {
+            out.push(Command::PurgeAssignments { node });
+        }
         // Heartbeats stored while no scheduler was active (or this one was still loading)
         // were not seen: every node gets a full allowance from now before it counts as silent.
         nodes.blind_until(now);

@@ -337,6 +337,26 @@ fn an_assignment_carries_the_agent_s_limit_the_unix_account_and_whose_input_it_t
 }
 
 #[test]
+fn a_warning_longer_than_the_cluster_s_time_cap_comes_a_second_before_it() {
+    let mut rig = Rig::new(Policy {
+        max_job_time_secs: Some(60),
+        ..Policy::default()
+    });
+    let mut spec = one_gpu();
+    spec.signal = mgpu_protocol::stop::StopSignal::parse("USR1@300").ok();
+    spec.on_timeout = OnTimeout::Fail;
+    rig.submit(spec);
+    let commands = rig.pass(t0());
+    let sent = commands.iter().find_map(|c| match c {
+        Command::Assign { ranks, .. } => ranks.first().map(|r| r.assignment.clone()),
+        _ => None,
+    });
+    let sent = sent.unwrap_or_else(|| panic!("no assignment: {commands:?}"));
+    assert_eq!(sent.spec.signal.map(|s| s.seconds), Some(59));
+    assert!(sent.validate().is_ok());
+}
+
+#[test]
 fn a_job_missing_from_a_heartbeat_is_lost_only_once_every_report_was_read() {
     let mut rig = Rig::new(Policy::default());
     let id = running_job(&mut rig, one_gpu());
