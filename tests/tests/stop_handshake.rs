@@ -109,18 +109,21 @@ fn a_job_is_warned_its_seconds_before_its_time_limit_and_reads_why() {
 /// Classes of the preemption story: scavenger jobs may be preempted, with 5 s of grace.
 const CLASSES: &str = "[qos.scavenger]\npreemptible = true\nmay_preempt = false\ngrace = \"5s\"\n";
 
-/// Attempt 1 waits to be warned, then saves (says so and copies its stop file) and ends;
-/// later attempts print and end at once. SIGTERM would leave a `terminated` mark.
+/// The README's training loop in shell: it counts steps until warned, then saves its step
+/// to a checkpoint (and copies its stop file) and ends; an attempt with a restart count above
+/// 0 resumes from the checkpoint, says from which step, and ends. SIGTERM would leave a
+/// `terminated` mark.
 fn preemptible_job(dir: &Path) -> String {
     format!(
         r#"d='{d}'
 echo "output of attempt $MGPU_ATTEMPT"
 echo "$MGPU_RESTART_COUNT" > "$d/restart.$MGPU_ATTEMPT"
-[ "$MGPU_ATTEMPT" = 1 ] || exit 0
-trap 'cat "$MGPU_STOP_FILE" > "$d/cause"; echo saved; exit 0' USR1
+step=0
+if [ "$MGPU_RESTART_COUNT" -gt 0 ]; then step=$(cat "$d/ckpt"); echo "resumed from step $step"; exit 0; fi
+trap 'cat "$MGPU_STOP_FILE" > "$d/cause"; echo "$step" > "$d/ckpt"; echo saved; exit 0' USR1
 trap 'touch "$d/terminated"; exit 143' TERM
 touch "$d/ready"
-while :; do sleep 0.1; done"#,
+while :; do step=$((step + 1)); sleep 0.1; done"#,
         d = dir.display()
     )
 }
@@ -164,5 +167,11 @@ fn a_preempted_job_is_warned_saves_and_its_next_attempt_says_why_in_its_output()
         &urgent[..10]
     );
     assert!(logs.starts_with(&prefix), "{logs}");
-    assert!(logs.ends_with(" ---\noutput of attempt 2\n"), "{logs}");
+    let saved_at: u64 = read(&dir, "ckpt")
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    assert!(saved_at > 0, "it ran some steps before the warning");
+    let resumed = format!(" ---\noutput of attempt 2\nresumed from step {saved_at}\n");
+    assert!(logs.ends_with(&resumed), "{logs}");
 }

@@ -13,6 +13,8 @@
 //! times in all; a report about any attempt but the current one changes nothing.
 
 #[cfg(test)]
+mod node_lost_tests;
+#[cfg(test)]
 mod preemption_tests;
 mod report;
 mod requests;

@@ -7,8 +7,8 @@ use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, Run, WaitReason
 use mgpu_protocol::stop::StopWarning;
 
 use super::{
-    Effect, Level, Limits, Transition, ended_unstarted, finish, kill_everywhere, log,
-    stop_other_ranks, usage_of,
+    Effect, Kill, Level, Limits, Transition, ended_unstarted, finish, kill_everywhere, log,
+    usage_of,
 };
 
 /// The reason a preempted job's processes are given.
@@ -176,8 +176,20 @@ pub(super) fn node_lost(
         return Transition::default();
     };
     let mut effects: Vec<Effect> = usage_of(current, at).into_iter().collect();
-    // The job's other ranks, where it has any, stop with it (fencing would, a heartbeat later).
-    effects.extend(stop_other_ranks(current, &run.placement, None, why));
+    // The job's processes on its other nodes stop with it (fencing would, a heartbeat
+    // later): every launched rank of a job over several nodes, even when only one rank runs
+    // a process (not `--distributed`) and the node lost held none.
+    if run.placement.node_count() >= 2 {
+        effects.push(Effect::Kill(Kill {
+            attempt: current.attempt,
+            placement: run.placement.clone(),
+            except: None,
+            reason: why.to_owned(),
+            requeue: false,
+            warning: None,
+            best_effort: true,
+        }));
+    }
     let out_of_attempts = current.attempt >= limits.max_attempts;
     let ending = |reason: String| Ending {
         placement: Some(run.placement.clone()),

@@ -54,7 +54,7 @@ pub(super) fn on(node: &str) -> Placement {
 }
 
 /// Two GPUs on each of `nodes`, rank 0 first; `distributed`: a process on every node.
-fn across(nodes: &[&str], distributed: bool) -> Placement {
+pub(super) fn across(nodes: &[&str], distributed: bool) -> Placement {
     let (first, rest) = nodes.split_first().unwrap_or((&"node001", &[]));
     Placement {
         node: (*first).to_owned(),

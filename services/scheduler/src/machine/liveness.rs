@@ -287,14 +287,16 @@ impl SchedulerState {
 
     /// Assignments recorded at least `age` ago and not confirmed go out again (the message id
     /// lets JetStream drop a copy, and an agent never runs an attempt twice). After a
-    /// restart, with `age` zero: every one not confirmed.
+    /// restart, with `age` zero: every one not confirmed. A multi-node job whose every rank
+    /// has not started yet counts as unconfirmed too (one rank's assignment may have been
+    /// purged with its silent node, which came back).
     pub fn resend_assignments_older_than(&mut self, now: Timestamp, age: chrono::Duration) {
         let mut unconfirmed: Vec<&JobRecord> = self
             .jobs
             .running()
             .filter(|r| {
                 matches!(&r.state, JobState::Running(run)
-                    if run.started_at.is_none() && now - run.assigned_at >= age)
+                    if !every_rank_started(run) && now - run.assigned_at >= age)
             })
             .collect();
         unconfirmed.sort_by(|a, b| a.id.cmp(&b.id));
@@ -389,4 +391,15 @@ fn started_and_missing(record: &JobRecord, beat: &NodeHeartbeat, margin: chrono:
             .running
             .iter()
             .any(|j| j.id == record.id && j.attempt == record.attempt)
+}
+
+/// Whether every launched rank of a run started (a one-node run: its process did).
+fn every_rank_started(run: &mgpu_protocol::job::Run) -> bool {
+    let ranks = run.placement.launched_ranks();
+    match ranks.len() {
+        0 | 1 => run.started_at.is_some(),
+        _ => ranks
+            .iter()
+            .all(|(rank, _)| run.ranks_started.contains(rank) || run.ranks_done.contains(rank)),
+    }
 }
