@@ -30,7 +30,7 @@ use crate::guard::{GuardFence, GuardProgram};
 use crate::host::JobHost;
 use crate::hostfile::write_hostfile;
 use crate::input::{InputForwarder, JobInput};
-use crate::job_command::{JobParts, guarded_command};
+use crate::job_command::{GuardSetup, JobParts, guarded_command};
 use crate::job_io::{ConnectedIo, JobIo};
 use crate::output::{OutputPipeline, OutputSummary, output_headers, restart_line};
 use crate::report::Reporter;
@@ -150,7 +150,12 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         cgroup: cgroup.as_ref(),
         io: &io,
     };
-    let command = guarded_command(ctx, parts).map_err(|err| {
+    let guard = GuardSetup {
+        program: &ctx.guard,
+        kill_grace: ctx.kill_grace,
+        fence: ctx.guard_fence.as_ref(),
+    };
+    let command = guarded_command(&guard, parts).map_err(|err| {
         ctx.host.cores.release(&key);
         format!("cannot set up the job's terminal on {node}: {err}")
     })?;

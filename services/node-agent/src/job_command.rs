@@ -11,11 +11,18 @@ use mgpu_protocol::job::JobSpec;
 use tokio::process::Command;
 
 use crate::cgroup::JobCgroup;
-use crate::guard::guard_args;
-use crate::job::JobContext;
+use crate::guard::{GuardFence, GuardProgram, guard_args};
 use crate::job_io::JobIo;
 use crate::launch::{launch, shell_program};
 use crate::run_as::Account;
+
+/// The guard every job starts under, as the agent runs it: its program, the kill grace it
+/// gives, and the fence it keeps.
+pub struct GuardSetup<'a> {
+    pub program: &'a GuardProgram,
+    pub kill_grace: std::time::Duration,
+    pub fence: Option<&'a GuardFence>,
+}
 
 /// What the job's command is made of.
 pub struct JobParts<'a> {
@@ -32,7 +39,7 @@ pub struct JobParts<'a> {
 /// the agent dies. `mgpu-job-guard` switches to the job's account itself; otherwise the child
 /// is switched between fork and exec. The guard moves into `cgroup` before it starts the job,
 /// or where the child is switched, the child moves in before it is.
-pub fn guarded_command(ctx: &JobContext, parts: JobParts<'_>) -> std::io::Result<Command> {
+pub fn guarded_command(guard: &GuardSetup<'_>, parts: JobParts<'_>) -> std::io::Result<Command> {
     let JobParts {
         spec,
         gpus,
@@ -42,7 +49,7 @@ pub fn guarded_command(ctx: &JobContext, parts: JobParts<'_>) -> std::io::Result
         io,
     } = parts;
     let (program, program_args) = launch(spec, gpus).into_program(shell_program());
-    let switch_in_guard = ctx.guard.switches_accounts();
+    let switch_in_guard = guard.program.switches_accounts();
     let join_before_switch = account.is_some() && !switch_in_guard;
     // Where the child joins before its switch, the guard is told it joined already (`@`): it
     // still empties the cgroup when it stops the job without the agent.
@@ -58,14 +65,14 @@ pub fn guarded_command(ctx: &JobContext, parts: JobParts<'_>) -> std::io::Result
         .as_ref()
         .filter(|_| switch_in_guard)
         .map(|a| a.guard_spec());
-    let (guard, guard_prefix) = ctx.guard.program();
-    let mut command = Command::new(guard);
+    let (guard_program, guard_prefix) = guard.program.program();
+    let mut command = Command::new(guard_program);
     command
         .args(guard_prefix)
         .args(guard_args(
             std::process::id(),
-            ctx.kill_grace,
-            ctx.guard_fence.as_ref(),
+            guard.kill_grace,
+            guard.fence,
             guard_account,
             guard_procs.as_deref(),
             &program,

@@ -96,28 +96,11 @@ pub(super) fn slice_end(current: &JobRecord) -> Transition {
             grace_secs: signal.seconds,
             cause: mgpu_protocol::stop::StopCause::TimeLimit,
         });
-    let mut record = current.clone();
-    if let JobState::Running(run) = &mut record.state {
-        run.preempt_requested = true;
-        run.stop_warning = warning;
-    }
-    let mut kill = kill_everywhere(current, &run.placement, SLICE_OVER.into(), true);
-    if let Effect::Kill(kill) = &mut kill {
-        kill.warning = warning;
-    }
-    Transition {
-        record: Some(record),
-        effects: vec![
-            kill,
-            log(
-                Level::Info,
-                format!(
-                    "time slice over; preempting on {}",
-                    run.placement.nodes_label()
-                ),
-            ),
-        ],
-    }
+    let said = format!(
+        "time slice over; preempting on {}",
+        run.placement.nodes_label()
+    );
+    stop_for_requeue(current, SLICE_OVER.into(), warning, None, said)
 }
 
 /// A running job a job of a class that may preempt (`for_job`) starts in place of: warned
@@ -130,34 +113,41 @@ pub(super) fn preempt(current: &JobRecord, for_job: &str, warning: StopWarning) 
     if run.preempt_requested || run.cancel_requested_by.is_some() {
         return Transition::default();
     }
-    let mut record = current.clone();
-    if let JobState::Running(run) = &mut record.state {
-        run.preempt_requested = true;
-        run.preempted_for = Some(for_job.to_owned());
-        run.stop_warning = Some(warning);
-    }
-    let mut kill = kill_everywhere(
-        current,
-        &run.placement,
-        format!("preempted by {for_job}: back to the queue"),
-        true,
+    let said = format!(
+        "preempted by {for_job}: signal {} now, stopped {} s later",
+        mgpu_protocol::stop::signal_name(warning.signal),
+        warning.grace_secs
     );
+    let reason = format!("preempted by {for_job}: back to the queue");
+    stop_for_requeue(current, reason, Some(warning), Some(for_job), said)
+}
+
+/// `current`'s processes stopped (warned first when `warning` says so), the job going back
+/// to the queue once its agent reports them gone; its record says a stop is under way, with
+/// its warning (sent again the same until it stopped) and for whom, if for a job.
+fn stop_for_requeue(
+    current: &JobRecord,
+    reason: String,
+    warning: Option<StopWarning>,
+    preempted_for: Option<&str>,
+    said: String,
+) -> Transition {
+    let JobState::Running(run) = &current.state else {
+        return Transition::default();
+    };
+    let mut record = current.clone();
+    if let JobState::Running(stopping) = &mut record.state {
+        stopping.preempt_requested = true;
+        stopping.preempted_for = preempted_for.map(str::to_owned);
+        stopping.stop_warning = warning;
+    }
+    let mut kill = kill_everywhere(current, &run.placement, reason, true);
     if let Effect::Kill(kill) = &mut kill {
-        kill.warning = Some(warning);
+        kill.warning = warning;
     }
     Transition {
         record: Some(record),
-        effects: vec![
-            kill,
-            log(
-                Level::Info,
-                format!(
-                    "preempted by {for_job}: signal {} now, stopped {} s later",
-                    mgpu_protocol::stop::signal_name(warning.signal),
-                    warning.grace_secs
-                ),
-            ),
-        ],
+        effects: vec![kill, log(Level::Info, said)],
     }
 }
 
