@@ -145,6 +145,10 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
             sizes.queue_samples,
             args.join(" ")
         ));
+        // Whether the scheduler was still busy (with the submissions' passes, events and
+        // audit records) while the queue was read: its CPU time over the samples.
+        let scheduler = cluster.scheduler_pids().first().copied();
+        let cpu_before = scheduler.map(cpu_ms_with_children).transpose()?;
         let mut samples = Vec::with_capacity(sizes.queue_samples);
         for _ in 0..sizes.queue_samples {
             let t = Instant::now();
@@ -154,6 +158,10 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
                 bail!("mgpu {args:?} printed nothing");
             }
         }
+        let cpu_after = scheduler.map(cpu_ms_with_children).transpose()?;
+        let scheduler_cpu_ms = cpu_before
+            .zip(cpu_after)
+            .map(|(before, after)| round3(after - before));
         let summary = summarize(&samples)?;
         ctx.report(
             scenario,
@@ -167,7 +175,7 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
             )),
             &summary,
             "ms per queue process",
-            json!({"jobs_waiting": waiting}),
+            json!({"jobs_waiting": waiting, "scheduler_cpu_ms_meanwhile": scheduler_cpu_ms}),
         );
     }
     Ok(())
