@@ -232,7 +232,10 @@ fn report_sums_the_jobs_run_to_the_gpu_second() {
     assert!((by_node["total"]["gpu_seconds"].as_f64().unwrap_or(0.0) - expected).abs() < 0.001);
     let csv = as_admin(&["report", "--since", "1d", "--by", "state", "--csv"]);
     assert!(
-        csv.starts_with("state,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours\n"),
+        csv.starts_with(
+            "state,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours,preemptions,\
+             preempted_gpu_hours\n"
+        ),
         "{csv}"
     );
     assert!(

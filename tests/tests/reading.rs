@@ -27,6 +27,7 @@ fn record(id: &JobId, state: JobState) -> JobRecord {
         attempt: 1,
         state,
         last_request: None,
+        preemptions: Vec::new(),
     }
 }
 

@@ -161,6 +161,14 @@ fn a_preempted_job_is_warned_saves_and_its_next_attempt_says_why_in_its_output()
     assert_eq!(read(&dir, "restart.1"), "0\n");
     assert_eq!(read(&dir, "restart.2"), "1\n");
 
+    // Accounting keeps the preempted attempt, by whom, and that it left within its grace.
+    let shown = cluster.mgpu_ok(&["show", &scavenger]);
+    let preempted = format!("attempt 1 by {} (alice) after", &urgent[..10]);
+    assert!(
+        shown.contains(&preempted) && shown.contains("it left within its grace"),
+        "{shown}"
+    );
+
     let logs = cluster.mgpu_ok(&["logs", &scavenger]);
     let prefix = format!(
         "output of attempt 1\nsaved\n--- mgpu: attempt 2 starts; attempt 1 stopped: preempted by {}",

@@ -22,6 +22,7 @@ pub fn job(name: &str, state: JobState, priority: i32, submitted_secs_ago: i64) 
         attempt: 1,
         state,
         last_request: None,
+        preemptions: Vec::new(),
     }
 }
 

@@ -362,6 +362,7 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
             last_request: None,
+            preemptions: Vec::new(),
         };
         assert_eq!(
             SubmitOutcome::of(Some(&record), false),

@@ -260,6 +260,7 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
                 attempt: 1,
                 state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
                 last_request: None,
+                preemptions: Vec::new(),
             });
         }
     }
@@ -498,6 +499,7 @@ mod tests {
             attempt: 1,
             state,
             last_request: None,
+            preemptions: Vec::new(),
         }
     }
 

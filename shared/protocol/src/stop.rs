@@ -142,6 +142,20 @@ pub struct StopWarning {
     pub cause: StopCause,
 }
 
+/// One attempt of a job stopped for another (a preemption by class), as accounting keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub attempt: u32,
+    /// The job it was stopped for (`4f2a1b2c3d (bob)`).
+    pub by: String,
+    /// The GPU time the attempt had run when it stopped, in whole GPU-seconds (what a job
+    /// that saved nothing lost).
+    pub gpu_seconds: u64,
+    /// It exited by itself within its grace (it had time to save), rather than by SIGTERM or
+    /// SIGKILL.
+    pub within_grace: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -151,6 +151,7 @@ fn write_history(cluster: &Cluster, from: usize, to: usize) -> Result<Duration> 
                     usage: None,
                 }),
                 last_request: None,
+                preemptions: Vec::new(),
             };
             let subject = subjects::history(subjects::history_owner(&record), &record.id);
             in_flight.push_back(

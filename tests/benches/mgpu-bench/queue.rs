@@ -225,6 +225,7 @@ fn record_jobs(cluster: &Cluster, count: usize) -> Result<Duration> {
                 attempt: 1,
                 state: JobState::Queued(Waiting::new(WaitReason::Resources)),
                 last_request: None,
+                preemptions: Vec::new(),
             };
             let subject = format!("$KV.{}.{}", subjects::JOBS_BUCKET, record.id);
             let ack = js

@@ -239,5 +239,6 @@ fn job(n: usize, now: mgpu_protocol::Timestamp) -> JobRecord {
         attempt: 1,
         state,
         last_request: None,
+        preemptions: Vec::new(),
     }
 }

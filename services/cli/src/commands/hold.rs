@@ -217,6 +217,7 @@ mod tests {
             attempt: 1,
             state,
             last_request: None,
+            preemptions: Vec::new(),
         }
     }
 

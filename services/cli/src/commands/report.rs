@@ -114,6 +114,8 @@ fn total_of(groups: &BTreeMap<String, Totals>) -> Totals {
         sum.timed_out += group.timed_out;
         sum.node_failed += group.node_failed;
         sum.gpu_seconds += group.gpu_seconds;
+        sum.preemptions += group.preemptions;
+        sum.preempted_gpu_seconds += group.preempted_gpu_seconds;
         sum
     })
 }
@@ -128,6 +130,8 @@ fn cells(name: &str, totals: &Totals) -> Vec<String> {
         totals.timed_out.to_string(),
         totals.node_failed.to_string(),
         format!("{:.3}", totals.gpu_hours()),
+        totals.preemptions.to_string(),
+        format!("{:.3}", totals.preempted_gpu_hours()),
     ]
 }
 
@@ -161,6 +165,8 @@ fn usage_report(
         "timed_out",
         "node_failed",
         "gpu_hours",
+        "preemptions",
+        "preempted_gpu_hours",
     ];
     if args.csv {
         writeln!(out, "{}", header.join(","))?;
@@ -188,6 +194,10 @@ fn row_json(key: &str, name: &str, totals: &Totals) -> serde_json::Value {
     if let Some(object) = value.as_object_mut() {
         object.insert(key.to_owned(), json!(name));
         object.insert("gpu_hours".to_owned(), json!(totals.gpu_hours()));
+        object.insert(
+            "preempted_gpu_hours".to_owned(),
+            json!(totals.preempted_gpu_hours()),
+        );
     }
     value
 }

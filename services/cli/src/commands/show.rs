@@ -80,6 +80,16 @@ fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> Stri
         placement_lines(placement, &mut lines);
     }
     lines.push(("attempt", record.attempt.to_string()));
+    for preemption in &record.preemptions {
+        lines.push(("preempted", preemption_text(preemption)));
+    }
+    if let JobState::Queued(Waiting {
+        previous_stop: Some(why),
+        ..
+    }) = &record.state
+    {
+        lines.push(("last stopped", why.clone()));
+    }
     lines.push(("submitted", human::time_with_age(record.submitted_at, now)));
     match &record.state {
         JobState::Queued(waiting) => waiting_lines(waiting, record, now, &mut lines),
@@ -173,6 +183,22 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     if !spec.after_any.is_empty() {
         lines.push(("after any", id_list(&spec.after_any)));
     }
+}
+
+/// One preempted attempt, said in words: `attempt 1 by 4f2a1b2c3d (bob) after 1.50
+/// GPU-hours; it left within its grace`.
+fn preemption_text(preemption: &mgpu_protocol::stop::Preemption) -> String {
+    let how = if preemption.within_grace {
+        "it left within its grace"
+    } else {
+        "stopped at its grace's end"
+    };
+    format!(
+        "attempt {} by {} after {:.2} GPU-hours; {how}",
+        preemption.attempt,
+        preemption.by,
+        preemption.gpu_seconds as f64 / 3600.0
+    )
 }
 
 /// `--signal`, said in words: `USR1, 300 s before a stop`.
@@ -360,6 +386,7 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
             last_request: None,
+            preemptions: Vec::new(),
         }
     }
 
@@ -406,6 +433,7 @@ mod tests {
             attempt: 2,
             state: JobState::Queued(waiting),
             last_request: None,
+            preemptions: Vec::new(),
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         for expected in [
@@ -449,6 +477,7 @@ mod tests {
                 usage: None,
             }),
             last_request: None,
+            preemptions: Vec::new(),
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          timed_out\n"), "{text}");
@@ -480,6 +509,7 @@ mod tests {
                 usage: None,
             }),
             last_request: None,
+            preemptions: Vec::new(),
         };
         let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
         assert!(text.contains("\nstate:          node_failed\n"), "{text}");
@@ -533,10 +563,23 @@ mod tests {
             !text.contains("\nqos:") && !text.contains("\nsignal:"),
             "{text}"
         );
+        record.preemptions.push(mgpu_protocol::stop::Preemption {
+            attempt: 1,
+            by: "4f2a1b2c3d (bob)".into(),
+            gpu_seconds: 5400,
+            within_grace: true,
+        });
         record.spec.qos = Some("scavenger".into());
         record.spec.signal = mgpu_protocol::stop::StopSignal::parse("USR1@300").ok();
         let text = shown(&record);
         assert!(text.contains("\nqos:            scavenger\n"), "{text}");
+        assert!(
+            text.contains(
+                "\npreempted:      attempt 1 by 4f2a1b2c3d (bob) after 1.50 GPU-hours; it left \
+                 within its grace\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("\nsignal:         USR1, 300 s before a stop (USR1@300)\n"),
             "{text}"

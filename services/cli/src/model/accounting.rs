@@ -56,10 +56,28 @@ pub struct Totals {
     pub timed_out: u64,
     pub node_failed: u64,
     pub gpu_seconds: f64,
+    /// Attempts stopped for jobs of a class that may preempt, and the GPU time they had run.
+    pub preemptions: u64,
+    pub preempted_gpu_seconds: f64,
 }
 
 impl Totals {
+    /// Counts `job` in this group, with `gpu_seconds` of its GPU time: its whole, or the part
+    /// held here (by node or type), its preempted GPU time split alike.
     fn add(&mut self, job: &JobRecord, gpu_seconds: f64) {
+        let whole = self::gpu_seconds(job);
+        let share = if whole > 0.0 {
+            gpu_seconds / whole
+        } else {
+            1.0
+        };
+        self.preemptions += job.preemptions.len() as u64;
+        self.preempted_gpu_seconds += share
+            * job
+                .preemptions
+                .iter()
+                .map(|p| p.gpu_seconds as f64)
+                .sum::<f64>();
         self.jobs += 1;
         match job.state {
             JobState::Succeeded(_) => self.succeeded += 1,
@@ -74,6 +92,10 @@ impl Totals {
 
     pub fn gpu_hours(&self) -> f64 {
         self.gpu_seconds / 3600.0
+    }
+
+    pub fn preempted_gpu_hours(&self) -> f64 {
+        self.preempted_gpu_seconds / 3600.0
     }
 }
 
@@ -190,5 +212,23 @@ mod tests {
             (all - by_user_all).abs() < 1e-9,
             "the same hours, split otherwise"
         );
+    }
+
+    #[test]
+    fn preempted_gpu_time_is_counted_once_whatever_the_grouping() {
+        let mut job = ran("n1", 2, 60, false);
+        job.preemptions.push(mgpu_protocol::stop::Preemption {
+            attempt: 1,
+            by: "4f2a1b2c3d (bob)".into(),
+            gpu_seconds: 1800,
+            within_grace: true,
+        });
+        let jobs = [job, ran("n2", 1, 30, false)];
+        let by_user = totals(&jobs, GroupBy::User, &GpuTypes::new());
+        assert_eq!(by_user["alice"].preemptions, 1);
+        assert!((by_user["alice"].preempted_gpu_hours() - 0.5).abs() < 1e-9);
+        let by_node = totals(&jobs, GroupBy::Node, &GpuTypes::new());
+        let split: f64 = by_node.values().map(Totals::preempted_gpu_hours).sum();
+        assert!((split - 0.5).abs() < 1e-9, "{by_node:?}");
     }
 }

@@ -45,6 +45,11 @@ fn a_preempted_job_is_warned_once_requeued_saying_by_whom_and_its_next_attempt_t
         60,
     ));
     assert_eq!(requeued.attempt, 2);
+    let [kept] = &requeued.preemptions[..] else {
+        panic!("{:?}", requeued.preemptions);
+    };
+    assert_eq!((kept.attempt, kept.by.as_str()), (1, "4f2a1b2c3d (bob)"));
+    assert!(kept.within_grace && kept.gpu_seconds > 0, "{kept:?}");
     let waiting = waiting_of(&requeued);
     assert_eq!(waiting.reason, WaitReason::Resources);
     assert_eq!(

@@ -158,6 +158,11 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
             None => "its time slice ended".to_owned(),
         };
         let mut record = current.clone();
+        if let Some(by) = &run.preempted_for {
+            record
+                .preemptions
+                .push(preemption(current, run, by, &exit, at));
+        }
         record.attempt = record.attempt.saturating_add(1);
         record.state = JobState::Queued(Waiting {
             reason: WaitReason::Resources,
@@ -181,6 +186,25 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
     effects.append(&mut transition.effects);
     transition.effects = effects;
     transition
+}
+
+/// What accounting keeps of an attempt preempted for `by`: the GPU time it had run, and
+/// whether it left by itself within its grace (no signal ended it) or was stopped.
+fn preemption(
+    current: &JobRecord,
+    run: &Run,
+    by: &str,
+    exit: &Exit,
+    at: Timestamp,
+) -> mgpu_protocol::stop::Preemption {
+    let started = run.started_at.unwrap_or(run.assigned_at);
+    let seconds = (at - started).num_milliseconds().max(0) as f64 / 1000.0;
+    mgpu_protocol::stop::Preemption {
+        attempt: current.attempt,
+        by: by.to_owned(),
+        gpu_seconds: (run.placement.total_gpus() * seconds).round() as u64,
+        within_grace: exit.signal.is_none(),
+    }
 }
 
 /// The final state an exit makes. A job the kernel killed a process of for going over its

@@ -108,6 +108,7 @@ pub fn submit(
         attempt: 1,
         state,
         last_request: None,
+        preemptions: Vec::new(),
     };
     Transition {
         record: Some(record),

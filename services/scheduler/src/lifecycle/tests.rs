@@ -91,6 +91,7 @@ fn queued() -> JobRecord {
         attempt: 1,
         state: JobState::Queued(Waiting::new(WaitReason::Resources)),
         last_request: None,
+        preemptions: Vec::new(),
     }
 }
 
@@ -1433,6 +1434,7 @@ fn a_valid_submission_is_queued_under_its_signer_not_the_name_it_claims() {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Submitted)),
             last_request: None,
+            preemptions: Vec::new(),
         }
     );
     let audit = Effect::Audit {

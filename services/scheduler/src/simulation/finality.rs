@@ -128,6 +128,7 @@ mod tests {
             attempt,
             state,
             last_request: None,
+            preemptions: Vec::new(),
         }
     }
 

@@ -369,6 +369,7 @@ mod tests {
                 attempt: 1,
                 state: JobState::Running(Run::assigned(placement, at)),
                 last_request: None,
+                preemptions: Vec::new(),
             },
             revision: n,
         }

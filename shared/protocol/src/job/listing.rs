@@ -78,6 +78,7 @@ impl JobRecord {
             attempt: listed.attempt,
             state: listed.state,
             last_request: None,
+            preemptions: Vec::new(),
         })
     }
 }
@@ -114,6 +115,7 @@ mod tests {
             attempt: 2,
             state: JobState::Queued(waiting),
             last_request: None,
+            preemptions: Vec::new(),
         };
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
         let listed = JobRecord::from_listing_json(&bytes);
@@ -145,6 +147,7 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
             last_request: None,
+            preemptions: Vec::new(),
         };
         let mut json = serde_json::to_value(&record).unwrap_or_default();
         if let Some(spec) = json["spec"].as_object_mut() {

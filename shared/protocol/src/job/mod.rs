@@ -407,6 +407,9 @@ pub struct JobRecord {
     /// delivered again after a later one was applied is not applied again (it would undo it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_request: Option<u64>,
+    /// Its attempts stopped for jobs of a class that may preempt, for accounting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preemptions: Vec<crate::stop::Preemption>,
 }
 
 impl JobRecord {
@@ -507,6 +510,7 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
             last_request: None,
+            preemptions: Vec::new(),
         };
         let json = serde_json::to_value(&record).unwrap_or_default();
         assert_eq!(json["state"], "queued");

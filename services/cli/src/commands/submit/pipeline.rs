@@ -236,6 +236,7 @@ mod tests {
             attempt: 1,
             state: JobState::Queued(Waiting::new(WaitReason::Resources)),
             last_request: None,
+            preemptions: Vec::new(),
         }
     }
 

@@ -32,6 +32,7 @@ pub fn job(user: &str, name: &str, state: JobState) -> JobRecord {
         attempt: 1,
         state,
         last_request: None,
+        preemptions: Vec::new(),
     }
 }
 
