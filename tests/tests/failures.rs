@@ -233,7 +233,12 @@ fn an_assignment_waiting_for_a_crashed_node_is_dropped_and_only_the_next_attempt
     let marks_file = marker(&cluster, "w");
     cluster.kill_agent("node001");
     let id = cluster.submit(&[], &marked_job(&marks_file, 1, 1));
-    let assigned = cluster.show(&id);
+    // Stored is not yet scheduled: the scheduler places it within moments, while the node
+    // still counts as online (never later: once it is offline, nothing is assigned to it).
+    let assigned = wait_for("the job to be assigned", Duration::from_secs(10), || {
+        let shown = cluster.show(&id);
+        (text(&shown, "state") != "queued").then_some(shown)
+    });
     assert_eq!(
         (text(&assigned, "state"), &assigned["attempt"]),
         ("running", &1.into()),
