@@ -134,6 +134,9 @@ async fn main() -> ExitCode {
         for (name, table) in limits.limits.printable() {
             settings.add_section(&name, table);
         }
+        for (name, table) in qos_config::printable(&policy.qos, loaded.sections.get("qos")) {
+            settings.add_section(&name, table);
+        }
         // Written, not `print!`ed: `--print-config | head` closes the pipe early, which is
         // the reader's choice and no reason to panic.
         let _ = std::io::Write::write_all(&mut std::io::stdout(), settings.render().as_bytes());

@@ -56,6 +56,51 @@ pub fn load(qos: Option<&toml::Value>) -> Result<QosClasses> {
     Ok(QosClasses(classes))
 }
 
+/// The classes as `--print-config` shows them, one `[qos.<name>]` table each, every key
+/// with its value in force: from the file when `written` (the file's `[qos]` table) sets it,
+/// else the default.
+pub fn printable(
+    classes: &QosClasses,
+    written: Option<&toml::Value>,
+) -> Vec<(String, Vec<mgpu_config::Setting>)> {
+    classes
+        .0
+        .iter()
+        .map(|(name, class)| {
+            let table = written
+                .and_then(|qos| qos.get(name))
+                .and_then(toml::Value::as_table);
+            (format!("qos.{name}"), settings_of(class, table))
+        })
+        .collect()
+}
+
+fn settings_of(class: &QosClass, written: Option<&toml::Table>) -> Vec<mgpu_config::Setting> {
+    use mgpu_protocol::duration::format_duration;
+    use toml::Value;
+    let duration = |secs: u64| Value::String(format_duration(std::time::Duration::from_secs(secs)));
+    let names = |list: &[String]| Value::Array(list.iter().cloned().map(Value::String).collect());
+    [
+        ("priority", Value::Integer(i64::from(class.priority))),
+        ("preemptible", Value::Boolean(class.preemptible)),
+        ("may_preempt", Value::Boolean(class.may_preempt)),
+        ("grace", duration(class.grace_secs)),
+        ("min_runtime", duration(class.min_runtime_secs)),
+        ("allowed_users", names(&class.allowed_users)),
+        ("allowed_groups", names(&class.allowed_groups)),
+    ]
+    .into_iter()
+    .map(|(key, value)| mgpu_config::Setting {
+        key: key.to_owned(),
+        value: Some(value),
+        source: match written.is_some_and(|table| table.contains_key(key)) {
+            true => mgpu_config::Source::File,
+            false => mgpu_config::Source::Default,
+        },
+    })
+    .collect()
+}
+
 fn class_of(name: &str, section: &toml::Value) -> Result<QosClass> {
     let plain = !name.is_empty()
         && name.len() <= 64
@@ -115,6 +160,24 @@ mod tests {
         );
         assert!(scavenger.preemptible && !scavenger.may_preempt);
         assert_eq!(classes.get(None), Some(QosClass::default()));
+    }
+
+    #[test]
+    fn printed_classes_read_back_as_the_same_classes() {
+        let classes = parse(
+            "[qos.scavenger]\npriority = -10\npreemptible = true\nmay_preempt = false\n\
+             grace = \"2m\"\nmin_runtime = \"10m\"\nallowed_groups = [\"students\"]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let mut text = String::new();
+        for (name, settings) in printable(&classes, None) {
+            text.push_str(&format!("[{name}]\n"));
+            for setting in settings {
+                let value = setting.value.map(|v| v.to_string()).unwrap_or_default();
+                text.push_str(&format!("{} = {value}\n", setting.key));
+            }
+        }
+        assert_eq!(parse(&text).ok(), Some(classes), "{text}");
     }
 
     #[test]
