@@ -521,12 +521,16 @@ mod tests {
         assert!(text.contains("\nran for:"), "{text}");
     }
 
+    /// `mgpu show` of `record` to its owner at `now`.
+    fn shown_at(record: &JobRecord, now: Timestamp) -> String {
+        render(record, &Environment::Shown(record.spec.env.clone()), now)
+    }
+
     #[test]
     fn gpu_types_and_the_constraint_show_when_set_and_are_in_the_json() {
         let now = mgpu_protocol::now();
         let mut record = queued_train(now);
-        let shown =
-            |record: &JobRecord| render(record, &Environment::Shown(record.spec.env.clone()), now);
+        let shown = |record: &JobRecord| shown_at(record, now);
         // Any type on any node: neither line.
         let text = shown(&record);
         assert!(
@@ -556,8 +560,7 @@ mod tests {
     fn qos_and_signal_show_when_set_and_are_in_the_json() {
         let now = mgpu_protocol::now();
         let mut record = queued_train(now);
-        let shown =
-            |record: &JobRecord| render(record, &Environment::Shown(record.spec.env.clone()), now);
+        let shown = |record: &JobRecord| shown_at(record, now);
         let text = shown(&record);
         assert!(
             !text.contains("\nqos:") && !text.contains("\nsignal:"),
