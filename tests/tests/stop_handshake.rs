@@ -147,6 +147,14 @@ fn a_preempted_job_is_warned_saves_and_its_next_attempt_says_why_in_its_output()
     });
     let shown = cluster.mgpu_ok(&["show", &scavenger]);
     assert!(shown.contains("\nqos:"), "{shown}");
+    // A class that does not exist is refused at submit, naming those that do.
+    let unknown = cluster.submit(&["--qos", "express"], "true");
+    let refused = cluster.wait_state(&unknown, "failed", T);
+    let reason = refused["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        reason.contains("\"express\"") && reason.contains("normal, scavenger"),
+        "{refused}"
+    );
 
     let urgent = cluster.submit(&[], "sleep 1");
     cluster.wait_state(&urgent, "succeeded", T);
