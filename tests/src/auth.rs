@@ -73,10 +73,15 @@ pub(crate) fn use_default_sync(auth_dir: &Path) {
 pub(crate) fn limit_jetstream_storage(auth_dir: &Path, limit: &str) {
     let path = auth_dir.join("server.conf");
     let conf = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, with_storage_limit(&conf, limit)).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A server configuration written by mgpu's generators with its JetStream storage capped at
+/// `limit`.
+pub(crate) fn with_storage_limit(conf: &str, limit: &str) -> String {
     assert!(conf.contains(SYNC_INTERVAL_LINE), "{conf}");
     let limited = format!("{SYNC_INTERVAL_LINE}  max_file_store: {limit}\n");
-    std::fs::write(&path, conf.replace(SYNC_INTERVAL_LINE, &limited))
-        .unwrap_or_else(|e| panic!("{e}"));
+    conf.replace(SYNC_INTERVAL_LINE, &limited)
 }
 
 impl Cluster {

@@ -3,9 +3,10 @@
 //!
 //! [`Cluster::start_on_nats_cluster`] writes each server's configuration with the generator
 //! `mgpu admin init --servers N` uses (`render_cluster_server_conf`), on free ports, each
-//! server with its own JetStream directory and the same `auth.conf`; it waits until the
-//! servers have formed the cluster and elected a JetStream meta leader, then starts the
-//! scheduler and the agents, every component given all the servers' URLs.
+//! server with its own JetStream directory (capped at [`MEMBER_STORAGE`]) and the same
+//! `auth.conf`; it waits until the servers have formed the cluster and elected a JetStream
+//! meta leader, then starts the scheduler and the agents, every component given all the
+//! servers' URLs.
 //! [`Cluster::kill_nats_server`] SIGKILLs one of them; [`Cluster::stream_leaders`] says which
 //! server leads which stream, so a story can kill the one whose loss hurts most.
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 use mgpu_cli::setup::auth::{CLUSTER_NAME, ClusterMember, render_cluster_server_conf};
 use mgpu_protocol::subjects;
 
+use crate::auth::with_storage_limit;
 use crate::{Cluster, NodeSpec, free_port, nats_server_bin, wait_for};
 
 /// Every stream mgpu keeps (buckets by their stream's name).
@@ -32,6 +34,12 @@ pub const MGPU_STREAMS: [&str; 9] = [
     subjects::CLUSTER_BUCKET_STREAM,
     "KV_mgpu-leader",
 ];
+
+/// The JetStream storage each member grants. Capped, so that the stories do not depend on
+/// the free disk of the machine they run on (a server grants 75% of it, and each member must
+/// have room for every stream's whole `max_bytes`), and so that the scheduler's way of
+/// keeping less on a small server is exercised on a cluster every time.
+const MEMBER_STORAGE: &str = "2G";
 
 /// The nats-servers of one NATS cluster; the ones still running are killed on drop.
 pub struct NatsCluster {
@@ -98,6 +106,7 @@ impl Cluster {
         for (index, member) in members.iter().enumerate() {
             let conf = render_cluster_server_conf(CLUSTER_NAME, &members, index, None)
                 .unwrap_or_else(|| panic!("no member {index}"));
+            let conf = with_storage_limit(&conf, MEMBER_STORAGE);
             // Beside auth.conf, which every member includes by a relative path.
             let path = cluster.auth_dir.join(format!("{}.conf", member.name));
             std::fs::write(&path, conf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

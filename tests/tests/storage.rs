@@ -2,7 +2,7 @@
 //! whole `max_bytes` against its `max_file_store` (by default 75% of the free disk), so the
 //! default 4 GiB of output and 10 GiB of history do not fit on a small disk. Left at their
 //! defaults, the scheduler keeps less and says so; an administrator's own size is kept or
-//! refused at start, naming the setting, never cut.
+//! refused at start, naming the setting, never cut; on a cluster as on a single server.
 
 use std::time::Duration;
 
@@ -94,4 +94,22 @@ fn admin_setup_keeps_the_sizes_the_scheduler_chose() {
         String::from_utf8_lossy(&setup.stderr)
     );
     assert_eq!(max_bytes(&cluster), [2048 * MIB, 300 * MIB]);
+}
+
+#[test]
+fn on_a_nats_cluster_with_little_storage_the_defaults_shrink_too() {
+    // Every member grants 2 GB (the harness caps cluster members): a cluster answers "no
+    // suitable peers for placement, insufficient storage", not a single server's error, and
+    // the scheduler must read it the same way instead of retrying for ever.
+    let cluster = Cluster::start_on_nats_cluster(3, &[NodeSpec::new("node001", "1x24GiB")], &[]);
+    let id = cluster.submit(&[], "echo stored");
+    cluster.finished_as(&id, "succeeded", T);
+    let log = scheduler_log(&cluster);
+    for stream in ["MGPU_HISTORY", "MGPU_OUTPUT"] {
+        assert!(
+            log.lines()
+                .any(|line| line.contains("keeps less") && line.contains(stream)),
+            "no warning for {stream} in\n{log}"
+        );
+    }
 }

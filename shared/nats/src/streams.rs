@@ -441,13 +441,21 @@ async fn existing_max_bytes(js: &jetstream::Context, name: &str) -> Option<i64> 
     Some(existing_config(js, name).await?.max_bytes).filter(|bytes| *bytes > 0)
 }
 
+/// Whether JetStream refused a stream for want of room to reserve its size: a single server
+/// says so with 10047; a cluster, which looks for peers that each have the room, answers
+/// "no suitable peers for placement, insufficient storage" (10005, whose other reasons,
+/// such as too few servers for the replicas, shrinking would not cure).
 fn is_storage_exceeded(error: &async_nats::jetstream::context::CreateStreamError) -> bool {
+    use async_nats::jetstream::ErrorCode;
     use async_nats::jetstream::context::CreateStreamErrorKind;
-    matches!(
-        error.kind(),
-        CreateStreamErrorKind::JetStream(e)
-            if e.error_code() == async_nats::jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED
-    )
+    match error.kind() {
+        CreateStreamErrorKind::JetStream(e) => {
+            e.error_code() == ErrorCode::STORAGE_RESOURCES_EXCEEDED
+                || (e.error_code() == ErrorCode::CLUSTER_NO_PEERS
+                    && e.to_string().contains("insufficient storage"))
+        }
+        _ => false,
+    }
 }
 
 /// The scheduler setting that sizes a stream.
