@@ -536,6 +536,7 @@ fn a_heartbeat_sent_before_a_jobs_exit_kills_nothing_when_it_arrives_after() {
             id: id.clone(),
             attempt: 1,
             pid: 4242,
+            idle: None,
         }]
     };
     report(JobEventKind::Started { pid: 4242 });

@@ -708,6 +708,7 @@ fn busy_node(mem_threshold: f64, load_threshold: f64) -> NodeHeartbeat {
             vec![ForeignProcess {
                 pid: 4242,
                 used_mib: used,
+                user: None,
             }]
         } else {
             Vec::new()

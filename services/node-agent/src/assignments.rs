@@ -437,6 +437,7 @@ mod tests {
                 unix_user: None,
                 output_subject: None,
                 previous_stop: None,
+                idle_below_pct: None,
             })
             .unwrap_or_default()
         }

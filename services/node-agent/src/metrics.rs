@@ -271,6 +271,7 @@ mod tests {
         busy.foreign_processes = vec![ForeignProcess {
             pid: 7,
             used_mib: 512,
+            user: None,
         }];
         let text = render("node001", &[gpu(0, true), busy], &[]);
         let lines = samples(&text);

@@ -181,7 +181,11 @@ fn foreign_processes(
     }
     by_pid
         .into_iter()
-        .map(|(pid, used_mib)| ForeignProcess { pid, used_mib })
+        .map(|(pid, used_mib)| ForeignProcess {
+            pid,
+            used_mib,
+            user: None,
+        })
         .collect()
 }
 
@@ -272,11 +276,13 @@ mod tests {
             vec![
                 ForeignProcess {
                     pid: 20,
-                    used_mib: 300
+                    used_mib: 300,
+                    user: None,
                 },
                 ForeignProcess {
                     pid: 30,
-                    used_mib: 1
+                    used_mib: 1,
+                    user: None,
                 },
             ]
         );

@@ -191,6 +191,7 @@ impl RunningTable {
                 id: key.job_id.clone(),
                 attempt: key.attempt,
                 pid: entry.pid,
+                idle: None,
             })
             .collect();
         jobs.sort_by(|a, b| (&a.id, a.attempt).cmp(&(&b.id, b.attempt)));

@@ -400,6 +400,7 @@ mod tests {
                     foreign_processes: vec![ForeignProcess {
                         pid: 4242,
                         used_mib: 1200,
+                        user: None,
                     }],
                     gpu_type: None,
                 })
@@ -408,6 +409,7 @@ mod tests {
                 id: JobId::random(),
                 attempt: 1,
                 pid: 31337,
+                idle: None,
             }];
             b.labels = BTreeMap::from([("rack".into(), "r1".into())]);
             b.fence_after_ms = Some(10_000);
@@ -436,6 +438,7 @@ mod tests {
             let huge = ForeignProcess {
                 pid: 1,
                 used_mib: u64::MAX,
+                user: None,
             };
             GpuStatus {
                 index: 0,

@@ -32,6 +32,10 @@ pub struct Assignment {
     /// agent writes before this attempt's output; None for a first attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_stop: Option<String>,
+    /// The utilisation (percent) below which the job's GPUs count as idle (the scheduler's
+    /// `[idle] min_util`); None: the agent measures no idleness for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_below_pct: Option<u32>,
 }
 
 impl Assignment {

@@ -89,6 +89,9 @@ pub struct JobUsage {
     /// The most memory its processes held on each of its GPUs (NVML), in MiB.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_peak_mem: Vec<GpuPeak>,
+    /// GPU-seconds its GPUs spent idle (see `idle`), where the agent measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu_secs: Option<u64>,
 }
 
 /// Peak memory on one GPU.
@@ -105,6 +108,7 @@ impl JobUsage {
         self.peak_mem_host_bytes.is_none()
             && self.cpu_time_ms.is_none()
             && self.gpu_peak_mem.is_empty()
+            && self.idle_gpu_secs.is_none()
     }
 
     /// Refuses what no node could have measured (a hostile report).
@@ -120,6 +124,13 @@ impl JobUsage {
             .any(|gpu| gpu.peak_mib > crate::gpu_amount::MAX_GPU_MEMORY_MIB)
         {
             return Err(InvalidInput::new("a GPU peak memory is not plausible"));
+        }
+        if let Some(secs) = self.idle_gpu_secs {
+            crate::idle::IdleSample {
+                idle_for_secs: 0,
+                idle_gpu_secs: secs,
+            }
+            .validate()?;
         }
         Ok(())
     }

@@ -41,6 +41,7 @@ pub mod gpu_amount;
 pub mod gpu_type;
 pub mod hold;
 pub mod host;
+pub mod idle;
 pub mod ids;
 pub mod job;
 pub mod node;

@@ -30,6 +30,9 @@ pub enum GpuSource {
 pub struct ForeignProcess {
     pub pid: u32,
     pub used_mib: u64,
+    /// The Unix account it runs as, where the agent can see it (its `/proc` entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +111,9 @@ pub struct RunningJob {
     pub id: JobId,
     pub attempt: u32,
     pub pid: u32,
+    /// How idle its GPUs are, where its assignment asked for it to be measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::idle::IdleSample>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -286,6 +292,11 @@ impl NodeHeartbeat {
             }
         }
         check_count("running jobs", self.running.len(), 100_000)?;
+        for job in &self.running {
+            if let Some(idle) = &job.idle {
+                idle.validate()?;
+            }
+        }
         crate::wire::check_address(&self.address)?;
         check_user("runs_jobs_as", &self.runs_jobs_as)?;
         if let Some(containment) = &self.containment {

@@ -153,6 +153,13 @@ pub fn output(job: &JobId) -> String {
 pub fn private_output(owner_key: &str, job: &JobId) -> String {
     format!("users.{owner_key}.jobs.{job}.output")
 }
+/// Where the scheduler tells the user whose key is `owner_key` about their jobs (idle
+/// warnings and reclaims): only they may subscribe to it.
+pub fn notices(owner_key: &str) -> String {
+    format!("users.{owner_key}.notices")
+}
+/// Every user's notices subject (the scheduler publishes on it).
+pub const ALL_NOTICES: &str = "users.*.notices";
 /// Every private output subject of the user whose key is `owner_key`.
 pub fn private_outputs_of(owner_key: &str) -> String {
     format!("users.{owner_key}.jobs.*.output")

@@ -281,7 +281,7 @@ mod fuzz {
                     preempted: false,
                     lost: false,
                     out_of_memory: true,
-                    usage: Some(crate::host::JobUsage { peak_mem_host_bytes: Some(1 << 30), cpu_time_ms: Some(1500), gpu_peak_mem: vec![crate::host::GpuPeak { index: 0, peak_mib: 2048 }] }),
+                    usage: Some(crate::host::JobUsage { peak_mem_host_bytes: Some(1 << 30), cpu_time_ms: Some(1500), gpu_peak_mem: vec![crate::host::GpuPeak { index: 0, peak_mib: 2048 }], idle_gpu_secs: Some(60) }),
                 },
             })),
             other in payloads(json(&JobEvent {
@@ -309,6 +309,7 @@ mod fuzz {
             unix_user: Some("alice".into()),
             output_subject: None,
             previous_stop: Some("preempted by 4f2a (bob)".into()),
+            idle_below_pct: Some(5),
         }))) {
             check::<Assignment>(&payload, MAX_ASSIGNMENT_BYTES, |a| {
                 a.validate()?;

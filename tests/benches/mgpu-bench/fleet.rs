@@ -199,6 +199,7 @@ async fn run_assignments(
             id: assignment.job_id.clone(),
             attempt: assignment.attempt,
             pid,
+            idle: None,
         };
         if let Ok(mut r) = running.lock() {
             r.entry(node.clone()).or_default().push(job);

@@ -288,6 +288,7 @@ mod tests {
                 foreign_processes: vec![ForeignProcess {
                     pid: 9,
                     used_mib: 100,
+                    user: None,
                 }],
                 gpu_type: None,
             }],
@@ -418,6 +419,7 @@ mod tests {
             id: JobId::random(),
             attempt: 1,
             pid: 7,
+            idle: None,
         }];
         let drained = NodeAdmin {
             drained: Some(AdminMark {

@@ -199,6 +199,7 @@ impl JobCgroup {
                 peak_mem_host_bytes: peak.and_then(|text| text.trim().parse().ok()),
                 cpu_time_ms,
                 gpu_peak_mem: Vec::new(),
+                idle_gpu_secs: None,
             },
             out_of_memory: oom
                 .and_then(|text| keyed_value(&text, "oom_kill"))

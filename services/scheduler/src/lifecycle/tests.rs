@@ -697,6 +697,7 @@ fn a_job_killed_over_its_host_memory_fails_out_of_memory_and_keeps_what_it_used(
         peak_mem_host_bytes: Some(64 << 20),
         cpu_time_ms: Some(420),
         gpu_peak_mem: Vec::new(),
+        idle_gpu_secs: None,
     };
     // Whatever its exit code: a shell whose child was killed may still exit 0.
     for code in [0, 137] {

@@ -71,6 +71,7 @@ impl SchedulerState {
                     unix_user: unix_user.clone(),
                     output_subject: output_subject.clone(),
                     previous_stop: run.previous_stop.clone(),
+                    idle_below_pct: Some(mgpu_protocol::idle::DEFAULT_IDLE_BELOW_PCT),
                 },
             })
             .collect();

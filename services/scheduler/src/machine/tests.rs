@@ -68,6 +68,7 @@ pub(super) fn beat(node: &str, sent_at: Timestamp, running: &[(&JobId, u32)]) ->
                 id: (*id).clone(),
                 attempt: *attempt,
                 pid: 1,
+                idle: None,
             })
             .collect(),
         address: node.into(),

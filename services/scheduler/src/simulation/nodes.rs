@@ -229,6 +229,7 @@ impl World {
                     id: id.clone(),
                     attempt: *attempt,
                     pid: 1000 + attempt,
+                    idle: None,
                 })
                 .collect(),
             address: agent.name.clone(),

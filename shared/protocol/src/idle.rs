@@ -1,0 +1,143 @@
+//! Idle GPUs: what an agent measures of a job's GPU use (how long it has been idle without a
+//! break, and its idle GPU-time in all), and the notices the scheduler sends a job's owner
+//! on `users.<key>.notices` when its `[idle]` policy warns about, or reclaims, a job.
+//!
+//! A job is idle while every GPU it holds is below the threshold the scheduler sends with its
+//! assignment (`Assignment::idle_below_pct`, the policy's `min_util`) and its memory on them
+//! does not grow by more than [`IDLE_MEMORY_GROWTH_MIB`] over the stretch: a job loading data
+//! onto its GPU is working even at 0 % compute.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Timestamp;
+use crate::error::InvalidInput;
+use crate::ids::JobId;
+
+/// The utilisation (percent) below which a GPU counts as idle where the scheduler has no
+/// `[idle]` policy: idle GPU-hours are accounted for all the same.
+pub const DEFAULT_IDLE_BELOW_PCT: u32 = 5;
+
+/// How much a job's GPU memory may grow (MiB) during an idle stretch before the stretch
+/// counts as work and ends.
+pub const IDLE_MEMORY_GROWTH_MIB: u64 = 256;
+
+/// A running job's idleness, as its agent measured it: in each heartbeat's `running` entry,
+/// and (its total) in the job's usage when it ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleSample {
+    /// How long the job has been idle without a break, in seconds (0 while it works).
+    pub idle_for_secs: u64,
+    /// GPU-seconds its GPUs spent idle since the attempt started (a GPU held idle for an hour
+    /// is 3 600; a half share of one, 1 800).
+    pub idle_gpu_secs: u64,
+}
+
+impl IdleSample {
+    /// Refuses what no agent could have measured: more than a year idle.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        const YEAR_SECS: u64 = 366 * 24 * 3600;
+        if self.idle_for_secs > YEAR_SECS || self.idle_gpu_secs > YEAR_SECS.saturating_mul(4096) {
+            return Err(InvalidInput::new(format!(
+                "idle for {} s, {} idle GPU-seconds is not plausible",
+                self.idle_for_secs, self.idle_gpu_secs
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What the `[idle]` policy does to a job idle past its warning's grace, while another job
+/// waits for its GPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Stop it (with its `--signal` warning and grace, like a preemption) and queue it again.
+    #[default]
+    Requeue,
+    /// End it as cancelled.
+    Cancel,
+    /// Only warn its owner.
+    Warn,
+}
+
+impl IdleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Requeue => "requeue",
+            IdleAction::Cancel => "cancel",
+            IdleAction::Warn => "warn",
+        }
+    }
+}
+
+/// A running job's idle warning, kept in its run's record (`mgpu show`, `mgpu top`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdleWarning {
+    /// Since when its GPUs have been idle (as its agent measured).
+    pub idle_since: Timestamp,
+    /// When its owner was warned.
+    pub warned_at: Timestamp,
+    /// What happens after the grace, if someone waits for its GPUs.
+    pub action: IdleAction,
+    /// From when the action may be taken.
+    pub action_from: Timestamp,
+}
+
+/// What a notice on `users.<key>.notices` tells.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum NoticeKind {
+    /// The job has been idle long enough to be warned.
+    IdleWarning { warning: IdleWarning },
+    /// The job worked again: the warning is withdrawn.
+    IdleCleared,
+    /// The job was idle past its grace while someone waited: `action` was taken.
+    IdleReclaimed { action: IdleAction, for_job: JobId },
+}
+
+/// One notice to a user about one of their jobs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Notice {
+    pub job: JobId,
+    /// When the scheduler sent it.
+    pub at: Timestamp,
+    /// In words, for a person (`mgpu watch`, a chat bridge).
+    pub message: String,
+    #[serde(flatten)]
+    pub kind: NoticeKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_reads_back_as_written_with_its_kind_flattened() {
+        let notice = Notice {
+            job: JobId::random(),
+            at: chrono::Utc::now(),
+            message: "idle".to_owned(),
+            kind: NoticeKind::IdleReclaimed {
+                action: IdleAction::Requeue,
+                for_job: JobId::random(),
+            },
+        };
+        let text = serde_json::to_string(&notice).unwrap_or_default();
+        assert!(text.contains("\"kind\":\"idle_reclaimed\""), "{text}");
+        let back: Option<Notice> = serde_json::from_str(&text).ok();
+        assert_eq!(back, Some(notice));
+    }
+
+    #[test]
+    fn a_year_of_idleness_is_refused() {
+        let absurd = IdleSample {
+            idle_for_secs: 400 * 24 * 3600,
+            idle_gpu_secs: 0,
+        };
+        assert!(absurd.validate().is_err());
+        assert!(IdleSample::default().validate().is_ok());
+    }
+}
