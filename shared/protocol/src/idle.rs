@@ -97,9 +97,9 @@ pub enum NoticeKind {
     IdleReclaimed { action: IdleAction, for_job: JobId },
 }
 
-/// One notice to a user about one of their jobs.
+/// One notice to a user about one of their jobs (not `deny_unknown_fields`, which serde
+/// does not support beside a flattened field).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Notice {
     pub job: JobId,
     /// When the scheduler sent it.
