@@ -82,6 +82,13 @@ pub struct Args {
     #[arg(long, value_name = "SPEC", value_parser = parse_gpu_spec)]
     pub fallback_gpus: Option<DeclaredSpec>,
 
+    /// A JSON file saying what the declared GPUs are doing, read at every heartbeat instead of
+    /// NVML: `{"gpus": [{"index": 0, "utilization_pct": 37, "memory_used_mib": 1200,
+    /// "processes": [{"pid": 1234, "used_mib": 1000}]}]}`, every field but `index` optional.
+    /// GPUs it does not list (and all of them while it is missing) are idle and empty.
+    #[arg(long, value_name = "FILE")]
+    pub gpu_samples: Option<PathBuf>,
+
     /// The type of every GPU here as jobs ask for it (`--gpu-type a100-80gb`), instead of the
     /// one derived from the model name or declared in --gpus: lower-case letters, digits, `-`.
     #[arg(long, env = "MGPU_NODE_GPU_TYPE", value_name = "TYPE", value_parser = parse_gpu_type)]
@@ -460,6 +467,14 @@ mod tests {
         assert_eq!(args.heartbeat_interval, Duration::from_millis(250));
         assert_eq!(args.kill_grace, Duration::from_secs(3));
         assert_eq!(args.gpus.map(|g| g.to_string()).as_deref(), Some("2x24GiB"));
+        assert_eq!(args.gpu_samples, None);
+        let samples = ["mgpu-node", "--creds", "c", "--gpu-samples", "/run/s.json"];
+        assert_eq!(
+            Args::try_parse_from(samples)
+                .ok()
+                .and_then(|a| a.gpu_samples),
+            Some(PathBuf::from("/run/s.json"))
+        );
         assert!(Args::try_parse_from(["mgpu-node", "--creds", "x", "--gpus", "4"]).is_err());
     }
 

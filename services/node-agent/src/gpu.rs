@@ -1,12 +1,18 @@
 //! GPU discovery behind one small trait, [`GpuProbe`], with what a probe reports of the GPU
 //! processes ([`GpuProcessMemory`]), and the probe that needs no driver: [`DeclaredProbe`],
-//! the inventory the operator declared. The NVML probe implements the trait in `nvml.rs`;
+//! the inventory the operator declared, fed what its GPUs are doing by a `--gpu-samples` file
+//! where one is given (`gpu_samples.rs`). The NVML probe implements the trait in `nvml.rs`;
 //! which probe an agent uses is decided in `gpu_choice.rs`; `gpu_peaks.rs` adds the processes'
 //! memory up per job. This module imports none of them, so they depend on the trait and never
 //! the other way round.
 
+use std::path::Path;
+
 use mgpu_protocol::node::{GpuSource, GpuStatus};
 
+pub use crate::gpu_processes::GpuProcessMemory;
+use crate::gpu_processes::process_group_of;
+use crate::gpu_samples::SamplesSource;
 use crate::gpu_spec::DeclaredSpec;
 
 /// Something that can tell what the node's GPUs are doing now.
@@ -27,21 +33,24 @@ pub trait GpuProbe: Send {
     fn processes(&self) -> Vec<GpuProcessMemory> {
         Vec::new()
     }
+    /// The GPUs whose processes the last sample listed. On the others a job's own memory
+    /// cannot be told from anyone's, so its idleness reads the GPU's used memory instead.
+    fn listed_gpus(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
-/// Memory one process holds on one GPU, from one sample.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuProcessMemory {
-    pub gpu: u32,
-    pub pid: u32,
-    pub used_mib: u64,
-}
-
-/// GPUs the operator declared: fixed sizes and types, never busy, no foreign processes.
+/// GPUs the operator declared: fixed sizes and types; idle, with no processes, unless a
+/// `--gpu-samples` file says otherwise.
 #[derive(Debug)]
 pub struct DeclaredProbe {
+    /// The declared GPUs at their defaults.
     gpus: Vec<GpuStatus>,
     note: Option<String>,
+    samples: Option<SamplesSource>,
+    /// What the last sample's file listed.
+    last_processes: Vec<GpuProcessMemory>,
+    listed_gpus: Vec<u32>,
 }
 
 impl DeclaredProbe {
@@ -62,13 +71,33 @@ impl DeclaredProbe {
                 gpu_type: gpu_type.map(str::to_owned),
             })
             .collect();
-        DeclaredProbe { gpus, note }
+        DeclaredProbe {
+            gpus,
+            note,
+            samples: None,
+            last_processes: Vec::new(),
+            listed_gpus: Vec::new(),
+        }
+    }
+
+    /// Reads what the GPUs are doing from `path` (`--gpu-samples`) at every sample.
+    pub fn with_samples(mut self, path: Option<&Path>) -> Self {
+        self.samples = path.map(SamplesSource::new);
+        self
     }
 }
 
 impl GpuProbe for DeclaredProbe {
-    fn sample(&mut self, _job_pgids: &[u32]) -> anyhow::Result<Vec<GpuStatus>> {
-        Ok(self.gpus.clone())
+    fn sample(&mut self, job_pgids: &[u32]) -> anyhow::Result<Vec<GpuStatus>> {
+        let Some(source) = self.samples.as_mut() else {
+            return Ok(self.gpus.clone());
+        };
+        let applied = source
+            .read(&self.gpus)
+            .apply(&self.gpus, job_pgids, process_group_of);
+        self.last_processes = applied.processes;
+        self.listed_gpus = applied.listed_gpus;
+        Ok(applied.gpus)
     }
 
     fn source(&self) -> GpuSource {
@@ -82,6 +111,14 @@ impl GpuProbe for DeclaredProbe {
     /// A declared GPU `N` is `/dev/nvidiaN`, as the driver numbers them.
     fn device_minors(&mut self) -> Vec<(u32, u32)> {
         self.gpus.iter().map(|gpu| (gpu.index, gpu.index)).collect()
+    }
+
+    fn processes(&self) -> Vec<GpuProcessMemory> {
+        self.last_processes.clone()
+    }
+
+    fn listed_gpus(&self) -> Vec<u32> {
+        self.listed_gpus.clone()
     }
 }
 
@@ -107,5 +144,40 @@ mod tests {
         assert_eq!(gpus[2].gpu_type.as_deref(), Some("t4"));
         assert_eq!(probe.source(), GpuSource::Declared);
         assert_eq!(probe.note(), None);
+    }
+
+    #[test]
+    fn a_samples_file_feeds_the_declared_gpus_and_their_processes() {
+        let Ok(spec) = parse_gpu_spec("2x24GiB") else {
+            panic!("spec did not parse");
+        };
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("no temporary directory");
+        };
+        let path = dir.path().join("samples.json");
+        let mut probe = DeclaredProbe::new("n1", &spec, None).with_samples(Some(&path));
+        let idle = probe.sample(&[]).unwrap_or_default();
+        assert_eq!(idle[1].utilization_pct, 0, "no file yet: the defaults");
+        let text = r#"{"gpus": [{"index": 1, "utilization_pct": 60,
+            "processes": [{"pid": 4000000, "used_mib": 700}]}]}"#;
+        if let Err(err) = std::fs::write(&path, text) {
+            panic!("writing {}: {err}", path.display());
+        }
+        let gpus = probe.sample(&[]).unwrap_or_default();
+        assert_eq!(
+            (gpus[1].utilization_pct, gpus[1].memory_used_mib),
+            (60, 700)
+        );
+        // No such process: its group cannot be read, so it is foreign.
+        assert_eq!(gpus[1].foreign_processes.len(), 1);
+        assert_eq!(probe.listed_gpus(), vec![1]);
+        assert_eq!(
+            probe.processes(),
+            vec![GpuProcessMemory {
+                gpu: 1,
+                pid: 4_000_000,
+                used_mib: 700
+            }]
+        );
     }
 }

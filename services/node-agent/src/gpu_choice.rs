@@ -2,6 +2,8 @@
 //! rules, with the operator's GPU types (`--gpu-type`, `--gpu-type-of`) put over the probe's
 //! own. It is the one place that knows both probes, so neither probe module needs the other.
 
+use std::path::Path;
+
 use anyhow::bail;
 use mgpu_protocol::node::{GpuSource, GpuStatus};
 use tracing::{info, warn};
@@ -13,15 +15,17 @@ use crate::nvml::NvmlProbe;
 
 /// Picks the probe: `--gpus` always wins; otherwise NVML, and when NVML cannot start,
 /// `--fallback-gpus` (with a note saying why) or a startup error telling the operator what to pass.
-/// Its GPUs' types are then `overrides`' where they say one.
+/// Its GPUs' types are then `overrides`' where they say one. Declared GPUs read what they are
+/// doing from `samples` (`--gpu-samples`), where given.
 pub fn choose_probe(
     node: &str,
     declared: Option<&DeclaredSpec>,
     fallback: Option<&DeclaredSpec>,
+    samples: Option<&Path>,
     overrides: TypeOverrides,
 ) -> anyhow::Result<Box<dyn GpuProbe>> {
     Ok(TypedProbe::wrap(
-        untyped_probe(node, declared, fallback)?,
+        untyped_probe(node, declared, fallback, samples)?,
         overrides,
     ))
 }
@@ -30,14 +34,23 @@ fn untyped_probe(
     node: &str,
     declared: Option<&DeclaredSpec>,
     fallback: Option<&DeclaredSpec>,
+    samples: Option<&Path>,
 ) -> anyhow::Result<Box<dyn GpuProbe>> {
     if let Some(spec) = declared {
         info!(inventory = %spec, "using the declared GPU inventory (--gpus)");
-        return Ok(Box::new(DeclaredProbe::new(node, spec, None)));
+        let probe = DeclaredProbe::new(node, spec, None).with_samples(samples);
+        return Ok(Box::new(probe));
     }
     match NvmlProbe::init() {
         Ok(probe) => {
             info!("reading GPUs through NVML");
+            if let Some(samples) = samples {
+                // Real readings win over made-up ones; the file only stands in for a driver.
+                warn!(
+                    file = %samples.display(),
+                    "--gpu-samples is ignored: it describes declared GPUs, and NVML reads these"
+                );
+            }
             Ok(Box::new(probe))
         }
         Err(nvml_error) => {
@@ -50,7 +63,8 @@ fn untyped_probe(
             };
             let note = format!("NVML unavailable ({nvml_error}); using declared inventory {spec}");
             warn!("{note}");
-            Ok(Box::new(DeclaredProbe::new(node, spec, Some(note))))
+            let probe = DeclaredProbe::new(node, spec, Some(note)).with_samples(samples);
+            Ok(Box::new(probe))
         }
     }
 }
@@ -111,6 +125,10 @@ impl GpuProbe for TypedProbe {
     fn processes(&self) -> Vec<GpuProcessMemory> {
         self.inner.processes()
     }
+
+    fn listed_gpus(&self) -> Vec<u32> {
+        self.inner.listed_gpus()
+    }
 }
 
 #[cfg(test)]
@@ -123,7 +141,7 @@ mod tests {
         let Ok(spec) = parse_gpu_spec("2x24GiB") else {
             panic!("spec did not parse");
         };
-        let probe = choose_probe("n1", Some(&spec), None, TypeOverrides::default());
+        let probe = choose_probe("n1", Some(&spec), None, None, TypeOverrides::default());
         assert!(probe.is_ok_and(|p| p.source() == GpuSource::Declared && p.note().is_none()));
     }
 
@@ -131,7 +149,7 @@ mod tests {
         let Ok(spec) = parse_gpu_spec(spec) else {
             panic!("{spec} did not parse");
         };
-        let Ok(mut probe) = choose_probe("n1", Some(&spec), None, overrides) else {
+        let Ok(mut probe) = choose_probe("n1", Some(&spec), None, None, overrides) else {
             panic!("no probe");
         };
         assert_eq!(probe.source(), GpuSource::Declared);
@@ -178,12 +196,13 @@ mod tests {
         let Ok(spec) = parse_gpu_spec("2x24GiB") else {
             panic!("spec did not parse");
         };
-        let probe = choose_probe("n1", Some(&spec), None, overrides(Some("t4"), &[]));
+        let probe = choose_probe("n1", Some(&spec), None, None, overrides(Some("t4"), &[]));
         let Ok(mut probe) = probe else {
             panic!("no probe");
         };
         assert_eq!(probe.device_minors(), vec![(0, 0), (1, 1)]);
         assert_eq!(probe.note(), None);
         assert!(probe.processes().is_empty());
+        assert!(probe.listed_gpus().is_empty());
     }
 }

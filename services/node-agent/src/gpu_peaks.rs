@@ -21,19 +21,14 @@ pub struct GpuPeaks {
 }
 
 impl GpuPeaks {
-    /// Adds one sample: `attempt_of` tells which attempt a process belongs to, if any.
-    pub fn record(
-        &self,
-        sample: &[GpuProcessMemory],
-        attempt_of: impl Fn(u32) -> Option<AttemptKey>,
-    ) {
-        let now = sum_by_attempt(sample, attempt_of);
+    /// Adds one sample, as [`sum_by_attempt`] added it up.
+    pub fn record(&self, now: &AttemptMemory) {
         let mut peaks = self.peaks.lock().unwrap_or_else(|p| p.into_inner());
         for (key, gpus) in now {
-            let peak = peaks.entry(key).or_default();
+            let peak = peaks.entry(key.clone()).or_default();
             for (gpu, mib) in gpus {
-                let best = peak.entry(gpu).or_default();
-                *best = (*best).max(mib);
+                let best = peak.entry(*gpu).or_default();
+                *best = (*best).max(*mib);
             }
         }
     }
@@ -51,18 +46,22 @@ impl GpuPeaks {
     }
 }
 
+/// The memory (MiB) each attempt's processes hold on each GPU, in one sample.
+pub type AttemptMemory = HashMap<AttemptKey, BTreeMap<u32, u64>>;
+
 /// What each attempt holds on each GPU in one sample (a process listed twice on a GPU, as
-/// compute and graphics, counts once).
-fn sum_by_attempt(
+/// compute and graphics, counts once): `attempt_of` tells which attempt a process belongs
+/// to, if any. Also what jobs' idleness reads their memory from (`idle_tracker.rs`).
+pub fn sum_by_attempt(
     sample: &[GpuProcessMemory],
     attempt_of: impl Fn(u32) -> Option<AttemptKey>,
-) -> HashMap<AttemptKey, BTreeMap<u32, u64>> {
+) -> AttemptMemory {
     let mut by_process: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     for process in sample {
         let held = by_process.entry((process.gpu, process.pid)).or_default();
         *held = (*held).max(process.used_mib);
     }
-    let mut sums: HashMap<AttemptKey, BTreeMap<u32, u64>> = HashMap::new();
+    let mut sums = AttemptMemory::new();
     for ((gpu, pid), mib) in by_process {
         if let Some(key) = attempt_of(pid) {
             *sums.entry(key).or_default().entry(gpu).or_default() += mib;
@@ -98,7 +97,7 @@ pub fn attempt_of_process(pid: u32, groups: &[(u32, AttemptKey)]) -> Option<Atte
         return Some(key);
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let group = crate::nvml::process_group_from_stat(&stat)?;
+    let group = crate::gpu_processes::process_group_from_stat(&stat)?;
     groups
         .iter()
         .find(|(pgid, _)| *pgid == group)
@@ -150,7 +149,7 @@ mod tests {
                 .collect()
         };
         // Two processes of `a` on GPU 0 add up; 10 listed twice counts once; 99 is nobody's.
-        peaks.record(
+        peaks.record(&sum_by_attempt(
             &sample(&[
                 (0, 10, 1000),
                 (0, 10, 800),
@@ -159,8 +158,11 @@ mod tests {
                 (0, 99, 9000),
             ]),
             owner,
-        );
-        peaks.record(&sample(&[(0, 10, 200), (1, 20, 700)]), owner);
+        ));
+        peaks.record(&sum_by_attempt(
+            &sample(&[(0, 10, 200), (1, 20, 700)]),
+            owner,
+        ));
         assert_eq!(
             peaks.take(&a),
             vec![GpuPeak {

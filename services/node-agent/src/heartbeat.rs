@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::fence::Contact;
 use crate::gpu::GpuProbe;
-use crate::gpu_peaks::{GpuPeaks, attempt_of_process};
+use crate::gpu_peaks::{AttemptMemory, GpuPeaks, attempt_of_process, sum_by_attempt};
 use crate::running::RunningTable;
 use crate::shutdown::Signal;
 use crate::throttle::{Throttle, Verdict};
@@ -67,6 +67,17 @@ pub struct Thresholds {
     pub load: f64,
 }
 
+/// One GPU sample with what the jobs' idleness is measured from.
+struct Sampled {
+    gpus: Vec<GpuStatus>,
+    /// When it was taken.
+    at: std::time::Instant,
+    /// Each attempt's processes' memory per GPU.
+    own: AttemptMemory,
+    /// The GPUs whose processes the probe could list.
+    listed_gpus: Vec<u32>,
+}
+
 pub struct Heartbeater {
     js: jetstream::Context,
     identity: Identity,
@@ -77,7 +88,9 @@ pub struct Heartbeater {
     table: RunningTable,
     /// Told of every stored heartbeat, for self-fencing.
     contact: Contact,
-    /// Where each sample's GPU processes are added to their jobs' peak GPU memory.
+    /// Where each sample's GPU processes are added to their jobs' peak GPU memory. Each
+    /// sample also updates the jobs' idleness in `table`, so idleness is measured at the
+    /// heartbeat interval.
     peaks: GpuPeaks,
     /// The last GPU sample, reused when a new one cannot be taken.
     last_gpus: Vec<GpuStatus>,
@@ -152,10 +165,16 @@ impl Heartbeater {
         let taken = tokio::time::Instant::now();
         let job_pgids = self.table.process_groups();
         match self.sample(job_pgids).await {
-            Ok(gpus) => {
+            Ok(Sampled {
+                gpus,
+                at,
+                own,
+                listed_gpus,
+            }) => {
                 if self.sample_failures.success() {
                     info!("reading GPUs works again");
                 }
+                self.table.record_idle(at, &gpus, &own, &listed_gpus);
                 self.last_gpus = gpus;
                 self.readings.send_replace(self.last_gpus.clone());
             }
@@ -215,7 +234,7 @@ impl Heartbeater {
 
     /// Samples the GPUs on a blocking thread (NVML calls into the driver), bounded in time so
     /// a stuck driver delays no heartbeat.
-    async fn sample(&self, job_pgids: Vec<u32>) -> anyhow::Result<Vec<GpuStatus>> {
+    async fn sample(&self, job_pgids: Vec<u32>) -> anyhow::Result<Sampled> {
         let probe = Arc::clone(&self.probe);
         let peaks = self.peaks.clone();
         let groups = self.table.attempt_groups();
@@ -229,8 +248,15 @@ impl Heartbeater {
                 }
             };
             let gpus = probe.sample(&job_pgids)?;
-            peaks.record(&probe.processes(), |pid| attempt_of_process(pid, &groups));
-            Ok(gpus)
+            let at = std::time::Instant::now();
+            let own = sum_by_attempt(&probe.processes(), |pid| attempt_of_process(pid, &groups));
+            peaks.record(&own);
+            Ok(Sampled {
+                gpus,
+                at,
+                own,
+                listed_gpus: probe.listed_gpus(),
+            })
         });
         let limit = self.identity.interval.max(Duration::from_secs(2));
         tokio::time::timeout(limit, task)

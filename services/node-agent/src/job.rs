@@ -165,6 +165,9 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
     })?;
     let (output, input) = carry_streams(ctx, &key, rank, streams, input, assignment);
     let stop_requests = ctx.table.insert(key.clone(), pid);
+    if let Some(watched) = crate::idle_tracker::Watched::of(assignment, node) {
+        ctx.table.watch_idle(&key, watched);
+    }
     ctx.host
         .holdings
         .started(&key, &assignment.user, &gpus, cgroup.as_ref());
@@ -386,6 +389,8 @@ impl StartedJob {
         ctx.host.cores.release(&key);
         ctx.host.holdings.remove(&key);
         emptied.usage.gpu_peak_mem = ctx.host.gpu_peaks.take(&key);
+        // Up to the last heartbeat's sample: idleness is measured at that resolution.
+        emptied.usage.idle_gpu_secs = ctx.table.take_idle_gpu_secs(&key);
         let (exit_code, signal) = exit_code_of(ending.status);
         let summary = streams.close(&ctx, &key, rank, exit_code).await;
 

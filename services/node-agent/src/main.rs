@@ -13,13 +13,16 @@
 //!
 //! - startup: `cli` (flags, host facts), `address` (this node's address), `gpu_spec`
 //!   (`COUNTxSIZE[:TYPE]`), `gpu_type` (GPU types from model names, the operator's types and
-//!   the node's features), `gpu` (the `GpuProbe` trait, declared GPUs), `nvml` (the NVML
-//!   probe), `gpu_choice` (which probe, with the operator's types), `state_file` (attempts
-//!   remembered on disk), `reconcile` (what a previous agent left running);
+//!   the node's features), `gpu` (the `GpuProbe` trait, declared GPUs), `gpu_samples` (the
+//!   `--gpu-samples` file declared GPUs read), `gpu_processes` (a GPU's processes: the jobs'
+//!   or foreign), `nvml` (the NVML probe), `gpu_choice` (which probe, with the operator's
+//!   types), `state_file` (attempts remembered on disk), `reconcile` (what a previous agent
+//!   left running);
 //! - loops: `heartbeat`, `fence` (self-fencing, the guards' contact file), `assignments` (the
 //!   node's inbox), `running` (the attempts running here), `report` (reports retried until
 //!   stored), `shutdown` (one-way signals), `throttle` (log throttling), `metrics` (what
-//!   `--metrics-listen` serves to Prometheus) and `holdings` (each job's user, GPUs, cgroup);
+//!   `--metrics-listen` serves to Prometheus), `holdings` (each job's user, GPUs, cgroup),
+//!   `gpu_peaks` (each job's peak GPU memory) and `idle_tracker` (each job's GPU idleness);
 //! - one job: `job` (start, supervise), `launch` (direct or through a shell), `script` (the
 //!   shell script), `batch_script` (a script captured at submit), `environment` (its
 //!   variables), `hostfile` (multi-node), `run_as` (whose account), `guard` (the guard it
@@ -38,6 +41,8 @@ mod fence;
 mod gpu;
 mod gpu_choice;
 mod gpu_peaks;
+mod gpu_processes;
+mod gpu_samples;
 mod gpu_spec;
 mod gpu_type;
 mod guard;
@@ -45,6 +50,7 @@ mod heartbeat;
 mod holdings;
 mod host;
 mod hostfile;
+mod idle_tracker;
 mod input;
 mod job;
 mod job_command;
@@ -146,6 +152,7 @@ async fn run(args: Args, node: String) -> anyhow::Result<()> {
         &node,
         args.gpus.as_ref(),
         args.fallback_gpus.as_ref(),
+        args.gpu_samples.as_deref(),
         cli::type_overrides(&args)?,
     )?;
     if args.print_gpus {

@@ -1,11 +1,11 @@
 //! The NVML probe: reads each GPU's name (and from it its type), UUID, memory, utilisation and
-//! processes from the NVIDIA driver, and tells the agent's own job processes from foreign ones
-//! by process group.
+//! processes from the NVIDIA driver; `gpu_processes.rs` tells the agent's own job processes
+//! from foreign ones by process group.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use anyhow::Context;
-use mgpu_protocol::node::{ForeignProcess, GpuSource, GpuStatus};
+use mgpu_protocol::node::{GpuSource, GpuStatus};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -14,6 +14,7 @@ use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use tracing::warn;
 
 use crate::gpu::{GpuProbe, GpuProcessMemory};
+use crate::gpu_processes::{ListedProcess, foreign_processes, process_group_of};
 
 const BYTES_PER_MIB: u64 = 1024 * 1024;
 
@@ -22,8 +23,45 @@ pub struct NvmlProbe {
     /// Problems already logged: a field a GPU does not support fails on every sample, and
     /// saying so once is enough.
     logged: HashSet<String>,
-    /// Every GPU process of the last sample, for jobs' peak GPU memory.
-    last_processes: Vec<GpuProcessMemory>,
+    /// The GPU processes of the last sample.
+    last: LastProcesses,
+}
+
+/// What the last sample found of the GPUs' processes.
+#[derive(Default)]
+struct LastProcesses {
+    /// Every GPU process, for jobs' peak GPU memory and idleness.
+    processes: Vec<GpuProcessMemory>,
+    /// The GPUs whose compute processes could be listed.
+    listed_gpus: Vec<u32>,
+}
+
+impl LastProcesses {
+    /// Keeps GPU `index`'s processes (and whether they could be listed); returns them as the
+    /// foreign split reads them.
+    fn keep(
+        &mut self,
+        index: u32,
+        (found, listed): (Vec<ProcessInfo>, bool),
+    ) -> Vec<ListedProcess> {
+        if listed {
+            self.listed_gpus.push(index);
+        }
+        let processes: Vec<ListedProcess> = found
+            .iter()
+            .map(|process| ListedProcess {
+                pid: process.pid,
+                used_mib: used_mib_of(process),
+            })
+            .collect();
+        self.processes
+            .extend(processes.iter().map(|process| GpuProcessMemory {
+                gpu: index,
+                pid: process.pid,
+                used_mib: process.used_mib,
+            }));
+        processes
+    }
 }
 
 impl NvmlProbe {
@@ -32,7 +70,7 @@ impl NvmlProbe {
         Ok(NvmlProbe {
             nvml: Nvml::init()?,
             logged: HashSet::new(),
-            last_processes: Vec::new(),
+            last: LastProcesses::default(),
         })
     }
 
@@ -51,7 +89,7 @@ impl GpuProbe for NvmlProbe {
             .context("asking NVML for the number of GPUs")?;
         let mut gpus = Vec::with_capacity(count as usize);
         let mut problems = Vec::new();
-        self.last_processes.clear();
+        self.last = LastProcesses::default();
         for index in 0..count {
             // A GPU whose handle or memory cannot be read is left out: it cannot be scheduled
             // safely. Everything else has a harmless default, so one unsupported field never
@@ -91,13 +129,9 @@ impl GpuProbe for NvmlProbe {
                     0
                 }
             };
-            let processes = processes_on(&device, index, &mut problems);
-            self.last_processes
-                .extend(processes.iter().map(|process| GpuProcessMemory {
-                    gpu: index,
-                    pid: process.pid,
-                    used_mib: used_mib_of(process),
-                }));
+            let processes = self
+                .last
+                .keep(index, processes_on(&device, index, &mut problems));
             let memory_total_mib = memory.total / BYTES_PER_MIB;
             gpus.push(GpuStatus {
                 index,
@@ -150,7 +184,11 @@ impl GpuProbe for NvmlProbe {
     }
 
     fn processes(&self) -> Vec<GpuProcessMemory> {
-        self.last_processes.clone()
+        self.last.processes.clone()
+    }
+
+    fn listed_gpus(&self) -> Vec<u32> {
+        self.last.listed_gpus.clone()
     }
 }
 
@@ -161,67 +199,33 @@ fn used_mib_of(process: &ProcessInfo) -> u64 {
     }
 }
 
-/// The processes not in any job's process group, one entry per pid (a process listed as both
-/// compute and graphics counts once, with the larger memory figure).
-fn foreign_processes(
-    processes: &[ProcessInfo],
-    job_pgids: &[u32],
-    process_group: impl Fn(u32) -> Option<u32>,
-) -> Vec<ForeignProcess> {
-    let mut by_pid: BTreeMap<u32, u64> = BTreeMap::new();
-    for process in processes {
-        let used_mib = used_mib_of(process);
-        // A process whose group cannot be read (gone already, or in another PID namespace) is
-        // not provably ours, so it counts as foreign: better to under-promise a GPU.
-        let ours = process_group(process.pid).is_some_and(|pgid| job_pgids.contains(&pgid));
-        if !ours {
-            let entry = by_pid.entry(process.pid).or_default();
-            *entry = (*entry).max(used_mib);
-        }
-    }
-    by_pid
-        .into_iter()
-        .map(|(pid, used_mib)| ForeignProcess {
-            pid,
-            used_mib,
-            user: None,
-        })
-        .collect()
-}
-
-/// The process group of a live process, from `/proc/<pid>/stat`.
-fn process_group_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    process_group_from_stat(&stat)
-}
-
-/// Field 5 (`pgrp`) of a `/proc/<pid>/stat` line. Field 2 is the command name in parentheses
-/// and may itself contain spaces and parentheses, so fields are counted after the last `)`.
-pub fn process_group_from_stat(stat: &str) -> Option<u32> {
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    // After the name: state (3), ppid (4), pgrp (5).
-    after_comm.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// The processes using GPU `index`: compute, and graphics where they can be listed.
+/// The processes using GPU `index`: compute, and graphics where they can be listed; and
+/// whether the compute processes could be listed at all (where not, a job's memory on the GPU
+/// can only be read as the GPU's used memory).
 fn processes_on(
     device: &nvml_wrapper::Device<'_>,
     index: u32,
     problems: &mut Vec<String>,
-) -> Vec<ProcessInfo> {
+) -> (Vec<ProcessInfo>, bool) {
     let mut processes = Vec::new();
-    match device.running_compute_processes() {
-        Ok(list) => processes.extend(list),
-        Err(err) => problems.push(format!(
-            "GPU {index}: cannot list compute processes ({err})"
-        )),
-    }
+    let listed = match device.running_compute_processes() {
+        Ok(list) => {
+            processes.extend(list);
+            true
+        }
+        Err(err) => {
+            problems.push(format!(
+                "GPU {index}: cannot list compute processes ({err})"
+            ));
+            false
+        }
+    };
     // Graphics contexts use memory too (a desktop session on a workstation GPU); not every
     // GPU or driver can list them, which is not worth a warning.
     if let Ok(list) = device.running_graphics_processes() {
         processes.extend(list);
     }
-    processes
+    (processes, listed)
 }
 
 #[cfg(test)]
@@ -229,62 +233,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn process_group_is_read_after_the_command_name() {
-        let plain = "1234 (python) S 1 1230 1230 34816 1230 4194304";
-        assert_eq!(process_group_from_stat(plain), Some(1230));
-        let tricky = "77 (my (odd) prog) R 5 4242 4242 0 -1 4194560";
-        assert_eq!(process_group_from_stat(tricky), Some(4242));
-        let spaced = "78 (a b) c) S 5 99 99";
-        assert_eq!(process_group_from_stat(spaced), Some(99));
-        assert_eq!(process_group_from_stat("garbage"), None);
-        assert_eq!(process_group_from_stat("1 (x) S 1"), None);
-        assert_eq!(process_group_from_stat("1 (x) S 1 notanumber"), None);
-    }
-
-    #[test]
-    fn our_own_process_group_is_readable() {
-        let own = process_group_of(std::process::id());
-        assert_eq!(own, Some(nix::unistd::getpgrp().as_raw() as u32));
-    }
-
-    fn process(pid: u32, bytes: u64) -> ProcessInfo {
-        ProcessInfo {
-            pid,
-            used_gpu_memory: UsedGpuMemory::Used(bytes),
+    fn memory_nvml_cannot_tell_counts_as_none() {
+        let process = |used_gpu_memory| ProcessInfo {
+            pid: 1,
+            used_gpu_memory,
             gpu_instance_id: None,
             compute_instance_id: None,
-        }
-    }
-
-    #[test]
-    fn job_processes_are_not_foreign_and_duplicates_count_once() {
-        let processes = [
-            process(10, 512 * BYTES_PER_MIB),
-            process(20, 100 * BYTES_PER_MIB),
-            process(20, 300 * BYTES_PER_MIB),
-            process(30, BYTES_PER_MIB),
-        ];
-        // 10 is in job group 10; 20 is another user's; 30 vanished before it could be read.
-        let group = |pid: u32| match pid {
-            10 => Some(10),
-            20 => Some(20),
-            _ => None,
         };
-        let foreign = foreign_processes(&processes, &[10], group);
-        assert_eq!(
-            foreign,
-            vec![
-                ForeignProcess {
-                    pid: 20,
-                    used_mib: 300,
-                    user: None,
-                },
-                ForeignProcess {
-                    pid: 30,
-                    used_mib: 1,
-                    user: None,
-                },
-            ]
-        );
+        let used = process(UsedGpuMemory::Used(3 * BYTES_PER_MIB + 5));
+        assert_eq!(used_mib_of(&used), 3);
+        assert_eq!(used_mib_of(&process(UsedGpuMemory::Unavailable)), 0);
     }
 }

@@ -5,14 +5,21 @@
 //! An attempt is *running* from the moment its process is spawned until its `Exited` report
 //! was published; then it is remembered as *finished* for a while, so that an assignment
 //! redelivered after its job already ended does not run it twice.
+//!
+//! A running attempt whose assignment asks for it also carries its idleness
+//! (`idle_tracker.rs`), which lives and ends with its entry: the heartbeat updates it from each
+//! GPU sample and reports it, and the job takes its total for its usage report.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::node::RunningJob;
+use mgpu_protocol::node::{GpuStatus, RunningJob};
 use mgpu_protocol::stop::StopWarning;
 use tokio::sync::watch;
+
+use crate::idle_tracker::{IdleState, Watched};
 
 /// One run of one job: attempts of the same job are distinct.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -90,6 +97,8 @@ const FINISHED_REMEMBERED: usize = 4096;
 struct Entry {
     pid: u32,
     stop: watch::Sender<Option<StopRequest>>,
+    /// Its idleness, where its assignment asked for it to be measured.
+    idle: Option<IdleState>,
 }
 
 #[derive(Default)]
@@ -127,8 +136,45 @@ impl RunningTable {
     /// Records a spawned attempt; the job watches the returned receiver for stop requests.
     pub fn insert(&self, key: AttemptKey, pid: u32) -> StopRequests {
         let (stop, requests) = watch::channel(None);
-        self.lock().running.insert(key, Entry { pid, stop });
+        let entry = Entry {
+            pid,
+            stop,
+            idle: None,
+        };
+        self.lock().running.insert(key, entry);
         requests
+    }
+
+    /// Starts measuring a running attempt's idleness (no-op for one not running).
+    pub fn watch_idle(&self, key: &AttemptKey, watched: Watched) {
+        if let Some(entry) = self.lock().running.get_mut(key) {
+            entry.idle = Some(IdleState::new(watched));
+        }
+    }
+
+    /// Updates every measured attempt's idleness from a GPU sample taken `at`: `gpus` as
+    /// sampled, `own` each attempt's processes' memory (MiB) per GPU (`gpu_peaks.rs` adds it
+    /// up), `listed_gpus` the GPUs whose processes could be listed.
+    pub fn record_idle(
+        &self,
+        at: Instant,
+        gpus: &[GpuStatus],
+        own: &HashMap<AttemptKey, BTreeMap<u32, u64>>,
+        listed_gpus: &[u32],
+    ) {
+        for (key, entry) in &mut self.lock().running {
+            if let Some(idle) = &entry.idle {
+                entry.idle = Some(idle.observe(at, gpus, own.get(key), listed_gpus));
+            }
+        }
+    }
+
+    /// The GPU-seconds an ending attempt spent idle (None where it was not measured), for its
+    /// usage report; its measurement stops here.
+    pub fn take_idle_gpu_secs(&self, key: &AttemptKey) -> Option<u64> {
+        let mut inner = self.lock();
+        let idle = inner.running.get_mut(key)?.idle.take()?;
+        Some(idle.idle_gpu_secs())
     }
 
     /// Moves an attempt from running to finished (also used for attempts that never started).
@@ -191,7 +237,7 @@ impl RunningTable {
                 id: key.job_id.clone(),
                 attempt: key.attempt,
                 pid: entry.pid,
-                idle: None,
+                idle: entry.idle.as_ref().map(IdleState::sample),
             })
             .collect();
         jobs.sort_by(|a, b| (&a.id, a.attempt).cmp(&(&b.id, b.attempt)));
@@ -293,6 +339,55 @@ mod tests {
             None,
             "a warning never slows down a stop already under way"
         );
+    }
+
+    #[test]
+    fn a_measured_attempt_reports_its_idleness_until_it_ends() {
+        use mgpu_protocol::idle::IdleSample;
+        let table = RunningTable::default();
+        let (measured, plain) = (key(1), key(1));
+        let _stops = (
+            table.insert(measured.clone(), 1),
+            table.insert(plain.clone(), 2),
+        );
+        let watched = Watched {
+            below_pct: 5,
+            gpus: vec![(0, mgpu_protocol::gpu_amount::GpuAmount::UNITS_PER_GPU)],
+        };
+        table.watch_idle(&measured, watched);
+        let gpu = GpuStatus {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "Declared GPU".into(),
+            gpu_type: None,
+            memory_total_mib: 1024,
+            memory_used_mib: 0,
+            utilization_pct: 0,
+            temperature_c: None,
+            power_w: None,
+            foreign_processes: Vec::new(),
+        };
+        let start = Instant::now();
+        for secs in [0, 3] {
+            let at = start + std::time::Duration::from_secs(secs);
+            table.record_idle(at, std::slice::from_ref(&gpu), &HashMap::new(), &[]);
+        }
+        let idle_of = |key: &AttemptKey| {
+            let jobs = table.snapshot();
+            jobs.into_iter()
+                .find(|job| job.id == key.job_id)
+                .and_then(|job| job.idle)
+        };
+        let three = IdleSample {
+            idle_for_secs: 3,
+            idle_gpu_secs: 3,
+        };
+        assert_eq!(idle_of(&measured), Some(three));
+        assert_eq!(idle_of(&plain), None);
+        assert_eq!(table.take_idle_gpu_secs(&measured), Some(3));
+        assert_eq!(table.take_idle_gpu_secs(&measured), None, "taken once");
+        assert_eq!(table.take_idle_gpu_secs(&plain), None);
+        assert_eq!(idle_of(&measured), None);
     }
 
     #[test]

@@ -146,7 +146,7 @@ fn group_members(pgid: u32) -> Vec<u32> {
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
-                .and_then(|stat| crate::nvml::process_group_from_stat(&stat))
+                .and_then(|stat| crate::gpu_processes::process_group_from_stat(&stat))
                 == Some(pgid)
         })
         .collect()
