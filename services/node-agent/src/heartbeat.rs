@@ -247,10 +247,13 @@ impl Heartbeater {
                     return Err(anyhow!("the previous GPU sample has not finished"));
                 }
             };
-            let gpus = probe.sample(&job_pgids)?;
+            let mut gpus = probe.sample(&job_pgids)?;
             let at = std::time::Instant::now();
             let own = sum_by_attempt(&probe.processes(), |pid| attempt_of_process(pid, &groups));
             peaks.record(&own);
+            // From /proc and passwd (NSS may ask a server): blocking work, done here too, and
+            // after `at` so a slow lookup does not skew when the sample was taken.
+            crate::process_owner::name_foreign_owners(&mut gpus);
             Ok(Sampled {
                 gpus,
                 at,

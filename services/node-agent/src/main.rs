@@ -60,6 +60,7 @@ mod lease;
 mod metrics;
 mod nvml;
 mod output;
+mod process_owner;
 mod pty;
 mod reconcile;
 mod report;

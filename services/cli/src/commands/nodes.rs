@@ -11,8 +11,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use mgpu_protocol::Timestamp;
+use mgpu_protocol::host::format_mib;
 use mgpu_protocol::job::JobRecord;
-use mgpu_protocol::node::{AdminMark, GpuSource, NodeAdmin, NodeHeartbeat};
+use mgpu_protocol::node::{
+    AdminMark, ForeignProcess, GpuSource, GpuStatus, NodeAdmin, NodeHeartbeat,
+};
 
 use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{print, print_json, println};
@@ -93,17 +96,38 @@ fn json_value(node: &NodeHeartbeat, view: &View<'_>) -> Result<serde_json::Value
         object.insert("last_heartbeat_age_ms".into(), age_ms.into());
         object.insert("admin".into(), serde_json::to_value(&view.admin)?);
         // Always there for scripts, though the heartbeat leaves out empty ones: `features`
-        // as an array, each GPU's `gpu_type` as a string or null.
+        // as an array, each GPU's `gpu_type` and each foreign process's `user` as a string
+        // or null.
         object.insert("features".into(), serde_json::to_value(&node.features)?);
         if let Some(gpus) = object.get_mut("gpus").and_then(|v| v.as_array_mut()) {
             for (value, gpu) in gpus.iter_mut().zip(&node.gpus) {
                 if let Some(gpu_object) = value.as_object_mut() {
                     gpu_object.insert("gpu_type".into(), serde_json::to_value(&gpu.gpu_type)?);
+                    insert_users(gpu_object, gpu)?;
                 }
             }
         }
     }
     Ok(value)
+}
+
+/// Each foreign process's `user` in a GPU's JSON, null where the agent named none.
+fn insert_users(
+    gpu_object: &mut serde_json::Map<String, serde_json::Value>,
+    gpu: &GpuStatus,
+) -> Result<()> {
+    let Some(processes) = gpu_object
+        .get_mut("foreign_processes")
+        .and_then(|v| v.as_array_mut())
+    else {
+        return Ok(());
+    };
+    for (value, process) in processes.iter_mut().zip(&gpu.foreign_processes) {
+        if let Some(object) = value.as_object_mut() {
+            object.insert("user".into(), serde_json::to_value(&process.user)?);
+        }
+    }
+    Ok(())
 }
 
 /// `root: fan noise`, or just `root`.
@@ -122,8 +146,49 @@ fn render(node: &NodeHeartbeat, view: &View<'_>) -> String {
         text.push_str("  no GPUs\n");
     } else {
         text.push_str(&gpu_table(node, &view.admin));
+        for gpu in &node.gpus {
+            if let Some(line) = foreign_line(gpu) {
+                text.push_str(&line);
+            }
+        }
     }
     text
+}
+
+/// Foreign processes named on a GPU's line at most; the rest are counted.
+const FOREIGN_SHOWN: usize = 4;
+
+/// `  foreign on GPU 0: pid 4242 (bob) 2 GiB, pid 77 (?) 512 MiB`: the processes mgpu did not
+/// start, largest first, with the account each runs as (`?` where the agent could not see it);
+/// None for a GPU without any.
+fn foreign_line(gpu: &GpuStatus) -> Option<String> {
+    if gpu.foreign_processes.is_empty() {
+        return None;
+    }
+    let mut processes: Vec<&ForeignProcess> = gpu.foreign_processes.iter().collect();
+    processes.sort_by(|a, b| b.used_mib.cmp(&a.used_mib).then(a.pid.cmp(&b.pid)));
+    let mut parts: Vec<String> = processes
+        .iter()
+        .take(FOREIGN_SHOWN)
+        .map(|p| {
+            // The name comes from the agent's heartbeat: one line whatever it holds.
+            let owner = p.user.as_deref().map_or_else(
+                || "?".to_owned(),
+                |user| user.replace(|c: char| c.is_control(), " "),
+            );
+            format!("pid {} ({owner}) {}", p.pid, format_mib(p.used_mib))
+        })
+        .collect();
+    let rest = &processes[processes.len().min(FOREIGN_SHOWN)..];
+    if !rest.is_empty() {
+        let mib = rest.iter().map(|p| p.used_mib).sum();
+        parts.push(format!("{} more ({})", rest.len(), format_mib(mib)));
+    }
+    Some(format!(
+        "  foreign on GPU {}: {}\n",
+        gpu.index,
+        parts.join(", ")
+    ))
 }
 
 /// The summary line and the lines under it: note, drain, address, running jobs.
@@ -267,7 +332,7 @@ fn reading(value: Option<u32>, unit: &str) -> String {
 mod tests {
     use super::*;
     use mgpu_protocol::ids::JobId;
-    use mgpu_protocol::node::{DEFAULT_THRESHOLD, ForeignProcess, GpuStatus, RunningJob};
+    use mgpu_protocol::node::{DEFAULT_THRESHOLD, RunningJob};
 
     fn heartbeat(sent_at: Timestamp) -> NodeHeartbeat {
         NodeHeartbeat {
@@ -330,8 +395,18 @@ mod tests {
             text.contains("  0    -     Fake 24GiB  100/24576  7%    1        declared\n"),
             "{text}"
         );
+        // An agent that could not see whose process it is (or one from before owners).
+        assert!(
+            text.ends_with("\n  foreign on GPU 0: pid 9 (?) 100 MiB\n"),
+            "{text}"
+        );
         assert!(!text.contains("drained"), "{text}");
         let json = json_value(&node, &view(NodeAdmin::default(), 3)).unwrap_or_default();
+        assert_eq!(json["gpus"][0]["foreign_processes"][0]["pid"], 9);
+        assert_eq!(
+            json["gpus"][0]["foreign_processes"][0]["user"],
+            serde_json::Value::Null
+        );
         assert_eq!(json["state"], "online");
         assert_eq!(json["last_heartbeat_age_ms"], 1_200);
         assert_eq!(json["admin"]["paused_gpus"], serde_json::json!({}));
@@ -409,6 +484,61 @@ mod tests {
         assert!(!text.contains("TEMP") && !text.contains("POWER"), "{text}");
         let json = json_value(&heartbeat(now), &view).unwrap_or_default();
         assert!(json["gpus"][0].get("temperature_c").is_none(), "{json}");
+    }
+
+    #[test]
+    fn foreign_processes_name_their_owner_largest_first() {
+        let now = mgpu_protocol::now();
+        let mut node = heartbeat(now);
+        let process = |pid: u32, used_mib: u64, user: Option<&str>| ForeignProcess {
+            pid,
+            used_mib,
+            user: user.map(str::to_owned),
+        };
+        node.gpus[0].foreign_processes = vec![process(4242, 2_048, Some("bob"))];
+        let mut second = node.gpus[0].clone();
+        second.index = 1;
+        second.foreign_processes = vec![
+            process(10, 100, Some("alice")),
+            process(11, 1_536, None),
+            process(12, 300, Some("carol\nroot")),
+            process(13, 4_096, Some("dave")),
+            process(14, 50, Some("erin")),
+            process(15, 200, Some("frank")),
+        ];
+        let mut third = node.gpus[0].clone();
+        third.index = 2;
+        third.foreign_processes.clear();
+        node.gpus.extend([second, third]);
+        let view = View {
+            now,
+            jobs: &[],
+            admin: NodeAdmin::default(),
+            missed_heartbeats: 3,
+        };
+        let text = render(&node, &view);
+        assert!(
+            text.contains("\n  foreign on GPU 0: pid 4242 (bob) 2 GiB\n"),
+            "{text}"
+        );
+        // Four named, the smallest counted; a name is kept on its line.
+        assert!(
+            text.ends_with(
+                "\n  foreign on GPU 1: pid 13 (dave) 4 GiB, pid 11 (?) 1.5 GiB, \
+                 pid 12 (carol root) 300 MiB, pid 15 (frank) 200 MiB, 2 more (150 MiB)\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("GPU 2:"), "{text}");
+        let json = json_value(&node, &view).unwrap_or_default();
+        assert_eq!(json["gpus"][0]["foreign_processes"][0]["user"], "bob");
+        assert_eq!(json["gpus"][0]["foreign_processes"][0]["used_mib"], 2_048);
+        assert_eq!(json["gpus"][1]["foreign_processes"][0]["user"], "alice");
+        assert_eq!(
+            json["gpus"][1]["foreign_processes"][1]["user"],
+            serde_json::Value::Null
+        );
+        assert_eq!(json["gpus"][2]["foreign_processes"], serde_json::json!([]));
     }
 
     #[test]
