@@ -2,7 +2,8 @@
 //! running GPUs (the jobs over it wait, saying which limit, while other users' jobs start), is
 //! re-read when the file changes (raising a cap starts what waited), and refuses at once a
 //! submission over a user's queued-jobs limit or over a hard cap, naming the limit; a user's
-//! group (`mgpu admin add-user --group`) picks the group's table.
+//! group (`mgpu admin add-user --group`) picks the group's table; a cap per GPU type keeps a
+//! user off that type only.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -205,4 +206,43 @@ max_time_limit = "1h"
     );
     cluster.mgpu_ok_with(&cluster.admin_creds(), &["cancel", &running]);
     cluster.finished_as(&waiting, "succeeded", T);
+}
+
+#[test]
+fn a_cap_per_gpu_type_keeps_a_user_to_it_while_other_types_and_users_run() {
+    let (cluster, _config, _dir) = {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let config = dir.path().join("scheduler.toml");
+        write_config(&config, "[limits.default.max_gpus_running]\nh100 = 1\n");
+        let path = config.display().to_string();
+        let nodes = [
+            NodeSpec::new("node001", "2x80GiB:h100"),
+            NodeSpec::new("node002", "1x40GiB:a100"),
+        ];
+        let cluster = Cluster::start_with(&nodes, &["--config", &path]);
+        (cluster, config, dir)
+    };
+    // Two H100s at once are more than the cap: refused at once, naming it.
+    let both = submit_as(&cluster, "alice", &["--gpus", "h100:2"], "true");
+    let why = ended_reason(&cluster, &both);
+    assert!(
+        why.contains("max_gpus_running.h100 = 1 ([limits.default])"),
+        "{why}"
+    );
+
+    // One H100 runs; her second H100 job waits on her limit, her A100 job and bob's H100 job
+    // start.
+    let first = submit_as(&cluster, "alice", &["--gpus", "h100:1"], "sleep 60");
+    cluster.wait_state(&first, "running", T);
+    let second = submit_as(&cluster, "alice", &["--gpus", "h100:1"], "sleep 60");
+    let other_type = submit_as(&cluster, "alice", &["--gpu-type", "h100,a100"], "sleep 60");
+    let bobs = submit_as(&cluster, "bob", &["--gpus", "h100:1"], "sleep 60");
+    cluster.wait_state(&bobs, "running", T);
+    let on_a100 = cluster.wait_state(&other_type, "running", T);
+    assert_eq!(on_a100["node"], "node002", "{on_a100}");
+    cluster.wait_reason(
+        &second,
+        "waiting: its owner runs as many GPUs as their max_gpus_running limit allows",
+        T,
+    );
 }

@@ -16,6 +16,10 @@
 //!
 //! [limits.user.alice]
 //! max_gpus_running = 8
+//!
+//! [limits.group.interns.max_gpus_running]   # per GPU type, beside the total
+//! total = 4
+//! h100 = 1
 //! ```
 //!
 //! A job that would take its owner past `max_gpus_running` waits (`WaitReason::UserLimit`)
@@ -61,6 +65,8 @@ struct SectionText {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Table {
     max_gpus_running: Option<u64>,
+    /// `max_gpus_running.<type>`: per GPU type.
+    max_gpus_running_by_type: BTreeMap<String, u64>,
     max_jobs_queued: Option<u32>,
     max_time_limit_secs: Option<u64>,
     max_gpus_per_job: Option<u64>,
@@ -78,6 +84,8 @@ pub struct Limit<T> {
 pub struct UserLimits {
     /// In GPU units.
     pub max_gpus_running: Option<Limit<u64>>,
+    /// In GPU units, by GPU type (each type's from the most specific table that sets it).
+    pub max_gpus_running_by_type: BTreeMap<String, Limit<u64>>,
     pub max_jobs_queued: Option<Limit<u32>>,
     pub max_time_limit_secs: Option<Limit<u64>>,
     /// In GPU units.
@@ -149,12 +157,45 @@ impl Limits {
                 })
             })
         }
+        let types: std::collections::BTreeSet<&String> = tables
+            .iter()
+            .flat_map(|(_, t)| t.max_gpus_running_by_type.keys())
+            .collect();
+        let by_type = types
+            .into_iter()
+            .filter_map(|gpu_type| {
+                let limit = pick(&tables, |t| {
+                    t.max_gpus_running_by_type.get(gpu_type).copied()
+                })?;
+                Some((gpu_type.clone(), limit))
+            })
+            .collect();
         UserLimits {
             max_gpus_running: pick(&tables, |t| t.max_gpus_running),
+            max_gpus_running_by_type: by_type,
             max_jobs_queued: pick(&tables, |t| t.max_jobs_queued),
             max_time_limit_secs: pick(&tables, |t| t.max_time_limit_secs),
             max_gpus_per_job: pick(&tables, |t| t.max_gpus_per_job),
         }
+    }
+
+    /// Each user's caps on running GPUs of each type (in units), for those who have any.
+    pub fn running_type_caps<'a>(
+        &self,
+        users: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    ) -> HashMap<String, BTreeMap<String, u64>> {
+        users
+            .into_iter()
+            .filter_map(|(user, group)| {
+                let caps: BTreeMap<String, u64> = self
+                    .for_user(user, group)
+                    .max_gpus_running_by_type
+                    .into_iter()
+                    .map(|(gpu_type, limit)| (gpu_type, limit.value))
+                    .collect();
+                (!caps.is_empty()).then(|| (user.to_owned(), caps))
+            })
+            .collect()
     }
 
     /// Each user's cap on running GPUs (in units), for those who have one: `users` are the
@@ -201,26 +242,37 @@ impl Table {
             Ok(whole) => toml::Value::Integer(whole),
             Err(_) => toml::Value::Float(units as f64 / f64::from(GpuAmount::UNITS_PER_GPU)),
         };
+        let by_type = self
+            .max_gpus_running_by_type
+            .iter()
+            .map(|(gpu_type, units)| (format!("max_gpus_running.{gpu_type}"), Some(gpus(*units))));
         let values = [
-            ("max_gpus_running", self.max_gpus_running.map(gpus)),
             (
-                "max_jobs_queued",
+                "max_gpus_running".to_owned(),
+                self.max_gpus_running.map(gpus),
+            ),
+            (
+                "max_jobs_queued".to_owned(),
                 self.max_jobs_queued
                     .map(|n| toml::Value::Integer(i64::from(n))),
             ),
             (
-                "max_time_limit",
+                "max_time_limit".to_owned(),
                 self.max_time_limit_secs.map(|secs| {
                     toml::Value::String(format_duration(std::time::Duration::from_secs(secs)))
                 }),
             ),
-            ("max_gpus_per_job", self.max_gpus_per_job.map(gpus)),
+            (
+                "max_gpus_per_job".to_owned(),
+                self.max_gpus_per_job.map(gpus),
+            ),
         ];
         values
             .into_iter()
+            .chain(by_type)
             .filter_map(|(key, value)| {
                 value.map(|value| mgpu_config::Setting {
-                    key: key.to_owned(),
+                    key,
                     value: Some(value),
                     source: mgpu_config::Source::File,
                 })
@@ -252,12 +304,43 @@ fn check(table: &TableText, name: &str) -> Result<Table> {
                 .with_context(|| format!("max_time_limit in {name}"))
         })
         .transpose()?;
+    let (max_gpus_running, max_gpus_running_by_type) =
+        running_limits(table.max_gpus_running.as_ref(), name)?;
     Ok(Table {
-        max_gpus_running: gpus(&table.max_gpus_running, "max_gpus_running")?,
+        max_gpus_running,
+        max_gpus_running_by_type,
         max_jobs_queued,
         max_time_limit_secs,
         max_gpus_per_job: gpus(&table.max_gpus_per_job, "max_gpus_per_job")?,
     })
+}
+
+/// `max_gpus_running`: a number (the total), or a table of a `total` and GPU types.
+fn running_limits(
+    value: Option<&toml::Value>,
+    name: &str,
+) -> Result<(Option<u64>, BTreeMap<String, u64>)> {
+    let Some(value) = value else {
+        return Ok((None, BTreeMap::new()));
+    };
+    let toml::Value::Table(table) = value else {
+        let units = gpu_units(value).with_context(|| format!("max_gpus_running in {name}"))?;
+        return Ok((Some(units), BTreeMap::new()));
+    };
+    let mut total = None;
+    let mut by_type = BTreeMap::new();
+    for (key, value) in table {
+        let units =
+            gpu_units(value).with_context(|| format!("max_gpus_running.{key} in {name}"))?;
+        if key == "total" {
+            total = Some(units);
+        } else {
+            mgpu_protocol::gpu_type::check_name(key, "GPU type")
+                .map_err(|e| anyhow!("max_gpus_running.{key} in {name}: {e}"))?;
+            by_type.insert(key.clone(), units);
+        }
+    }
+    Ok((total, by_type))
 }
 
 /// A GPU count written as a number (`2`, `0.5`), in units.
@@ -313,6 +396,9 @@ impl UserLimits {
                 ));
             }
         }
+        if let Some(why) = self.type_refusal(spec) {
+            return Some(why);
+        }
         if let Some(limit) = &self.max_gpus_per_job {
             let asked = job_gpu_units(spec);
             if asked > limit.value {
@@ -335,6 +421,39 @@ impl UserLimits {
             ));
         }
         None
+    }
+
+    /// Why a job that names GPU types could never start: each of its types is capped below
+    /// what it asks for (a type without a cap, or a job naming no type, can).
+    fn type_refusal(&self, spec: &JobSpec) -> Option<String> {
+        let asked = job_gpu_units(spec);
+        if spec.gpu_types.is_empty() || asked == 0 {
+            return None;
+        }
+        let caps: Vec<(&String, &Limit<u64>)> = spec
+            .gpu_types
+            .iter()
+            .map(|t| Some((t, self.max_gpus_running_by_type.get(t)?)))
+            .collect::<Option<_>>()?;
+        if caps.iter().any(|(_, limit)| limit.value >= asked) {
+            return None;
+        }
+        let named: Vec<String> = caps
+            .iter()
+            .map(|(t, limit)| {
+                format!(
+                    "max_gpus_running.{t} = {} ({})",
+                    gpus_text(limit.value),
+                    limit.from
+                )
+            })
+            .collect();
+        Some(format!(
+            "over the limit {}: the job asks for {} GPUs of type {}, so it could never start",
+            named.join(", "),
+            gpus_text(asked),
+            spec.gpu_types.join(" or ")
+        ))
     }
 
     /// A job submitted without a time limit gets `max_time_limit`, as Slurm's QOS gives it.
@@ -410,139 +529,5 @@ fn modified(path: &Path) -> Option<SystemTime> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn limits(text: &str) -> Result<Limits> {
-        let table: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}"));
-        Limits::parse(table.get("limits"))
-    }
-
-    const UNIT: u64 = GpuAmount::UNITS_PER_GPU as u64;
-
-    fn limits_of(text: &str) -> Limits {
-        limits(text).unwrap_or_else(|e| panic!("{e:#}"))
-    }
-
-    /// The error `text` is refused with (empty if it is not).
-    fn error_of(text: &str) -> String {
-        limits(text)
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default()
-    }
-
-    #[test]
-    fn each_key_comes_from_the_most_specific_table_that_sets_it() {
-        let limits = limits_of(
-            r#"
-            [limits.default]
-            max_gpus_running = 4
-            max_jobs_queued = 100
-            [limits.group.students]
-            max_gpus_running = 2
-            max_time_limit = "1d"
-            [limits.user.alice]
-            max_gpus_running = 0.5
-            "#,
-        );
-        let alice = limits.for_user("alice", Some("students"));
-        assert_eq!(
-            alice.max_gpus_running.as_ref().map(|l| l.value),
-            Some(UNIT / 2)
-        );
-        assert_eq!(
-            alice.max_gpus_running.map(|l| l.from),
-            Some("[limits.user.alice]".to_owned())
-        );
-        assert_eq!(alice.max_time_limit_secs.map(|l| l.value), Some(86_400));
-        assert_eq!(alice.max_jobs_queued.map(|l| l.value), Some(100));
-        let bob = limits.for_user("bob", Some("students"));
-        assert_eq!(bob.max_gpus_running.map(|l| l.value), Some(2 * UNIT));
-        let carol = limits.for_user("carol", None);
-        assert_eq!(carol.max_gpus_running.map(|l| l.value), Some(4 * UNIT));
-        assert_eq!(carol.max_time_limit_secs, None);
-        let caps = limits.running_caps([("alice", Some("students")), ("carol", None)]);
-        assert_eq!(caps.get("carol"), Some(&(4 * UNIT)));
-    }
-
-    #[test]
-    fn bad_limits_name_the_table_and_the_key() {
-        let err = error_of("[limits.user.bob]\nmax_gpus_running = -1\n");
-        assert!(
-            err.contains("max_gpus_running in [limits.user.bob]"),
-            "{err}"
-        );
-        let err = error_of("[limits.default]\nmax_gpu = 1\n");
-        assert!(err.contains("max_gpu"), "{err}");
-        let err = error_of("[limits.default]\nmax_time_limit = \"soon\"\n");
-        assert!(err.contains("max_time_limit in [limits.default]"), "{err}");
-        assert!(limits("").map(|l| l.is_empty()).unwrap_or(false));
-    }
-
-    #[test]
-    fn submissions_over_a_limit_are_refused_naming_it() {
-        let limits = limits_of(
-            r#"
-            [limits.default]
-            max_jobs_queued = 2
-            max_gpus_per_job = 4
-            max_time_limit = "2h"
-            "#,
-        );
-        let alice = limits.for_user("alice", None);
-        let mut spec = JobSpec::new(vec!["true".into()], "/w");
-        assert_eq!(alice.refusal("alice", &spec, 1), None);
-        let queued = alice.refusal("alice", &spec, 2).unwrap_or_default();
-        assert!(
-            queued.contains("max_jobs_queued = 2 ([limits.default])"),
-            "{queued}"
-        );
-        spec.gpus = GpuAmount::whole(2);
-        spec.nodes = 3;
-        let big = alice.refusal("alice", &spec, 0).unwrap_or_default();
-        assert!(
-            big.contains("max_gpus_per_job = 4") && big.contains("6 GPUs"),
-            "{big}"
-        );
-        spec.nodes = 1;
-        spec.time_limit_secs = Some(3 * 3600);
-        let long = alice.refusal("alice", &spec, 0).unwrap_or_default();
-        assert!(long.contains("max_time_limit = 2h"), "{long}");
-        spec.time_limit_secs = None;
-        alice.cap_time_limit(&mut spec);
-        assert_eq!(spec.time_limit_secs, Some(7200));
-        let capped = limits_of("[limits.default]\nmax_gpus_running = 2\n").for_user("bob", None);
-        spec.gpus = GpuAmount::whole(3);
-        let never = capped.refusal("bob", &spec, 0).unwrap_or_default();
-        assert!(
-            never.contains("max_gpus_running = 2") && never.contains("never start"),
-            "{never}"
-        );
-        spec.gpus = GpuAmount::whole(2);
-        assert_eq!(capped.refusal("bob", &spec, 0), None);
-    }
-
-    #[test]
-    fn print_config_shows_each_table_set() {
-        let limits = limits(
-            "[limits.default]\nmax_gpus_running = 2\n[limits.user.bob]\nmax_gpus_per_job = 0.5\n",
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"));
-        let printed: Vec<(String, Vec<String>)> = limits
-            .printable()
-            .into_iter()
-            .map(|(name, settings)| {
-                let values = settings
-                    .iter()
-                    .map(|s| format!("{} = {:?}", s.key, s.value))
-                    .collect();
-                (name, values)
-            })
-            .collect();
-        assert_eq!(printed.len(), 2, "{printed:?}");
-        assert_eq!(printed[0].0, "limits.default");
-        assert_eq!(printed[0].1, ["max_gpus_running = Some(Integer(2))"]);
-        assert_eq!(printed[1].1, ["max_gpus_per_job = Some(Float(0.5))"]);
-    }
-}
+#[path = "limits_tests.rs"]
+mod tests;

@@ -479,6 +479,7 @@ mod tests {
                     max_reservations: 4,
                     topology_label: Some("rack".into()),
                     gpu_caps: Default::default(),
+                    gpu_type_caps: Default::default(),
                 };
                 let queue = [
                     QueuedJob::new(JobId::random(), GpuAmount::ONE, now),

@@ -88,6 +88,8 @@ pub(super) struct Constraints<'a> {
     /// GPUs held for someone else (backfill reservations), by position in
     /// [`Capacity::nodes`] and GPU index.
     pub avoid: &'a dyn Fn(usize, u32) -> bool,
+    /// Whether the job may take GPUs of a type (its owner's caps per type).
+    pub type_allowed: &'a dyn Fn(Option<&str>) -> bool,
 }
 
 impl Capacity {
@@ -236,6 +238,7 @@ impl Capacity {
                 .gpus
                 .iter()
                 .filter(|g| only_type.is_none_or(|t| g.gpu_type.as_deref() == Some(t)))
+                .filter(|g| (constraints.type_allowed)(g.gpu_type.as_deref()))
                 .filter(|g| !constraints.in_service_only || g.in_service)
                 .filter(|g| !constraints.unbusy_only || g.unbusy)
                 .filter(|g| !(constraints.avoid)(position, g.index))
@@ -504,7 +507,7 @@ fn selection_impossible_reason(nodes: &[NodeView], job: &QueuedJob) -> Option<St
 
 /// Whether `node`, idle, has the cores and host memory `job` needs (a node that does not
 /// count them has).
-fn host_could_hold(node: &NodeView, job: &QueuedJob) -> bool {
+pub(super) fn host_could_hold(node: &NodeView, job: &QueuedJob) -> bool {
     node.cpus.is_none_or(|cpus| job.cpus <= cpus)
         && node.mem_host_mib.is_none_or(|mib| job.mem_host_mib <= mib)
 }

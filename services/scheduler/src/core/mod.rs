@@ -65,6 +65,7 @@ pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};
 use fast_hash::FastHash;
 use owner_gpus::OwnerGpus;
+pub use owner_gpus::TypeCaps;
 pub use queued::{Dependencies, QueuedJob};
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 
@@ -166,10 +167,12 @@ struct Shape<'a> {
     node_gpu_ids: &'a [NodeGpuIds],
     gpu_types: &'a [String],
     constraint: Option<&'a Constraint>,
+    /// The owner, only where they have caps per GPU type: what fits depends on them then.
+    type_capped_owner: Option<&'a str>,
 }
 
 impl<'a> Shape<'a> {
-    fn of(job: &'a QueuedJob) -> Self {
+    fn of(job: &'a QueuedJob, type_capped: bool) -> Self {
         Shape {
             gpus: job.gpus,
             gpu_ids: job.gpu_ids.as_deref(),
@@ -184,6 +187,7 @@ impl<'a> Shape<'a> {
             node_gpu_ids: &job.node_gpu_ids,
             gpu_types: &job.gpu_types,
             constraint: job.constraint.as_ref(),
+            type_capped_owner: type_capped.then_some(job.owner.as_str()),
         }
     }
 }
@@ -226,6 +230,8 @@ pub struct CoreSettings {
     pub topology_label: Option<String>,
     /// Each capped user's most GPUs running at once, in `GpuAmount` units.
     pub gpu_caps: Arc<HashMap<String, u64>>,
+    /// Each capped user's caps on running GPUs per type, in units.
+    pub gpu_type_caps: Arc<TypeCaps>,
 }
 
 /// The order jobs are considered in: effective priority, then queue time, then id (what
@@ -283,7 +289,8 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         }
     }
     let any_online = nodes.iter().any(|n| n.online);
-    let mut owner_gpus = OwnerGpus::new(&settings.gpu_caps, &running);
+    let mut owner_gpus =
+        OwnerGpus::new(&settings.gpu_caps, &settings.gpu_type_caps, &running, nodes);
     // One waiting job of each shape that found no room, with how many reservations jobs ahead
     // of it held then: what a job past its time slice would have to make room for.
     let mut waiting_for_room: Vec<(&QueuedJob, usize)> = Vec::new();
@@ -295,7 +302,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let mut unplaceable: HashMap<Shape<'_>, Unplaceable, FastHash> = HashMap::default();
 
     for job in ordered {
-        let shape = Shape::of(job);
+        let shape = Shape::of(job, owner_gpus.has_type_caps(&job.owner));
         // Waiting for the reason already recorded is no news: no decision, so a pass over a
         // long queue that changes nothing hands back almost nothing.
         let wait = |reason| {
@@ -332,9 +339,11 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             decisions.extend(wait(WaitReason::ArrayLimit));
             continue;
         }
-        let never = impossible
-            .entry(shape.clone())
-            .or_insert_with(|| impossible_reason(nodes, job));
+        let never = impossible.entry(shape.clone()).or_insert_with(|| {
+            impossible_reason(nodes, job).or_else(|| {
+                owner_gpus::type_caps_impossible_reason(nodes, job, &settings.gpu_type_caps)
+            })
+        });
         if let Some(reason) = never {
             decisions.push(Decision::Reject {
                 job: job.id.clone(),
@@ -346,7 +355,15 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             decisions.extend(wait(WaitReason::NoNodes));
             continue;
         }
-        if !owner_gpus.allows(job) {
+        // Past the total cap, or past the cap of every type it takes: it waits, booking and
+        // reserving nothing.
+        let types_capped = !job.gpu_types.is_empty()
+            && !job.gpus.is_zero()
+            && job
+                .gpu_types
+                .iter()
+                .all(|t| !owner_gpus.allows_type(job, Some(t)));
+        if !owner_gpus.allows(job) || types_capped {
             decisions.extend(wait(WaitReason::UserLimit));
             continue;
         }
@@ -357,13 +374,22 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         let avoid_reserved =
             |position: usize, index: u32| reserved.blocks(position, index, ends_at);
         let nothing_reserved = |_: usize, _: u32| false;
-        let fits = |in_service_only, unbusy_only, avoid: &dyn Fn(usize, u32) -> bool| {
+        let type_allowed = |gpu_type: Option<&str>| owner_gpus.allows_type(job, gpu_type);
+        let any_type = |_: Option<&str>| true;
+        let fits_within = |in_service_only,
+                           unbusy_only,
+                           avoid: &dyn Fn(usize, u32) -> bool,
+                           type_allowed: &dyn Fn(Option<&str>) -> bool| {
             let constraints = Constraints {
                 in_service_only,
                 unbusy_only,
                 avoid,
+                type_allowed,
             };
             capacity.place(job, &constraints, settings)
+        };
+        let fits = |in_service_only, unbusy_only, avoid: &dyn Fn(usize, u32) -> bool| {
+            fits_within(in_service_only, unbusy_only, avoid, &type_allowed)
         };
         // Free capacity only shrinks during a pass and reservations only accumulate, so a
         // shape that did not fit still does not: jobs of it wait without another search,
@@ -422,6 +448,11 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             reason
         } else if fits(true, true, &nothing_reserved).is_some() {
             WaitReason::Priority
+        } else if owner_gpus.has_type_caps(&job.owner)
+            && fits_within(true, true, &nothing_reserved, &any_type).is_some()
+        {
+            // Only GPUs of types its owner is capped on would take it.
+            WaitReason::UserLimit
         } else if fits(false, true, &nothing_reserved).is_some() {
             WaitReason::GpusPaused
         } else if fits(true, false, &nothing_reserved).is_some() {
@@ -435,7 +466,11 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 let holding = running.iter().copied().chain(&started);
                 ReleaseTimes::new(&capacity, holding, now)
             });
-            match reservation::reserve(&capacity, nodes, releases, job, &reserved, now) {
+            let among = reservation::Among {
+                reserved: &reserved,
+                type_allowed: &type_allowed,
+            };
+            match reservation::reserve(&capacity, nodes, releases, job, &among, now) {
                 Some(reservation) => {
                     reserved.add(&capacity, &reservation);
                     reservations.push(reservation);
@@ -506,10 +541,12 @@ impl Waiters<'_> {
                     .any(|r| r.blocks(&node.name, index, ends_at))
             })
         };
+        // Type caps were looked at when the job waited; the room is what matters here.
         let constraints = Constraints {
             in_service_only: true,
             unbusy_only: true,
             avoid: &avoid,
+            type_allowed: &|_| true,
         };
         capacity.place(job, &constraints, settings)
     }

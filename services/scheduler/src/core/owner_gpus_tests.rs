@@ -16,6 +16,7 @@ const OWNERS: [&str; 3] = ["alice", "bob", "carol"];
 fn capped(caps: &[(&str, u64)]) -> CoreSettings {
     CoreSettings {
         gpu_caps: Arc::new(caps.iter().map(|(u, c)| ((*u).to_owned(), *c)).collect()),
+        gpu_type_caps: Default::default(),
         ..settings()
     }
 }

@@ -133,9 +133,10 @@ pub(super) fn reserve(
     nodes: &[NodeView],
     releases: &ReleaseTimes,
     job: &QueuedJob,
-    reserved: &ReservedGpus,
+    among: &Among<'_>,
     now: Timestamp,
 ) -> Option<Reservation> {
+    let reserved = among.reserved;
     if job.gpus.is_zero() {
         return None;
     }
@@ -152,6 +153,7 @@ pub(super) fn reserve(
                 view,
                 releases,
                 reserved,
+                type_allowed: among.type_allowed,
             };
             offer.ready(job, now)
         })
@@ -195,6 +197,14 @@ struct Offer<'a> {
     view: &'a NodeView,
     releases: &'a ReleaseTimes,
     reserved: &'a ReservedGpus,
+    type_allowed: &'a dyn Fn(Option<&str>) -> bool,
+}
+
+/// What a reservation may take: GPUs not reserved for jobs ahead, of types the job's owner
+/// may still take more of.
+pub(super) struct Among<'a> {
+    pub reserved: &'a ReservedGpus,
+    pub type_allowed: &'a dyn Fn(Option<&str>) -> bool,
 }
 
 impl<'a> Offer<'a> {
@@ -214,6 +224,7 @@ impl<'a> Offer<'a> {
             .filter(|g| !self.reserved.holds(self.position, g.index))
             .filter(|g| job.may_use_gpu(&node.name, g.index))
             .filter(|g| job.takes_type(g.gpu_type.as_deref()))
+            .filter(|g| (self.type_allowed)(g.gpu_type.as_deref()))
             .filter(|g| {
                 view.gpus.iter().any(|v| {
                     v.index == g.index

@@ -115,3 +115,108 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_cap_per_gpu_type_keeps_a_user_off_that_type_only() {
+    let nodes = [typed("h", 2, "h100", &[]), typed("a", 2, "a100", &[])];
+    let mut caps = TypeCaps::new();
+    caps.insert(
+        "alice".into(),
+        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
+    );
+    let settings = CoreSettings {
+        gpu_type_caps: std::sync::Arc::new(caps),
+        ..super::tests::settings()
+    };
+    let mut holding = super::tests::running(1, "h", &[0], None);
+    holding.owner = "alice".into();
+    let alice = |n| {
+        let mut queued = wanting(n, 1, &["h100", "a100"]);
+        queued.owner = "alice".into();
+        queued
+    };
+    let mut bob = wanting(3, 1, &["h100"]);
+    bob.owner = "bob".into();
+    let decisions = plan(
+        &nodes,
+        &[&holding],
+        &[alice(1), bob],
+        &settings,
+        super::tests::t0(),
+    );
+    // Alice holds her one H100: her next job takes an A100; Bob gets the free H100.
+    assert_eq!(placed_on(&decisions, 1).as_deref(), Some("a"));
+    assert_eq!(placed_on(&decisions, 3).as_deref(), Some("h"));
+}
+
+#[test]
+fn a_job_only_capped_types_would_take_waits_on_its_user_limit_and_spoils_no_one_elses_search() {
+    let nodes = [typed("h", 2, "h100", &[])];
+    let mut caps = TypeCaps::new();
+    caps.insert(
+        "alice".into(),
+        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
+    );
+    let settings = CoreSettings {
+        gpu_type_caps: std::sync::Arc::new(caps),
+        ..super::tests::settings()
+    };
+    let mut holding = super::tests::running(1, "h", &[0], None);
+    holding.owner = "alice".into();
+    // Two jobs of the same shape, naming no type: alice's may take no more H100s, bob's may.
+    let mut alice = super::tests::job(2, GpuAmount::ONE);
+    alice.owner = "alice".into();
+    let mut bob = super::tests::job(3, GpuAmount::ONE);
+    bob.owner = "bob".into();
+    let decisions = plan(
+        &nodes,
+        &[&holding],
+        &[alice, bob],
+        &settings,
+        super::tests::t0(),
+    );
+    assert_eq!(
+        super::tests::reason_of(&decisions, &super::tests::id(2)),
+        Some(WaitReason::UserLimit)
+    );
+    assert_eq!(placed_on(&decisions, 3).as_deref(), Some("h"));
+}
+
+#[test]
+fn a_job_that_only_gpus_of_a_type_capped_below_it_could_hold_is_rejected_naming_the_cap() {
+    let nodes = [typed("h", 4, "h100", &[]), typed("a", 1, "a100", &[])];
+    let mut caps = TypeCaps::new();
+    caps.insert(
+        "alice".into(),
+        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
+    );
+    let settings = CoreSettings {
+        gpu_type_caps: std::sync::Arc::new(caps),
+        ..super::tests::settings()
+    };
+    let mut two = job(1, GpuAmount::whole(2));
+    two.owner = "alice".into();
+    let mut one = job(2, GpuAmount::whole(1));
+    one.owner = "alice".into();
+    let mut bobs = job(3, GpuAmount::whole(2));
+    bobs.owner = "bob".into();
+    let none: [&RunningJob; 0] = [];
+    let decisions = plan(
+        &nodes,
+        &none,
+        &[two, one, bobs],
+        &settings,
+        super::tests::t0(),
+    );
+    let rejected = decisions.iter().find_map(|d| match d {
+        Decision::Reject { job, reason } if *job == id(1) => Some(reason.as_str()),
+        _ => None,
+    });
+    assert!(
+        rejected.is_some_and(|r| r.contains("h100 = 1") && r.contains("never start")),
+        "{decisions:?}"
+    );
+    // One GPU is within alice's cap; bob has none.
+    assert!(placed_on(&decisions, 2).is_some(), "{decisions:?}");
+    assert_eq!(placed_on(&decisions, 3).as_deref(), Some("h"));
+}

@@ -81,6 +81,7 @@ pub(super) fn settings() -> CoreSettings {
         max_reservations: 16,
         topology_label: Some("rack".into()),
         gpu_caps: Default::default(),
+        gpu_type_caps: Default::default(),
     }
 }
 

@@ -81,6 +81,8 @@ pub struct SchedulerState {
     limits: Limits,
     /// Each capped user's most GPUs running at once, from `limits` and users' groups.
     gpu_caps: Arc<HashMap<String, u64>>,
+    /// Each capped user's caps per GPU type, from `limits` and users' groups.
+    gpu_type_caps: Arc<crate::core::TypeCaps>,
     views: QueueViews,
     watch: LivenessMemory,
     /// The monotonic reading of the latest tick (when kills were sent is measured on it).
@@ -150,6 +152,7 @@ impl SchedulerState {
         // were not seen: every node gets a full allowance from now before it counts as silent.
         nodes.blind_until(now);
         let gpu_caps = Arc::new(limits.running_caps(users_with_groups(&principals)));
+        let gpu_type_caps = Arc::new(limits.running_type_caps(users_with_groups(&principals)));
         SchedulerState {
             jobs: JobTable::new(records),
             nodes,
@@ -160,6 +163,7 @@ impl SchedulerState {
             principals,
             limits,
             gpu_caps,
+            gpu_type_caps,
             views: QueueViews::default(),
             watch: LivenessMemory::default(),
             monotonic: Duration::ZERO,
@@ -337,6 +341,13 @@ impl SchedulerState {
             .running_caps(users_with_groups(&self.principals));
         if caps != *self.gpu_caps {
             self.gpu_caps = Arc::new(caps);
+            self.pass_due = true;
+        }
+        let type_caps = self
+            .limits
+            .running_type_caps(users_with_groups(&self.principals));
+        if type_caps != *self.gpu_type_caps {
+            self.gpu_type_caps = Arc::new(type_caps);
             self.pass_due = true;
         }
     }

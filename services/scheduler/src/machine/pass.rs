@@ -119,6 +119,7 @@ impl SchedulerState {
                 topology_label: Some(self.policy.topology_label.clone())
                     .filter(|label| !label.is_empty()),
                 gpu_caps: std::sync::Arc::clone(&self.gpu_caps),
+                gpu_type_caps: std::sync::Arc::clone(&self.gpu_type_caps),
             };
             let nodes = self.nodes.views(now);
             sample.view_us = lap();

@@ -22,9 +22,9 @@ pub fn base_limits() -> Limits {
     limits_of(Some(2), Some(1))
 }
 
-/// Limits with these caps on running GPUs (None: none).
+/// Limits with these caps on running GPUs (None: none); everyone runs one H100 at most.
 pub fn limits_of(bob: Option<u64>, students: Option<u64>) -> Limits {
-    let mut text = String::new();
+    let mut text = String::from("[default.max_gpus_running]\nh100 = 1\n");
     if let Some(cap) = bob {
         text.push_str(&format!("[user.bob]\nmax_gpus_running = {cap}\n"));
     }

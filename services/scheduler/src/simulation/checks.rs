@@ -40,11 +40,16 @@ pub fn unfinished(world: &mut World) -> Vec<String> {
             let state = world
                 .store
                 .record(id)
-                .map_or("not recorded".to_owned(), |r| format!("{:?}", r.state));
+                .map_or("not recorded".to_owned(), |r| {
+                    format!(
+                        "{} asking {} GPUs x {} of {:?}: {:?}",
+                        r.user, r.spec.gpus, r.spec.nodes, r.spec.gpu_types, r.state
+                    )
+                });
             format!(
                 "{}: {}",
                 id.short(),
-                state.chars().take(160).collect::<String>()
+                state.chars().take(200).collect::<String>()
             )
         })
         .collect()

@@ -450,6 +450,12 @@ impl World {
             if let Some(broken) = selection {
                 self.ledger.broken.push(broken);
             }
+            // At a start, as the total cap is checked (a cap changed later binds later starts).
+            if before != Some((true, record.attempt)) {
+                let type_of = |node: &str| node_of(node).map(|a| a.gpu_type.as_str());
+                self.ledger
+                    .check_type_caps(&record, &self.store.records, type_of);
+            }
         }
         outcome
     }

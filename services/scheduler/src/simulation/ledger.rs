@@ -37,6 +37,8 @@ pub struct Ledger {
     paused: BTreeMap<(String, u32), u64>,
     /// Each capped user's `max_gpus_running` (GPU units) in the machine's hands.
     caps: BTreeMap<String, u64>,
+    /// And per GPU type.
+    type_caps: BTreeMap<String, BTreeMap<String, u64>>,
     /// Attempts agents ever started, by job.
     ran: BTreeMap<JobId, BTreeSet<u32>>,
     /// Endings and cancels stored.
@@ -64,7 +66,9 @@ impl Ledger {
             .iter()
             .filter(|p| matches!(p.role, Role::User | Role::Admin))
             .map(|p| (p.name.as_str(), p.group.as_deref()));
-        self.caps = limits.running_caps(users).into_iter().collect();
+        let users: Vec<(&str, Option<&str>)> = users.collect();
+        self.caps = limits.running_caps(users.clone()).into_iter().collect();
+        self.type_caps = limits.running_type_caps(users).into_iter().collect();
     }
 
     /// The cap of `user` in force, in GPU units.
@@ -158,6 +162,40 @@ impl Ledger {
                 "{label} took {} to {held} GPU units running, over the cap of {cap} in force",
                 record.user
             ));
+        }
+    }
+
+    /// A started job keeps its owner within their caps per GPU type; `type_of` gives a node's
+    /// GPU type.
+    pub fn check_type_caps<'a>(
+        &mut self,
+        record: &JobRecord,
+        records: &BTreeMap<JobId, Tracked>,
+        type_of: impl Fn(&str) -> Option<&'a str>,
+    ) {
+        let Some(caps) = self.type_caps.get(&record.user) else {
+            return;
+        };
+        let mut held: BTreeMap<&str, u64> = BTreeMap::new();
+        for tracked in records.values().filter(|t| t.record.user == record.user) {
+            let JobState::Running(run) = &tracked.record.state else {
+                continue;
+            };
+            for (_, node, gpus) in run.placement.ranks() {
+                if let Some(gpu_type) = type_of(node) {
+                    let units: u64 = gpus.iter().map(|g| u64::from(g.amount.units())).sum();
+                    *held.entry(gpu_type).or_default() += units;
+                }
+            }
+        }
+        for (gpu_type, units) in held {
+            if let Some(cap) = caps.get(gpu_type).filter(|cap| units > **cap) {
+                self.broken.push(format!(
+                    "job {} took {} to {units} units of {gpu_type} running, over the cap of {cap}",
+                    record.id.short(),
+                    record.user
+                ));
+            }
         }
     }
 
