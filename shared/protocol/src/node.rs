@@ -90,6 +90,11 @@ impl GpuStatus {
             )));
         }
         check_count("foreign processes", self.foreign_processes.len(), 4096)?;
+        for process in &self.foreign_processes {
+            if let Some(user) = &process.user {
+                check_line("foreign process owner", user, MAX_USER_BYTES)?;
+            }
+        }
         if let Some(p) = self
             .foreign_processes
             .iter()
