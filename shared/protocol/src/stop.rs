@@ -120,6 +120,8 @@ pub enum StopCause {
     TimeLimit,
     Cancelled,
     NodeDrain,
+    /// Its GPUs sat idle past the `[idle]` policy's warning while another job waited.
+    Idle,
 }
 
 impl StopCause {
@@ -129,6 +131,7 @@ impl StopCause {
             StopCause::TimeLimit => "time_limit",
             StopCause::Cancelled => "cancelled",
             StopCause::NodeDrain => "node_drain",
+            StopCause::Idle => "idle",
         }
     }
 }

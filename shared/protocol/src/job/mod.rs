@@ -142,6 +142,10 @@ pub struct JobSpec {
     /// The warning it asks for before it is stopped (`--signal USR1@300`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<crate::stop::StopSignal>,
+    /// Its owner knows its GPUs may sit idle (`--idle-ok`): the `[idle]` policy leaves it
+    /// alone, where its class allows that.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle_ok: bool,
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
@@ -274,6 +278,7 @@ impl JobSpec {
             constraint: None,
             qos: None,
             signal: None,
+            idle_ok: false,
         }
     }
 

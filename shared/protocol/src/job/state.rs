@@ -125,6 +125,9 @@ pub struct Run {
     /// this attempt's output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_stop: Option<String>,
+    /// Set while its owner is warned that its GPUs sit idle (the scheduler's `[idle]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_warning: Option<crate::idle::IdleWarning>,
 }
 
 impl Run {
@@ -143,6 +146,7 @@ impl Run {
             preempted_for: None,
             stop_warning: None,
             previous_stop: None,
+            idle_warning: None,
         }
     }
 }
