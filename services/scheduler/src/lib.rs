@@ -28,6 +28,7 @@ pub mod config;
 pub mod core;
 pub mod driver;
 pub mod identity;
+pub mod idle_config;
 pub mod lifecycle;
 pub mod limits;
 pub mod liveness_memory;

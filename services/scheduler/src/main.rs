@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use mgpu_nats::connect::{ConnectTarget, connect};
 use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
 use mgpu_scheduler::driver::replica::{self, SchedulerMetrics};
-use mgpu_scheduler::{config, driver, identity, limits, qos_config};
+use mgpu_scheduler::{config, driver, identity, idle_config, limits, qos_config};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -137,6 +137,10 @@ async fn main() -> ExitCode {
         for (name, table) in qos_config::printable(&policy.qos, loaded.sections.get("qos")) {
             settings.add_section(&name, table);
         }
+        if let Some(idle) = &policy.idle {
+            let written = loaded.sections.get("idle");
+            settings.add_section("idle", idle_config::printable(idle, written));
+        }
         // Written, not `print!`ed: `--print-config | head` closes the pipe early, which is
         // the reader's choice and no reason to panic.
         let _ = std::io::Write::write_all(&mut std::io::stdout(), settings.render().as_bytes());
@@ -247,6 +251,7 @@ fn policy_of(
     let section = config::policy_section(&loaded.sections);
     let mut policy = config::load_policy(section, loaded.file.as_deref())?;
     policy.qos = qos_config::load(loaded.sections.get("qos"))?;
+    policy.idle = idle_config::load(loaded.sections.get("idle"))?;
     let args = &loaded.args;
     if let Some(placement) = args.placement {
         policy.placement = placement;

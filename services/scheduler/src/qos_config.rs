@@ -8,6 +8,7 @@
 //! may_preempt = false     # its jobs may not stop others
 //! grace = "2m"            # warning signal to SIGTERM (default 5m)
 //! min_runtime = "10m"     # not preempted before it ran this long (default 0)
+//! allow_idle_ok = true    # its jobs may say --idle-ok (default false)
 //!
 //! [qos.urgent]
 //! priority = 100
@@ -34,6 +35,7 @@ struct QosSection {
     may_preempt: Option<bool>,
     grace: Option<String>,
     min_runtime: Option<String>,
+    allow_idle_ok: Option<bool>,
     #[serde(default)]
     allowed_users: Vec<String>,
     #[serde(default)]
@@ -86,6 +88,7 @@ fn settings_of(class: &QosClass, written: Option<&toml::Table>) -> Vec<mgpu_conf
         ("may_preempt", Value::Boolean(class.may_preempt)),
         ("grace", duration(class.grace_secs)),
         ("min_runtime", duration(class.min_runtime_secs)),
+        ("allow_idle_ok", Value::Boolean(class.allow_idle_ok)),
         ("allowed_users", names(&class.allowed_users)),
         ("allowed_groups", names(&class.allowed_groups)),
     ]
@@ -128,6 +131,7 @@ fn class_of(name: &str, section: &toml::Value) -> Result<QosClass> {
         may_preempt: section.may_preempt.unwrap_or(defaults.may_preempt),
         grace_secs,
         min_runtime_secs: seconds(&section.min_runtime, 0).context("min_runtime")?,
+        allow_idle_ok: section.allow_idle_ok.unwrap_or(defaults.allow_idle_ok),
         allowed_users: section.allowed_users,
         allowed_groups: section.allowed_groups,
     })

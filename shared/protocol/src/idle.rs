@@ -71,6 +71,29 @@ impl IdleAction {
     }
 }
 
+/// The scheduler's `[idle]` policy: a job idle for `after_secs` is warned; `grace_secs` later,
+/// while another job waits for its GPUs, `action` is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdlePolicy {
+    pub after_secs: u64,
+    /// Utilisation (percent) below which a GPU counts as idle.
+    pub min_util_pct: u32,
+    pub grace_secs: u64,
+    pub action: IdleAction,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        IdlePolicy {
+            after_secs: 2 * 3600,
+            min_util_pct: DEFAULT_IDLE_BELOW_PCT,
+            grace_secs: 30 * 60,
+            action: IdleAction::Requeue,
+        }
+    }
+}
+
 /// A running job's idle warning, kept in its run's record (`mgpu show`, `mgpu top`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -74,6 +74,9 @@ pub struct Policy {
     /// Quality-of-service classes (`[qos.<name>]`); empty: `normal` alone.
     #[serde(default, skip_serializing_if = "crate::qos::QosClasses::is_empty")]
     pub qos: crate::qos::QosClasses,
+    /// Idle GPUs reclaimed (`[idle]`); None: idleness is only measured and accounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::idle::IdlePolicy>,
 }
 
 impl Default for Policy {
@@ -95,6 +98,7 @@ impl Default for Policy {
             keep_finished_secs: 24 * 3600,
             private_output: false,
             qos: crate::qos::QosClasses::default(),
+            idle: None,
         }
     }
 }

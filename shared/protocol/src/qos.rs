@@ -28,6 +28,9 @@ pub struct QosClass {
     pub grace_secs: u64,
     /// Seconds a job of it runs before it may be preempted, so nothing thrashes.
     pub min_runtime_secs: u64,
+    /// Its jobs may say `--idle-ok` (the `[idle]` policy leaves them alone).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_idle_ok: bool,
     /// Who may submit to it; a class that names neither users nor groups is open to all.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allowed_users: Vec<String>,
@@ -45,6 +48,7 @@ impl Default for QosClass {
             may_preempt: true,
             grace_secs: DEFAULT_GRACE_SECS,
             min_runtime_secs: 0,
+            allow_idle_ok: false,
             allowed_users: Vec::new(),
             allowed_groups: Vec::new(),
         }

@@ -143,6 +143,10 @@ impl Driver {
                 self.outbox.audit(&record);
                 None
             }
+            Command::Notice { subject, notice } => {
+                self.outbox.notify(subject, &notice).await;
+                None
+            }
             Command::Ack { token, .. } => {
                 if let Some(message) = self.held.remove(&token) {
                     intake::acknowledge(&message).await;
@@ -317,6 +321,17 @@ impl Outbox {
         };
         self.background
             .publish(subjects::events(&event.job_id), payload, "a job event");
+    }
+
+    /// Tells a user about one of their jobs: a plain publish (no stream keeps notices; the
+    /// job's record says the same), so a failure is only logged.
+    pub(crate) async fn notify(&self, subject: String, notice: &mgpu_protocol::idle::Notice) {
+        let Ok(payload) = serde_json::to_vec(notice) else {
+            return;
+        };
+        if let Err(err) = self.js.client().publish(subject, payload.into()).await {
+            tracing::warn!(job = %notice.job, "telling the job's owner: {err}");
+        }
     }
 
     /// Records a request in the audit stream.

@@ -6,12 +6,16 @@
 //!
 //! The inputs: what people ask ([`submit`], cancel, hold and release: `requests.rs`), what
 //! agents report (`report.rs`), and what the scheduler itself decides (a start, a wait
-//! reason, a rejection, the end of a time slice, a lost node: `scheduling.rs`).
+//! reason, a rejection, the end of a time slice, a lost node: `scheduling.rs`), and the idle
+//! policy's warnings and reclaims (`idle.rs`).
 //!
 //! Rules every transition keeps (and the property tests check): nothing leaves a final
 //! state; `attempt` only grows; a job lost with its node is requeued at most `max_attempts`
 //! times in all; a report about any attempt but the current one changes nothing.
 
+mod idle;
+#[cfg(test)]
+mod idle_tests;
 #[cfg(test)]
 mod node_lost_tests;
 #[cfg(test)]
@@ -24,6 +28,8 @@ mod tests;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::event::JobEventKind;
+use mgpu_protocol::idle::{IdleWarning, NoticeKind};
+use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{Ending, JobRecord, JobState, Placement, WaitReason};
 use mgpu_protocol::report::AgentReport;
 use mgpu_protocol::request::Action;
@@ -110,6 +116,17 @@ pub enum Input {
         for_job: String,
         warning: StopWarning,
     },
+    /// Its GPUs have been idle past the `[idle]` policy's `after`: its owner is warned.
+    IdleWarn { warning: IdleWarning },
+    /// It worked again: the idle warning is withdrawn.
+    IdleCleared,
+    /// Past its idle warning's grace, `for_job` (`4f2a1b2c3d (bob)`, id `for_id`) waits for
+    /// its GPUs: the warning's action is taken (a requeue warned with `stop`).
+    Reclaim {
+        for_job: String,
+        for_id: JobId,
+        stop: StopWarning,
+    },
     /// The job's node was lost (`at`: when that was seen); a requeued job starts no earlier
     /// than `not_before`, when the lost node's agent has surely stopped it.
     NodeLost {
@@ -146,6 +163,8 @@ pub enum Effect {
         gpu_seconds: f64,
         at: Timestamp,
     },
+    /// Tell the job's owner (`users.<key>.notices`).
+    Notify { kind: NoticeKind, message: String },
     /// Say what happened in the scheduler's log.
     Log(Log),
 }
@@ -209,6 +228,13 @@ pub fn apply(current: &JobRecord, input: Input, now: Timestamp, limits: &Limits)
         Input::Reject { reason } => scheduling::reject(current, &reason, now),
         Input::SliceEnd => scheduling::slice_end(current),
         Input::Preempt { for_job, warning } => scheduling::preempt(current, &for_job, warning),
+        Input::IdleWarn { warning } => idle::warn(current, warning),
+        Input::IdleCleared => idle::clear(current),
+        Input::Reclaim {
+            for_job,
+            for_id,
+            stop,
+        } => idle::reclaim(current, &for_job, &for_id, stop),
         Input::NodeLost {
             why,
             at,

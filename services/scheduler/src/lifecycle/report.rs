@@ -153,8 +153,12 @@ fn exited(current: &JobRecord, run: &Run, node: &str, exit: Exit, at: Timestamp)
     }
     let mut transition = if exit.preempted && cancel_requested_by.is_none() {
         // Back to the end of the queue, as the next attempt.
+        let idle = run
+            .stop_warning
+            .is_some_and(|w| w.cause == mgpu_protocol::stop::StopCause::Idle);
         let why = match &run.preempted_for {
             Some(preemptor) => format!("preempted by {preemptor}"),
+            None if idle => "its GPUs sat idle while another job waited".to_owned(),
             None => "its time slice ended".to_owned(),
         };
         let mut record = current.clone();

@@ -125,7 +125,7 @@ pub(super) fn preempt(current: &JobRecord, for_job: &str, warning: StopWarning) 
 /// `current`'s processes stopped (warned first when `warning` says so), the job going back
 /// to the queue once its agent reports them gone; its record says a stop is under way, with
 /// its warning (sent again the same until it stopped) and for whom, if for a job.
-fn stop_for_requeue(
+pub(super) fn stop_for_requeue(
     current: &JobRecord,
     reason: String,
     warning: Option<StopWarning>,

@@ -257,6 +257,12 @@ pub enum Command {
     /// Ask whether every agent report stored so far was handled; answered with
     /// [`Input::ReportsCaughtUp`].
     AskReportsCaughtUp { op: OpId },
+    /// Tell a user about one of their jobs on `subject` (`users.<key>.notices`): published
+    /// once, not stored (a user who does not follow them reads the job's record instead).
+    Notice {
+        subject: String,
+        notice: mgpu_protocol::idle::Notice,
+    },
     /// Count something in the metrics.
     Count(Count),
     /// Say something in the log.

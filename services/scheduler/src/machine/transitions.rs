@@ -315,6 +315,21 @@ impl SchedulerState {
                     gpu_seconds,
                     at,
                 } => self.add_usage(&user, gpu_seconds, at),
+                Effect::Notify { kind, message } => {
+                    // A job recorded without its owner's key (from before keys were kept)
+                    // has no subject to tell them on: its record still says it.
+                    let key = self.jobs.get(job).and_then(|r| r.user_key.clone());
+                    if let Some(key) = key {
+                        let notice = mgpu_protocol::idle::Notice {
+                            job: job.clone(),
+                            at: now,
+                            message,
+                            kind,
+                        };
+                        let subject = mgpu_protocol::subjects::notices(&key);
+                        self.out.push(Command::Notice { subject, notice });
+                    }
+                }
                 Effect::Log(log) => {
                     let level = match log.level {
                         lifecycle::Level::Debug => LogLevel::Debug,

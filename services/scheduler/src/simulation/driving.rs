@@ -393,7 +393,9 @@ impl World {
                 }
                 None
             }
-            Command::Event(_) | Command::Audit(_) | Command::Count(_) => None,
+            Command::Event(_) | Command::Audit(_) | Command::Count(_) | Command::Notice { .. } => {
+                None
+            }
         }
     }
 
