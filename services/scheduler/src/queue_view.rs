@@ -240,6 +240,19 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
             .map(|started| started + min_runtime),
         stopping: run.preempt_requested || run.cancel_requested_by.is_some(),
         may_preempt: class.may_preempt,
+        reclaimable_from: reclaimable_from(record, run),
+    }
+}
+
+/// From when the idle policy may act on a job its warning names: a `--no-requeue` job is
+/// never requeued, so only a cancel may be taken on it; a warning only warns.
+fn reclaimable_from(record: &JobRecord, run: &Run) -> Option<mgpu_protocol::Timestamp> {
+    use mgpu_protocol::idle::IdleAction;
+    let warning = run.idle_warning.as_ref()?;
+    match warning.action {
+        IdleAction::Requeue if !record.spec.no_requeue => Some(warning.action_from),
+        IdleAction::Cancel => Some(warning.action_from),
+        _ => None,
     }
 }
 

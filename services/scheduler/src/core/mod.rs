@@ -36,6 +36,9 @@
 
 mod capacity;
 mod fast_hash;
+mod idle_reclaim;
+#[cfg(test)]
+mod idle_reclaim_tests;
 mod owner_gpus;
 #[cfg(test)]
 mod owner_gpus_tests;
@@ -126,6 +129,9 @@ pub struct RunningJob {
     pub stopping: bool,
     /// Its class may preempt: at its slice's end it yields to no job it could preempt back.
     pub may_preempt: bool,
+    /// From when the `[idle]` policy may take its action on it (warned, past the grace, and
+    /// an action other than only warning); None: never.
+    pub reclaimable_from: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,6 +153,12 @@ pub enum Decision {
     Preempt {
         job: JobId,
         for_job: Option<JobId>,
+    },
+    /// Take the `[idle]` policy's action on a running job idle past its warning's grace:
+    /// `for_job` waits for its GPUs.
+    Reclaim {
+        job: JobId,
+        for_job: JobId,
     },
 }
 
@@ -435,6 +447,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 preemptible_from: None,
                 stopping: false,
                 may_preempt: job.may_preempt,
+                reclaimable_from: None,
             });
             decisions.push(Decision::Start {
                 job: job.id.clone(),
@@ -497,6 +510,8 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let by_class = preemption::by_class(&capacity, &running, &waiting, settings, now, &slices);
     decisions.extend(slices);
     decisions.extend(by_class);
+    let reclaims = idle_reclaim::reclaim(&capacity, &running, &waiting, settings, now, &decisions);
+    decisions.extend(reclaims);
     (decisions, reservations)
 }
 

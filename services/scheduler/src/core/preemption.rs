@@ -123,7 +123,7 @@ fn candidates<'a>(
 
 /// The fewest of `candidates` (in their order) whose room lets `waiter` start, with any
 /// whose room it does not need let go; None when all of them would not be enough.
-fn fewest_victims<'a>(
+pub(super) fn fewest_victims<'a>(
     freed: &Capacity,
     candidates: &[&'a RunningJob],
     waiting: &Waiters<'_>,

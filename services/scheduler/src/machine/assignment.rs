@@ -49,6 +49,13 @@ impl SchedulerState {
             .then(|| subjects::output_of(record));
         // Every rank that runs a process gets its own assignment; all are recorded before
         // any is sent (the record), so a job is never half-placed.
+        // Measured with or without an `[idle]` policy: idle GPU-hours are accounted anyway.
+        let idle_below_pct = self
+            .policy
+            .idle
+            .map_or(mgpu_protocol::idle::DEFAULT_IDLE_BELOW_PCT, |policy| {
+                policy.min_util_pct
+            });
         let ranks = run
             .placement
             .launched_ranks()
@@ -71,7 +78,7 @@ impl SchedulerState {
                     unix_user: unix_user.clone(),
                     output_subject: output_subject.clone(),
                     previous_stop: run.previous_stop.clone(),
-                    idle_below_pct: Some(mgpu_protocol::idle::DEFAULT_IDLE_BELOW_PCT),
+                    idle_below_pct: Some(idle_below_pct),
                 },
             })
             .collect();

@@ -148,6 +148,7 @@ impl SchedulerState {
         for node in self.nodes.newly_lost(now) {
             self.lose_jobs_of(&node, now);
         }
+        self.watch_idle(now);
     }
 
     /// The running jobs of a node that went offline are lost, and what waits on its

@@ -31,6 +31,7 @@ pub mod announce;
 pub mod assignment;
 #[cfg(test)]
 mod exit_tests;
+pub mod idle;
 pub mod jobs;
 pub mod liveness;
 pub mod messages;

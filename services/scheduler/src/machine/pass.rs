@@ -174,6 +174,11 @@ impl SchedulerState {
                     };
                     others.extend(input.map(|input| (job, input, origin)));
                 }
+                Decision::Reclaim { job, for_job } => {
+                    let origin = Origin::Pass { waited: None };
+                    let input = self.reclamation(&job, for_job);
+                    others.extend(input.map(|input| (job, input, origin)));
+                }
             }
         }
         self.decisions_left = starts.into_iter().chain(waits).chain(others).collect();
@@ -197,27 +202,49 @@ impl SchedulerState {
         }
     }
 
-    /// The stop of `victim` for `for_job`, a job of a class that may preempt: the warning
-    /// is the victim's `--signal` (default SIGUSR1), its grace the victim's class's, or the
-    /// shorter time its `--signal` asks for.
+    /// The stop of `victim` for `for_job`, a job of a class that may preempt.
     fn preemption(&self, victim: &JobId, for_job: &JobId) -> Option<Input> {
         let record = self.jobs.get(victim)?;
         let preemptor = self.jobs.get(for_job)?;
+        Some(Input::Preempt {
+            for_job: format!("{} ({})", for_job.short(), preemptor.user),
+            warning: self.stop_warning(record, StopCause::Preempted),
+        })
+    }
+
+    /// The idle policy's action on `idle`, for `for_job` that waits for its GPUs; a requeue
+    /// is warned as a preemption is. Nothing when the job's agents say it works again (its
+    /// warning is withdrawn at the next tick).
+    fn reclamation(&self, idle: &JobId, for_job: JobId) -> Option<Input> {
+        let record = self.jobs.get(idle)?;
+        let waiter = self.jobs.get(&for_job)?;
+        let JobState::Running(run) = &record.state else {
+            return None;
+        };
+        if super::idle::idleness(&self.nodes, record, run) == super::idle::Idleness::Busy {
+            return None;
+        }
+        Some(Input::Reclaim {
+            for_job: format!("{} ({})", for_job.short(), waiter.user),
+            for_id: for_job,
+            stop: self.stop_warning(record, StopCause::Idle),
+        })
+    }
+
+    /// The warning a job stopped for another gets: its `--signal` (default SIGUSR1), then its
+    /// class's grace, or the shorter time its `--signal` asks for.
+    fn stop_warning(&self, record: &JobRecord, cause: StopCause) -> StopWarning {
         let class = self.policy.qos.of_job(record.spec.qos.as_deref());
         let asked = record.spec.signal;
         let grace_secs = match asked.map(|s| s.seconds) {
             Some(seconds) if seconds > 0 => seconds.min(class.grace_secs),
             _ => class.grace_secs,
         };
-        let warning = StopWarning {
+        StopWarning {
             signal: asked.map_or(mgpu_protocol::stop::DEFAULT_SIGNAL, |s| s.signal),
             grace_secs,
-            cause: StopCause::Preempted,
-        };
-        Some(Input::Preempt {
-            for_job: format!("{} ({})", for_job.short(), preemptor.user),
-            warning,
-        })
+            cause,
+        }
     }
 
     /// A job a pass just started runs in slices: the machine wants to be woken when its

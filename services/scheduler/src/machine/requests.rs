@@ -198,9 +198,22 @@ impl SchedulerState {
     /// Why `spec` asks for what no known node has: a GPU type or a node feature, naming those
     /// the cluster has. None while no node is known (nothing to compare with).
     /// Why the submitter may not use the class its job names (`--qos`), if they may not.
+    /// Also refused: `--idle-ok` where the class does not allow it.
     fn qos_refusal(&self, spec: &mgpu_protocol::job::JobSpec, user: &str) -> Option<String> {
         let group = self.group_of(user);
-        self.policy.qos.refusal(spec.qos.as_deref(), user, group)
+        if let Some(why) = self.policy.qos.refusal(spec.qos.as_deref(), user, group) {
+            return Some(why);
+        }
+        let class = spec
+            .qos
+            .as_deref()
+            .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS);
+        (spec.idle_ok && !self.policy.qos.of_job(spec.qos.as_deref()).allow_idle_ok).then(|| {
+            format!(
+                "--idle-ok is not allowed in the quality-of-service class {class:?} (its \
+                 allow_idle_ok is false)"
+            )
+        })
     }
 
     fn unselectable(&self, spec: &mgpu_protocol::job::JobSpec) -> Option<String> {
