@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         None => (args.first_seed..args.first_seed.saturating_add(args.seeds)).collect(),
     };
     let (mut ran, mut jobs, mut faults, mut steps, mut violations) = (0u64, 0, 0, 0, 0u64);
-    let mut preemptions = 0u64;
+    let (mut preemptions, mut idle_warnings, mut idle_reclaims) = (0u64, 0u64, 0u64);
     for seed in seeds {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -111,6 +111,8 @@ fn main() -> ExitCode {
         faults += outcome.faults;
         steps += outcome.steps;
         preemptions += outcome.preemptions;
+        idle_warnings += outcome.idle_warnings;
+        idle_reclaims += outcome.idle_reclaims;
         if outcome.violation.is_some() {
             violations += 1;
             report_failure(&outcome, &options, &args.without);
@@ -130,6 +132,8 @@ fn main() -> ExitCode {
             "faults": faults,
             "steps": steps,
             "preemptions": preemptions,
+            "idle_warnings": idle_warnings,
+            "idle_reclaims": idle_reclaims,
             "steps_per_second": per_second,
             "violations": violations,
         })

@@ -64,6 +64,23 @@ pub struct Process {
     /// Warned (a preemption's signal): SIGTERM comes then, unless a cancel, a fence or its
     /// time limit stops it sooner.
     pub warned_until: Option<u64>,
+    /// When it started, and whether its GPUs sit idle all along (a forgotten notebook).
+    pub started_at: u64,
+    pub idle: bool,
+}
+
+impl Process {
+    /// What its agent measures of its idleness at `now` (one GPU counted).
+    pub fn idle_sample(&self, now: u64) -> mgpu_protocol::idle::IdleSample {
+        let secs = now.saturating_sub(self.started_at) / 1000;
+        match self.idle {
+            true => mgpu_protocol::idle::IdleSample {
+                idle_for_secs: secs,
+                idle_gpu_secs: secs,
+            },
+            false => mgpu_protocol::idle::IdleSample::default(),
+        }
+    }
 }
 
 impl Process {
@@ -185,7 +202,12 @@ impl SimAgent {
             return None;
         }
         self.table.insert(key.clone());
-        let runs_for = rng.between(200, 20_000);
+        // A quarter of the jobs sit idle, and long enough to be warned and reclaimed.
+        let idle = rng.chance(250);
+        let runs_for = match idle {
+            true => rng.between(8_000, 30_000),
+            false => rng.between(200, 20_000),
+        };
         let exit_code = if rng.chance(150) { 1 } else { 0 };
         self.processes.insert(
             key,
@@ -195,6 +217,8 @@ impl SimAgent {
                 time_limit_at: time_limit_ms.map(|limit| now + limit),
                 stopping: None,
                 warned_until: None,
+                started_at: now,
+                idle,
             },
         );
         Some(ReportKind::Started {

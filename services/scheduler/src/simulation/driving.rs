@@ -343,6 +343,17 @@ impl World {
                         super::preemption_checks::kill_sent(record, &control, &self.policy.qos)
                     });
                     self.ledger.broken.extend(broken);
+                    let really_idle = self.agents[index]
+                        .processes
+                        .get(&(job_id.clone(), *attempt))
+                        .filter(|p| p.stopping.is_none())
+                        .map(|p| p.idle);
+                    let broken = record.and_then(|record| {
+                        let classes = &self.policy.qos;
+                        let now = self.wall();
+                        super::idle_checks::kill_sent(record, &control, classes, really_idle, now)
+                    });
+                    self.ledger.broken.extend(broken);
                     let delay = self.in_stream_order(index);
                     self.at(delay, Event::ToNode(index, NodeMessage::Control(control)));
                 }
@@ -393,9 +404,32 @@ impl World {
                 }
                 None
             }
-            Command::Event(_) | Command::Audit(_) | Command::Count(_) | Command::Notice { .. } => {
+            Command::Notice { notice, .. } => {
+                match notice.kind {
+                    mgpu_protocol::idle::NoticeKind::IdleWarning { .. } => {
+                        self.ledger.idle_warnings += 1;
+                    }
+                    mgpu_protocol::idle::NoticeKind::IdleReclaimed { .. } => {
+                        self.ledger.idle_reclaims += 1;
+                    }
+                    mgpu_protocol::idle::NoticeKind::IdleCleared => {}
+                }
+                let attempt = self.store.record(&notice.job).map(|r| r.attempt);
+                let really_idle = attempt.and_then(|attempt| {
+                    let key = (notice.job.clone(), attempt);
+                    self.agents
+                        .iter()
+                        .find_map(|agent| agent.processes.get(&key).map(|p| p.idle))
+                });
+                // The waiter as the scheduler knows it: another writer may have ended it in
+                // the store behind its back (the scheduler learns that at its next write).
+                let machine = self.scheduler.as_ref().map(|s| &s.machine);
+                let record_of = |id: &JobId| machine.and_then(|m| m.jobs.get(id));
+                let broken = super::idle_checks::notice_sent(&notice, record_of, really_idle);
+                self.ledger.broken.extend(broken);
                 None
             }
+            Command::Event(_) | Command::Audit(_) | Command::Count(_) => None,
         }
     }
 

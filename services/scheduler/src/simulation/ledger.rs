@@ -51,6 +51,9 @@ pub struct Ledger {
     pub array_starts: u64,
     /// Attempts stopped for a job of a class that may preempt.
     pub preempted: BTreeSet<(JobId, u32)>,
+    /// Idle warnings and reclaims notified.
+    pub idle_warnings: u64,
+    pub idle_reclaims: u64,
 }
 
 impl Ledger {

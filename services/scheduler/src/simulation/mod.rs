@@ -32,6 +32,7 @@ pub mod driving;
 pub mod faults;
 pub mod finality;
 pub mod gate;
+pub mod idle_checks;
 pub mod ledger;
 pub mod nodes;
 pub mod preemption_checks;
@@ -109,6 +110,9 @@ pub struct Outcome {
     pub array_starts: u64,
     /// Attempts preempted for a job of a class that may preempt.
     pub preemptions: u64,
+    /// Idle warnings sent, and idle jobs reclaimed for a waiting job.
+    pub idle_warnings: u64,
+    pub idle_reclaims: u64,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
@@ -178,6 +182,8 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         gang_starts: world.ledger.gang_starts,
         array_starts: world.ledger.array_starts,
         preemptions: world.ledger.preempted.len() as u64,
+        idle_warnings: world.ledger.idle_warnings,
+        idle_reclaims: world.ledger.idle_reclaims,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
 }

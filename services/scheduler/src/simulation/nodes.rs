@@ -229,7 +229,10 @@ impl World {
                     id: id.clone(),
                     attempt: *attempt,
                     pid: 1000 + attempt,
-                    idle: None,
+                    idle: agent
+                        .processes
+                        .get(&(id.clone(), *attempt))
+                        .map(|process| process.idle_sample(self.now)),
                 })
                 .collect(),
             address: agent.name.clone(),

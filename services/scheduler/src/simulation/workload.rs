@@ -57,6 +57,8 @@ fn common_spec(world: &mut World, gpus: GpuAmount) -> JobSpec {
             spec.signal = mgpu_protocol::stop::StopSignal::parse("USR2@1").ok();
         }
     }
+    // Refused at submit in `normal`, which does not allow it; left alone in `scavenger`.
+    spec.idle_ok = world.rng.chance(50);
     if world.rng.chance(100) {
         spec.on_timeout = OnTimeout::Requeue;
         spec.time_limit_secs = Some(world.rng.between(2, 8));

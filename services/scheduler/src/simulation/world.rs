@@ -140,7 +140,12 @@ impl World {
     }
 
     /// A cluster of these agents.
-    pub fn with_agents(rng: Rng, options: Options, limits: Limits, agents: Vec<SimAgent>) -> Self {
+    pub fn with_agents(
+        mut rng: Rng,
+        options: Options,
+        limits: Limits,
+        agents: Vec<SimAgent>,
+    ) -> Self {
         let users: Vec<Identity> = ["alice", "bob", "root"]
             .iter()
             .map(|name| Identity {
@@ -150,9 +155,15 @@ impl World {
             })
             .collect();
         let registry = registry_of(&users, &BTreeMap::new());
+        let action = match rng.below(3) {
+            0 => mgpu_protocol::idle::IdleAction::Requeue,
+            1 => mgpu_protocol::idle::IdleAction::Cancel,
+            _ => mgpu_protocol::idle::IdleAction::Warn,
+        };
         let policy = Policy {
             max_job_time_secs: Some(3_600),
             qos: sim_classes(),
+            idle: Some(sim_idle_policy(action)),
             ..Policy::default()
         };
         let mut ledger = Ledger::default();
@@ -328,6 +339,16 @@ fn registry_of(users: &[Identity], groups: &BTreeMap<String, String>) -> Registr
     }
 }
 
+/// The simulated cluster's `[idle]` policy: warned after 3 s idle, acted on 2 s later.
+pub fn sim_idle_policy(action: mgpu_protocol::idle::IdleAction) -> mgpu_protocol::idle::IdlePolicy {
+    mgpu_protocol::idle::IdlePolicy {
+        after_secs: 3,
+        min_util_pct: 5,
+        grace_secs: 2,
+        action,
+    }
+}
+
 /// The classes the simulated cluster has: `scavenger` (preemptible, 2 s of grace, 1 s of
 /// minimum run time, may not preempt) beside `normal` (which may preempt it).
 pub fn sim_classes() -> mgpu_protocol::qos::QosClasses {
@@ -337,6 +358,7 @@ pub fn sim_classes() -> mgpu_protocol::qos::QosClasses {
         may_preempt: false,
         grace_secs: 2,
         min_runtime_secs: 1,
+        allow_idle_ok: true,
         ..mgpu_protocol::qos::QosClass::default()
     };
     mgpu_protocol::qos::QosClasses(BTreeMap::from([("scavenger".to_owned(), scavenger)]))
