@@ -9,8 +9,8 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::client::session::ConnectionArgs;
 use crate::commands::{
-    admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, queue, report,
-    show, submit, top, wait,
+    admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, notices, queue,
+    report, show, submit, top, wait,
 };
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
@@ -70,6 +70,7 @@ impl Cli {
             Command::Top(args) => top::run(connection, args).await,
             Command::Attach(args) => attach::run(connection, args).await,
             Command::Wait(args) => wait::run(connection, args).await,
+            Command::Notices(args) => notices::run(connection, args).await,
             Command::Completions(args) => {
                 completions::run_completions(connection, args, Cli::command()).await
             }
@@ -132,6 +133,8 @@ enum Command {
     Attach(attach::AttachArgs),
     /// Wait until jobs end; the exit status says how they ended.
     Wait(wait::WaitArgs),
+    /// Follow the scheduler's notices about your jobs live (idle warnings), until Ctrl+C.
+    Notices(notices::NoticesArgs),
     /// Print a shell completion script: `source <(mgpu completions bash)`.
     Completions(completions::CompletionsArgs),
     /// Write man pages for mgpu and every subcommand.

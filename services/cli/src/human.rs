@@ -1,10 +1,11 @@
-//! Small formatting helpers for what people read: ages, times, sizes, states, GPU lists and
-//! GPU types.
+//! Small formatting helpers for what people read: ages, times, sizes, states, GPU lists, GPU
+//! types and idle warnings.
 
 use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
+use mgpu_protocol::idle::{IdleAction, IdleWarning};
 use mgpu_protocol::node::{GpuSource, GpuStatus};
 
 use crate::model::nodes::{NodeRow, NodeState};
@@ -37,6 +38,43 @@ pub fn time_with_age(then: Timestamp, now: Timestamp) -> String {
 /// Whole seconds are enough for job times.
 fn age_coarse(then: Timestamp, now: Timestamp) -> String {
     format!("{} ago", format_duration(elapsed(then, now)))
+}
+
+/// Local wall-clock time to the minute: `14:02` on `now`'s day, `2026-11-26 14:02` on
+/// another, so a time from yesterday is not read as today's.
+pub fn clock(then: Timestamp, now: Timestamp) -> String {
+    let local = then.with_timezone(&chrono::Local);
+    if local.date_naive() == now.with_timezone(&chrono::Local).date_naive() {
+        local.format("%H:%M").to_string()
+    } else {
+        local.format("%Y-%m-%d %H:%M").to_string()
+    }
+}
+
+/// What the idle policy will do to a warned job: `requeue from 16:32 if another job waits`,
+/// or `warned only` where its action is only to warn.
+pub fn idle_action(warning: &IdleWarning, now: Timestamp) -> String {
+    let verb = match warning.action {
+        IdleAction::Requeue => "requeue",
+        IdleAction::Cancel => "cancel",
+        IdleAction::Warn => return "warned only".to_owned(),
+    };
+    format!(
+        "{verb} from {} if another job waits",
+        clock(warning.action_from, now)
+    )
+}
+
+/// A running job's idle warning for `mgpu show`: `since 14:02 (2h10m), warned 16:02; requeue
+/// from 16:32 if another job waits`.
+pub fn idle_warning(warning: &IdleWarning, now: Timestamp) -> String {
+    format!(
+        "since {} ({}), warned {}; {}",
+        clock(warning.idle_since, now),
+        format_duration(elapsed(warning.idle_since, now)),
+        clock(warning.warned_at, now),
+        idle_action(warning, now)
+    )
 }
 
 /// `1234/81559`: used over total MiB.
@@ -202,5 +240,56 @@ mod tests {
     fn name_lists_are_comma_separated_or_a_dash() {
         assert_eq!(name_list(&["ib".into(), "nvlink".into()]), "ib,nvlink");
         assert_eq!(name_list(&[]), "-");
+    }
+
+    /// A warning whose job has been idle since 130 minutes before `now`, warned 10 minutes
+    /// before `now`, with its action due 20 minutes after `now`.
+    fn warning(action: IdleAction, now: Timestamp) -> IdleWarning {
+        IdleWarning {
+            idle_since: now - chrono::Duration::minutes(130),
+            warned_at: now - chrono::Duration::minutes(10),
+            action,
+            action_from: now + chrono::Duration::minutes(20),
+        }
+    }
+
+    #[test]
+    fn idle_warnings_say_since_when_and_what_comes_next() {
+        use chrono::TimeZone as _;
+        // Noon local time: every time in the warning falls on the same day.
+        let noon = chrono::Local
+            .with_ymd_and_hms(2026, 11, 27, 12, 0, 0)
+            .single()
+            .map(|t| t.with_timezone(&chrono::Utc));
+        let Some(now) = noon else { return };
+        let text = idle_warning(&warning(IdleAction::Requeue, now), now);
+        assert_eq!(
+            text,
+            "since 09:50 (2h10m), warned 11:50; requeue from 12:20 if another job waits"
+        );
+        assert_eq!(
+            idle_action(&warning(IdleAction::Cancel, now), now),
+            "cancel from 12:20 if another job waits"
+        );
+        assert_eq!(
+            idle_action(&warning(IdleAction::Warn, now), now),
+            "warned only"
+        );
+    }
+
+    #[test]
+    fn a_clock_time_from_another_day_carries_its_date() {
+        use chrono::TimeZone as _;
+        let at = |day, hour| {
+            chrono::Local
+                .with_ymd_and_hms(2026, 11, day, hour, 2, 0)
+                .single()
+                .map(|t| t.with_timezone(&chrono::Utc))
+        };
+        let (Some(then), Some(now)) = (at(26, 14), at(27, 9)) else {
+            return;
+        };
+        assert_eq!(clock(then, now), "2026-11-26 14:02");
+        assert_eq!(clock(now, now), "09:02");
     }
 }

@@ -25,8 +25,9 @@
 //!   job file's draft), `plan` (each form, a job, an array or a job file, as prepared
 //!   submissions), `pipeline` (check, skip duplicates via `dedup`, store), `printer` (what
 //!   each form prints), `file` (job files, `--watch`), `batch_script` with `directives` and
-//!   `shell_words` (`#MGPU` lines). `queue`, `show`, `nodes`, `history`, `report`
-//!   (accounting), `logs`, `wait`, `attach`, `cancel`, `hold` (and release), `node_admin`
+//!   `shell_words` (`#MGPU` lines). `queue`, `show/` (the request's lines; `state`, the
+//!   state's), `nodes`, `history`, `report` (accounting), `logs`, `wait`, `notices` (the
+//!   scheduler's notices, followed live), `attach`, `cancel`, `hold` (and release), `node_admin`
 //!   (`node` and `gpu`), `completions` (and `man`), `top/` (the command's I/O; `screen/`, its
 //!   pure model and drawing), and `admin/`, one file per subcommand (`init`, `add_user`,
 //!   `add_node`, `list`, `remove`, `audit`, `setup`, `site/`) with the registry's files

@@ -11,6 +11,7 @@ pub mod hold;
 pub mod logs;
 pub mod node_admin;
 pub mod nodes;
+pub mod notices;
 pub mod queue;
 pub mod report;
 pub mod show;

@@ -1,5 +1,6 @@
-//! `mgpu report`: accounting over a period, like Slurm's `sreport`: jobs, how they ended and
-//! GPU-hours, by user, node, state or GPU type, as a table, `--json` or `--csv` for spreadsheets; and
+//! `mgpu report`: accounting over a period, like Slurm's `sreport`: jobs, how they ended,
+//! GPU-hours and the idle part of them, by user, node, state or GPU type, as a table, `--json`
+//! or `--csv` for spreadsheets; and
 //! with `--fairshare`, each user's usage as the scheduler's fair-share ledger decays it, their
 //! share of all, and the priority points it takes off their waiting jobs.
 
@@ -114,6 +115,7 @@ fn total_of(groups: &BTreeMap<String, Totals>) -> Totals {
         sum.timed_out += group.timed_out;
         sum.node_failed += group.node_failed;
         sum.gpu_seconds += group.gpu_seconds;
+        sum.idle_gpu_seconds += group.idle_gpu_seconds;
         sum.preemptions += group.preemptions;
         sum.preempted_gpu_seconds += group.preempted_gpu_seconds;
         sum
@@ -130,6 +132,7 @@ fn cells(name: &str, totals: &Totals) -> Vec<String> {
         totals.timed_out.to_string(),
         totals.node_failed.to_string(),
         format!("{:.3}", totals.gpu_hours()),
+        format!("{:.3}", totals.idle_gpu_hours()),
         totals.preemptions.to_string(),
         format!("{:.3}", totals.preempted_gpu_hours()),
     ]
@@ -165,6 +168,7 @@ fn usage_report(
         "timed_out",
         "node_failed",
         "gpu_hours",
+        "idle_gpu_hours",
         "preemptions",
         "preempted_gpu_hours",
     ];
@@ -194,6 +198,7 @@ fn row_json(key: &str, name: &str, totals: &Totals) -> serde_json::Value {
     if let Some(object) = value.as_object_mut() {
         object.insert(key.to_owned(), json!(name));
         object.insert("gpu_hours".to_owned(), json!(totals.gpu_hours()));
+        object.insert("idle_gpu_hours".to_owned(), json!(totals.idle_gpu_hours()));
         object.insert(
             "preempted_gpu_hours".to_owned(),
             json!(totals.preempted_gpu_hours()),
@@ -299,5 +304,93 @@ mod tests {
     fn csv_fields_with_commas_or_quotes_are_quoted() {
         let line = csv_line(&["a".into(), "b,c".into(), "say \"hi\"".into()]);
         assert_eq!(line, "a,\"b,c\",\"say \"\"hi\"\"\"");
+    }
+
+    fn args(json: bool, csv: bool) -> ReportArgs {
+        ReportArgs {
+            since: None,
+            until: None,
+            user: None,
+            mine: false,
+            by: GroupBy::User,
+            json,
+            csv,
+            fairshare: false,
+        }
+    }
+
+    /// Alice's 3 GPU-hours, one of them idle, and bob's half hour without a measure.
+    fn groups() -> BTreeMap<String, Totals> {
+        let alice = Totals {
+            jobs: 2,
+            succeeded: 2,
+            gpu_seconds: 10_800.0,
+            idle_gpu_seconds: 3_600.0,
+            ..Totals::default()
+        };
+        let bob = Totals {
+            jobs: 1,
+            failed: 1,
+            gpu_seconds: 1_800.0,
+            ..Totals::default()
+        };
+        [("alice".to_owned(), alice), ("bob".to_owned(), bob)].into()
+    }
+
+    fn report(json: bool, csv: bool) -> String {
+        let now = mgpu_protocol::now();
+        let mut out = Vec::new();
+        let written = usage_report(&groups(), &args(json, csv), (now, now), &mut out);
+        assert!(written.is_ok(), "{written:?}");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn the_table_has_idle_gpu_hours_beside_the_gpu_hours_aligned() {
+        let text = report(false, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        let header = lines[0];
+        assert!(
+            header.contains("  GPU_HOURS  IDLE_GPU_HOURS  PREEMPTIONS"),
+            "{header}"
+        );
+        // Every row's value starts under its column's name.
+        let column = header.find("IDLE_GPU_HOURS").unwrap_or_default();
+        let gpu_column = header.find("GPU_HOURS").unwrap_or_default();
+        for (line, idle, hours) in [
+            (lines[1], "1.000", "3.000"),
+            (lines[2], "0.000", "0.500"),
+            (lines[3], "1.000", "3.500"),
+        ] {
+            assert_eq!(line.get(column..column + idle.len()), Some(idle), "{text}");
+            assert_eq!(
+                line.get(gpu_column..gpu_column + hours.len()),
+                Some(hours),
+                "{text}"
+            );
+        }
+        assert!(lines[3].starts_with("TOTAL"), "{text}");
+    }
+
+    #[test]
+    fn csv_and_json_carry_idle_gpu_hours() {
+        let csv = report(false, true);
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "user,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours,\
+                 idle_gpu_hours,preemptions,preempted_gpu_hours"
+            )
+        );
+        assert_eq!(lines.next(), Some("alice,2,2,0,0,0,0,3.000,1.000,0,0.000"));
+        let json: serde_json::Value =
+            serde_json::from_str(&report(true, false)).unwrap_or_default();
+        assert_eq!(json["groups"][0]["user"], "alice");
+        assert_eq!(json["groups"][0]["idle_gpu_hours"], 1.0);
+        assert_eq!(json["groups"][1]["idle_gpu_hours"], 0.0);
+        assert_eq!(json["total"]["idle_gpu_hours"], 1.0);
+        assert_eq!(json["total"]["idle_gpu_seconds"], 3_600.0);
     }
 }

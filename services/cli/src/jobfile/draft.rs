@@ -30,6 +30,8 @@ pub struct Draft {
     pub dedup: bool,
     /// `no_requeue = true|false` in a TOML job; None: the command line's `--no-requeue`.
     pub no_requeue: Option<bool>,
+    /// `idle_ok = true|false` in a TOML job; None: the command line's `--idle-ok`.
+    pub idle_ok: Option<bool>,
     /// `gpu_type`: GPU types, preferred first.
     pub gpu_types: Vec<String>,
     /// `constraint`: node features.

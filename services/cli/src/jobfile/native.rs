@@ -23,6 +23,7 @@
 //! constraint = "ib&nvlink"                    # like --constraint
 //! qos = "scavenger"                           # like --qos
 //! signal = "USR1@300"                         # like --signal
+//! idle_ok = true                              # like --idle-ok
 //! ```
 //!
 //! Each value is checked with the command line's own parsers, so a mistake reads the same as
@@ -41,7 +42,7 @@ use super::draft::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
-const KEYS: [&str; 21] = [
+const KEYS: [&str; 22] = [
     "command",
     "name",
     "gpus",
@@ -63,6 +64,7 @@ const KEYS: [&str; 21] = [
     "constraint",
     "qos",
     "signal",
+    "idle_ok",
 ];
 
 type Table = BTreeMap<Spanned<String>, Spanned<Value>>;
@@ -188,6 +190,7 @@ fn job(table: &Table) -> Result<Draft, Problem> {
     draft.constraint = table.read("constraint", constraint)?;
     draft.qos = table.read("qos", string)?;
     draft.signal = table.read("signal", signal)?;
+    draft.idle_ok = table.read("idle_ok", boolean)?;
     Ok(draft)
 }
 
@@ -492,6 +495,25 @@ no_requeue = true
         );
         let (_, err) = error_of("[[job]]\ncommand = \"a\"\nsignal = 10\n");
         assert!(err.contains("`signal` must be a string"), "{err}");
+    }
+
+    #[test]
+    fn idle_ok_reads_as_the_option_does_and_must_be_a_boolean() {
+        let draft = |text: &str| {
+            parse(text)
+                .unwrap_or_default()
+                .first()
+                .and_then(|e| e.draft.clone().ok())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            draft("[[job]]\ncommand = \"a\"\nidle_ok = true\n").idle_ok,
+            Some(true)
+        );
+        assert_eq!(draft("[[job]]\ncommand = \"a\"\n").idle_ok, None);
+        let (line, err) = error_of("[[job]]\ncommand = \"a\"\nidle_ok = \"yes\"\n");
+        assert_eq!(line, 3);
+        assert!(err.contains("`idle_ok`"), "{err}");
     }
 
     #[test]

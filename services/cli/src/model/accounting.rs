@@ -1,7 +1,9 @@
 //! Accounting over finished jobs, like Slurm's `sreport`: GPU time and how jobs ended, summed
 //! by user, node, state or GPU type (each GPU's type as its node reports it now). GPU time is counted as the scheduler's fair-share ledger counts it:
 //! the GPUs (and shares) a job held on all its nodes, times the milliseconds from its start
-//! to its end (its last attempt; the ledger also counts attempts that were requeued).
+//! to its end (its last attempt; the ledger also counts attempts that were requeued). Idle
+//! GPU time is what the job's agent measured of its last attempt (`usage.idle_gpu_secs`): none
+//! for a job whose agent did not measure it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -59,6 +61,8 @@ pub struct Totals {
     /// Attempts stopped for jobs of a class that may preempt, and the GPU time they had run.
     pub preemptions: u64,
     pub preempted_gpu_seconds: f64,
+    /// GPU time the jobs' GPUs sat idle, as their agents measured it.
+    pub idle_gpu_seconds: f64,
 }
 
 impl Totals {
@@ -78,6 +82,7 @@ impl Totals {
                 .iter()
                 .map(|p| p.gpu_seconds as f64)
                 .sum::<f64>();
+        self.idle_gpu_seconds += share * idle_gpu_seconds(job);
         self.jobs += 1;
         match job.state {
             JobState::Succeeded(_) => self.succeeded += 1,
@@ -97,6 +102,20 @@ impl Totals {
     pub fn preempted_gpu_hours(&self) -> f64 {
         self.preempted_gpu_seconds / 3600.0
     }
+
+    pub fn idle_gpu_hours(&self) -> f64 {
+        self.idle_gpu_seconds / 3600.0
+    }
+}
+
+/// GPU-seconds a finished job's GPUs sat idle in its last attempt, as its agent measured them
+/// (0 where it did not).
+pub fn idle_gpu_seconds(job: &JobRecord) -> f64 {
+    job.state
+        .ending()
+        .and_then(|end| end.usage.as_ref())
+        .and_then(|usage| usage.idle_gpu_secs)
+        .map_or(0.0, |secs| secs as f64)
 }
 
 /// `jobs` summed by `by`. By node, a job counts once on each node it ran on, with the GPU
@@ -230,5 +249,30 @@ mod tests {
         let by_node = totals(&jobs, GroupBy::Node, &GpuTypes::new());
         let split: f64 = by_node.values().map(Totals::preempted_gpu_hours).sum();
         assert!((split - 0.5).abs() < 1e-9, "{by_node:?}");
+    }
+
+    #[test]
+    fn idle_gpu_time_comes_from_the_usage_and_is_split_like_the_gpu_time() {
+        let mut idle = ran("n1", 2, 60, false);
+        if let JobState::Succeeded(end) = &mut idle.state {
+            end.usage = Some(mgpu_protocol::host::JobUsage {
+                idle_gpu_secs: Some(1_800),
+                ..mgpu_protocol::host::JobUsage::default()
+            });
+        }
+        let jobs = [idle, ran("n2", 1, 30, false)];
+        assert_eq!(idle_gpu_seconds(&jobs[0]), 1_800.0);
+        assert_eq!(idle_gpu_seconds(&jobs[1]), 0.0, "not measured: none");
+        let by_user = totals(&jobs, GroupBy::User, &GpuTypes::new());
+        assert!((by_user["alice"].idle_gpu_hours() - 0.5).abs() < 1e-9);
+        let by_node = totals(&jobs, GroupBy::Node, &GpuTypes::new());
+        assert!((by_node["n1"].idle_gpu_hours() - 0.5).abs() < 1e-9);
+        assert_eq!(by_node["n2"].idle_gpu_seconds, 0.0);
+        let types: GpuTypes = [(("n1".to_owned(), 0), "h100".to_owned())].into();
+        let by_type = totals(&jobs, GroupBy::Type, &types);
+        // One of n1's two GPUs is an H100: half the job's idle time is counted there.
+        assert!((by_type["h100"].idle_gpu_hours() - 0.25).abs() < 1e-9);
+        let split: f64 = by_type.values().map(Totals::idle_gpu_hours).sum();
+        assert!((split - 0.5).abs() < 1e-9, "{by_type:?}");
     }
 }

@@ -1,19 +1,18 @@
 //! `mgpu show`: everything the scheduler recorded about one job, as aligned `key: value` lines
-//! (what the job asked for, GPU types and node constraint included, where it runs or ran, and
-//! its state's times) or as JSON.
+//! (what the job asked for, GPU types and node constraint included, here; where it runs or
+//! ran, its state's times, its idle warning and usage, in `state`) or as JSON.
+
+mod state;
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
-use mgpu_protocol::host::{JobUsage, format_mib};
+use mgpu_protocol::host::format_mib;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{
-    Ending, JobRecord, JobSpec, JobState, OnTimeout, Placement, Run, Waiting,
-};
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState, OnTimeout, Waiting};
 
 use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{print, print_json};
@@ -77,7 +76,7 @@ fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> Stri
     lines.push(("environment", environment.describe()));
     launch_lines(&record.spec, &mut lines);
     if let Some(placement) = record.state.placement() {
-        placement_lines(placement, &mut lines);
+        state::placement_lines(placement, &mut lines);
     }
     lines.push(("attempt", record.attempt.to_string()));
     for preemption in &record.preemptions {
@@ -92,13 +91,13 @@ fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> Stri
     }
     lines.push(("submitted", human::time_with_age(record.submitted_at, now)));
     match &record.state {
-        JobState::Queued(waiting) => waiting_lines(waiting, record, now, &mut lines),
-        JobState::Running(run) => running_lines(run, now, &mut lines),
+        JobState::Queued(waiting) => state::waiting_lines(waiting, record, now, &mut lines),
+        JobState::Running(run) => state::running_lines(run, now, &mut lines),
         JobState::Succeeded(end)
         | JobState::Failed(end)
         | JobState::Cancelled(end)
         | JobState::TimedOut(end)
-        | JobState::NodeFailed(end) => ending_lines(end, now, &mut lines),
+        | JobState::NodeFailed(end) => state::ending_lines(end, now, &mut lines),
     }
     let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     lines
@@ -169,6 +168,12 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
         lines.push((
             "no requeue",
             "yes (ends as node_failed if its node is lost)".to_owned(),
+        ));
+    }
+    if spec.idle_ok {
+        lines.push((
+            "idle ok",
+            "yes (the idle policy leaves it alone, where its class allows that)".to_owned(),
         ));
     }
     if let Some(setup) = &spec.env_setup_cmd {
@@ -243,118 +248,6 @@ fn launch_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     }
 }
 
-/// Where the job runs or ran: each rank's node and GPUs, or the one node and its GPU shares.
-fn placement_lines(placement: &Placement, lines: &mut Vec<Line>) {
-    if placement.node_count() > 1 {
-        for (rank, node, shares) in placement.ranks() {
-            let gpus: Vec<u32> = shares.iter().map(|g| g.index).collect();
-            lines.push((
-                "rank",
-                format!("{rank}: {node}, GPUs {}", human::index_list(&gpus)),
-            ));
-        }
-        if let Some(launch) = &placement.launch {
-            lines.push((
-                "master",
-                format!(
-                    "{}:{}",
-                    launch.addresses.first().map_or("-", String::as_str),
-                    launch.master_port
-                ),
-            ));
-        }
-        return;
-    }
-    lines.push(("node", placement.node.clone()));
-    let gpus = placement
-        .gpus
-        .iter()
-        .map(|g| {
-            if g.amount.is_whole() {
-                g.index.to_string()
-            } else {
-                format!("{} ({} of it)", g.index, g.amount)
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    lines.push(("gpus", if gpus.is_empty() { "none".into() } else { gpus }));
-    if placement.cpus > 0 {
-        lines.push(("cpus", format!("{} booked", placement.cpus)));
-    }
-    if placement.mem_host_mib > 0 {
-        lines.push((
-            "host memory",
-            format!("{} limit", format_mib(placement.mem_host_mib)),
-        ));
-    }
-}
-
-fn waiting_lines(waiting: &Waiting, record: &JobRecord, now: Timestamp, lines: &mut Vec<Line>) {
-    let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
-    if waiting.enqueued_at.is_some() {
-        lines.push(("enqueued", human::time_with_age(queued_at, now)));
-    }
-    lines.push(("waiting", format_duration(human::elapsed(queued_at, now))));
-    lines.push(("reason", waiting.reason.describe().to_owned()));
-    if let Some(by) = &waiting.held_by {
-        lines.push(("held by", by.clone()));
-    }
-}
-
-fn running_lines(run: &Run, now: Timestamp, lines: &mut Vec<Line>) {
-    lines.push(("assigned", human::time_with_age(run.assigned_at, now)));
-    if let Some(started) = run.started_at {
-        lines.push(("started", human::time_with_age(started, now)));
-        lines.push(("running for", format_duration(human::elapsed(started, now))));
-    }
-    if let Some(pid) = run.pid {
-        lines.push(("pid", pid.to_string()));
-    }
-    if let Some(by) = &run.cancel_requested_by {
-        lines.push(("cancel requested by", by.clone()));
-    }
-}
-
-fn ending_lines(end: &Ending, now: Timestamp, lines: &mut Vec<Line>) {
-    if let Some(started) = end.started_at {
-        lines.push(("started", human::time_with_age(started, now)));
-    }
-    lines.push(("ended", human::time_with_age(end.ended_at, now)));
-    if let Some(started) = end.started_at {
-        let ran: Duration = human::elapsed(started, end.ended_at);
-        lines.push(("ran for", format_duration(ran)));
-    }
-    if let Some(code) = end.exit_code {
-        lines.push(("exit code", code.to_string()));
-    }
-    if let Some(signal) = end.signal {
-        lines.push(("signal", signal.to_string()));
-    }
-    if let Some(reason) = &end.reason {
-        lines.push(("reason", reason.clone()));
-    }
-    if let Some(usage) = &end.usage {
-        usage_lines(usage, lines);
-    }
-}
-
-/// What the job's last attempt used, as its node measured it.
-fn usage_lines(usage: &JobUsage, lines: &mut Vec<Line>) {
-    if let Some(bytes) = usage.peak_mem_host_bytes {
-        lines.push(("peak host memory", format_mib(bytes.div_ceil(1024 * 1024))));
-    }
-    if let Some(ms) = usage.cpu_time_ms {
-        lines.push(("cpu time", format!("{:.2} s", ms as f64 / 1000.0)));
-    }
-    for gpu in &usage.gpu_peak_mem {
-        lines.push((
-            "peak gpu memory",
-            format!("GPU {}: {}", gpu.index, format_mib(gpu.peak_mib)),
-        ));
-    }
-}
-
 /// Job ids in full: they are what `mgpu show` and `mgpu cancel` take.
 fn id_list(ids: &[JobId]) -> String {
     ids.iter()
@@ -373,7 +266,7 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_protocol::job::{ArrayMember, WaitReason};
+    use mgpu_protocol::job::{ArrayMember, Ending, WaitReason};
 
     /// Alice's `python train.py`, queued for GPUs 75 s before `now`.
     fn queued_train(now: mgpu_protocol::Timestamp) -> JobRecord {
@@ -591,5 +484,65 @@ mod tests {
         assert_eq!(json["spec"]["qos"], "scavenger");
         assert_eq!(json["spec"]["signal"]["signal"], 10);
         assert_eq!(json["spec"]["signal"]["seconds"], 300);
+    }
+
+    #[test]
+    fn a_warned_idle_job_says_since_when_and_what_comes_next() {
+        use mgpu_protocol::idle::{IdleAction, IdleWarning};
+        let now = mgpu_protocol::now();
+        let mut record = queued_train(now);
+        record.spec.idle_ok = true;
+        let one = [(0, mgpu_protocol::gpu_amount::GpuAmount::ONE)];
+        let JobState::Running(mut run) = crate::fixtures::running("n1", &one) else {
+            panic!("the fixture runs")
+        };
+        let warning = IdleWarning {
+            idle_since: now - chrono::Duration::minutes(130),
+            warned_at: now - chrono::Duration::minutes(10),
+            action: IdleAction::Warn,
+            action_from: now + chrono::Duration::minutes(20),
+        };
+        run.idle_warning = Some(warning.clone());
+        record.state = JobState::Running(run);
+        let text = shown_at(&record, now);
+        let expected = format!("\nidle:           {}\n", human::idle_warning(&warning, now));
+        assert!(
+            text.contains(&expected),
+            "{expected:?} missing from\n{text}"
+        );
+        assert!(text.contains("(2h10m), warned "), "{text}");
+        assert!(text.contains("; warned only\n"), "{text}");
+        assert!(text.contains("\nidle ok:        yes ("), "{text}");
+        // `--json` carries the warning in the record as stored.
+        let json = serde_json::to_value(&record).unwrap_or_default();
+        assert_eq!(json["idle_warning"]["action"], "warn");
+        assert_eq!(json["spec"]["idle_ok"], true);
+    }
+
+    #[test]
+    fn an_ended_job_s_usage_says_its_idle_gpu_time() {
+        let now = mgpu_protocol::now();
+        let mut record = queued_train(now);
+        let ending = |idle_gpu_secs| Ending {
+            placement: None,
+            started_at: Some(now - chrono::Duration::hours(3)),
+            ended_at: now,
+            exit_code: Some(0),
+            signal: None,
+            reason: None,
+            usage: Some(mgpu_protocol::host::JobUsage {
+                cpu_time_ms: Some(1_500),
+                idle_gpu_secs,
+                ..mgpu_protocol::host::JobUsage::default()
+            }),
+        };
+        record.state = JobState::Succeeded(ending(None));
+        let text = shown_at(&record, now);
+        assert!(!text.contains("idle"), "{text}");
+        record.state = JobState::Succeeded(ending(Some(3_720)));
+        let text = shown_at(&record, now);
+        assert!(text.contains("\nidle GPU time:  1h02m\n"), "{text}");
+        let json = serde_json::to_value(&record).unwrap_or_default();
+        assert_eq!(json["usage"]["idle_gpu_secs"], 3_720);
     }
 }

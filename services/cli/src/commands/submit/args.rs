@@ -127,6 +127,11 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub no_requeue: bool,
 
+    /// This job's GPUs may sit idle (a notebook, a debugger): the scheduler's idle policy
+    /// leaves it alone, where its QoS class allows that.
+    #[arg(long)]
+    pub idle_ok: bool,
+
     /// Send the job's output to a subject only you and admins may read
     /// (`users.<your key>.jobs.<id>.output`) instead of `jobs.<id>.output`, which every user
     /// may read. `mgpu logs`, `-i` and `mgpu attach` follow either.
@@ -384,6 +389,20 @@ pub(crate) mod tests {
         assert!(err.contains("whole seconds"), "{err}");
         let err = parse_error(&["--file", "jobs.toml", "--qos", "scavenger"]);
         assert!(err.contains("cannot be used with"), "{err}");
+    }
+
+    #[test]
+    fn idle_ok_is_a_flag_and_a_default_for_a_job_file() {
+        assert_eq!(
+            submit_args(&["--idle-ok", "x"]).map(|a| a.idle_ok),
+            Some(true)
+        );
+        assert_eq!(submit_args(&["x"]).map(|a| a.idle_ok), Some(false));
+        // Like --no-requeue, it applies to every job of a file that does not say otherwise.
+        let file = submit_args(&["--file", "jobs.toml", "--idle-ok"]);
+        assert_eq!(file.map(|a| a.idle_ok), Some(true));
+        let err = parse_error(&["--idle-ok=yes", "x"]);
+        assert!(err.contains("unexpected value"), "{err}");
     }
 
     #[test]

@@ -249,6 +249,18 @@ mod tests {
     }
 
     #[test]
+    fn idle_ok_is_a_directive_and_stands_unless_typed() {
+        let args = merged(&["--gpus 1", "--idle-ok"], &["--name", "notebook"]);
+        let Ok(args) = args else { panic!("{args:?}") };
+        assert!(args.idle_ok);
+        assert_eq!(args.name.as_deref(), Some("notebook"));
+        let typed = merged(&["--gpus 1"], &["--idle-ok"]);
+        assert_eq!(typed.ok().map(|a| a.idle_ok), Some(true));
+        let neither = merged(&["--gpus 1"], &[]);
+        assert_eq!(neither.ok().map(|a| a.idle_ok), Some(false));
+    }
+
+    #[test]
     fn a_later_directive_wins_over_an_earlier_one_and_defaults_do_not_count() {
         let args = merged(&["--priority 3", "--priority 4"], &["--gpus", "1"]);
         let Ok(args) = args else { panic!("{args:?}") };

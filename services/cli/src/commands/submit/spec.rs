@@ -63,6 +63,7 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
         .then(crate::client::follow::raw_terminal::size_or_default);
     spec.dedup = args.dedup;
     spec.no_requeue = args.no_requeue;
+    spec.idle_ok = args.idle_ok;
     spec.private_output = args.private;
     spec.nodelist = args.nodelist.clone();
     spec.exclude = args.exclude.clone();
@@ -126,6 +127,8 @@ pub struct FileDefaults {
     pub env_setup_cmd: Option<String>,
     /// `--no-requeue`: every job of the file ends as `node_failed` if its node is lost.
     pub no_requeue: bool,
+    /// `--idle-ok`: every job of the file may sit idle, where its class allows that.
+    pub idle_ok: bool,
     /// `--private`: every job of the file writes its output where only its owner reads it.
     pub private_output: bool,
     pub after: Vec<JobId>,
@@ -185,6 +188,7 @@ pub fn from_draft(
     spec.after_any = defaults.after_any.clone();
     spec.dedup = draft.dedup;
     spec.no_requeue = draft.no_requeue.unwrap_or(defaults.no_requeue);
+    spec.idle_ok = draft.idle_ok.unwrap_or(defaults.idle_ok);
     spec.private_output = defaults.private_output;
     Ok(spec)
 }
@@ -200,6 +204,7 @@ impl FileDefaults {
             on_timeout: args.on_timeout.map(Into::into),
             env_setup_cmd: args.env_setup_cmd.clone(),
             no_requeue: args.no_requeue,
+            idle_ok: args.idle_ok,
             private_output: args.private,
             after: resolve_ids(session, &args.after).await?,
             after_any: resolve_ids(session, &args.after_any).await?,
@@ -302,6 +307,7 @@ mod tests {
             "pytorch_env",
             "--dedup",
             "--no-requeue",
+            "--idle-ok",
             "--",
             "python a.py --cuda {gpus}",
         ]);
@@ -312,6 +318,7 @@ mod tests {
         assert_eq!(spec.conda_env.as_deref(), Some("pytorch_env"));
         assert!(spec.dedup);
         assert!(spec.no_requeue);
+        assert!(spec.idle_ok);
         assert_eq!(
             spec.command,
             ["python a.py --cuda {gpus}"],
@@ -322,6 +329,7 @@ mod tests {
             default.as_ref().map(|s| s.on_timeout),
             Some(OnTimeout::Requeue)
         );
+        assert_eq!(default.as_ref().map(|s| s.idle_ok), Some(false));
         assert_eq!(default.map(|s| s.no_requeue), Some(false));
     }
 
@@ -507,6 +515,28 @@ mod tests {
         let spec_of = |draft: Draft, defaults: &FileDefaults| {
             from_draft(draft, defaults, &mut no_profiles())
                 .map(|s| s.no_requeue)
+                .ok()
+        };
+        assert_eq!(spec_of(draft(None), &defaults()), Some(false));
+        assert_eq!(spec_of(draft(None), &with_flag), Some(true));
+        assert_eq!(spec_of(draft(Some(false)), &with_flag), Some(false));
+        assert_eq!(spec_of(draft(Some(true)), &defaults()), Some(true));
+    }
+
+    #[test]
+    fn idle_ok_comes_from_the_job_else_the_command_line() {
+        let draft = |idle_ok| Draft {
+            command: vec!["true".into()],
+            idle_ok,
+            ..Draft::default()
+        };
+        let with_flag = FileDefaults {
+            idle_ok: true,
+            ..defaults()
+        };
+        let spec_of = |draft: Draft, defaults: &FileDefaults| {
+            from_draft(draft, defaults, &mut no_profiles())
+                .map(|s| s.idle_ok)
                 .ok()
         };
         assert_eq!(spec_of(draft(None), &defaults()), Some(false));

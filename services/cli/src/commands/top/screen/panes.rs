@@ -1,11 +1,12 @@
 //! The two panes, drawn line by line: the nodes pane (a line per GPU: its type, utilisation
 //! and memory, its temperature and power where NVML reads them, the job holding it and whose it
 //! is, paused and drained marks) and the queue
-//! (running jobs, then waiting ones with their effective priority and why they wait).
+//! (running jobs, then waiting ones with their effective priority and why they wait; a running
+//! job warned that its GPUs sit idle says `idle`).
 //! The user's own jobs carry a `*` and a colour; the selected line a `>`.
 
 use mgpu_protocol::Timestamp;
-use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::job::{JobRecord, JobState, Run};
 use mgpu_protocol::node::GpuStatus;
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -372,11 +373,7 @@ fn job_line(
     let (place, time, reason) = match &job.state {
         JobState::Running(run) => {
             let place = format::placement(&run.placement);
-            let reason = match (&run.cancel_requested_by, run.started_at) {
-                (Some(_), _) => "cancelling",
-                (None, None) => "starting",
-                (None, Some(_)) => "",
-            };
+            let reason = running_note(run);
             let since = run.started_at.unwrap_or(run.assigned_at);
             (place, format::since(since, model.now), reason.to_owned())
         }
@@ -394,9 +391,24 @@ fn job_line(
     out.number(&time, 7, style);
     let reason_style = match &job.state {
         JobState::Queued(w) if w.held_by.is_some() => style.fg(Color::Yellow),
+        JobState::Running(run) if running_note(run) == IDLE => style.fg(Color::Yellow),
         _ => style,
     };
     out.rest(&reason, reason_style);
+}
+
+/// The REASON of a running job that is warned for idle GPUs (`mgpu show` says until when).
+const IDLE: &str = "idle";
+
+/// What the REASON column says of a running job: being cancelled, not started yet, or warned
+/// that its GPUs sit idle; nothing while it simply runs.
+fn running_note(run: &Run) -> &'static str {
+    match (&run.cancel_requested_by, run.started_at) {
+        (Some(_), _) => "cancelling",
+        (None, None) => "starting",
+        (None, Some(_)) if run.idle_warning.is_some() => IDLE,
+        (None, Some(_)) => "",
+    }
 }
 
 #[cfg(test)]
@@ -422,5 +434,28 @@ mod tests {
         assert!(!fit(120, 24, true).sensors);
         assert_eq!(columns(7, true).note_x() + NOTE_ROOM, 117);
         assert_eq!(columns(12, false).note_x(), 103);
+    }
+
+    #[test]
+    fn a_running_job_warned_for_idle_gpus_says_idle() {
+        use crate::commands::top::screen::test_data::running;
+        let JobState::Running(mut run) = running("n1", &[0]) else {
+            panic!("the fixture runs")
+        };
+        assert_eq!(running_note(&run), "");
+        let now = mgpu_protocol::now();
+        run.idle_warning = Some(mgpu_protocol::idle::IdleWarning {
+            idle_since: now,
+            warned_at: now,
+            action: mgpu_protocol::idle::IdleAction::Requeue,
+            action_from: now,
+        });
+        assert_eq!(running_note(&run), "idle");
+        run.cancel_requested_by = Some("alice".into());
+        assert_eq!(
+            running_note(&run),
+            "cancelling",
+            "what is being done comes first"
+        );
     }
 }
