@@ -233,7 +233,7 @@ fn report_sums_the_jobs_run_to_the_gpu_second() {
     let csv = as_admin(&["report", "--since", "1d", "--by", "state", "--csv"]);
     assert!(
         csv.starts_with(
-            "state,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours,preemptions,\
+            "state,jobs,succeeded,failed,cancelled,timed_out,node_failed,gpu_hours,idle_gpu_hours,preemptions,\
              preempted_gpu_hours\n"
         ),
         "{csv}"

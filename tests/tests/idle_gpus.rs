@@ -62,3 +62,79 @@ fn a_job_on_an_idle_gpu_is_reported_idle_until_its_gpu_works_and_its_usage_count
     let idle_gpu_secs = ended["usage"]["idle_gpu_secs"].as_u64().unwrap_or(0);
     assert!(idle_gpu_secs >= 2, "{ended}");
 }
+
+/// The `[idle]` policy of the scheduler's config file, written where `dir` says.
+fn scheduler_config(dir: &Path) -> String {
+    let path = dir.join("scheduler.toml");
+    let text = r#"
+[idle]
+after = "2s"
+grace = "2s"
+action = "requeue"
+
+[qos.notebook]
+allow_idle_ok = true
+"#;
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
+    path.display().to_string()
+}
+
+#[test]
+fn an_idle_job_is_warned_then_requeued_for_a_waiting_one_and_an_idle_ok_job_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary directory: {e}"));
+    let samples = dir.path().join("gpu-samples.json");
+    let text =
+        r#"{"gpus": [{"index": 0, "utilization_pct": 0}, {"index": 1, "utilization_pct": 0}]}"#;
+    std::fs::write(&samples, text).unwrap_or_else(|e| panic!("{e}"));
+    let samples_arg = samples.display().to_string();
+    let config = scheduler_config(dir.path());
+    let node = NodeSpec::new("node001", "2x24GiB").agent_args(&["--gpu-samples", &samples_arg]);
+    let cluster = Cluster::start_with(&[node], &["--config", &config]);
+    cluster.wait_nodes_online(1);
+
+    // --idle-ok where the class does not allow it: refused at submit.
+    let refused = cluster.submit(&["--gpus", "1", "--idle-ok"], "sleep 60");
+    let ended = cluster.finished_as(&refused, "failed", T);
+    assert!(
+        ended["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("allow_idle_ok")),
+        "{ended}"
+    );
+
+    // A notebook that may sit idle, and a forgotten job that should not (it leaves on the
+    // warning signal, as a job that saves its work would).
+    let notebook = cluster.submit(
+        &["--gpus", "1", "--qos", "notebook", "--idle-ok"],
+        "sleep 300",
+    );
+    let forgotten = cluster.submit(&["--gpus", "1", "--signal", "USR1@1"], "sleep 300");
+    cluster.wait_state(&notebook, "running", T);
+    cluster.wait_state(&forgotten, "running", T);
+    let warned = wait_for("the forgotten job's owner to be warned", T, || {
+        let shown = cluster.show(&forgotten);
+        let warning = shown["record"]["idle_warning"].clone();
+        (!warning.is_null()).then_some(warning)
+    });
+    assert_eq!(warned["action"], "requeue", "{warned}");
+
+    // Nobody waits: it keeps its GPU past the grace.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(cluster.state(&forgotten), "running");
+
+    // Someone waits: the forgotten job goes back to the queue saying why, the waiting one
+    // starts on its GPU, and the notebook keeps its own.
+    let waiting = cluster.submit(&["--gpus", "1"], "sleep 30");
+    cluster.wait_state(&waiting, "running", T);
+    let requeued = wait_for("the forgotten job to be queued again", T, || {
+        let shown = cluster.show(&forgotten);
+        (shown["state"] == "queued").then_some(shown)
+    });
+    assert_eq!(
+        requeued["record"]["previous_stop"], "its GPUs sat idle while another job waited",
+        "{requeued}"
+    );
+    let notebook = cluster.show(&notebook);
+    assert_eq!(notebook["state"], "running", "{notebook}");
+    assert!(notebook["record"]["idle_warning"].is_null(), "{notebook}");
+}

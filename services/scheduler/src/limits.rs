@@ -92,13 +92,23 @@ pub struct UserLimits {
     pub max_gpus_per_job: Option<Limit<u64>>,
 }
 
-/// Every table of `[limits]`, checked.
+/// Every table of `[limits]`, checked, and the limits keys of `[qos.<name>]` sections.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     default: Table,
     groups: BTreeMap<String, Table>,
     users: BTreeMap<String, Table>,
+    /// By class: each user's limits on their jobs of that class, beside the ones above.
+    classes: BTreeMap<String, Table>,
 }
+
+/// The keys of a `[limits]` table that a `[qos.<name>]` section may hold too.
+pub const CLASS_LIMIT_KEYS: [&str; 4] = [
+    "max_gpus_running",
+    "max_jobs_queued",
+    "max_time_limit",
+    "max_gpus_per_job",
+];
 
 impl Limits {
     /// `[limits]` of a config file (None: no limits); errors name the table and the key.
@@ -123,7 +133,80 @@ impl Limits {
             default: check(&text.default.unwrap_or_default(), "[limits.default]")?,
             groups: check_all(text.group, "group")?,
             users: check_all(text.user, "user")?,
+            classes: BTreeMap::new(),
         })
+    }
+
+    /// With the limits keys of the config file's `[qos]` sections: each class's apply to
+    /// every user's jobs of that class (counted apart from their other jobs).
+    pub fn with_classes(mut self, qos: Option<&toml::Value>) -> Result<Limits> {
+        let Some(classes) = qos.and_then(toml::Value::as_table) else {
+            return Ok(self);
+        };
+        for (name, section) in classes {
+            let Some(section) = section.as_table() else {
+                continue;
+            };
+            let keys: toml::Table = section
+                .iter()
+                .filter(|(key, _)| CLASS_LIMIT_KEYS.contains(&key.as_str()))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            let where_ = format!("[qos.{name}]");
+            let text: TableText = toml::Value::Table(keys)
+                .try_into()
+                .context(where_.clone())?;
+            let table = check(&text, &where_)?;
+            if !table.max_gpus_running_by_type.is_empty() {
+                bail!(
+                    "max_gpus_running in {where_}: a number of GPUs (caps per type are [limits] keys)"
+                );
+            }
+            self.classes.insert(name.clone(), table);
+        }
+        Ok(self)
+    }
+
+    /// The limits every user's jobs of `class` (None: `normal`) have, if it sets any.
+    pub fn for_class(&self, class: Option<&str>) -> Option<UserLimits> {
+        let name = class.unwrap_or(mgpu_protocol::qos::DEFAULT_QOS);
+        let table = self.classes.get(name)?;
+        let from = format!("[qos.{name}]");
+        let limit = |value: Option<u64>| {
+            value.map(|value| Limit {
+                value,
+                from: from.clone(),
+            })
+        };
+        Some(UserLimits {
+            max_gpus_running: limit(table.max_gpus_running),
+            max_gpus_running_by_type: BTreeMap::new(),
+            max_jobs_queued: table.max_jobs_queued.map(|value| Limit {
+                value,
+                from: from.clone(),
+            }),
+            max_time_limit_secs: limit(table.max_time_limit_secs),
+            max_gpus_per_job: limit(table.max_gpus_per_job),
+        })
+    }
+
+    /// The limits keys a class sets, as `--print-config` shows them in its section.
+    pub fn class_settings(&self, class: &str) -> Vec<mgpu_config::Setting> {
+        self.classes
+            .get(class)
+            .map(Table::settings)
+            .unwrap_or_default()
+    }
+
+    /// Each class's cap on the GPUs one user's running jobs of it hold (in units).
+    pub fn class_running_caps(&self) -> HashMap<String, u64> {
+        self.classes
+            .iter()
+            .filter_map(|(name, t)| Some((name.clone(), t.max_gpus_running?)))
+            .collect()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -477,7 +560,9 @@ pub struct LimitsFile {
 impl LimitsFile {
     /// The limits `sections` (the file read at start) set; `path` is re-read when it changes.
     pub fn new(path: Option<&Path>, sections: &toml::Table) -> Result<Self> {
-        let limits = Limits::parse(sections.get("limits")).with_context(|| describe(path))?;
+        let limits = Limits::parse(sections.get("limits"))
+            .and_then(|limits| limits.with_classes(sections.get("qos")))
+            .with_context(|| describe(path))?;
         Ok(LimitsFile {
             path: path.map(Path::to_owned),
             modified: path.and_then(modified),
@@ -514,7 +599,9 @@ impl LimitsFile {
 fn read_limits(path: &Path) -> Result<Limits> {
     let text = std::fs::read_to_string(path).with_context(|| describe(Some(path)))?;
     let table: toml::Table = text.parse().with_context(|| describe(Some(path)))?;
-    Limits::parse(table.get("limits")).with_context(|| describe(Some(path)))
+    Limits::parse(table.get("limits"))
+        .and_then(|limits| limits.with_classes(table.get("qos")))
+        .with_context(|| describe(Some(path)))
 }
 
 fn describe(path: Option<&Path>) -> String {

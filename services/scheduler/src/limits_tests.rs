@@ -204,3 +204,56 @@ fn print_config_shows_each_table_set() {
     assert_eq!(printed[0].1, ["max_gpus_running = Some(Integer(2))"]);
     assert_eq!(printed[1].1, ["max_gpus_per_job = Some(Float(0.5))"]);
 }
+
+#[test]
+fn a_class_sets_limits_keys_for_each_users_jobs_of_it_and_bad_ones_are_named() {
+    let qos: toml::Table = r#"
+        [qos.scavenger]
+        preemptible = true
+        max_gpus_running = 2
+        max_jobs_queued = 10
+        max_time_limit = "1h"
+        "#
+    .parse()
+    .unwrap_or_else(|e| panic!("{e}"));
+    let limits = limits_of("")
+        .with_classes(qos.get("qos"))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(!limits.is_empty());
+    let class = limits.for_class(Some("scavenger"));
+    let running = class.as_ref().and_then(|c| c.max_gpus_running.clone());
+    assert_eq!(
+        running.map(|l| (l.value, l.from)),
+        Some((2 * UNIT, "[qos.scavenger]".to_owned()))
+    );
+    assert_eq!(limits.for_class(None), None);
+    assert_eq!(
+        limits.class_running_caps().get("scavenger"),
+        Some(&(2 * UNIT))
+    );
+    let mut spec = JobSpec::new(vec!["true".into()], "/w");
+    spec.time_limit_secs = Some(7200);
+    let why = class
+        .and_then(|c| c.refusal("bob", &spec, 0))
+        .unwrap_or_default();
+    assert!(
+        why.contains("max_time_limit = 1h00m ([qos.scavenger])"),
+        "{why}"
+    );
+    assert!(
+        limits
+            .class_settings("scavenger")
+            .iter()
+            .any(|s| s.key == "max_jobs_queued")
+    );
+
+    let bad: toml::Table = "[qos.scavenger]\nmax_gpus_running = -1\n"
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let error = limits_of("")
+        .with_classes(bad.get("qos"))
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(error.contains("[qos.scavenger]"), "{error}");
+}

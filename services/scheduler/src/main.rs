@@ -134,7 +134,9 @@ async fn main() -> ExitCode {
         for (name, table) in limits.limits.printable() {
             settings.add_section(&name, table);
         }
-        for (name, table) in qos_config::printable(&policy.qos, loaded.sections.get("qos")) {
+        for (name, mut table) in qos_config::printable(&policy.qos, loaded.sections.get("qos")) {
+            let class = name.trim_start_matches("qos.");
+            table.extend(limits.limits.class_settings(class));
             settings.add_section(&name, table);
         }
         if let Some(idle) = &policy.idle {

@@ -480,6 +480,7 @@ mod tests {
                     topology_label: Some("rack".into()),
                     gpu_caps: Default::default(),
                     gpu_type_caps: Default::default(),
+                    class_caps: Default::default(),
                 };
                 let queue = [
                     QueuedJob::new(JobId::random(), GpuAmount::ONE, now),

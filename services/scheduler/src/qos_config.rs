@@ -9,6 +9,7 @@
 //! grace = "2m"            # warning signal to SIGTERM (default 5m)
 //! min_runtime = "10m"     # not preempted before it ran this long (default 0)
 //! allow_idle_ok = true    # its jobs may say --idle-ok (default false)
+//! max_gpus_running = 16   # the [limits] keys: per user, over their jobs of this class
 //!
 //! [qos.urgent]
 //! priority = 100
@@ -36,6 +37,15 @@ struct QosSection {
     grace: Option<String>,
     min_runtime: Option<String>,
     allow_idle_ok: Option<bool>,
+    // The limits keys: read by `limits.rs` (`Limits::with_classes`), which checks them.
+    #[serde(rename = "max_gpus_running")]
+    _max_gpus_running: Option<toml::Value>,
+    #[serde(rename = "max_jobs_queued")]
+    _max_jobs_queued: Option<toml::Value>,
+    #[serde(rename = "max_time_limit")]
+    _max_time_limit: Option<toml::Value>,
+    #[serde(rename = "max_gpus_per_job")]
+    _max_gpus_per_job: Option<toml::Value>,
     #[serde(default)]
     allowed_users: Vec<String>,
     #[serde(default)]
@@ -195,5 +205,12 @@ mod tests {
         let bad = parse("[qos.x]\ngrace = \"soon\"\n");
         assert!(bad.is_err_and(|e| format!("{e:#}").contains("grace")));
         assert!(parse("[qos]\nscavenger = 3\n").is_err());
+    }
+
+    #[test]
+    fn a_class_may_hold_the_limits_keys_which_the_limits_read() {
+        let classes = parse("[qos.scavenger]\npreemptible = true\nmax_gpus_running = 4\n");
+        assert!(classes.is_ok_and(|c| c.get(Some("scavenger")).is_some_and(|c| c.preemptible)));
+        assert!(parse("[qos.scavenger]\nmax_gpus = 4\n").is_err());
     }
 }

@@ -244,6 +244,8 @@ pub struct CoreSettings {
     pub gpu_caps: Arc<HashMap<String, u64>>,
     /// Each capped user's caps on running GPUs per type, in units.
     pub gpu_type_caps: Arc<TypeCaps>,
+    /// Each class's cap on the GPUs one user's running jobs of it hold, in units.
+    pub class_caps: Arc<HashMap<String, u64>>,
 }
 
 /// The order jobs are considered in: effective priority, then queue time, then id (what
@@ -301,8 +303,13 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         }
     }
     let any_online = nodes.iter().any(|n| n.online);
-    let mut owner_gpus =
-        OwnerGpus::new(&settings.gpu_caps, &settings.gpu_type_caps, &running, nodes);
+    let mut owner_gpus = OwnerGpus::new(
+        &settings.gpu_caps,
+        &settings.gpu_type_caps,
+        &settings.class_caps,
+        &running,
+        nodes,
+    );
     // One waiting job of each shape that found no room, with how many reservations jobs ahead
     // of it held then: what a job past its time slice would have to make room for.
     let mut waiting_for_room: Vec<(&QueuedJob, usize)> = Vec::new();
@@ -428,7 +435,7 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         };
         if let Some(placement) = placed {
             capacity.book(&placement);
-            owner_gpus.book(&job.owner, &placement);
+            owner_gpus.book(&job.owner, &job.qos, &placement);
             if let Some(releases) = &mut releases {
                 releases.add(&capacity, &placement, ends_at);
             }

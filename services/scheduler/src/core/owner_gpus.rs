@@ -23,6 +23,14 @@ pub(super) struct OwnerGpus<'a> {
     held_by_type: HashMap<String, BTreeMap<String, u64>>,
     /// Each node's GPU types by index, for owners with type caps.
     types: HashMap<&'a str, HashMap<u32, &'a str>>,
+    /// Each class's cap on what one owner's running jobs of it hold, and what they hold.
+    class_caps: &'a HashMap<String, u64>,
+    held_by_class: HashMap<(String, String), u64>,
+}
+
+/// A job's class by name (`normal` when it names none).
+fn class_of(qos: &Option<String>) -> &str {
+    qos.as_deref().unwrap_or(mgpu_protocol::qos::DEFAULT_QOS)
 }
 
 impl<'a> OwnerGpus<'a> {
@@ -30,6 +38,7 @@ impl<'a> OwnerGpus<'a> {
     pub(super) fn new(
         caps: &'a HashMap<String, u64>,
         type_caps: &'a TypeCaps,
+        class_caps: &'a HashMap<String, u64>,
         running: &[&RunningJob],
         nodes: &'a [NodeView],
     ) -> Self {
@@ -62,9 +71,12 @@ impl<'a> OwnerGpus<'a> {
             type_caps,
             held_by_type: HashMap::new(),
             types,
+            class_caps,
+            held_by_class: HashMap::new(),
         };
         for job in running {
             owner_gpus.book_types(&job.owner, &job.placement);
+            owner_gpus.book_class(&job.owner, class_of(&job.qos), &job.placement);
         }
         owner_gpus
     }
@@ -113,8 +125,17 @@ impl<'a> OwnerGpus<'a> {
         }
     }
 
-    /// Whether `job` may start as far as its owner's cap goes.
+    /// Whether `job` may start as far as its owner's cap, and its class's cap on one owner's
+    /// jobs of it, go.
     pub(super) fn allows(&self, job: &QueuedJob) -> bool {
+        let class = class_of(&job.qos);
+        if let Some(cap) = self.class_caps.get(class) {
+            let key = (job.owner.clone(), class.to_owned());
+            let held = self.held_by_class.get(&key).copied().unwrap_or(0);
+            if held.saturating_add(job_units(job)) > *cap {
+                return false;
+            }
+        }
         let Some(cap) = self.caps.get(&job.owner) else {
             return true;
         };
@@ -122,12 +143,23 @@ impl<'a> OwnerGpus<'a> {
         held.saturating_add(job_units(job)) <= *cap
     }
 
-    /// Counts a job started in this pass.
-    pub(super) fn book(&mut self, owner: &str, placement: &Placement) {
+    /// Counts a job of class `qos` started in this pass.
+    pub(super) fn book(&mut self, owner: &str, qos: &Option<String>, placement: &Placement) {
         if self.caps.contains_key(owner) {
             *self.held.entry(owner.to_owned()).or_default() += placement_units(placement);
         }
         self.book_types(owner, placement);
+        self.book_class(owner, class_of(qos), placement);
+    }
+
+    /// Counts what `placement` holds against its class's cap for `owner`.
+    fn book_class(&mut self, owner: &str, class: &str, placement: &Placement) {
+        if self.class_caps.contains_key(class) {
+            *self
+                .held_by_class
+                .entry((owner.to_owned(), class.to_owned()))
+                .or_default() += placement_units(placement);
+        }
     }
 }
 

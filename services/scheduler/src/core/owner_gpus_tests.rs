@@ -17,6 +17,7 @@ fn capped(caps: &[(&str, u64)]) -> CoreSettings {
     CoreSettings {
         gpu_caps: Arc::new(caps.iter().map(|(u, c)| ((*u).to_owned(), *c)).collect()),
         gpu_type_caps: Default::default(),
+        class_caps: Default::default(),
         ..settings()
     }
 }
@@ -150,4 +151,39 @@ proptest! {
             .collect();
         prop_assert_eq!(about_others, without.iter().collect::<Vec<_>>());
     }
+}
+
+#[test]
+fn a_class_cap_holds_each_users_jobs_of_that_class_and_leaves_their_other_jobs_alone() {
+    let nodes = [node("n1", 4, 24_576)];
+    let settings = CoreSettings {
+        class_caps: Arc::new([("scavenger".to_owned(), UNIT)].into()),
+        ..settings()
+    };
+    let mut holding = running(1, "n1", &[0], None);
+    holding.owner = "alice".into();
+    holding.qos = Some("scavenger".into());
+    let scavenger = |n, owner| {
+        let mut queued = owned(job(n, GpuAmount::ONE), owner);
+        queued.qos = Some("scavenger".into());
+        queued
+    };
+    let queue = [
+        scavenger(2, "alice"),
+        owned(job(3, GpuAmount::ONE), "alice"),
+        scavenger(4, "bob"),
+        scavenger(5, "bob"),
+    ];
+    let none: [&RunningJob; 0] = [];
+    let decisions = plan(&nodes, &[&holding], &queue, &settings, super::tests::t0());
+    let starts: Vec<&JobId> = started(&decisions).into_iter().map(|(id, _)| id).collect();
+    // Alice's second scavenger job waits on the class's cap, her normal one starts; bob gets
+    // one scavenger job, not two.
+    assert_eq!(starts, [&super::tests::id(3), &super::tests::id(4)]);
+    assert_eq!(
+        super::tests::reason_of(&decisions, &super::tests::id(2)),
+        Some(WaitReason::UserLimit)
+    );
+    let decisions = plan(&nodes, &none, &queue, &settings, super::tests::t0());
+    assert_eq!(started(&decisions).len(), 3);
 }

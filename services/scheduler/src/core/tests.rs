@@ -83,6 +83,7 @@ pub(super) fn settings() -> CoreSettings {
         topology_label: Some("rack".into()),
         gpu_caps: Default::default(),
         gpu_type_caps: Default::default(),
+        class_caps: Default::default(),
     }
 }
 

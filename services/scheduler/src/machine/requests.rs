@@ -11,6 +11,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::node::AdminMark;
 use mgpu_protocol::node_admin::AdminRequest;
+use mgpu_protocol::qos::DEFAULT_QOS;
 use mgpu_protocol::request::{Action, Request};
 use mgpu_protocol::submit::SubmitRequest;
 
@@ -152,7 +153,8 @@ impl SchedulerState {
             return;
         };
         if matches!(record.state, JobState::Queued(_)) {
-            queued.add(&identity.name);
+            let class = record.spec.qos.as_deref().unwrap_or(DEFAULT_QOS);
+            queued.add(&identity.name, class);
         }
         if self.jobs.get(&id).is_some() {
             // A redelivered submission: recorded before, its effects went out then.
@@ -270,13 +272,31 @@ impl SchedulerState {
         let user = identity.name.as_str();
         let limits = self.limits.for_user(user, self.group_of(user));
         let count = match &limits.max_jobs_queued {
-            Some(_) => queued.of(user, &self.jobs),
+            Some(_) => queued.of(user, None, &self.jobs),
             None => 0,
         };
         if let Some(why) = limits.refusal(user, &request.spec, count) {
             return Some(why);
         }
-        limits.cap_time_limit(&mut request.spec);
+        let class = request.spec.qos.as_deref();
+        let class_limits = self.limits.for_class(class);
+        if let Some(class_limits) = &class_limits {
+            let count = match &class_limits.max_jobs_queued {
+                Some(_) => queued.of(user, Some(class.unwrap_or(DEFAULT_QOS)), &self.jobs),
+                None => 0,
+            };
+            if let Some(why) = class_limits.refusal(user, &request.spec, count) {
+                return Some(why);
+            }
+        }
+        // A job without a time limit gets the shorter of its user's and its class's.
+        if request.spec.time_limit_secs.is_none() {
+            let caps = [&limits, class_limits.as_ref().unwrap_or(&limits)];
+            request.spec.time_limit_secs = caps
+                .iter()
+                .filter_map(|l| l.max_time_limit_secs.as_ref().map(|limit| limit.value))
+                .min();
+        }
         None
     }
 
@@ -395,21 +415,42 @@ fn twin_of(jobs: &JobTable, request: &SubmitRequest, identity: &Identity) -> Opt
 /// Users' queued jobs, counted once per batch of submissions (only for users with a
 /// `max_jobs_queued`), plus those the batch queued.
 #[derive(Default)]
-struct QueuedByUser(HashMap<String, usize>);
+struct QueuedByUser(HashMap<(String, Option<String>), usize>);
 
 impl QueuedByUser {
-    fn of(&mut self, user: &str, jobs: &JobTable) -> usize {
-        if let Some(count) = self.0.get(user) {
+    /// How many jobs `user` has queued: of class `class` only, when it is given.
+    fn of(&mut self, user: &str, class: Option<&str>, jobs: &JobTable) -> usize {
+        let key = (user.to_owned(), class.map(str::to_owned));
+        if let Some(count) = self.0.get(&key) {
             return *count;
         }
-        let count = jobs.queued().filter(|record| record.user == user).count();
-        self.0.insert(user.to_owned(), count);
+        let of_class = |record: &JobRecord| {
+            class.is_none_or(|class| {
+                record
+                    .spec
+                    .qos
+                    .as_deref()
+                    .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS)
+                    == class
+            })
+        };
+        let count = jobs
+            .queued()
+            .filter(|record| record.user == user && of_class(record))
+            .count();
+        self.0.insert(key, count);
         count
     }
 
-    fn add(&mut self, user: &str) {
-        if let Some(count) = self.0.get_mut(user) {
-            *count += 1;
+    /// One more queued job of `user`, of class `class`.
+    fn add(&mut self, user: &str, class: &str) {
+        for key in [
+            (user.to_owned(), None),
+            (user.to_owned(), Some(class.to_owned())),
+        ] {
+            if let Some(count) = self.0.get_mut(&key) {
+                *count += 1;
+            }
         }
     }
 }

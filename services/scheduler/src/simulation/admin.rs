@@ -22,7 +22,8 @@ pub fn base_limits() -> Limits {
     limits_of(Some(2), Some(1))
 }
 
-/// Limits with these caps on running GPUs (None: none); everyone runs one H100 at most.
+/// Limits with these caps on running GPUs (None: none); everyone runs one H100 at most, and
+/// two GPUs of `scavenger` jobs at most.
 pub fn limits_of(bob: Option<u64>, students: Option<u64>) -> Limits {
     let mut text = String::from("[default.max_gpus_running]\nh100 = 1\n");
     if let Some(cap) = bob {
@@ -32,9 +33,11 @@ pub fn limits_of(bob: Option<u64>, students: Option<u64>) -> Limits {
         text.push_str(&format!("[group.{GROUP}]\nmax_gpus_running = {cap}\n"));
     }
     let section: Result<toml::Value, _> = toml::from_str(&text);
+    let classes: Result<toml::Value, _> = toml::from_str("[scavenger]\nmax_gpus_running = 2\n");
     section
         .ok()
         .and_then(|section| Limits::parse(Some(&section)).ok())
+        .and_then(|limits| limits.with_classes(classes.ok().as_ref()).ok())
         .unwrap_or_default()
 }
 

@@ -421,11 +421,9 @@ impl World {
                         .iter()
                         .find_map(|agent| agent.processes.get(&key).map(|p| p.idle))
                 });
-                // The waiter as the scheduler knows it: another writer may have ended it in
-                // the store behind its back (the scheduler learns that at its next write).
-                let machine = self.scheduler.as_ref().map(|s| &s.machine);
-                let record_of = |id: &JobId| machine.and_then(|m| m.jobs.get(id));
-                let broken = super::idle_checks::notice_sent(&notice, record_of, really_idle);
+                let records = &self.store;
+                let broken =
+                    super::idle_checks::notice_sent(&notice, |id| records.record(id), really_idle);
                 self.ledger.broken.extend(broken);
                 None
             }
@@ -491,6 +489,7 @@ impl World {
                 let type_of = |node: &str| node_of(node).map(|a| a.gpu_type.as_str());
                 self.ledger
                     .check_type_caps(&record, &self.store.records, type_of);
+                self.ledger.check_class_caps(&record, &self.store.records);
             }
         }
         outcome

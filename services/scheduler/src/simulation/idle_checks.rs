@@ -3,8 +3,8 @@
 //! - a job is warned only while its GPUs really sit idle;
 //! - a job is stopped by the policy only while its GPUs really sit idle, once warned and past
 //!   its warning's grace, and never one whose owner said `--idle-ok` in a class allowing it;
-//! - it is done only for a job that waits at that moment (as the scheduler knows it: a
-//!   record another writer changed behind its back is learnt at its next write).
+//! - it is done only for a job that waits at that moment, or that another writer ended
+//!   behind the scheduler's back (which it learns at its next write of that record).
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::assign::NodeControl;
@@ -72,7 +72,13 @@ pub fn notice_sent<'a>(
             Some(format!("{short} warned for idleness while it worked"))
         }
         NoticeKind::IdleReclaimed { for_job, .. } => {
-            let waits = record_of(for_job).is_some_and(|r| matches!(r.state, JobState::Queued(_)));
+            let waits = record_of(for_job).is_some_and(|r| match &r.state {
+                JobState::Queued(_) => true,
+                state => state
+                    .ending()
+                    .and_then(|end| end.reason.as_deref())
+                    .is_some_and(|why| why == super::store::OTHER_WRITERS_CANCEL),
+            });
             (!waits).then(|| {
                 format!(
                     "{short} reclaimed for {}, which does not wait",

@@ -37,8 +37,9 @@ pub struct Ledger {
     paused: BTreeMap<(String, u32), u64>,
     /// Each capped user's `max_gpus_running` (GPU units) in the machine's hands.
     caps: BTreeMap<String, u64>,
-    /// And per GPU type.
+    /// And per GPU type, and per class (for each user's jobs of it).
     type_caps: BTreeMap<String, BTreeMap<String, u64>>,
+    class_caps: BTreeMap<String, u64>,
     /// Attempts agents ever started, by job.
     ran: BTreeMap<JobId, BTreeSet<u32>>,
     /// Endings and cancels stored.
@@ -72,6 +73,7 @@ impl Ledger {
         let users: Vec<(&str, Option<&str>)> = users.collect();
         self.caps = limits.running_caps(users.clone()).into_iter().collect();
         self.type_caps = limits.running_type_caps(users).into_iter().collect();
+        self.class_caps = limits.class_running_caps().into_iter().collect();
     }
 
     /// The cap of `user` in force, in GPU units.
@@ -199,6 +201,46 @@ impl Ledger {
                     record.user
                 ));
             }
+        }
+    }
+
+    /// A started job keeps its owner's jobs of its class within the class's cap.
+    pub fn check_class_caps(&mut self, record: &JobRecord, records: &BTreeMap<JobId, Tracked>) {
+        let class = record
+            .spec
+            .qos
+            .as_deref()
+            .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS);
+        let Some(cap) = self.class_caps.get(class).copied() else {
+            return;
+        };
+        let held: u64 = records
+            .values()
+            .filter(|t| t.record.user == record.user)
+            .filter(|t| {
+                t.record
+                    .spec
+                    .qos
+                    .as_deref()
+                    .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS)
+                    == class
+            })
+            .filter_map(|t| match &t.record.state {
+                JobState::Running(run) => Some(
+                    run.placement
+                        .ranks()
+                        .flat_map(|(_, _, gpus)| gpus.iter().map(|g| u64::from(g.amount.units())))
+                        .sum::<u64>(),
+                ),
+                _ => None,
+            })
+            .sum();
+        if held > cap {
+            self.broken.push(format!(
+                "job {} took {}'s {class} jobs to {held} units running, over the class's cap of {cap}",
+                record.id.short(),
+                record.user
+            ));
         }
     }
 

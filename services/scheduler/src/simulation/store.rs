@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 
+/// The reason another writer's rewrite gives a queued job it cancels.
+pub const OTHER_WRITERS_CANCEL: &str = "cancelled by another scheduler";
+
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat};
@@ -92,7 +95,7 @@ impl SimStore {
                     ended_at: at,
                     exit_code: None,
                     signal: None,
-                    reason: Some("cancelled by another scheduler".into()),
+                    reason: Some(OTHER_WRITERS_CANCEL.into()),
                     usage: None,
                 });
         }
