@@ -64,7 +64,9 @@ fn a_chosen_history_size_that_does_not_fit_stops_the_scheduler_naming_the_settin
 #[test]
 fn admin_setup_keeps_the_sizes_the_scheduler_chose() {
     const MIB: i64 = 1024 * 1024;
-    let mut cluster = Cluster::server_only(&[NodeSpec::without_agent("node001")]);
+    // A fixed grant, whatever the disk has free (the server grants 75% of that).
+    let mut cluster =
+        Cluster::server_only_with_storage(&[NodeSpec::without_agent("node001")], "4G");
     cluster.start_scheduler_with(&["--history-max-gib", "2", "--output-max-mib", "300"]);
     wait_for("the scheduler to be ready", T, || {
         scheduler_log(&cluster)
