@@ -28,7 +28,8 @@
 //!
 //! A job that names GPU types (`--gpu-type h100,a100-80gb`) gets GPUs of one type: the first
 //! of its list that fits now, on nodes whose features satisfy its `--constraint`
-//! (`queued.rs`). It does not wait for a preferred type that is busy.
+//! (`queued.rs`). It waits a while for a preferred type only when one is expected free soon
+//! (`type_preference.rs`).
 //!
 //! A multi-node job (`--nodes N`) is placed whole or not at all (gang allocation): N distinct
 //! nodes that each fit its per-node request, its `--nodelist` nodes first, preferring nodes
@@ -51,6 +52,7 @@ mod reservation;
 mod selection_tests;
 #[cfg(test)]
 mod tests;
+pub mod type_preference;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
@@ -433,6 +435,14 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             Some(_) => None,
             None => fits(true, true, &avoid_reserved),
         };
+        // Room now, but on a type it likes less than one on its way: it waits for that one,
+        // booking and reserving nothing (what it would take stays free for others).
+        if let Some(placement) = &placed
+            && type_preference::worth_waiting(&capacity, &running, job, placement, now)
+        {
+            decisions.extend(wait(WaitReason::PreferredType));
+            continue;
+        }
         if let Some(placement) = placed {
             capacity.book(&placement);
             owner_gpus.book(&job.owner, &job.qos, &placement);

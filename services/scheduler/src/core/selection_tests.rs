@@ -220,3 +220,38 @@ fn a_job_that_only_gpus_of_a_type_capped_below_it_could_hold_is_rejected_naming_
     assert!(placed_on(&decisions, 2).is_some(), "{decisions:?}");
     assert_eq!(placed_on(&decisions, 3).as_deref(), Some("h"));
 }
+
+#[test]
+fn a_job_waits_for_a_preferred_type_only_while_one_is_on_its_way_and_not_for_long() {
+    let nodes = [typed("h", 1, "h100", &[]), typed("a", 1, "a100", &[])];
+    let t0 = super::tests::t0();
+    let plan_with = |ends_in: Option<i64>, queued_ago: i64| {
+        let holding = super::tests::running(1, "h", &[0], ends_in);
+        let mut waiter = wanting(2, 1, &["h100", "a100"]);
+        waiter.queued_at = t0 - chrono::Duration::seconds(queued_ago);
+        plan(
+            &nodes,
+            &[&holding],
+            &[waiter],
+            &super::tests::settings(),
+            t0,
+        )
+    };
+    // The H100 frees up in five minutes: worth the wait.
+    let decisions = plan_with(Some(300), 0);
+    assert_eq!(
+        super::tests::reason_of(&decisions, &id(2)),
+        Some(WaitReason::PreferredType)
+    );
+    // In an hour, or nobody knows when: the A100 now.
+    assert_eq!(
+        placed_on(&plan_with(Some(3600), 0), 2).as_deref(),
+        Some("a")
+    );
+    assert_eq!(placed_on(&plan_with(None, 0), 2).as_deref(), Some("a"));
+    // Waited long enough already.
+    assert_eq!(
+        placed_on(&plan_with(Some(300), 700), 2).as_deref(),
+        Some("a")
+    );
+}

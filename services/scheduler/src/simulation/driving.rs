@@ -466,6 +466,11 @@ impl World {
                 let attempt = (stored.record.id.clone(), stored.record.attempt);
                 self.ledger.preempted.insert(attempt);
             }
+            if let JobState::Queued(waiting) = &stored.record.state
+                && waiting.reason == mgpu_protocol::job::WaitReason::PreferredType
+            {
+                self.ledger.preferred_type_waits += 1;
+            }
         }
         if let (Some(record), WriteOutcome::Stored { .. }) = (running, &outcome) {
             let agents = &self.agents;

@@ -52,6 +52,8 @@ pub struct Ledger {
     pub array_starts: u64,
     /// Attempts stopped for a job of a class that may preempt.
     pub preempted: BTreeSet<(JobId, u32)>,
+    /// Waits recorded for a preferred GPU type expected soon.
+    pub preferred_type_waits: u64,
     /// Idle warnings and reclaims notified.
     pub idle_warnings: u64,
     pub idle_reclaims: u64,

@@ -110,6 +110,8 @@ pub struct Outcome {
     pub array_starts: u64,
     /// Attempts preempted for a job of a class that may preempt.
     pub preemptions: u64,
+    /// Waits recorded for a preferred GPU type expected free soon.
+    pub preferred_type_waits: u64,
     /// Idle warnings sent, and idle jobs reclaimed for a waiting job.
     pub idle_warnings: u64,
     pub idle_reclaims: u64,
@@ -182,6 +184,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         gang_starts: world.ledger.gang_starts,
         array_starts: world.ledger.array_starts,
         preemptions: world.ledger.preempted.len() as u64,
+        preferred_type_waits: world.ledger.preferred_type_waits,
         idle_warnings: world.ledger.idle_warnings,
         idle_reclaims: world.ledger.idle_reclaims,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),

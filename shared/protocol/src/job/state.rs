@@ -31,6 +31,9 @@ pub enum WaitReason {
     /// Its node went silent while it ran: it waits until that node's agent has surely
     /// stopped the old attempt (its `--fence-after` plus kill grace), so it never runs twice.
     Fencing,
+    /// A GPU type it lists first (`--gpu-type h100,a100`) is expected free soon: it waits for
+    /// it a while rather than take the next type, free now.
+    PreferredType,
 }
 
 impl WaitReason {
@@ -52,6 +55,9 @@ impl WaitReason {
             }
             WaitReason::Fencing => {
                 "waiting until its lost node has surely stopped the previous attempt"
+            }
+            WaitReason::PreferredType => {
+                "waiting a while for a GPU of a type it prefers, expected free soon"
             }
         }
     }
