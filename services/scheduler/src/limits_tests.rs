@@ -257,3 +257,13 @@ fn a_class_sets_limits_keys_for_each_users_jobs_of_it_and_bad_ones_are_named() {
         .unwrap_or_default();
     assert!(error.contains("[qos.scavenger]"), "{error}");
 }
+
+#[test]
+fn caps_per_type_read_the_same_as_dotted_keys() {
+    let dotted =
+        limits_of("[limits.default]\nmax_gpus_running.total = 4\nmax_gpus_running.h100 = 1\n");
+    let table = limits_of("[limits.default.max_gpus_running]\ntotal = 4\nh100 = 1\n");
+    assert_eq!(dotted, table);
+    let caps = dotted.running_type_caps([("alice", None)]);
+    assert_eq!(caps.get("alice").and_then(|c| c.get("h100")), Some(&UNIT));
+}
