@@ -31,6 +31,7 @@ pub mod identity;
 pub mod idle_config;
 pub mod lifecycle;
 pub mod limits;
+pub mod limits_file;
 pub mod liveness_memory;
 pub mod machine;
 pub mod metrics;

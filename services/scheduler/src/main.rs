@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use mgpu_nats::connect::{ConnectTarget, connect};
 use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
 use mgpu_scheduler::driver::replica::{self, SchedulerMetrics};
-use mgpu_scheduler::{config, driver, identity, idle_config, limits, qos_config};
+use mgpu_scheduler::{config, driver, identity, idle_config, limits_file, qos_config};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -112,7 +112,7 @@ async fn main() -> ExitCode {
         }
     };
     // Like the policy, bad limits stop the scheduler before it connects.
-    let limits = match limits::LimitsFile::new(loaded.file.as_deref(), &loaded.sections) {
+    let limits = match limits_file::LimitsFile::new(loaded.file.as_deref(), &loaded.sections) {
         Ok(limits) => limits,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -182,7 +182,7 @@ fn when_too_large(chosen: bool) -> WhenTooLarge {
 
 async fn run(
     args: Args,
-    (policy, limits): (mgpu_protocol::priority::Policy, limits::LimitsFile),
+    (policy, limits): (mgpu_protocol::priority::Policy, limits_file::LimitsFile),
     sizes_chosen: SizesChosen,
 ) -> anyhow::Result<()> {
     let target = ConnectTarget {

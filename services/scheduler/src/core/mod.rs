@@ -53,6 +53,7 @@ mod selection_tests;
 #[cfg(test)]
 mod tests;
 pub mod type_preference;
+mod waiters;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
@@ -73,6 +74,7 @@ use owner_gpus::OwnerGpus;
 pub use owner_gpus::TypeCaps;
 pub use queued::{Dependencies, QueuedJob};
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
+use waiters::Waiters;
 
 /// One GPU of a node as the core sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -530,58 +532,6 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let reclaims = idle_reclaim::reclaim(&capacity, &running, &waiting, settings, now, &decisions);
     decisions.extend(reclaims);
     (decisions, reservations)
-}
-
-/// The jobs that waited for room in a pass, each with the number of the pass's reservations
-/// made for jobs ahead of it.
-struct Waiters<'a> {
-    jobs: &'a [(&'a QueuedJob, usize)],
-    reservations: &'a [Reservation],
-}
-
-impl Waiters<'_> {
-    /// Whether `job` could start on `capacity`, keeping off what is reserved for jobs ahead of
-    /// it (backfill never delays them).
-    fn could_start(
-        &self,
-        waiter: (&QueuedJob, usize),
-        capacity: &Capacity,
-        settings: &CoreSettings,
-        now: Timestamp,
-    ) -> bool {
-        self.placement(waiter, capacity, settings, now).is_some()
-    }
-
-    /// Where `job` would start on `capacity`, keeping off what is reserved for jobs ahead of
-    /// it; None: it could not.
-    fn placement(
-        &self,
-        (job, ahead): (&QueuedJob, usize),
-        capacity: &Capacity,
-        settings: &CoreSettings,
-        now: Timestamp,
-    ) -> Option<Placement> {
-        let reserved = self.reservations.get(..ahead).unwrap_or_default();
-        let ends_at = job
-            .time_limit
-            .and_then(|limit| chrono::Duration::from_std(limit).ok())
-            .map(|limit| now + limit);
-        let avoid = |position: usize, index: u32| {
-            capacity.nodes.get(position).is_some_and(|node| {
-                reserved
-                    .iter()
-                    .any(|r| r.blocks(&node.name, index, ends_at))
-            })
-        };
-        // Type caps were looked at when the job waited; the room is what matters here.
-        let constraints = Constraints {
-            in_service_only: true,
-            unbusy_only: true,
-            avoid: &avoid,
-            type_allowed: &|_| true,
-        };
-        capacity.place(job, &constraints, settings)
-    }
 }
 
 /// Running jobs past their time slice that yield: each one whose GPUs (and cores, memory)

@@ -41,7 +41,7 @@ use mgpu_protocol::priority::Policy;
 use mgpu_protocol::{now, subjects};
 
 use crate::identity::{Gate, Principals};
-use crate::limits::LimitsFile;
+use crate::limits_file::LimitsFile;
 use crate::machine::SchedulerState;
 use crate::machine::messages::{ACK_WAIT, Input, Loaded, Tick, Token};
 use crate::passes::{Counts, PassStats};
