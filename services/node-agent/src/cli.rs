@@ -370,10 +370,13 @@ pub fn print_gpus(probe: &mut dyn GpuProbe) -> anyhow::Result<()> {
         gpu_note: Option<String>,
         gpus: Vec<mgpu_protocol::node::GpuStatus>,
     }
+    let mut gpus = probe.sample(&[]).context("reading the GPUs")?;
+    // As a heartbeat names them: every GPU process is foreign here (no job runs).
+    crate::process_owner::name_foreign_owners(&mut gpus);
     let inventory = Inventory {
         gpu_source: probe.source(),
         gpu_note: probe.note(),
-        gpus: probe.sample(&[]).context("reading the GPUs")?,
+        gpus,
     };
     let text = serde_json::to_string_pretty(&inventory).context("encoding the GPU list")?;
     println!("{text}");
