@@ -1,5 +1,6 @@
 //! Idle GPUs handed to who waits: which running jobs the `[idle]` policy acts on in a pass.
-//! A pure decision, the same shape as preemption by class (`preemption.rs`):
+//! A pure decision, the same shape as preemption by class (both stop jobs through
+//! `victims.rs`):
 //!
 //! - only a job warned for idleness and past its warning's grace is a candidate (the
 //!   machine sets `reclaimable_from`), whatever its class;
@@ -18,7 +19,7 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 
 use super::capacity::Capacity;
-use super::preemption::fewest_victims;
+use super::victims::Room;
 use super::{CoreSettings, Decision, QueuedJob, RunningJob, Waiters};
 
 /// The idle jobs to act on for waiting jobs; `already` are the pass's other decisions, whose
@@ -35,31 +36,13 @@ pub(super) fn reclaim(
     if !running.iter().any(|job| reclaimable(job)) {
         return Vec::new();
     }
-    let mut taken: HashSet<&JobId> = already
-        .iter()
-        .filter_map(|d| match d {
-            Decision::Preempt { job, .. } | Decision::Reclaim { job, .. } => Some(job),
-            _ => None,
-        })
-        .collect();
-    let mut freed = capacity.clone();
-    for job in running {
-        if job.stopping || taken.contains(&job.id) {
-            freed.release(&job.placement);
-        }
-    }
     let waiters: Vec<(&QueuedJob, usize)> = waiting
         .jobs
         .iter()
         .copied()
         .take(settings.max_reservations.max(1))
         .collect();
-    let mut decisions = Vec::new();
-    for waiter in waiters {
-        if let Some(placement) = waiting.placement(waiter, &freed, settings, now) {
-            freed.book(&placement);
-            continue;
-        }
+    let candidates = |_: &QueuedJob, taken: &HashSet<&JobId>| {
         let mut candidates: Vec<&RunningJob> = running
             .iter()
             .copied()
@@ -70,23 +53,16 @@ pub(super) fn reclaim(
                 .cmp(&b.reclaimable_from)
                 .then(a.id.cmp(&b.id))
         });
-        let Some(victims) = fewest_victims(&freed, &candidates, waiting, waiter, settings, now)
-        else {
-            continue;
-        };
-        for victim in &victims {
-            freed.release(&victim.placement);
-        }
-        if let Some(placement) = waiting.placement(waiter, &freed, settings, now) {
-            freed.book(&placement);
-        }
-        for victim in victims {
-            taken.insert(&victim.id);
-            decisions.push(Decision::Reclaim {
-                job: victim.id.clone(),
-                for_job: waiter.0.id.clone(),
-            });
-        }
-    }
-    decisions
+        candidates
+    };
+    let room = Room {
+        capacity,
+        running,
+        waiting,
+        settings,
+        now,
+    };
+    room.stop_for(&waiters, already, candidates, |job, for_job| {
+        Decision::Reclaim { job, for_job }
+    })
 }

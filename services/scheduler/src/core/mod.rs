@@ -53,6 +53,7 @@ mod selection_tests;
 #[cfg(test)]
 mod tests;
 pub mod type_preference;
+mod victims;
 mod waiters;
 
 use std::borrow::Borrow;

@@ -20,6 +20,7 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 
 use super::capacity::Capacity;
+use super::victims::Room;
 use super::{CoreSettings, Decision, QueuedJob, RunningJob, Waiters};
 
 /// The jobs to stop for waiting jobs of classes that may preempt; `already` are the pass's
@@ -45,46 +46,21 @@ pub(super) fn by_class(
         .filter(|(job, _)| job.may_preempt)
         .take(settings.max_reservations.max(1))
         .collect();
-    let mut taken: HashSet<&JobId> = already
-        .iter()
-        .filter_map(|d| match d {
-            Decision::Preempt { job, .. } => Some(job),
-            _ => None,
-        })
-        .collect();
-    let mut freed = capacity.clone();
-    for job in running {
-        if job.stopping || taken.contains(&job.id) {
-            freed.release(&job.placement);
+    let candidates =
+        |waiter: &QueuedJob, taken: &HashSet<&JobId>| candidates(running, waiter, taken, now);
+    let room = Room {
+        capacity,
+        running,
+        waiting,
+        settings,
+        now,
+    };
+    room.stop_for(&preemptors, already, candidates, |job, for_job| {
+        Decision::Preempt {
+            job,
+            for_job: Some(for_job),
         }
-    }
-    let mut decisions = Vec::new();
-    for waiter in preemptors {
-        if let Some(placement) = waiting.placement(waiter, &freed, settings, now) {
-            // Room is there, or will be once jobs already stopping are gone.
-            freed.book(&placement);
-            continue;
-        }
-        let candidates = candidates(running, waiter.0, &taken, now);
-        let Some(victims) = fewest_victims(&freed, &candidates, waiting, waiter, settings, now)
-        else {
-            continue;
-        };
-        for victim in &victims {
-            freed.release(&victim.placement);
-        }
-        if let Some(placement) = waiting.placement(waiter, &freed, settings, now) {
-            freed.book(&placement);
-        }
-        for victim in victims {
-            taken.insert(&victim.id);
-            decisions.push(Decision::Preempt {
-                job: victim.id.clone(),
-                for_job: Some(waiter.0.id.clone()),
-            });
-        }
-    }
-    decisions
+    })
 }
 
 /// Whether `running`, once requeued, could have `waiter` stopped again at once: its class
@@ -119,44 +95,4 @@ fn candidates<'a>(
             .then(a.id.cmp(&b.id))
     });
     candidates
-}
-
-/// The fewest of `candidates` (in their order) whose room lets `waiter` start, with any
-/// whose room it does not need let go; None when all of them would not be enough.
-pub(super) fn fewest_victims<'a>(
-    freed: &Capacity,
-    candidates: &[&'a RunningJob],
-    waiting: &Waiters<'_>,
-    waiter: (&QueuedJob, usize),
-    settings: &CoreSettings,
-    now: Timestamp,
-) -> Option<Vec<&'a RunningJob>> {
-    let fits = |victims: &[&RunningJob]| {
-        let mut room = freed.clone();
-        for victim in victims {
-            room.release(&victim.placement);
-        }
-        waiting.could_start(waiter, &room, settings, now)
-    };
-    let mut chosen: Vec<&RunningJob> = Vec::new();
-    for candidate in candidates {
-        chosen.push(candidate);
-        if fits(&chosen) {
-            break;
-        }
-    }
-    if chosen.is_empty() || !fits(&chosen) {
-        return None;
-    }
-    // Let go, latest first, every victim the others already make enough room without.
-    let mut index = chosen.len();
-    while index > 0 {
-        index -= 1;
-        let mut without = chosen.clone();
-        without.remove(index);
-        if !without.is_empty() && fits(&without) {
-            chosen = without;
-        }
-    }
-    Some(chosen)
 }
