@@ -262,12 +262,33 @@ fn notes(
     }
     let foreign: u64 = gpu.foreign_processes.iter().map(|p| p.used_mib).sum();
     if foreign > 0 {
-        notes.push(format!("{} GiB not mgpu's", format::gib(foreign)));
+        notes.push(format!(
+            "{} GiB not mgpu's{}",
+            format::gib(foreign),
+            foreign_owners(gpu)
+        ));
     }
     if line.first && state == NodeState::Offline {
         notes.push(format!("silent for {}", format::since(sent_at, now)));
     }
     notes.join(", ")
+}
+
+/// Whose processes use a GPU outside mgpu, where the agent could tell: ` (bob, carol)`; the
+/// first two by name, then how many more (one line has little room).
+fn foreign_owners(gpu: &GpuStatus) -> String {
+    let mut owners: Vec<&str> = gpu
+        .foreign_processes
+        .iter()
+        .filter_map(|p| p.user.as_deref())
+        .collect();
+    owners.sort_unstable();
+    owners.dedup();
+    match owners.len() {
+        0 => String::new(),
+        1 | 2 => format!(" ({})", owners.join(", ")),
+        more => format!(" ({}, {} +{})", owners[0], owners[1], more - 2),
+    }
 }
 
 pub(super) fn jobs(model: &Model, area: Rect, buf: &mut Buffer) {
@@ -457,5 +478,33 @@ mod tests {
             "cancelling",
             "what is being done comes first"
         );
+    }
+
+    #[test]
+    fn foreign_use_names_its_owners_briefly() {
+        let process = |user: Option<&str>| mgpu_protocol::node::ForeignProcess {
+            pid: 1,
+            used_mib: 1024,
+            user: user.map(str::to_owned),
+        };
+        let mut gpu = GpuStatus {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "H100".into(),
+            gpu_type: None,
+            memory_total_mib: 81_920,
+            memory_used_mib: 0,
+            utilization_pct: 0,
+            temperature_c: None,
+            power_w: None,
+            foreign_processes: vec![process(None)],
+        };
+        assert_eq!(foreign_owners(&gpu), "");
+        gpu.foreign_processes = vec![process(Some("bob")), process(Some("bob"))];
+        assert_eq!(foreign_owners(&gpu), " (bob)");
+        for name in ["dave", "carol", "erin"] {
+            gpu.foreign_processes.push(process(Some(name)));
+        }
+        assert_eq!(foreign_owners(&gpu), " (bob, carol +2)");
     }
 }
