@@ -289,7 +289,7 @@ fn scheduler_killed_and_restarted_mid_job_loses_nothing_and_runs_nothing_twice()
 #[test]
 fn bad_input_gets_a_clear_error() {
     let cluster = Cluster::start(&one_gpu_node());
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["submit", "--gpus", "-1", "--", "true"], "0 or more"),
         (
             &["submit", "--gpus", "abc", "--", "true"],
@@ -301,6 +301,11 @@ fn bad_input_gets_a_clear_error() {
         ),
         (&["cancel", "0123abcd"], "no job matches"),
         (&["show", "not-an-id"], "not a job id"),
+        // A full id nobody submitted: asked of the bucket, its stream's leader, then history.
+        (
+            &["show", "0123456789abcdef0123456789abcdef"],
+            "no job matches",
+        ),
         (&["logs", "fffffff"], "no job matches"),
     ];
     for (args, expected) in cases {

@@ -281,7 +281,45 @@ pub async fn get_job(js: &jetstream::Context, id: &JobId) -> Result<Option<JobRe
         return Ok(Some(pending));
     }
     // The scheduler may have recorded it between the two reads above.
-    recorded_job(&bucket, id).await
+    if let Some(record) = recorded_job(&bucket, id).await? {
+        return Ok(Some(record));
+    }
+    leader_read_job(js, id).await
+}
+
+/// The job's record as the bucket's stream leader has it. A bucket read may be answered by
+/// any replica, and one that lags behind a leader election can miss a record stored moments
+/// ago (a job just submitted would read as unknown): before saying a job does not exist, the
+/// leader is asked.
+async fn leader_read_job(
+    js: &jetstream::Context,
+    id: &JobId,
+) -> Result<Option<JobRecord>, StateError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let stream = js
+        .get_stream_no_info(subjects::JOBS_BUCKET_STREAM)
+        .await
+        .map_err(StateError::jetstream)?;
+    let key = format!("$KV.{}.{id}", subjects::JOBS_BUCKET);
+    let message = match stream.get_last_raw_message_by_subject(&key).await {
+        Ok(message) => message,
+        Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(error) => return Err(StateError::jetstream(error)),
+    };
+    // A deleted or purged key leaves a marker with no record in it.
+    let removed = message
+        .headers
+        .get("KV-Operation")
+        .is_some_and(|op| op.as_str() != "PUT");
+    if removed || message.payload.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(&message.payload)
+        .map(Some)
+        .map_err(|error| StateError::Corrupt {
+            key: id.to_string(),
+            error,
+        })
 }
 
 /// The record of a finished job that left the live bucket for the history stream, if it is

@@ -256,9 +256,10 @@ impl SchedulerState {
         })
     }
 
-    /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`), counting
-    /// the jobs `queued` knows of; within them, a job without a time limit gets
-    /// `max_time_limit`.
+    /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`) or its
+    /// class's (the limits keys of `[qos.<name>]`, counting the owner's jobs of that class),
+    /// counting the jobs `queued` knows of; within them, a job without a time limit gets the
+    /// shorter `max_time_limit` of the two.
     fn over_limit(
         &self,
         request: &mut SubmitRequest,

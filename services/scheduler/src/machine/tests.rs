@@ -592,3 +592,50 @@ fn a_lost_node_s_waiting_assignments_are_dropped_and_its_job_waits_while_it_stil
         rig.state(&id)
     );
 }
+
+#[test]
+fn a_class_s_limits_apply_to_each_user_s_jobs_of_it_beside_their_own() {
+    let classes = mgpu_protocol::qos::QosClasses(BTreeMap::from([(
+        "urgent".to_owned(),
+        mgpu_protocol::qos::QosClass::default(),
+    )]));
+    let mut rig = Rig::new(Policy {
+        qos: classes,
+        ..Policy::default()
+    });
+    let config: toml::Table = r#"
+        [limits.default]
+        max_time_limit = "2h"
+        [qos.urgent]
+        max_jobs_queued = 1
+        max_time_limit = "30m"
+    "#
+    .parse()
+    .unwrap_or_else(|e| panic!("{e}"));
+    rig.machine.limits = crate::limits::Limits::parse(config.get("limits"))
+        .and_then(|limits| limits.with_classes(config.get("qos")))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let mut urgent = one_gpu();
+    urgent.qos = Some("urgent".into());
+    let time_limit =
+        |rig: &Rig, id: &JobId| rig.machine.job(id).and_then(|r| r.spec.time_limit_secs);
+
+    // The shorter of the class's and the user's time caps; one urgent job queued at most.
+    let first = rig.submit(urgent.clone());
+    assert!(matches!(rig.state(&first), Some(JobState::Queued(_))));
+    assert_eq!(time_limit(&rig, &first), Some(1800));
+    let second = rig.submit(urgent);
+    let reason = rig
+        .state(&second)
+        .and_then(|s| s.ending())
+        .and_then(|e| e.reason.clone())
+        .unwrap_or_default();
+    assert!(
+        reason.contains("max_jobs_queued = 1 ([qos.urgent])"),
+        "{reason}"
+    );
+    // Her other jobs count apart.
+    let plain = rig.submit(one_gpu());
+    assert!(matches!(rig.state(&plain), Some(JobState::Queued(_))));
+    assert_eq!(time_limit(&rig, &plain), Some(7200));
+}
