@@ -327,11 +327,14 @@ impl Table {
             .max_gpus_running_by_type
             .iter()
             .map(|(gpu_type, units)| (format!("max_gpus_running.{gpu_type}"), Some(gpus(*units))));
+        // Beside caps per type, the total is `max_gpus_running.total`: TOML cannot give a
+        // key both a number and keys of its own, and what is printed must read back.
+        let total_key = match self.max_gpus_running_by_type.is_empty() {
+            true => "max_gpus_running",
+            false => "max_gpus_running.total",
+        };
         let values = [
-            (
-                "max_gpus_running".to_owned(),
-                self.max_gpus_running.map(gpus),
-            ),
+            (total_key.to_owned(), self.max_gpus_running.map(gpus)),
             (
                 "max_jobs_queued".to_owned(),
                 self.max_jobs_queued

@@ -267,3 +267,24 @@ fn caps_per_type_read_the_same_as_dotted_keys() {
     let caps = dotted.running_type_caps([("alice", None)]);
     assert_eq!(caps.get("alice").and_then(|c| c.get("h100")), Some(&UNIT));
 }
+
+#[test]
+fn a_table_with_caps_per_type_prints_its_total_as_a_key_that_reads_back() {
+    let limits = limits_of("[limits.default.max_gpus_running]\ntotal = 4\nh100 = 1\n");
+    let printed = limits.printable();
+    let text: String = printed
+        .iter()
+        .flat_map(|(name, settings)| {
+            std::iter::once(format!("[{name}]\n")).chain(settings.iter().map(|s| {
+                let value = s
+                    .value
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                format!("{} = {value}\n", s.key)
+            }))
+        })
+        .collect();
+    assert!(text.contains("max_gpus_running.total = 4"), "{text}");
+    assert_eq!(limits_of(&text), limits, "{text}");
+}
