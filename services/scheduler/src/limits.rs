@@ -170,7 +170,7 @@ impl Limits {
 
     /// The limits every user's jobs of `class` (None: `normal`) have, if it sets any.
     pub fn for_class(&self, class: Option<&str>) -> Option<UserLimits> {
-        let name = class.unwrap_or(mgpu_protocol::qos::DEFAULT_QOS);
+        let name = mgpu_protocol::qos::class_name(class);
         let table = self.classes.get(name)?;
         let from = format!("[qos.{name}]");
         let limit = |value: Option<u64>| {

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 /// The class of a job that names none; it exists even when the config does not name it.
 pub const DEFAULT_QOS: &str = "normal";
 
+/// The class a job of `--qos name` is in: `normal` when it names none.
+pub fn class_name(name: Option<&str>) -> &str {
+    name.unwrap_or(DEFAULT_QOS)
+}
+
 /// The grace of a class that does not say: 5 minutes between the warning and SIGTERM.
 pub const DEFAULT_GRACE_SECS: u64 = 300;
 

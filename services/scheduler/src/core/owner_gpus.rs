@@ -30,7 +30,7 @@ pub(super) struct OwnerGpus<'a> {
 
 /// A job's class by name (`normal` when it names none).
 fn class_of(qos: &Option<String>) -> &str {
-    qos.as_deref().unwrap_or(mgpu_protocol::qos::DEFAULT_QOS)
+    mgpu_protocol::qos::class_name(qos.as_deref())
 }
 
 impl<'a> OwnerGpus<'a> {

@@ -84,6 +84,8 @@ pub struct SchedulerState {
     gpu_caps: Arc<HashMap<String, u64>>,
     /// Each capped user's caps per GPU type, from `limits` and users' groups.
     gpu_type_caps: Arc<crate::core::TypeCaps>,
+    /// Each class's cap on one user's running jobs of it, from `limits`.
+    class_caps: Arc<HashMap<String, u64>>,
     views: QueueViews,
     watch: LivenessMemory,
     /// The monotonic reading of the latest tick (when kills were sent is measured on it).
@@ -154,6 +156,7 @@ impl SchedulerState {
         nodes.blind_until(now);
         let gpu_caps = Arc::new(limits.running_caps(users_with_groups(&principals)));
         let gpu_type_caps = Arc::new(limits.running_type_caps(users_with_groups(&principals)));
+        let class_caps = Arc::new(limits.class_running_caps());
         SchedulerState {
             jobs: JobTable::new(records),
             nodes,
@@ -165,6 +168,7 @@ impl SchedulerState {
             limits,
             gpu_caps,
             gpu_type_caps,
+            class_caps,
             views: QueueViews::default(),
             watch: LivenessMemory::default(),
             monotonic: Duration::ZERO,
@@ -347,6 +351,11 @@ impl SchedulerState {
         let type_caps = self
             .limits
             .running_type_caps(users_with_groups(&self.principals));
+        let class_caps = self.limits.class_running_caps();
+        if class_caps != *self.class_caps {
+            self.class_caps = Arc::new(class_caps);
+            self.pass_due = true;
+        }
         if type_caps != *self.gpu_type_caps {
             self.gpu_type_caps = Arc::new(type_caps);
             self.pass_due = true;

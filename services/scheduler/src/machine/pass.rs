@@ -120,7 +120,7 @@ impl SchedulerState {
                     .filter(|label| !label.is_empty()),
                 gpu_caps: std::sync::Arc::clone(&self.gpu_caps),
                 gpu_type_caps: std::sync::Arc::clone(&self.gpu_type_caps),
-                class_caps: std::sync::Arc::new(self.limits.class_running_caps()),
+                class_caps: std::sync::Arc::clone(&self.class_caps),
             };
             let nodes = self.nodes.views(now);
             sample.view_us = lap();

@@ -11,7 +11,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
 use mgpu_protocol::node::AdminMark;
 use mgpu_protocol::node_admin::AdminRequest;
-use mgpu_protocol::qos::DEFAULT_QOS;
+use mgpu_protocol::qos::class_name;
 use mgpu_protocol::request::{Action, Request};
 use mgpu_protocol::submit::SubmitRequest;
 
@@ -153,7 +153,7 @@ impl SchedulerState {
             return;
         };
         if matches!(record.state, JobState::Queued(_)) {
-            let class = record.spec.qos.as_deref().unwrap_or(DEFAULT_QOS);
+            let class = class_name(record.spec.qos.as_deref());
             queued.add(&identity.name, class);
         }
         if self.jobs.get(&id).is_some() {
@@ -206,10 +206,7 @@ impl SchedulerState {
         if let Some(why) = self.policy.qos.refusal(spec.qos.as_deref(), user, group) {
             return Some(why);
         }
-        let class = spec
-            .qos
-            .as_deref()
-            .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS);
+        let class = class_name(spec.qos.as_deref());
         (spec.idle_ok && !self.policy.qos.of_job(spec.qos.as_deref()).allow_idle_ok).then(|| {
             format!(
                 "--idle-ok is not allowed in the quality-of-service class {class:?} (its \
@@ -283,7 +280,7 @@ impl SchedulerState {
         let class_limits = self.limits.for_class(class);
         if let Some(class_limits) = &class_limits {
             let count = match &class_limits.max_jobs_queued {
-                Some(_) => queued.of(user, Some(class.unwrap_or(DEFAULT_QOS)), &self.jobs),
+                Some(_) => queued.of(user, Some(class_name(class)), &self.jobs),
                 None => 0,
             };
             if let Some(why) = class_limits.refusal(user, &request.spec, count) {
@@ -426,14 +423,7 @@ impl QueuedByUser {
             return *count;
         }
         let of_class = |record: &JobRecord| {
-            class.is_none_or(|class| {
-                record
-                    .spec
-                    .qos
-                    .as_deref()
-                    .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS)
-                    == class
-            })
+            class.is_none_or(|class| class_name(record.spec.qos.as_deref()) == class)
         };
         let count = jobs
             .queued()

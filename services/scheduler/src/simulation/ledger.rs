@@ -208,25 +208,14 @@ impl Ledger {
 
     /// A started job keeps its owner's jobs of its class within the class's cap.
     pub fn check_class_caps(&mut self, record: &JobRecord, records: &BTreeMap<JobId, Tracked>) {
-        let class = record
-            .spec
-            .qos
-            .as_deref()
-            .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS);
+        let class = mgpu_protocol::qos::class_name(record.spec.qos.as_deref());
         let Some(cap) = self.class_caps.get(class).copied() else {
             return;
         };
         let held: u64 = records
             .values()
             .filter(|t| t.record.user == record.user)
-            .filter(|t| {
-                t.record
-                    .spec
-                    .qos
-                    .as_deref()
-                    .unwrap_or(mgpu_protocol::qos::DEFAULT_QOS)
-                    == class
-            })
+            .filter(|t| mgpu_protocol::qos::class_name(t.record.spec.qos.as_deref()) == class)
             .filter_map(|t| match &t.record.state {
                 JobState::Running(run) => Some(
                     run.placement
