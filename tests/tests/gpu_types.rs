@@ -1,6 +1,6 @@
 //! GPU types and node features, end to end: agents declare typed GPUs and features, jobs ask
-//! for types in order of preference and for features, and what no node has is refused at
-//! submit, naming what the cluster has; `mgpu report --by type` splits GPU time by type.
+//! for types in order of preference (waiting for a preferred one only when it frees up soon)
+//! and for features, and what no node has is refused at submit, naming what the cluster has; `mgpu report --by type` splits GPU time by type.
 
 use std::time::Duration;
 
@@ -77,4 +77,36 @@ fn jobs_get_the_gpu_types_and_node_features_they_ask_for() {
         String::from_utf8_lossy(&out.stderr).contains("expected a feature name"),
         "{out:?}"
     );
+}
+
+#[test]
+fn a_job_waits_for_its_preferred_type_when_one_frees_up_soon() {
+    let nodes = [
+        NodeSpec::new("node001", "1x80GiB:h100"),
+        NodeSpec::new("node002", "1x40GiB:a100"),
+    ];
+    let cluster = Cluster::start(&nodes);
+    // The H100 is held by a job due to end within minutes: worth waiting for.
+    let holder = cluster.submit(
+        &[
+            "--gpus",
+            "h100:1",
+            "--time-limit",
+            "5m",
+            "--on-timeout",
+            "fail",
+        ],
+        "sleep 300",
+    );
+    cluster.wait_state(&holder, "running", T);
+    let waiter = cluster.submit(&["--gpu-type", "h100,a100"], "sleep 30");
+    cluster.wait_reason(
+        &waiter,
+        "waiting a while for a GPU of a type it prefers, expected free soon",
+        T,
+    );
+    // Once it is free, the H100 is the waiter's; the A100 was left alone.
+    cluster.mgpu_ok(&["cancel", &holder]);
+    let started = cluster.wait_state(&waiter, "running", T);
+    assert_eq!(text(&started, "node"), "node001", "{started}");
 }

@@ -1,6 +1,7 @@
 //! A job's idle GPUs, told as a story on declared GPUs fed by a `--gpu-samples` file: the
 //! agent reports the job idle while its GPU sits at 0 %, working again once the file says
-//! 90 %, and its usage at the end carries the idle GPU-seconds.
+//! 90 %, and its usage at the end carries the idle GPU-seconds; the scheduler's `[idle]` policy
+//! acting on that; and a process the file lists outside any job shown with its owner.
 
 use std::path::Path;
 use std::time::Duration;
@@ -137,4 +138,42 @@ fn an_idle_job_is_warned_then_requeued_for_a_waiting_one_and_an_idle_ok_job_is_l
     let notebook = cluster.show(&notebook);
     assert_eq!(notebook["state"], "running", "{notebook}");
     assert!(notebook["record"]["idle_warning"].is_null(), "{notebook}");
+}
+
+#[test]
+fn a_gpu_process_mgpu_did_not_start_is_shown_with_its_owner() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary directory: {e}"));
+    let samples = dir.path().join("gpu-samples.json");
+    // A real process outside any job, listed on GPU 0 as NVML would list it.
+    let mut outsider = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting sleep: {e}"));
+    let text = format!(
+        r#"{{"gpus": [{{"index": 0, "processes": [{{"pid": {}, "used_mib": 2048}}]}}]}}"#,
+        outsider.id()
+    );
+    std::fs::write(&samples, text).unwrap_or_else(|e| panic!("{e}"));
+    let samples_arg = samples.display().to_string();
+    let node = NodeSpec::new("node001", "1x24GiB").agent_args(&["--gpu-samples", &samples_arg]);
+    let cluster = Cluster::start(&[node]);
+    cluster.wait_nodes_online(1);
+    let me = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_default();
+
+    let foreign = wait_for("the outsider in the node's heartbeat", T, || {
+        let out = cluster.mgpu_with(&cluster.admin_creds(), &["nodes", "--json"], None);
+        let nodes: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let process = nodes[0]["gpus"][0]["foreign_processes"][0].clone();
+        (!process.is_null()).then_some(process)
+    });
+    assert_eq!(foreign["user"], me.as_str(), "{foreign}");
+    assert_eq!(foreign["used_mib"], 2048, "{foreign}");
+    let shown = cluster.mgpu_ok(&["nodes"]);
+    assert!(shown.contains(&format!("({me})")), "{shown}");
+    let _ = outsider.kill();
+    let _ = outsider.wait();
 }

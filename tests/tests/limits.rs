@@ -246,3 +246,28 @@ fn a_cap_per_gpu_type_keeps_a_user_to_it_while_other_types_and_users_run() {
         T,
     );
 }
+
+#[test]
+fn a_class_cap_holds_a_users_jobs_of_that_class_and_not_their_others() {
+    let (cluster, _config, _dir) = cluster_with_limits(
+        "4x24GiB",
+        "[qos.urgent]\nmax_gpus_running = 1\nmax_time_limit = \"30m\"\n",
+    );
+    let first = submit_as(&cluster, "alice", &["--qos", "urgent"], "sleep 60");
+    cluster.wait_state(&first, "running", T);
+    // Without a time limit of its own, it got its class's.
+    assert_eq!(
+        cluster.show(&first)["record"]["spec"]["time_limit_secs"],
+        1800
+    );
+    let second = submit_as(&cluster, "alice", &["--qos", "urgent"], "sleep 60");
+    let plain = submit_as(&cluster, "alice", &[], "sleep 60");
+    let bobs = submit_as(&cluster, "bob", &["--qos", "urgent"], "sleep 60");
+    cluster.wait_state(&plain, "running", T);
+    cluster.wait_state(&bobs, "running", T);
+    cluster.wait_reason(
+        &second,
+        "waiting: its owner runs as many GPUs as their max_gpus_running limit allows",
+        T,
+    );
+}
