@@ -29,6 +29,7 @@ pub(crate) fn write_principals(auth_dir: &Path, nodes: &[NodeSpec]) {
             .unwrap_or_else(|e| panic!("adding {name}: {e}"));
     };
     add(&mut registry, Role::Scheduler, "scheduler");
+    add(&mut registry, Role::Notify, "notify");
     add(&mut registry, Role::Admin, "admin");
     add(&mut registry, Role::User, "alice");
     add(&mut registry, Role::User, "bob");

@@ -9,8 +9,8 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::client::session::ConnectionArgs;
 use crate::commands::{
-    admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, notices, queue,
-    report, show, submit, top, wait,
+    admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, notices, notify,
+    queue, report, show, submit, top, wait,
 };
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
@@ -71,6 +71,7 @@ impl Cli {
             Command::Attach(args) => attach::run(connection, args).await,
             Command::Wait(args) => wait::run(connection, args).await,
             Command::Notices(args) => notices::run(connection, args).await,
+            Command::Notify(args) => notify::run(connection, args).await,
             Command::Completions(args) => {
                 completions::run_completions(connection, args, Cli::command()).await
             }
@@ -135,6 +136,9 @@ enum Command {
     Wait(wait::WaitArgs),
     /// Follow the scheduler's notices about your jobs live (idle warnings), until Ctrl+C.
     Notices(notices::NoticesArgs),
+    /// Where your notices go (chat, webhook, e-mail): `mgpu notify add slack URL`, `list`,
+    /// `test`; `mgpu submit --notify end,fail` asks for them.
+    Notify(notify::NotifyArgs),
     /// Print a shell completion script: `source <(mgpu completions bash)`.
     Completions(completions::CompletionsArgs),
     /// Write man pages for mgpu and every subcommand.

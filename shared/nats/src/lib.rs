@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`connect`]: connecting with an nkey (and TLS), with errors a person can act on.
 //! - [`streams`]: the JetStream streams and KV buckets, and how to create them.
+//! - [`notify_streams`]: the notices stream and the buckets of `mgpu-notify`.
 //! - [`job_env`]: the environments captured at submit, kept apart from the job records.
 //! - [`records`]: reading job records and node heartbeats straight from JetStream.
 //! - [`reading`]: the short-lived consumers those reads go through.
@@ -14,6 +15,7 @@
 pub mod connect;
 pub mod error;
 pub mod job_env;
+pub mod notify_streams;
 pub mod pull;
 pub mod reading;
 pub mod records;

@@ -225,6 +225,7 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
             num_replicas: replicas,
             ..Default::default()
         },
+        crate::notify_streams::notices_stream_config(replicas),
     ]
 }
 
@@ -366,6 +367,8 @@ pub async fn ensure(js: &jetstream::Context, settings: &StreamSettings) -> Resul
         cluster_bucket_config(settings),
         leader_bucket_config(settings),
         node_lease_bucket_config(settings.replicas),
+        crate::notify_streams::destinations_bucket_config(settings.replicas),
+        crate::notify_streams::sent_bucket_config(settings.replicas),
     ] {
         let bucket = config.bucket.clone();
         let stream = format!("KV_{bucket}");

@@ -1,6 +1,8 @@
 //! Idle GPUs: what an agent measures of a job's GPU use (how long it has been idle without a
 //! break, and its idle GPU-time in all), and the notices the scheduler sends a job's owner
-//! on `users.<key>.notices` when its `[idle]` policy warns about, or reclaims, a job.
+//! on `users.<key>.notices` when its `[idle]` policy warns about, or reclaims, a job. The
+//! same [`Notice`] carries what `mgpu-notify` tells owners of other moments (`--notify`,
+//! see [`crate::notify`]): one subject and one type for every notice a user follows.
 //!
 //! A job is idle while every GPU it holds is below the threshold the scheduler sends with its
 //! assignment (`Assignment::idle_below_pct`, the policy's `min_util`) and its memory on them
@@ -118,6 +120,32 @@ pub enum NoticeKind {
     IdleCleared,
     /// The job was idle past its grace while someone waited: `action` was taken.
     IdleReclaimed { action: IdleAction, for_job: JobId },
+    /// Attempt `attempt` started on `node` (`--notify start`; sent by `mgpu-notify`).
+    Started { attempt: u32, node: String },
+    /// The job ended in `state` (`--notify end`, and `fail` unless it succeeded).
+    Ended {
+        state: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Attempt `attempt` was stopped to make room and the job queued again (`--notify
+    /// preempt`).
+    Preempted { attempt: u32 },
+    /// Attempt `attempt` has run 80 % of its time limit (`--notify time80`).
+    TimeLimit80 { attempt: u32, limit_secs: u64 },
+    /// Every task of array `array_id` ended: one summary in place of a notice per task.
+    ArrayEnded {
+        array_id: JobId,
+        tasks: u32,
+        succeeded: u32,
+        failed: u32,
+        /// Cancelled, timed out, lost with their node.
+        other: u32,
+    },
+    /// `mgpu notify test`: goes to every destination of its sender.
+    Test,
 }
 
 /// One notice to a user about one of their jobs (not `deny_unknown_fields`, which serde

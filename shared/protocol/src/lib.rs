@@ -22,6 +22,7 @@
 //! - [`event`]: job state transitions and agents' reports on `jobs.<id>.events`.
 //! - [`output`]: the headers of job output messages on `jobs.<id>.output`.
 //! - [`audit`]: the audit trail's records.
+//! - [`notify`]: notifications: `--notify` events, users' destinations, the service's names.
 //! - [`priority`]: effective priority (priority, age, fair share) and the scheduling policy.
 //! - [`principals`]: the principals file: who exists, in which role, with which public nkey.
 //! - [`signing`]: request signatures (what is signed, how it is checked, replay protection).
@@ -46,6 +47,7 @@ pub mod ids;
 pub mod job;
 pub mod node;
 pub mod node_admin;
+pub mod notify;
 pub mod output;
 pub mod principals;
 pub mod priority;

@@ -1,6 +1,7 @@
-//! The principals file (`principals.json`): who exists (scheduler, nodes, users, admins), in
-//! which role, with which public nkey. `mgpu admin` writes it; the scheduler reads it to know
-//! who signed a request. It holds no secrets: each seed stays in its own key file.
+//! The principals file (`principals.json`): who exists (scheduler, nodes, users, admins, the
+//! notification service), in which role, with which public nkey. `mgpu admin` writes it; the
+//! scheduler reads it to know who signed a request. It holds no secrets: each seed stays in
+//! its own key file.
 
 use std::fs;
 use std::path::Path;
@@ -17,6 +18,8 @@ pub enum Role {
     Node,
     User,
     Admin,
+    /// The `mgpu-notify` service: reads job events and notices, sends them on.
+    Notify,
 }
 
 impl Role {
@@ -26,6 +29,7 @@ impl Role {
             Role::Node => "node",
             Role::User => "user",
             Role::Admin => "admin",
+            Role::Notify => "notify",
         }
     }
 }

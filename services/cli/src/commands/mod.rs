@@ -12,6 +12,7 @@ pub mod logs;
 pub mod node_admin;
 pub mod nodes;
 pub mod notices;
+pub mod notify;
 pub mod queue;
 pub mod report;
 pub mod show;

@@ -116,7 +116,7 @@ pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<Exit
 
 /// The public key of `user`: a key as given, else the user (or admin) of that name in the
 /// registry in `dir`.
-fn resolve_user(user: &str, dir: &Path) -> Result<String> {
+pub(crate) fn resolve_user(user: &str, dir: &Path) -> Result<String> {
     if user.starts_with('U') && nkeys::KeyPair::from_public_key(user).is_ok() {
         return Ok(user.to_owned());
     }
@@ -208,6 +208,8 @@ fn notice_text(notice: &Notice, now: Timestamp) -> String {
                 }
             }
         }
+        // mgpu-notify's notices (`--notify`) say it in their message.
+        _ => notice.message.clone(),
     }
 }
 

@@ -121,6 +121,11 @@ pub fn permissions(role: Role, name: &str, public_key: &str) -> Permissions {
         Role::Scheduler => scheduler_permissions(),
         Role::Node => node_permissions(name, public_key),
         Role::User => user_permissions(public_key),
+        Role::Notify => Permissions {
+            publish: super::notify_access::service_publish(),
+            subscribe: vec![format!("{}.>", inbox_prefix(public_key))],
+            deny_publish: Vec::new(),
+        },
     }
 }
 
@@ -267,6 +272,7 @@ fn user_permissions(public_key: &str) -> Permissions {
         ),
         env_keys,
     ]);
+    publish.extend(super::notify_access::user_publish(public_key));
     // The scheduler's durable consumer of reports is not a user's to change or drain.
     let events = subjects::EVENTS_STREAM;
     let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
@@ -284,7 +290,10 @@ fn user_permissions(public_key: &str) -> Permissions {
             format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
             format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
             format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
-        ],
+        ]
+        .into_iter()
+        .chain(super::notify_access::user_deny_publish())
+        .collect(),
     }
 }
 

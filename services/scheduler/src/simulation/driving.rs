@@ -412,7 +412,8 @@ impl World {
                     mgpu_protocol::idle::NoticeKind::IdleReclaimed { .. } => {
                         self.ledger.idle_reclaims += 1;
                     }
-                    mgpu_protocol::idle::NoticeKind::IdleCleared => {}
+                    // The other kinds are mgpu-notify's, never the machine's.
+                    _ => {}
                 }
                 let attempt = self.store.record(&notice.job).map(|r| r.attempt);
                 let really_idle = attempt.and_then(|attempt| {

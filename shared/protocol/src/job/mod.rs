@@ -146,6 +146,9 @@ pub struct JobSpec {
     /// alone, where its class allows that.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub idle_ok: bool,
+    /// The moments its owner is told about through their destinations (`--notify end,fail`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<crate::notify::NotifyEvent>,
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
@@ -279,6 +282,7 @@ impl JobSpec {
             qos: None,
             signal: None,
             idle_ok: false,
+            notify: Vec::new(),
         }
     }
 

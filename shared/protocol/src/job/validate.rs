@@ -126,6 +126,9 @@ impl JobSpec {
         if self.after.len() + self.after_any.len() > 1000 {
             return Err(InvalidInput::new("a job may depend on at most 1000 jobs"));
         }
+        if self.notify.len() > crate::notify::NotifyEvent::ALL.len() {
+            return Err(InvalidInput::new("--notify names a notice more than once"));
+        }
         if let Some(member) = &self.array
             && member.max_running == Some(0)
         {

@@ -67,7 +67,8 @@ pub fn run(dir: &Path, args: &InitArgs) -> Result<()> {
 
     let mut registry = load(&dir)?;
     let mut keys = Vec::new();
-    for (role, name) in [(Role::Scheduler, "scheduler"), (Role::Admin, "admin")] {
+    let services = [(Role::Scheduler, "scheduler"), (Role::Notify, "notify")];
+    for (role, name) in services.into_iter().chain([(Role::Admin, "admin")]) {
         let path = registry.add(&dir, role, name).map_err(plain)?;
         keys.push((name, path));
     }

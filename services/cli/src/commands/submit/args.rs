@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use mgpu_protocol::duration::parse_duration;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::job::{NodeGpuIds, OnTimeout};
+use mgpu_protocol::notify::{NotifyEvent, parse_events};
 use mgpu_protocol::stop::StopSignal;
 
 use crate::parse::{self, ArraySpec, GpuIds};
@@ -131,6 +132,13 @@ pub struct SubmitArgs {
     /// leaves it alone, where its QoS class allows that.
     #[arg(long)]
     pub idle_ok: bool,
+
+    /// Tell you when the job reaches these moments, through the destinations you set once with
+    /// `mgpu notify add`: end, fail, start, preempt, time80 (80 % of its time limit), idle, or
+    /// all; Slurm's --mail-type names BEGIN and TIME_LIMIT_80 work too. An array sends one
+    /// summary when its last task ends.
+    #[arg(long, value_name = "EVENT[,EVENT…]", value_parser = parse_notify)]
+    pub notify: Option<NotifyEvents>,
 
     /// Send the job's output to a subject only you and admins may read
     /// (`users.<your key>.jobs.<id>.output`) instead of `jobs.<id>.output`, which every user
@@ -295,6 +303,16 @@ fn parse_constraint(text: &str) -> Result<String, String> {
 /// `--signal SIG@SECONDS`, in Slurm's syntax; the message names the option and the value.
 fn parse_signal(text: &str) -> Result<StopSignal, String> {
     StopSignal::parse(text).map_err(|e| e.to_string())
+}
+
+/// `--notify end,fail,…`, one value (so a `#MGPU --notify` line is replaced, not added to).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotifyEvents(pub Vec<NotifyEvent>);
+
+fn parse_notify(text: &str) -> Result<NotifyEvents, String> {
+    parse_events(text)
+        .map(NotifyEvents)
+        .map_err(|e| e.to_string())
 }
 
 fn parse_time_limit(text: &str) -> Result<Duration, String> {

@@ -64,6 +64,7 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     spec.dedup = args.dedup;
     spec.no_requeue = args.no_requeue;
     spec.idle_ok = args.idle_ok;
+    spec.notify = args.notify.clone().map(|n| n.0).unwrap_or_default();
     spec.private_output = args.private;
     spec.nodelist = args.nodelist.clone();
     spec.exclude = args.exclude.clone();
@@ -129,6 +130,8 @@ pub struct FileDefaults {
     pub no_requeue: bool,
     /// `--idle-ok`: every job of the file may sit idle, where its class allows that.
     pub idle_ok: bool,
+    /// `--notify`: what every job of the file tells its owner about.
+    pub notify: Vec<mgpu_protocol::notify::NotifyEvent>,
     /// `--private`: every job of the file writes its output where only its owner reads it.
     pub private_output: bool,
     pub after: Vec<JobId>,
@@ -189,6 +192,7 @@ pub fn from_draft(
     spec.dedup = draft.dedup;
     spec.no_requeue = draft.no_requeue.unwrap_or(defaults.no_requeue);
     spec.idle_ok = draft.idle_ok.unwrap_or(defaults.idle_ok);
+    spec.notify = defaults.notify.clone();
     spec.private_output = defaults.private_output;
     Ok(spec)
 }
@@ -205,6 +209,7 @@ impl FileDefaults {
             env_setup_cmd: args.env_setup_cmd.clone(),
             no_requeue: args.no_requeue,
             idle_ok: args.idle_ok,
+            notify: args.notify.clone().map(|n| n.0).unwrap_or_default(),
             private_output: args.private,
             after: resolve_ids(session, &args.after).await?,
             after_any: resolve_ids(session, &args.after_any).await?,
