@@ -126,6 +126,11 @@ for i in $(seq 1 "$schedulers"); do
   MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/scheduler-scheduler.nk" MGPU_PRINCIPALS="$auth/principals.json" \
     start "$name" "$bin/mgpu-scheduler" || true
 done
+# Notifications (`mgpu submit --notify`, `mgpu notify`): e-mail needs `smtp` in [notify] of
+# .mgpu/notify.toml (see docs/notifications.md); webhooks work without it.
+[ -f "$state/notify.toml" ] || printf '[notify]\n# smtp = "smtp://127.0.0.1:25"\n' >"$state/notify.toml"
+MGPU_SERVER="$server" MGPU_CREDS="$auth/keys/notify-notify.nk" MGPU_NOTIFY_CONFIG="$state/notify.toml" \
+  start notify "$bin/mgpu-notify" || true
 for i in $(seq 1 "$nodes"); do
   node="$(printf 'node%03d' "$i")"
   if [ -n "$gpus" ]; then gpu_args=(--gpus "$gpus"); else gpu_args=(--fallback-gpus 2x24GiB); fi

@@ -46,7 +46,7 @@ if [ -z "$bin_dir" ]; then
   bin_dir="$root/target/release"
 fi
 bin_dir="$(cd "$bin_dir" && pwd)"
-for bin in mgpu mgpu-scheduler mgpu-node mgpu-job-guard; do
+for bin in mgpu mgpu-scheduler mgpu-node mgpu-job-guard mgpu-notify; do
   [ -x "$bin_dir/$bin" ] || { echo "package.sh: $bin_dir/$bin is missing" >&2; exit 1; }
 done
 
@@ -92,6 +92,10 @@ units=/usr/lib/systemd/system
 put_bin mgpu-scheduler mgpu-scheduler
 put packaging/systemd/mgpu-scheduler.service "$stage/mgpu-scheduler$units/mgpu-scheduler.service" 0644
 put packaging/etc/scheduler.toml "$stage/mgpu-scheduler/etc/mgpu/scheduler.toml" 0644
+# The notification service ships with the scheduler: the same host, the same `mgpu` user.
+put_bin mgpu-notify mgpu-scheduler
+put packaging/systemd/mgpu-notify.service "$stage/mgpu-scheduler$units/mgpu-notify.service" 0644
+put packaging/etc/notify.toml "$stage/mgpu-scheduler/etc/mgpu/notify.toml" 0644
 docs mgpu-scheduler
 for example in packaging/nats-server/nats-server.service packaging/nats-server/nats-server.conf packaging/nats-server/cluster/*.conf; do
   put "$example" "$stage/mgpu-scheduler/usr/share/doc/mgpu-scheduler/examples/${example#packaging/}" 0644

@@ -91,6 +91,20 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   fi
 fi
 
+# python3-aiosmtpd (Debian package): the notification story's SMTP sink receives the mail
+# mgpu-notify sends (tests/tests/notify.rs starts it on a port of its own).
+if ! /usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 && ! python3 -c 'import aiosmtpd' >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    say "installing python3-aiosmtpd (Debian package) for the notification story"
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-aiosmtpd >&2 \
+      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
+           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-aiosmtpd >&2; }
+  else
+    say "aiosmtpd is missing and there is no apt-get: pip install aiosmtpd for the notification story"
+  fi
+fi
+
 if [ "$build" = 1 ]; then
   command -v cargo >/dev/null 2>&1 || { echo "setup.sh: cargo not found; install Rust from rustup.rs" >&2; exit 1; }
   say "building ($profile)"
