@@ -80,16 +80,37 @@ impl Cluster {
 
     /// Submits a shell command line and returns the job id.
     pub fn submit(&self, extra: &[&str], command: &str) -> String {
+        self.submit_as(&self.user_creds("alice"), extra, command).0
+    }
+
+    /// `mgpu submit --json FLAGS -- COMMAND` with `creds`: the job's id, and why the
+    /// scheduler refused it at submit, if it did. A refusal must come with exit status 1
+    /// and the reason in the JSON; an accepted job with status 0.
+    pub fn submit_as(
+        &self,
+        creds: &Path,
+        extra: &[&str],
+        command: &str,
+    ) -> (String, Option<String>) {
         let mut args = vec!["submit", "--json"];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", command]);
-        let out = self.mgpu_ok(&args);
-        let json: Value = serde_json::from_str(&out)
-            .unwrap_or_else(|e| panic!("submit --json printed {out:?}: {e}"));
-        json["id"]
+        let out = self.mgpu_with(creds, &args, None);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!(
+                "mgpu {args:?} printed {stdout:?} ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let id = json["id"]
             .as_str()
-            .unwrap_or_else(|| panic!("no id in {out}"))
-            .to_owned()
+            .unwrap_or_else(|| panic!("no id in {stdout}"))
+            .to_owned();
+        let refused = json["refused"].as_str().map(str::to_owned);
+        let expected = if refused.is_some() { Some(1) } else { Some(0) };
+        assert_eq!(out.status.code(), expected, "mgpu {args:?}: {stdout}");
+        (id, refused)
     }
 
     /// `mgpu submit --json FLAGS -- COMMAND`, returning what it printed (`{"id": …}`, or for

@@ -31,13 +31,9 @@ fn cluster_with_limits(gpus: &str, limits: &str) -> (Cluster, PathBuf, tempfile:
 }
 
 fn submit_as(cluster: &Cluster, user: &str, extra: &[&str], command: &str) -> String {
-    let mut args = vec!["submit", "-q"];
-    args.extend_from_slice(extra);
-    args.extend(["--", command]);
     cluster
-        .mgpu_ok_with(&cluster.user_creds(user), &args)
-        .trim()
-        .to_owned()
+        .submit_as(&cluster.user_creds(user), extra, command)
+        .0
 }
 
 fn states(cluster: &Cluster, ids: &[String]) -> Vec<String> {

@@ -10,7 +10,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use crate::client::session::ConnectionArgs;
 use crate::commands::{
     admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, notices, notify,
-    queue, report, show, submit, top, wait,
+    queue, report, show, submit, top, wait, why,
 };
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
@@ -61,6 +61,7 @@ impl Cli {
             Command::Release(args) => hold::run(connection, args, hold::Action::Release).await,
             Command::Logs(args) => logs::run(connection, args).await,
             Command::Show(args) => show::run(connection, args).await,
+            Command::Why(args) => why::run(connection, args).await,
             Command::History(args) => history::run(connection, args).await,
             Command::Report(args) => report::run(connection, args).await,
             Command::Nodes(args) => nodes::run(connection, args).await,
@@ -122,6 +123,8 @@ enum Command {
     Report(report::ReportArgs),
     /// Show the nodes and their GPUs.
     Nodes(nodes::NodesArgs),
+    /// Why a job waits, one cause per line with its numbers, and when it should start.
+    Why(why::WhyArgs),
     /// Drain a node or resume it (admins only).
     Node(node_admin::NodeArgs),
     /// Pause one GPU of a node or resume it (admins only).

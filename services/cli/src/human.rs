@@ -100,6 +100,28 @@ pub fn index_list(indices: &[u32]) -> String {
         .join(",")
 }
 
+/// Sorted indices with runs folded: `0-2,7` (how an array's thousands of task indices stay
+/// one short line).
+pub fn index_ranges(indices: &[u32]) -> String {
+    let mut sorted = indices.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for index in sorted {
+        match runs.last_mut() {
+            Some((_, end)) if end.checked_add(1) == Some(index) => *end = index,
+            _ => runs.push((index, index)),
+        }
+    }
+    runs.iter()
+        .map(|(start, end)| match start == end {
+            true => start.to_string(),
+            false => format!("{start}-{end}"),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A node's state as the tables show it: an offline node that is also drained says both,
 /// since the drain outlives the outage.
 pub fn node_state(row: &NodeRow) -> String {
@@ -195,6 +217,8 @@ mod tests {
     fn index_lists_are_comma_separated() {
         assert_eq!(index_list(&[0, 1, 3]), "0,1,3");
         assert_eq!(index_list(&[]), "");
+        assert_eq!(index_ranges(&[7, 0, 1, 2, 9, 10]), "0-2,7,9-10");
+        assert_eq!(index_ranges(&[]), "");
     }
 
     #[test]

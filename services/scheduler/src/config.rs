@@ -15,6 +15,7 @@
 //! fairshare_weight = 100.0     # points per decayed GPU-hour of the user's usage
 //! half_life = "1d"             # usage halves every half_life
 //! max_reservations = 16        # blocked jobs that get a backfill reservation
+//! max_start_estimates = 256    # waiting jobs past those that get an expected start
 //! topology_label = "rack"      # multi-node jobs prefer nodes sharing this label ("" = off)
 //! cpus_per_gpu = 8             # CPU cores a job without --cpus gets per GPU (0 = not counted)
 //! mem_per_gpu = "64GiB"        # host memory a job without --mem-host gets per GPU ("0" = none)
@@ -44,6 +45,7 @@ pub const POLICY_KEYS: &[&str] = &[
     "fairshare_weight",
     "half_life",
     "max_reservations",
+    "max_start_estimates",
     "topology_label",
     "cpus_per_gpu",
     "mem_per_gpu",
@@ -73,6 +75,7 @@ struct ConfigFile {
     fairshare_weight: Option<f64>,
     half_life: Option<String>,
     max_reservations: Option<usize>,
+    max_start_estimates: Option<usize>,
     topology_label: Option<String>,
     cpus_per_gpu: Option<u32>,
     mem_per_gpu: Option<String>,
@@ -133,6 +136,9 @@ fn apply_policy(policy: &mut Policy, file: &ConfigFile) -> Result<()> {
     }
     if let Some(n) = file.max_reservations {
         policy.max_reservations = n;
+    }
+    if let Some(n) = file.max_start_estimates {
+        policy.max_start_estimates = n;
     }
     if let Some(label) = file.topology_label.clone() {
         anyhow::ensure!(
@@ -197,6 +203,12 @@ pub fn policy_settings(
             "max_reservations",
             Some(Value::Integer(
                 i64::try_from(policy.max_reservations).unwrap_or(i64::MAX),
+            )),
+        ),
+        (
+            "max_start_estimates",
+            Some(Value::Integer(
+                i64::try_from(policy.max_start_estimates).unwrap_or(i64::MAX),
             )),
         ),
         (

@@ -481,6 +481,7 @@ mod tests {
                     gpu_caps: Default::default(),
                     gpu_type_caps: Default::default(),
                     class_caps: Default::default(),
+                    max_start_estimates: 4,
                 };
                 let queue = [
                     QueuedJob::new(JobId::random(), GpuAmount::ONE, now),

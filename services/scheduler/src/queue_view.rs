@@ -168,49 +168,68 @@ fn queued_job(
 ) -> QueuedJob {
     let policy = sources.policy;
     let queued_at = waiting.enqueued_at.unwrap_or(record.submitted_at);
-    let (cpus, mem_host_mib) = effective_host_request(policy, &record.spec);
     let gpu_hours = sources
         .usage
         .gpu_hours(&record.user, now, policy.half_life_secs);
-    QueuedJob {
-        owner: record.user.clone(),
-        id: record.id.clone(),
-        effective_priority: effective_priority(
-            base_priority(&record.spec, policy),
-            queued_at,
-            gpu_hours,
-            policy,
-            now,
-        ),
+    let mut view = request_view(policy, &record.id, &record.user, &record.spec, queued_at);
+    view.effective_priority = effective_priority(
+        base_priority(&record.spec, policy),
         queued_at,
-        gpus: record.spec.gpus,
-        gpu_ids: record.spec.gpu_ids.clone(),
-        allowed_gpus: record.spec.allowed_gpus.clone(),
-        mem_mib: record.spec.mem_mib,
+        gpu_hours,
+        policy,
+        now,
+    );
+    view.held = waiting.held_by.is_some();
+    view.dependencies = dependencies(sources.jobs, &record.spec);
+    view.not_before = waiting.not_before;
+    view.recorded_reason = Some(waiting.reason);
+    view.attempt = record.attempt;
+    view
+}
+
+/// What job `id` of `user` asks for, as the core sees it, queued at `queued_at` with no
+/// priority, hold or dependency worked out: enough to judge where it could ever run (what
+/// the intake checks a submission against).
+pub(crate) fn request_view(
+    policy: &Policy,
+    id: &JobId,
+    user: &str,
+    spec: &JobSpec,
+    queued_at: Timestamp,
+) -> QueuedJob {
+    let (cpus, mem_host_mib) = effective_host_request(policy, spec);
+    let class = policy.qos.of_job(spec.qos.as_deref());
+    QueuedJob {
+        owner: user.to_owned(),
+        id: id.clone(),
+        effective_priority: 0,
+        queued_at,
+        gpus: spec.gpus,
+        gpu_ids: spec.gpu_ids.clone(),
+        allowed_gpus: spec.allowed_gpus.clone(),
+        mem_mib: spec.mem_mib,
         cpus,
         mem_host_mib,
-        time_limit: time_limit(policy, &record.spec),
-        held: waiting.held_by.is_some(),
-        dependencies: dependencies(sources.jobs, &record.spec),
-        array: record
-            .spec
+        time_limit: time_limit(policy, spec),
+        held: false,
+        dependencies: Dependencies::Met,
+        array: spec
             .array
             .as_ref()
             .map(|a| (a.array_id.clone(), a.max_running)),
-        nodes: record.spec.nodes,
-        required_nodes: record.spec.required_nodes(),
-        exclude: record.spec.exclude.clone(),
-        node_gpu_ids: record.spec.node_gpu_ids.clone(),
-        not_before: waiting.not_before,
-        recorded_reason: Some(waiting.reason),
-        attempt: record.attempt,
-        gpu_types: record.spec.gpu_types.clone(),
-        qos: record.spec.qos.clone(),
-        may_preempt: policy.qos.of_job(record.spec.qos.as_deref()).may_preempt,
-        preemptible: policy.qos.of_job(record.spec.qos.as_deref()).preemptible,
+        nodes: spec.nodes,
+        required_nodes: spec.required_nodes(),
+        exclude: spec.exclude.clone(),
+        node_gpu_ids: spec.node_gpu_ids.clone(),
+        not_before: None,
+        recorded_reason: None,
+        attempt: 1,
+        gpu_types: spec.gpu_types.clone(),
+        qos: spec.qos.clone(),
+        may_preempt: class.may_preempt,
+        preemptible: class.preemptible,
         // Checked at submit: a record that does not parse selects nothing rather than all.
-        constraint: record
-            .spec
+        constraint: spec
             .constraint
             .as_deref()
             .map(|text| Constraint::parse(text).unwrap_or_else(|_| Constraint::Any(Vec::new()))),

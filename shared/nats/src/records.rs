@@ -449,6 +449,17 @@ async fn cluster_value<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// When the scheduler expects waiting jobs to start (empty where it never said, or said what
+/// this version cannot read).
+pub async fn plan(
+    js: &jetstream::Context,
+) -> Result<mgpu_protocol::plan::PlanSnapshot, StateError> {
+    Ok(cluster_value(js, subjects::PLAN_KEY)
+        .await
+        .unwrap_or_default()
+        .unwrap_or_default())
+}
+
 /// Users' decayed GPU usage, for fair share.
 pub async fn usage(js: &jetstream::Context) -> Result<UsageBook, StateError> {
     Ok(cluster_value(js, subjects::USAGE_KEY)
@@ -484,7 +495,8 @@ fn node_admin_entry(node: &str, message: &jetstream::Message) -> Option<(String,
     Some((node.to_owned(), admin))
 }
 
-/// What the cluster bucket holds, read at once: [`policy`], [`usage`] and [`node_admin`].
+/// What the cluster bucket holds, read at once: [`policy`], [`usage`], [`node_admin`] and the
+/// expected starts.
 #[derive(Debug, Default)]
 pub struct ClusterState {
     /// None where the scheduler never wrote one.
@@ -492,6 +504,9 @@ pub struct ClusterState {
     /// None where the scheduler never wrote one.
     pub usage: Option<UsageBook>,
     pub node_admin: BTreeMap<String, NodeAdmin>,
+    /// The expected starts of waiting jobs; empty where the scheduler never wrote them, or
+    /// wrote what this version cannot read (a listing goes on without them).
+    pub plan: mgpu_protocol::plan::PlanSnapshot,
 }
 
 /// The whole cluster bucket in one read: one consumer, where reading its three parts apart
@@ -513,6 +528,8 @@ pub async fn cluster_state(js: &jetstream::Context) -> Result<ClusterState, Stat
             state.policy = Some(serde_json::from_slice(&message.payload).map_err(corrupt)?);
         } else if key == subjects::USAGE_KEY {
             state.usage = Some(serde_json::from_slice(&message.payload).map_err(corrupt)?);
+        } else if key == subjects::PLAN_KEY {
+            state.plan = serde_json::from_slice(&message.payload).unwrap_or_default();
         } else if let Some(node) = key.strip_prefix(NODE_ADMIN_PREFIX)
             && let Some((node, admin)) = node_admin_entry(node, message)
         {

@@ -49,6 +49,7 @@ pub mod node;
 pub mod node_admin;
 pub mod notify;
 pub mod output;
+pub mod plan;
 pub mod principals;
 pub mod priority;
 pub mod qos;
@@ -60,6 +61,7 @@ pub mod subjects;
 pub mod submit;
 pub mod terminal;
 pub mod version;
+pub mod why;
 pub mod wire;
 
 /// Every timestamp on the wire: UTC, serialised as RFC 3339.

@@ -53,6 +53,8 @@ pub struct Policy {
     pub max_job_time_secs: Option<u64>,
     /// Blocked jobs at the head of the queue that get a backfill reservation, at most.
     pub max_reservations: usize,
+    /// Waiting jobs past those that also get an expected start (`mgpu queue`'s START).
+    pub max_start_estimates: usize,
     /// Heartbeats a node may miss before it counts as offline and its jobs as lost.
     pub missed_heartbeats: u32,
     /// A job whose node is lost is requeued until it has run this many attempts.
@@ -89,6 +91,7 @@ impl Default for Policy {
             half_life_secs: 24 * 3600,
             max_job_time_secs: None,
             max_reservations: 16,
+            max_start_estimates: 256,
             missed_heartbeats: crate::node::MISSED_HEARTBEATS_OFFLINE,
             max_attempts: 3,
             topology_label: "rack".into(),

@@ -96,6 +96,8 @@ pub fn node_lease(node: &str) -> String {
     format!("$KV.{NODE_LEASE_BUCKET}.{node}")
 }
 pub const USAGE_KEY: &str = "usage";
+/// Key of the cluster bucket holding the expected starts of waiting jobs ([`crate::plan`]).
+pub const PLAN_KEY: &str = "plan";
 /// KV bucket of the environments captured at submit, out of the job records every user
 /// reads: key `<owner key>.<job id>`, written by the owner (or by the scheduler for a
 /// submission that carried it inline), read by the owner, admins and the scheduler, which
@@ -130,6 +132,8 @@ pub const SCHEDULER_EVENTS_CONSUMER: &str = "scheduler-events";
 pub const SCHEDULER_SERVICE: &str = "mgpu-scheduler";
 /// Request/reply endpoint answering with the scheduler's counters (queued, running, nodes).
 pub const SCHEDULER_STATUS: &str = "mgpu.scheduler.status";
+/// Where `mgpu why` asks the active scheduler about one job (a signed request; [`crate::why`]).
+pub const SCHEDULER_WHY: &str = "mgpu.scheduler.why";
 /// Every endpoint of the scheduler's micro service.
 pub const SCHEDULER_ENDPOINTS: &str = "mgpu.scheduler.>";
 

@@ -15,3 +15,4 @@ pub mod follow;
 pub mod request;
 pub mod session;
 pub mod submit;
+pub mod verdict;

@@ -60,6 +60,8 @@ pub struct Request {
     subject: String,
     payload: Bytes,
     msg_id: String,
+    /// Where the scheduler's verdict on a submission is awaited (`Mgpu-Verdict-To`).
+    verdict_to: Option<String>,
 }
 
 impl Request {
@@ -89,7 +91,14 @@ impl Request {
             subject: subject.into(),
             payload: payload.into(),
             msg_id: msg_id.into(),
+            verdict_to: None,
         }
+    }
+
+    /// The request, asking for the scheduler's verdict on `to` (see `client::verdict`).
+    pub fn with_verdict_to(mut self, to: Option<&str>) -> Request {
+        self.verdict_to = to.map(str::to_owned);
+        self
     }
 
     /// The id JetStream drops a second copy by.
@@ -116,6 +125,9 @@ impl Request {
             mgpu_protocol::version::PROTOCOL.to_string().as_str(),
         );
         headers.insert(header::NATS_MESSAGE_ID, self.msg_id.as_str());
+        if let Some(to) = &self.verdict_to {
+            headers.insert(mgpu_protocol::submit::VERDICT_HEADER, to.as_str());
+        }
         Ok(headers)
     }
 }

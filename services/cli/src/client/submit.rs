@@ -17,12 +17,16 @@ use super::session::Session;
 /// Stores each submission and waits for JetStream's acknowledgements, so every id reported as
 /// submitted belongs to a stored job. Those that fail for a passing reason are sent again (see
 /// [`request::retried`]), as long as mgpu's streams exist at all. Returns one result per
-/// request, in order.
-pub async fn submit_all(session: &Session, requests: &[SubmitRequest]) -> Vec<Result<()>> {
+/// request, in order. With `verdict_to`, each asks the scheduler for its verdict there.
+pub async fn submit_all(
+    session: &Session,
+    requests: &[SubmitRequest],
+    verdict_to: Option<&str>,
+) -> Vec<Result<()>> {
     request::retried(
         requests.len(),
         RetryPolicy::ELECTION,
-        async |indices: &[usize]| submit_round(session, requests, indices).await,
+        async |indices: &[usize]| submit_round(session, requests, indices, verdict_to).await,
         async || request::streams_exist(session).await,
     )
     .await
@@ -34,10 +38,11 @@ async fn submit_round(
     session: &Session,
     requests: &[SubmitRequest],
     indices: &[usize],
+    verdict_to: Option<&str>,
 ) -> Outcomes {
     let (ready, mut outcomes) = store_envs(session, requests, indices).await;
     let sent = request::pipelined(ready, async |index: usize| match requests.get(index) {
-        Some(submission) => send(session, submission).await.map(Some),
+        Some(submission) => send(session, submission, verdict_to).await.map(Some),
         None => Ok(None),
     })
     .await;
@@ -78,6 +83,7 @@ async fn store_envs(
 async fn send(
     session: &Session,
     submission: &SubmitRequest,
+    verdict_to: Option<&str>,
 ) -> std::result::Result<PublishAckFuture, Failure> {
     let sent = without_env(submission);
     let payload = serde_json::to_vec(&*sent)
@@ -85,7 +91,8 @@ async fn send(
         .map_err(Failure::local(PublishErrorKind::Other))?;
     check_size(payload.len(), &sent.spec.env)
         .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
-    let request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str());
+    let request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str())
+        .with_verdict_to(verdict_to);
     request::send(session, &request).await
 }
 

@@ -19,3 +19,4 @@ pub mod show;
 pub mod submit;
 pub mod top;
 pub mod wait;
+pub mod why;

@@ -1,5 +1,7 @@
 //! `mgpu queue`: the jobs and the nodes, read straight from JetStream (works while the
-//! scheduler is down); the reading and ordering are the read model's ([`crate::model`]).
+//! scheduler is down); the reading and ordering are the read model's ([`crate::model`]). A
+//! waiting job's START is when the scheduler's last pass expects it to start (stored in the
+//! cluster bucket by the scheduler), `unknown` where the pass could not date it.
 //!
 //! Built to list 100 000 waiting jobs in well under two seconds: records are decoded as they
 //! arrive and without the parts of the spec no listing shows; sorting compares keys computed
@@ -14,6 +16,7 @@ use clap::Args;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::job::{JobRecord, JobState, JobSummary};
+use mgpu_protocol::plan::{ExpectedStart, PlanSnapshot, start_cell};
 use serde::Serialize;
 
 use crate::client::session::{ConnectionArgs, Session};
@@ -43,6 +46,8 @@ struct QueueJob<'a> {
     /// Null unless queued.
     effective_priority: Option<i64>,
     held_by: Option<&'a str>,
+    /// When the scheduler expects it to start; null unless queued and dated by its plan.
+    expected_start: Option<Timestamp>,
 }
 
 fn held_by(job: &JobRecord) -> Option<&str> {
@@ -61,10 +66,11 @@ pub async fn run(connection: &ConnectionArgs, args: &QueueArgs) -> Result<ExitCo
 
     // One buffered handle on stdout for everything: Rust's stdout alone flushes every line.
     let mut out = BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    let plan = &snapshot.cluster.plan;
     if args.json {
-        write_json(&mut out, &listed, &node_rows)?;
+        write_json(&mut out, &listed, &node_rows, plan)?;
     } else {
-        write_tables(&mut out, &listed, &node_rows, args.all, now)?;
+        write_tables(&mut out, &listed, &node_rows, plan, args.all, now)?;
     }
     out.flush()?;
     // Freeing 100 000 records one by one takes a noticeable moment; the process is about to
@@ -76,7 +82,12 @@ pub async fn run(connection: &ConnectionArgs, args: &QueueArgs) -> Result<ExitCo
 /// `--json`: `{"jobs": [...], "nodes": [...]}`, one job per line, each written as soon as it
 /// is serialised so the first jobs reach a reader while the rest are still being written.
 /// The jobs are sorted, so none can be written before every record has been read.
-fn write_json(out: &mut impl Write, listed: &Listing, nodes: &[NodeRow]) -> std::io::Result<()> {
+fn write_json(
+    out: &mut impl Write,
+    listed: &Listing,
+    nodes: &[NodeRow],
+    plan: &PlanSnapshot,
+) -> std::io::Result<()> {
     out.write_all(b"{\"jobs\": [")?;
     for (index, (record, effective)) in listed.iter().enumerate() {
         out.write_all(if index == 0 { b"\n" } else { b",\n" })?;
@@ -84,6 +95,7 @@ fn write_json(out: &mut impl Write, listed: &Listing, nodes: &[NodeRow]) -> std:
             summary: record.summary(),
             effective_priority: effective,
             held_by: held_by(record),
+            expected_start: queued_start(record, plan).and_then(|s| s.at),
         };
         serde_json::to_writer(&mut *out, &item)?;
     }
@@ -97,6 +109,7 @@ fn write_tables(
     out: &mut impl Write,
     listed: &Listing,
     node_rows: &[NodeRow],
+    plan: &PlanSnapshot,
     all: bool,
     now: Timestamp,
 ) -> std::io::Result<()> {
@@ -120,11 +133,12 @@ fn write_tables(
             "GPUS",
             "NODE:GPUS",
             "TIME",
+            "START",
             "REASON",
         ])
         .with_capacity(listed.len());
         for (record, effective) in listed.iter() {
-            table.row(job_cells(record, effective, now));
+            table.row(job_cells(record, effective, plan, now));
         }
         table.write_to(out)?;
         // As above: the process exits soon after.
@@ -153,7 +167,24 @@ fn write_tables(
     Ok(())
 }
 
-fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<String> {
+/// A queued job's expected start, where the scheduler's plan dated it.
+fn queued_start<'a>(job: &JobRecord, plan: &'a PlanSnapshot) -> Option<&'a ExpectedStart> {
+    match job.state {
+        JobState::Queued(_) => plan.jobs.get(&job.id),
+        _ => None,
+    }
+}
+
+fn job_cells(
+    job: &JobRecord,
+    effective: Option<i64>,
+    plan: &PlanSnapshot,
+    now: Timestamp,
+) -> Vec<String> {
+    let start = match &job.state {
+        JobState::Queued(_) => start_cell(queued_start(job, plan), now, &chrono::Local),
+        _ => "-".to_owned(),
+    };
     let placement = job
         .state
         .placement()
@@ -217,6 +248,7 @@ fn job_cells(job: &JobRecord, effective: Option<i64>, now: Timestamp) -> Vec<Str
         job.spec.gpus.to_string(),
         placement,
         format_duration(time),
+        start,
         reason,
     ]
 }
@@ -229,29 +261,42 @@ mod tests {
     use mgpu_protocol::job::WaitReason;
 
     #[test]
-    fn rows_show_placement_and_reason() {
+    fn rows_show_placement_start_and_reason() {
         let queued_job = job("train", queued(), 0, 90);
-        let cells = job_cells(&queued_job, Some(2), mgpu_protocol::now());
+        let now = mgpu_protocol::now();
+        let none = PlanSnapshot::default();
+        let cells = job_cells(&queued_job, Some(2), &none, now);
         assert_eq!(cells[4], "2");
         assert_eq!(cells[6], "-");
         assert_eq!(cells[7], "1m30s");
-        assert_eq!(cells[8], "waiting for GPUs to become free");
+        assert_eq!(cells[8], "unknown");
+        assert_eq!(cells[9], "waiting for GPUs to become free");
+        let mut plan = PlanSnapshot::default();
+        plan.jobs.insert(
+            queued_job.id.clone(),
+            ExpectedStart {
+                at: Some(now - chrono::Duration::seconds(1)),
+                nodes: vec!["node001".into()],
+                reserved: true,
+            },
+        );
+        assert_eq!(job_cells(&queued_job, Some(2), &plan, now)[8], "now");
         let mut held = job("train", queued(), 0, 1);
         if let JobState::Queued(waiting) = &mut held.state {
             waiting.reason = WaitReason::Held;
             waiting.held_by = Some("bob".into());
         }
-        assert_eq!(
-            job_cells(&held, Some(0), mgpu_protocol::now())[8],
-            "held by bob"
-        );
+        assert_eq!(job_cells(&held, Some(0), &none, now)[9], "held by bob");
         let running_job = job(
             "train",
             running("node001", &[(0, GpuAmount::ONE), (1, GpuAmount::ONE)]),
             0,
             1,
         );
-        let cells = job_cells(&running_job, None, mgpu_protocol::now());
-        assert_eq!((cells[4].as_str(), cells[6].as_str()), ("-", "node001:0,1"));
+        let cells = job_cells(&running_job, None, &plan, now);
+        assert_eq!(
+            (cells[4].as_str(), cells[6].as_str(), cells[8].as_str()),
+            ("-", "node001:0,1", "-")
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! What the scheduler keeps in the cluster bucket, read once per command: the policy and usage
-//! that effective priorities are computed from, and the admins' marks (drained nodes, paused
-//! GPUs).
+//! that effective priorities are computed from, the admins' marks (drained nodes, paused
+//! GPUs), and when waiting jobs are expected to start.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,7 @@ use async_nats::jetstream;
 use mgpu_nats::error::StateError;
 use mgpu_nats::records::{self, ClusterState};
 use mgpu_protocol::node::NodeAdmin;
+use mgpu_protocol::plan::PlanSnapshot;
 use mgpu_protocol::priority::{Policy, UsageBook};
 
 use crate::errors::plain;
@@ -20,6 +21,8 @@ pub struct Cluster {
     pub usage: UsageBook,
     /// Each node's admin marks, by node name.
     pub admin: BTreeMap<String, NodeAdmin>,
+    /// When the scheduler expects waiting jobs to start.
+    pub plan: PlanSnapshot,
 }
 
 impl Cluster {
@@ -35,6 +38,7 @@ impl Cluster {
             policy: state.policy.unwrap_or_default(),
             usage: state.usage.unwrap_or_default(),
             admin: state.node_admin,
+            plan: state.plan,
         })
     }
 }

@@ -226,6 +226,7 @@ fn user_permissions(public_key: &str) -> Permissions {
         "$JS.FC.>",
         "$SRV.>",
         subjects::SCHEDULER_STATUS,
+        subjects::SCHEDULER_WHY,
         // Pending submissions, so `mgpu queue` lists them while the scheduler is down.
         "$JS.API.STREAM.INFO.MGPU_REQUESTS",
         "$JS.API.DIRECT.GET.MGPU_REQUESTS",

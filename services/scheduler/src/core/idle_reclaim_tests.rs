@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::tests::{id, job, node, run, running, t0};
 use super::*;
+use mgpu_protocol::gpu_amount::GpuAmount;
 
 /// A job on `gpus` of `node`, warned for idleness, past its grace since `ago` seconds
 /// (negative: not yet).

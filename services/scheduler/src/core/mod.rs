@@ -36,6 +36,9 @@
 //! that share the value of the topology label (`rack`). It is reserved for like any other job.
 
 mod capacity;
+mod estimate;
+#[cfg(test)]
+mod estimate_tests;
 mod fast_hash;
 mod idle_reclaim;
 #[cfg(test)]
@@ -50,6 +53,7 @@ mod queued;
 mod reservation;
 #[cfg(test)]
 mod selection_tests;
+mod shape;
 #[cfg(test)]
 mod tests;
 pub mod type_preference;
@@ -59,22 +63,21 @@ mod waiters;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use mgpu_protocol::Timestamp;
-use mgpu_protocol::gpu_amount::GpuAmount;
-use mgpu_protocol::gpu_type::Constraint;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{NodeGpuIds, Placement, WaitReason};
+use mgpu_protocol::job::{Placement, WaitReason};
 use mgpu_protocol::priority::PlacementPolicy;
 
 pub use capacity::impossible_reason;
 use capacity::{Capacity, Constraints};
+pub use estimate::{Plan, StartEstimate, overlapping};
 use fast_hash::FastHash;
 use owner_gpus::OwnerGpus;
-pub use owner_gpus::TypeCaps;
+pub use owner_gpus::{TypeCaps, type_caps_impossible_reason};
 pub use queued::{Dependencies, QueuedJob};
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
+use shape::{Shape, Unplaceable};
 use waiters::Waiters;
 
 /// One GPU of a node as the core sees it.
@@ -167,58 +170,6 @@ pub enum Decision {
     },
 }
 
-/// What decides whether a job fits and where: two queued jobs of the same shape get the same
-/// answer from the same free capacity (their ids, owners and priorities play no part).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Shape<'a> {
-    gpus: GpuAmount,
-    gpu_ids: Option<&'a [u32]>,
-    allowed_gpus: Option<&'a [u32]>,
-    mem_mib: Option<u64>,
-    cpus: u32,
-    mem_host_mib: u64,
-    time_limit: Option<Duration>,
-    nodes: u32,
-    required_nodes: &'a [String],
-    exclude: &'a [String],
-    node_gpu_ids: &'a [NodeGpuIds],
-    gpu_types: &'a [String],
-    constraint: Option<&'a Constraint>,
-    /// The owner, only where they have caps per GPU type: what fits depends on them then.
-    type_capped_owner: Option<&'a str>,
-}
-
-impl<'a> Shape<'a> {
-    fn of(job: &'a QueuedJob, type_capped: bool) -> Self {
-        Shape {
-            gpus: job.gpus,
-            gpu_ids: job.gpu_ids.as_deref(),
-            allowed_gpus: job.allowed_gpus.as_deref(),
-            mem_mib: job.mem_mib,
-            cpus: job.cpus,
-            mem_host_mib: job.mem_host_mib,
-            time_limit: job.time_limit,
-            nodes: job.nodes,
-            required_nodes: &job.required_nodes,
-            exclude: &job.exclude,
-            node_gpu_ids: &job.node_gpu_ids,
-            gpu_types: &job.gpu_types,
-            constraint: job.constraint.as_ref(),
-            type_capped_owner: type_capped.then_some(job.owner.as_str()),
-        }
-    }
-}
-
-/// What a pass learnt about a shape that did not fit.
-struct Unplaceable {
-    /// `Capacity::bookings` when it was learnt.
-    bookings: u64,
-    reason: WaitReason,
-    /// How many reservations there were when reserving for it failed (None: it was not
-    /// tried, or it succeeded).
-    reserve_failed_at: Option<usize>,
-}
-
 /// A queued job's place in line as integers: effective priority (highest first), then queue
 /// time; the id breaks ties (see `queue_order` in the tests).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -251,11 +202,13 @@ pub struct CoreSettings {
     pub gpu_type_caps: Arc<TypeCaps>,
     /// Each class's cap on the GPUs one user's running jobs of it hold, in units.
     pub class_caps: Arc<HashMap<String, u64>>,
+    /// Waiting jobs past the first `max_reservations` that still get an expected start: a
+    /// reservation that only later estimates respect, never placement (`estimate.rs`).
+    pub max_start_estimates: usize,
 }
 
 /// The order jobs are considered in: effective priority, then queue time, then id (what
 /// [`plan`] sorts by, with the keys copied out).
-#[cfg(test)]
 pub fn queue_order(a: &QueuedJob, b: &QueuedJob) -> std::cmp::Ordering {
     b.effective_priority
         .cmp(&a.effective_priority)
@@ -271,10 +224,31 @@ pub fn plan<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     settings: &CoreSettings,
     now: Timestamp,
 ) -> Vec<Decision> {
-    plan_with_reservations(nodes, running, queue, settings, now).0
+    planned(nodes, running, queue, settings, now).decisions
+}
+
+/// [`plan`], also returning when the waiting jobs it could reserve or estimate for are
+/// expected to start, and on which GPUs.
+pub fn plan_with_estimates<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
+    nodes: &[NodeView],
+    running: &[R],
+    queue: &[Q],
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> Plan {
+    let planned = planned(nodes, running, queue, settings, now);
+    let estimates = (planned.reservations.into_iter().map(|r| (r, true)))
+        .chain(planned.estimates.into_iter().map(|r| (r, false)))
+        .map(|(reservation, reserved)| StartEstimate::of(reservation, reserved))
+        .collect();
+    Plan {
+        decisions: planned.decisions,
+        estimates,
+    }
 }
 
 /// [`plan`], also returning the backfill reservations it made (for tests and diagnostics).
+#[cfg(test)]
 fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     nodes: &[NodeView],
     running: &[R],
@@ -282,6 +256,25 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     settings: &CoreSettings,
     now: Timestamp,
 ) -> (Vec<Decision>, Vec<Reservation>) {
+    let planned = planned(nodes, running, queue, settings, now);
+    (planned.decisions, planned.reservations)
+}
+
+/// What one pass produced: its decisions, the backfill reservations it made, and the
+/// reservations made only to estimate later jobs' starts.
+struct Planned {
+    decisions: Vec<Decision>,
+    reservations: Vec<Reservation>,
+    estimates: Vec<Reservation>,
+}
+
+fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
+    nodes: &[NodeView],
+    running: &[R],
+    queue: &[Q],
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> Planned {
     // Sorted by keys copied next to each other, as plain integers: comparing through 100 000
     // pointers to jobs scattered in memory costs a cache miss per comparison.
     let mut keyed: Vec<(QueueKey, &QueuedJob)> = queue
@@ -299,6 +292,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let mut started: Vec<RunningJob> = Vec::new();
     let mut reservations: Vec<Reservation> = Vec::new();
     let mut reserved = ReservedGpus::default();
+    // Waiting jobs without a reservation, in queue order, to be dated once the pass is over
+    // (at most `max_start_estimates`).
+    let mut to_date: Vec<&QueuedJob> = Vec::new();
     // Built when the first reservation is sought (most passes seek none).
     let mut releases: Option<ReleaseTimes> = None;
     let mut array_running: HashMap<JobId, u32> = HashMap::new();
@@ -428,9 +424,13 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             (nothing_booked_since, seen.reason, reserving_is_futile)
         });
         let reservations_left = reservations.len() < settings.max_reservations;
+        let estimates_left = to_date.len() < settings.max_start_estimates;
         if let Some((true, reason, futile)) = known
             && (!reservations_left || futile)
         {
+            if estimates_left {
+                to_date.push(job);
+            }
             decisions.extend(wait(reason));
             continue;
         }
@@ -511,6 +511,9 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 None => reserve_failed_at = Some(reservations.len()),
             }
         }
+        if (reserve_failed_at.is_some() || !reservations_left) && estimates_left {
+            to_date.push(job);
+        }
         unplaceable.insert(
             shape,
             Unplaceable {
@@ -526,49 +529,32 @@ fn plan_with_reservations<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
         jobs: &waiting_for_room,
         reservations: &reservations,
     };
-    let slices = preemptions(&capacity, &running, &waiting, settings, now);
+    let slices = preemption::slices_over(&capacity, &running, &waiting, settings, now);
     let by_class = preemption::by_class(&capacity, &running, &waiting, settings, now, &slices);
     decisions.extend(slices);
     decisions.extend(by_class);
     let reclaims = idle_reclaim::reclaim(&capacity, &running, &waiting, settings, now, &decisions);
     decisions.extend(reclaims);
-    (decisions, reservations)
-}
-
-/// Running jobs past their time slice that yield: each one whose GPUs (and cores, memory)
-/// would let a waiting job start that cannot start now, reservations for jobs ahead of it
-/// kept. A job nobody could use the room of keeps running, however many others wait.
-fn preemptions(
-    capacity: &Capacity,
-    running: &[&RunningJob],
-    waiting: &Waiters<'_>,
-    settings: &CoreSettings,
-    now: Timestamp,
-) -> Vec<Decision> {
-    let blocked: Vec<(&QueuedJob, usize)> = waiting
-        .jobs
-        .iter()
-        .copied()
-        .filter(|&waiter| !waiting.could_start(waiter, capacity, settings, now))
-        .collect();
-    if blocked.is_empty() {
-        return Vec::new();
+    let estimates = match to_date.is_empty() {
+        true => Vec::new(),
+        false => {
+            let releases = releases.unwrap_or_else(|| {
+                let holding = running.iter().copied().chain(&started);
+                ReleaseTimes::new(&capacity, holding, now)
+            });
+            let mut timeline = estimate::Timeline::after(&capacity, &releases, &reservations);
+            let dates = estimate::Dates {
+                capacity: &capacity,
+                nodes,
+                owner_gpus: &owner_gpus,
+                now,
+            };
+            timeline.date(&to_date, &dates)
+        }
+    };
+    Planned {
+        decisions,
+        reservations,
+        estimates,
     }
-    running
-        .iter()
-        .filter(|job| job.slice_end.is_some_and(|end| end <= now))
-        .filter(|job| {
-            let mut freed = capacity.clone();
-            freed.release(&job.placement);
-            // Yielding to a job it may preempt back would only swap them, forever.
-            blocked
-                .iter()
-                .filter(|(waiter, _)| !preemption::may_take_back(job, waiter))
-                .any(|&waiter| waiting.could_start(waiter, &freed, settings, now))
-        })
-        .map(|job| Decision::Preempt {
-            job: job.id.clone(),
-            for_job: None,
-        })
-        .collect()
 }

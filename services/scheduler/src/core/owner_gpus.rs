@@ -167,7 +167,7 @@ impl<'a> OwnerGpus<'a> {
 /// hold it were it not for them: even running nothing else, too few nodes have enough GPUs
 /// of types it may take (uncapped ones, and capped ones whose cap covers all it asks for, as
 /// [`OwnerGpus::allows_type`] decides). Jobs pinned to GPU ids are not judged.
-pub(super) fn type_caps_impossible_reason(
+pub fn type_caps_impossible_reason(
     nodes: &[NodeView],
     job: &QueuedJob,
     type_caps: &TypeCaps,

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use super::owner_gpus::placement_units;
 use super::tests::{arb_cluster, arb_queue, job, node, run, running, settings, started};
 use super::*;
+use mgpu_protocol::gpu_amount::GpuAmount;
 
 const UNIT: u64 = GpuAmount::UNITS_PER_GPU as u64;
 const OWNERS: [&str; 3] = ["alice", "bob", "carol"];

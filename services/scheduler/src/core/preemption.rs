@@ -1,5 +1,7 @@
-//! Preemption by quality-of-service class: which running jobs a waiting job of a class that
-//! may preempt has stopped, so that it starts in their room. A pure decision of the pass:
+//! Preemption: a running job past its time slice yields to a waiting job its room lets start
+//! ([`slices_over`]); and by quality-of-service class, the running jobs a waiting job of a
+//! class that may preempt has stopped, so that it starts in their room. A pure decision of
+//! the pass:
 //!
 //! - only a waiter that cannot start now, even by backfill, may preempt;
 //! - only jobs of a preemptible class, of another class than the waiter's, that ran their
@@ -95,4 +97,42 @@ fn candidates<'a>(
             .then(a.id.cmp(&b.id))
     });
     candidates
+}
+
+/// Running jobs past their time slice that yield: each one whose GPUs (and cores, memory)
+/// would let a waiting job start that cannot start now, reservations for jobs ahead of it
+/// kept. A job nobody could use the room of keeps running, however many others wait.
+pub(super) fn slices_over(
+    capacity: &Capacity,
+    running: &[&RunningJob],
+    waiting: &Waiters<'_>,
+    settings: &CoreSettings,
+    now: Timestamp,
+) -> Vec<Decision> {
+    let blocked: Vec<(&QueuedJob, usize)> = waiting
+        .jobs
+        .iter()
+        .copied()
+        .filter(|&waiter| !waiting.could_start(waiter, capacity, settings, now))
+        .collect();
+    if blocked.is_empty() {
+        return Vec::new();
+    }
+    running
+        .iter()
+        .filter(|job| job.slice_end.is_some_and(|end| end <= now))
+        .filter(|job| {
+            let mut freed = capacity.clone();
+            freed.release(&job.placement);
+            // Yielding to a job it may preempt back would only swap them, forever.
+            blocked
+                .iter()
+                .filter(|(waiter, _)| !may_take_back(job, waiter))
+                .any(|&waiter| waiting.could_start(waiter, &freed, settings, now))
+        })
+        .map(|job| Decision::Preempt {
+            job: job.id.clone(),
+            for_job: None,
+        })
+        .collect()
 }

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::tests::{id, job, node, run, running, t0};
 use super::*;
+use mgpu_protocol::gpu_amount::GpuAmount;
 
 /// A job of the preemptible `scavenger` class on `gpus` of `node`, started `ago` seconds
 /// before t0, preemptible from `min_runtime` seconds after its start.

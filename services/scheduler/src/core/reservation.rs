@@ -18,6 +18,8 @@ pub(super) struct Reservation {
     pub gpus: Vec<(String, u32)>,
     /// When the GPUs are expected free; None when a job on them has no time limit.
     pub start: Option<Timestamp>,
+    /// When the job would end there at the latest (start + its time limit); None: unknown.
+    pub ends: Option<Timestamp>,
 }
 
 impl Reservation {
@@ -36,7 +38,7 @@ fn ends_before(ends_at: Option<Timestamp>, start: Option<Timestamp>) -> bool {
 /// each with its reservation's start. A GPU is held by one reservation at most ([`reserve`]
 /// skips held ones), so whether a reservation keeps a job off a GPU is one lookup, where
 /// asking every reservation for every GPU of every search compared names by the million.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(super) struct ReservedGpus {
     start_of: HashMap<(usize, u32), Option<Timestamp>, FastHash>,
 }
@@ -66,6 +68,7 @@ impl ReservedGpus {
 /// [`Capacity::nodes`], GPU index): gathered once per pass, when the first reservation is
 /// sought, and kept up to date as the pass starts jobs. Gathering it for every reservation
 /// went through every running job sixteen times a pass.
+#[derive(Clone)]
 pub(super) struct ReleaseTimes {
     at: HashMap<(usize, u32), Option<Timestamp>, FastHash>,
     now: Timestamp,
@@ -107,6 +110,21 @@ impl ReleaseTimes {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     _ => None,
                 };
+            }
+        }
+    }
+
+    /// The GPUs `gpus` (node, index) are taken until `until` (None: no known end), whatever
+    /// was expected of them before: what a dated job does to the jobs dated after it.
+    pub fn hold_until(
+        &mut self,
+        capacity: &Capacity,
+        gpus: &[(String, u32)],
+        until: Option<Timestamp>,
+    ) {
+        for (node, index) in gpus {
+            if let Some(position) = capacity.position_of(node) {
+                self.at.insert((position, *index), until);
             }
         }
     }
@@ -176,7 +194,11 @@ pub(super) fn reserve(
     let start = picked.iter().try_fold(now, |latest, (_, _, release)| {
         release.map(|r| latest.max(r))
     });
+    let limit = job
+        .time_limit
+        .and_then(|limit| chrono::Duration::from_std(limit).ok());
     Some(Reservation {
+        ends: start.zip(limit).map(|(start, limit)| start + limit),
         job: job.id.clone(),
         gpus: picked
             .iter()

@@ -5,6 +5,8 @@ use proptest::prelude::*;
 
 use super::tests::{id, job, node, run, started};
 use super::*;
+use mgpu_protocol::gpu_amount::GpuAmount;
+use mgpu_protocol::gpu_type::Constraint;
 
 /// `gpus` GPUs of `gpu_type` on a node with `features`.
 fn typed(name: &str, gpus: u32, gpu_type: &str, features: &[&str]) -> NodeView {

@@ -7,6 +7,7 @@ use chrono::TimeZone;
 use proptest::prelude::*;
 
 use super::*;
+use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::job::{GpuShare, NodeGpuIds};
 
 pub(super) fn t0() -> Timestamp {
@@ -84,6 +85,7 @@ pub(super) fn settings() -> CoreSettings {
         gpu_caps: Default::default(),
         gpu_type_caps: Default::default(),
         class_caps: Default::default(),
+        max_start_estimates: 64,
     }
 }
 

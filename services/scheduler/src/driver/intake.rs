@@ -129,6 +129,12 @@ impl Driver {
         };
         match decoded {
             Ok(request) => {
+                let verdict_to = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(mgpu_protocol::submit::VERDICT_HEADER))
+                    .map(|to| to.as_str().to_owned())
+                    .filter(|to| mgpu_protocol::submit::verdict_subject_of(&identity.key, to));
                 let token = self.hold(message);
                 Ok((
                     Admitted {
@@ -136,6 +142,7 @@ impl Driver {
                         identity,
                         request,
                         order,
+                        verdict_to,
                     },
                     nonce,
                 ))

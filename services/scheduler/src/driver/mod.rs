@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow};
 use async_nats::jetstream::{self, consumer};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use mgpu_nats::pull::Pull;
 use mgpu_nats::records;
@@ -86,6 +86,8 @@ struct Inputs {
     events: Pull,
     requests: Pull,
     gauge_requests: GaugeRequests,
+    /// `mgpu why` questions, from the micro service.
+    why_asks: mpsc::Receiver<replica::WhyAsk>,
 }
 
 /// Runs the active scheduler until `shutdown` turns true or the lease is lost. The streams
@@ -116,12 +118,16 @@ pub async fn run(
     let service_client = client.clone();
     // Dropped when this function returns: the micro service deregisters with the term.
     let (_status_term, status_term_over) = tokio::sync::oneshot::channel::<()>();
+    let (why_asks, why_asked) = mpsc::channel(16);
     tokio::spawn(async move {
-        if let Err(err) = replica::serve_status(service_client, status, status_term_over).await {
+        let served = replica::serve_status(service_client, status, why_asks, status_term_over);
+        if let Err(err) = served.await {
             tracing::error!("micro service stopped: {err:#}");
         }
     });
-    let mut inputs = driver.open_inputs(heartbeats, gauge_requests).await?;
+    let mut inputs = driver
+        .open_inputs(heartbeats, (gauge_requests, why_asked))
+        .await?;
     // Queued jobs depending on jobs already in history learn how those ended.
     let queued: Vec<_> = driver.machine.queued_specs().into_iter().cloned().collect();
     driver.learn_archived(queued.iter()).await;
@@ -202,7 +208,7 @@ impl Driver {
     async fn open_inputs(
         &mut self,
         heartbeats: async_nats::Subscriber,
-        gauge_requests: GaugeRequests,
+        (gauge_requests, why_asks): (GaugeRequests, mpsc::Receiver<replica::WhyAsk>),
     ) -> Result<Inputs> {
         let events_consumer = durable_consumer(
             &self.js,
@@ -245,6 +251,7 @@ impl Driver {
             events,
             requests,
             gauge_requests,
+            why_asks,
         })
     }
 
@@ -300,6 +307,10 @@ impl Driver {
                 // A scrape: counted between two inputs, nothing changes.
                 Some(reply) = inputs.gauge_requests.recv() => {
                     let _ = reply.send(self.machine.gauges(now()));
+                }
+                // A `mgpu why`: read off the tables between two inputs, nothing changes.
+                Some(ask) = inputs.why_asks.recv() => {
+                    let _ = ask.reply.send(self.machine.explain(&ask.job, &ask.asker, now()));
                 }
             };
             if self.machine.pass_due() {

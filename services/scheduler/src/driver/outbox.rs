@@ -147,6 +147,10 @@ impl Driver {
                 self.outbox.notify(subject, &notice).await;
                 None
             }
+            Command::Verdict { to, verdict } => {
+                self.outbox.tell_submitter(to, &verdict).await;
+                None
+            }
             Command::Ack { token, .. } => {
                 if let Some(message) = self.held.remove(&token) {
                     intake::acknowledge(&message).await;
@@ -191,6 +195,13 @@ impl Driver {
                 Err(err) => {
                     tracing::warn!("{err:#}");
                     Some(Input::UsageNotSaved)
+                }
+            },
+            Command::SavePlan(plan) => match self.store.save_plan(&plan).await {
+                Ok(()) => None,
+                Err(err) => {
+                    tracing::warn!("{err:#}");
+                    Some(Input::PlanNotSaved)
                 }
             },
             Command::AskReportsCaughtUp { op } => {
@@ -331,6 +342,20 @@ impl Outbox {
         };
         if let Err(err) = self.js.client().publish(subject, payload.into()).await {
             tracing::warn!(job = %notice.job, "telling the job's owner: {err}");
+        }
+    }
+
+    /// Tells a submitter the verdict on their job (core NATS: they wait for it now or never).
+    pub(crate) async fn tell_submitter(
+        &self,
+        to: String,
+        verdict: &mgpu_protocol::submit::SubmitVerdict,
+    ) {
+        let Ok(payload) = serde_json::to_vec(verdict) else {
+            return;
+        };
+        if let Err(err) = self.js.client().publish(to, payload.into()).await {
+            tracing::debug!(job = %verdict.job, "telling the submitter: {err}");
         }
     }
 

@@ -180,9 +180,10 @@ async fn take_again(bucket: &kv::Store, holder: &str) -> Retaken {
 ///
 /// Each request is answered through the endpoint's own request object, refused ones with an
 /// error: that is what makes `$SRV.STATS` count requests, errors and processing time.
-pub async fn serve_status(
+pub(crate) async fn serve_status(
     client: async_nats::Client,
     status: watch::Receiver<Status>,
+    why_asks: mpsc::Sender<WhyAsk>,
     term_over: oneshot::Receiver<()>,
 ) -> Result<()> {
     let service = client
@@ -195,10 +196,22 @@ pub async fn serve_status(
         .endpoint(subjects::SCHEDULER_STATUS)
         .await
         .map_err(|e| anyhow!("adding the status endpoint: {e}"))?;
+    let mut why = service
+        .endpoint(subjects::SCHEDULER_WHY)
+        .await
+        .map_err(|e| anyhow!("adding the why endpoint: {e}"))?;
     tokio::pin!(term_over);
     loop {
         let request = tokio::select! {
             _ = &mut term_over => break,
+            request = why.next() => match request {
+                Some(request) => {
+                    // Answered on its own task: the event loop may be in a long pass.
+                    tokio::spawn(answer_why(request, why_asks.clone()));
+                    continue;
+                }
+                None => break,
+            },
             request = endpoint.next() => match request {
                 Some(request) => request,
                 None => break,
@@ -218,6 +231,63 @@ pub async fn serve_status(
         .stop()
         .await
         .map_err(|e| anyhow!("deregistering the micro service: {e}"))
+}
+
+/// A `mgpu why` question for the event loop: the job, who asks (a verified public key), and
+/// where the answer goes.
+pub struct WhyAsk {
+    pub job: mgpu_protocol::ids::JobId,
+    pub asker: String,
+    pub reply: oneshot::Sender<std::result::Result<mgpu_protocol::why::WhyAnswer, String>>,
+}
+
+/// How long a `mgpu why` waits for the event loop (a pass over a huge queue may be under way).
+const WHY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Answers one `mgpu why` request: its signature checked (who asks decides what may be
+/// asked), the question handed to the event loop, its answer or refusal sent back.
+async fn answer_why(request: async_nats::service::Request, asks: mpsc::Sender<WhyAsk>) {
+    let message = &request.message;
+    let refuse = |status: String, code: usize| Err(ServiceError { status, code });
+    let answer = match mgpu_nats::signing::verify(
+        message.headers.as_ref(),
+        subjects::SCHEDULER_WHY,
+        &message.payload,
+        mgpu_protocol::now(),
+    ) {
+        Err(err) => refuse(format!("refused: {err}"), 401),
+        Ok(signed) => {
+            match serde_json::from_slice::<mgpu_protocol::why::WhyRequest>(&message.payload) {
+                Err(err) => refuse(format!("a why request is {{\"job\": ID}}: {err}"), 400),
+                Ok(asked) => {
+                    let (reply, answered) = oneshot::channel();
+                    let ask = WhyAsk {
+                        job: asked.job,
+                        asker: signed.signer,
+                        reply,
+                    };
+                    let waited = tokio::time::timeout(WHY_WITHIN, async {
+                        asks.send(ask).await.ok()?;
+                        answered.await.ok()
+                    })
+                    .await;
+                    match waited {
+                        Ok(Some(Ok(why))) => serde_json::to_vec(&why)
+                            .map(Bytes::from)
+                            .or_else(|err| refuse(format!("encoding the answer: {err}"), 500)),
+                        Ok(Some(Err(refusal))) => refuse(refusal, 403),
+                        _ => refuse(
+                            "the scheduler is busy or stopping; ask again".to_owned(),
+                            503,
+                        ),
+                    }
+                }
+            }
+        }
+    };
+    if let Err(err) = request.respond(answer).await {
+        tracing::warn!(%err, "answering a why request");
+    }
 }
 
 /// Where the event loop hears a scrape's request for the gauges.

@@ -344,6 +344,16 @@ impl RecordStore {
         Ok(())
     }
 
+    /// Stores the waiting jobs' expected starts.
+    pub(crate) async fn save_plan(&self, plan: &mgpu_protocol::plan::PlanSnapshot) -> Result<()> {
+        let bytes = serde_json::to_vec(plan)?;
+        self.cluster
+            .put(subjects::PLAN_KEY, bytes.into())
+            .await
+            .map_err(|e| anyhow!("storing the expected starts: {e}"))?;
+        Ok(())
+    }
+
     /// Stores the fair-share usage book.
     pub(crate) async fn save_usage(&self, book: &UsageBook) -> Result<()> {
         let bytes = serde_json::to_vec(book)?;

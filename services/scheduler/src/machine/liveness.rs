@@ -116,6 +116,7 @@ impl SchedulerState {
     /// history, silent nodes acted on.
     pub(crate) fn on_tick(&mut self, now: Timestamp, tick: Tick) {
         self.save_usage(now, false);
+        self.save_plan(now);
         self.sweep_history(now, tick.monotonic);
         let released = self.watch.next_release.is_some_and(|t| t <= now)
             || self

@@ -67,6 +67,9 @@ pub struct Admitted {
     pub request: Request,
     /// Where it stands in the requests stream, when the driver knows.
     pub order: Option<StreamOrder>,
+    /// Where its submitter waits for the verdict on a submission (checked to be under the
+    /// signer's own inbox), if they wait.
+    pub verdict_to: Option<String>,
 }
 
 /// A request refused at the gate: unsigned, forged, replayed, from an unknown key, of an
@@ -145,6 +148,8 @@ pub enum Input {
     HistoryStates(Vec<(JobId, JobState)>),
     /// The usage book could not be stored: it is stored again later.
     UsageNotSaved,
+    /// Storing the expected starts failed.
+    PlanNotSaved,
     /// The per-user limits were read again.
     Limits(Limits),
     /// The principals file was read again.
@@ -254,6 +259,9 @@ pub enum Command {
     Archive { record: Box<JobRecord> },
     /// Store the fair-share usage book (a failure is answered with [`Input::UsageNotSaved`]).
     SaveUsage(UsageBook),
+    /// Store the waiting jobs' expected starts (a failure is answered with
+    /// [`Input::PlanNotSaved`]).
+    SavePlan(mgpu_protocol::plan::PlanSnapshot),
     /// Ask whether every agent report stored so far was handled; answered with
     /// [`Input::ReportsCaughtUp`].
     AskReportsCaughtUp { op: OpId },
@@ -262,6 +270,12 @@ pub enum Command {
     Notice {
         subject: String,
         notice: mgpu_protocol::idle::Notice,
+    },
+    /// Tell a submitter, waiting on `to` (their own inbox), whether their job will run:
+    /// published once, not stored (the job's record says the same).
+    Verdict {
+        to: String,
+        verdict: mgpu_protocol::submit::SubmitVerdict,
     },
     /// Count something in the metrics.
     Count(Count),

@@ -29,6 +29,7 @@
 
 pub mod announce;
 pub mod assignment;
+pub mod estimates;
 #[cfg(test)]
 mod exit_tests;
 pub mod idle;
@@ -41,6 +42,9 @@ pub mod retention;
 #[cfg(test)]
 mod tests;
 pub mod transitions;
+pub mod why;
+#[cfg(test)]
+mod why_tests;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -112,6 +116,8 @@ pub struct SchedulerState {
     decisions_left:
         std::collections::VecDeque<(JobId, crate::lifecycle::Input, transitions::Origin)>,
     decided_at: Timestamp,
+    /// When the last pass expects waiting jobs to start.
+    pub(crate) estimates: estimates::Estimates,
 }
 
 impl SchedulerState {
@@ -183,6 +189,7 @@ impl SchedulerState {
             pass_changes: 0,
             decisions_left: std::collections::VecDeque::new(),
             decided_at: now,
+            estimates: estimates::Estimates::default(),
         }
     }
 
@@ -217,6 +224,7 @@ impl SchedulerState {
                 }
             }
             Input::UsageNotSaved => self.usage_dirty = true,
+            Input::PlanNotSaved => self.estimates.not_saved(),
             Input::Limits(limits) => {
                 self.limits = limits;
                 self.derive_caps();
@@ -381,6 +389,13 @@ impl SchedulerState {
         self.usage_dirty = false;
         self.usage_saved_at = Some(now);
         self.out.push(Command::SaveUsage(self.usage.clone()));
+    }
+
+    /// Asks for the expected starts to be stored if they changed (see [`estimates`]).
+    fn save_plan(&mut self, now: Timestamp) {
+        if let Some(plan) = self.estimates.to_save(now, false) {
+            self.out.push(Command::SavePlan(plan));
+        }
     }
 
     /// The user or admin named `name`.

@@ -121,15 +121,20 @@ impl SchedulerState {
                 gpu_caps: std::sync::Arc::clone(&self.gpu_caps),
                 gpu_type_caps: std::sync::Arc::clone(&self.gpu_type_caps),
                 class_caps: std::sync::Arc::clone(&self.class_caps),
+                max_start_estimates: self.policy.max_start_estimates,
             };
             let nodes = self.nodes.views(now);
             sample.view_us = lap();
-            let decisions = core::plan(&nodes, &running, &queue, &settings, now);
+            let plan = core::plan_with_estimates(&nodes, &running, &queue, &settings, now);
             sample.plan_us = lap().saturating_sub(sample.view_us);
             drop((queue, running));
-            self.carry_out_decisions(decisions, now);
+            self.estimates.update(plan.estimates, now);
+            self.carry_out_decisions(plan.decisions, now);
+        } else {
+            self.estimates.update(Vec::new(), now);
         }
         self.save_usage(now, false);
+        self.save_plan(now);
         (std::mem::take(&mut self.out), sample, churn)
     }
 

@@ -32,10 +32,10 @@ impl SchedulerState {
     /// writes together. Each gets its own instant, a microsecond apart, so the jobs of a
     /// batch keep their order in the queue.
     pub(crate) fn on_submissions(&mut self, now: Timestamp, batch: Vec<Admitted>) {
-        let mut queued = QueuedByUser::default();
+        let mut memo = BatchMemo::default();
         for (offset, admitted) in (0i64..).zip(batch) {
             let at = now + chrono::Duration::microseconds(offset);
-            self.submit(at, admitted, &mut queued);
+            self.submit(at, admitted, &mut memo);
         }
     }
 
@@ -46,6 +46,7 @@ impl SchedulerState {
             identity,
             request,
             order,
+            verdict_to,
         } = admitted;
         match request {
             Request::Submit(_) => {
@@ -54,8 +55,9 @@ impl SchedulerState {
                     identity,
                     request,
                     order,
+                    verdict_to,
                 };
-                self.submit(now, admitted, &mut QueuedByUser::default());
+                self.submit(now, admitted, &mut BatchMemo::default());
             }
             Request::Cancel { job, request } => {
                 let input = Input::Cancel {
@@ -115,11 +117,12 @@ impl SchedulerState {
     }
 
     /// Records one submission, looking for its twin first when it asks for `--dedup`.
-    fn submit(&mut self, now: Timestamp, admitted: Admitted, queued: &mut QueuedByUser) {
+    fn submit(&mut self, now: Timestamp, admitted: Admitted, memo: &mut BatchMemo) {
         let Admitted {
             token,
             identity,
             request,
+            verdict_to,
             ..
         } = admitted;
         let Request::Submit(request) = request else {
@@ -134,8 +137,9 @@ impl SchedulerState {
             .flatten();
         let unselectable = self
             .qos_refusal(&request.spec, &identity.name)
-            .or_else(|| self.unselectable(&request.spec));
-        let over_limit = self.over_limit(&mut request, &identity, queued);
+            .or_else(|| self.unselectable(&request.spec))
+            .or_else(|| self.impossible(&request, &identity.name, &mut memo.nodes, now));
+        let over_limit = self.over_limit(&mut request, &identity, &mut memo.queued);
         let not_added = match (&twin, unselectable, over_limit) {
             (Some(twin), _, _) => Some(NotAdded::Duplicate(twin)),
             (None, Some(why), _) => Some(NotAdded::Unselectable(why)),
@@ -154,7 +158,7 @@ impl SchedulerState {
         };
         if matches!(record.state, JobState::Queued(_)) {
             let class = class_name(record.spec.qos.as_deref());
-            queued.add(&identity.name, class);
+            memo.queued.add(&identity.name, class);
         }
         if self.jobs.get(&id).is_some() {
             // A redelivered submission: recorded before, its effects went out then.
@@ -177,6 +181,7 @@ impl SchedulerState {
             identity,
             outcome,
             token: Some(token),
+            verdict_to,
         };
         self.pending.insert(op, pending);
     }
@@ -251,6 +256,27 @@ impl SchedulerState {
                 listed(&features)
             )
         })
+    }
+
+    /// Why no node known could ever run `request` of `user`, even idle (more GPUs than any
+    /// node has, more memory per GPU, a pin on a GPU that does not exist…), as the pass would
+    /// find: said at submit, so `mgpu submit` can say it. The nodes' views are built once per
+    /// batch of submissions (`nodes`), and only for a submission that asks for GPUs.
+    fn impossible(
+        &self,
+        request: &SubmitRequest,
+        user: &str,
+        nodes: &mut Option<Vec<crate::core::NodeView>>,
+        now: Timestamp,
+    ) -> Option<String> {
+        if self.nodes.is_empty() {
+            return None;
+        }
+        let view =
+            crate::queue_view::request_view(&self.policy, &request.id, user, &request.spec, now);
+        let nodes = nodes.get_or_insert_with(|| self.nodes.views(now));
+        crate::core::impossible_reason(nodes, &view)
+            .or_else(|| crate::core::type_caps_impossible_reason(nodes, &view, &self.gpu_type_caps))
     }
 
     /// Why `request`, signed by `identity`, is over its owner's limits (`[limits]`) or its
@@ -408,6 +434,14 @@ fn twin_of(jobs: &JobTable, request: &SubmitRequest, identity: &Identity) -> Opt
                 && r.spec.dedup_key() == key
         })
         .map(|r| r.id.clone())
+}
+
+/// What the checks of one batch of submissions read once for all of it.
+#[derive(Default)]
+struct BatchMemo {
+    queued: QueuedByUser,
+    /// The nodes as the core sees them, built for the first submission that needs them.
+    nodes: Option<Vec<crate::core::NodeView>>,
 }
 
 /// Users' queued jobs, counted once per batch of submissions (only for users with a

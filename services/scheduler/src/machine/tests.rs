@@ -176,6 +176,7 @@ impl Rig {
                 redelivered: false,
                 stored_at: t0(),
             }),
+            verdict_to: None,
         }
     }
 

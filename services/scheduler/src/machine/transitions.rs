@@ -54,6 +54,8 @@ pub(crate) enum Pending {
         identity: Identity,
         outcome: SubmitOutcome,
         token: Option<Token>,
+        /// Where its submitter waits for the verdict, told once the record is stored.
+        verdict_to: Option<String>,
     },
     /// A node's administration on its way to the cluster bucket.
     Admin {
@@ -159,7 +161,17 @@ impl SchedulerState {
                 identity,
                 outcome: counted,
                 token,
-            }) => self.created(record, outcome, (effects, identity, counted), token),
+                verdict_to,
+            }) => {
+                let told = verdict_to.map(|to| (to, verdict_of(&record)));
+                let stored = matches!(outcome, WriteOutcome::Stored { .. });
+                self.created(record, outcome, (effects, identity, counted), token);
+                // Told only what is stored: a write that failed is decided again, maybe
+                // otherwise, when the submission comes back.
+                if let Some((to, verdict)) = told.filter(|_| stored) {
+                    self.out.push(Command::Verdict { to, verdict });
+                }
+            }
             Some(other) => {
                 // Not a write: keep waiting for its own answer.
                 self.pending.insert(op, other);
@@ -234,7 +246,18 @@ impl SchedulerState {
             }
         }
     }
+}
 
+/// What a submitter is told about the job `record` as first stored: why it was refused, or
+/// nothing (queued).
+fn verdict_of(record: &JobRecord) -> mgpu_protocol::submit::SubmitVerdict {
+    mgpu_protocol::submit::SubmitVerdict {
+        job: record.id.clone(),
+        refused: record.state.ending().and_then(|e| e.reason.clone()),
+    }
+}
+
+impl SchedulerState {
     /// A new record's write came out.
     fn created(
         &mut self,

@@ -192,6 +192,8 @@ impl World {
             Ok(()) => {
                 let kept = (stored.nonce.clone(), stored.signed_at, sequence);
                 self.store.nonces.push(kept);
+                let verdict_to = matches!(stored.request, Request::Submit(_))
+                    .then(|| format!("_INBOX.{}.verdict", stored.identity.key));
                 Some(Admitted {
                     token,
                     identity: stored.identity,
@@ -200,6 +202,7 @@ impl World {
                         redelivered: self.requests.redelivered(index),
                         stored_at: stored.stored_at,
                     }),
+                    verdict_to,
                     request: stored.request,
                 })
             }
@@ -393,6 +396,10 @@ impl World {
                 self.store.usage = book;
                 None
             }
+            Command::SavePlan(plan) => {
+                self.check_plan(&plan);
+                None
+            }
             Command::AskReportsCaughtUp { op } => Some(Input::ReportsCaughtUp {
                 op,
                 caught_up: self.reports.all_acked(),
@@ -402,6 +409,10 @@ impl World {
                     let job = line.job.as_ref().map(|j| j.short()).unwrap_or_default();
                     self.note(format!("log {job} {}", line.message));
                 }
+                None
+            }
+            Command::Verdict { verdict, .. } => {
+                self.check_verdict(verdict);
                 None
             }
             Command::Notice { notice, .. } => {

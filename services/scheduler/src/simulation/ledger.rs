@@ -57,6 +57,8 @@ pub struct Ledger {
     /// Idle warnings and reclaims notified.
     pub idle_warnings: u64,
     pub idle_reclaims: u64,
+    /// What each submitter was told (`verdict_checks.rs`): None, queued; else why refused.
+    pub verdicts: BTreeMap<JobId, Option<String>>,
 }
 
 impl Ledger {
@@ -306,6 +308,12 @@ impl Ledger {
         if let Some(broken) = self.finality.started(job, attempt, kill_follows) {
             self.broken.push(broken);
         }
+        if let Some(Some(why)) = self.verdicts.get(job) {
+            self.broken.push(format!(
+                "job {} started although its submitter was told: {why}",
+                job.short()
+            ));
+        }
         let ran = self.ran.entry(job.clone()).or_default();
         ran.insert(attempt);
         if !others.is_empty() {
@@ -320,6 +328,13 @@ impl Ledger {
                 job.short()
             ));
         }
+    }
+}
+
+impl Ledger {
+    /// Whether an agent ever started an attempt of `job`.
+    pub fn ran_any(&self, job: &JobId) -> bool {
+        self.ran.contains_key(job)
     }
 }
 

@@ -35,12 +35,14 @@ pub mod gate;
 pub mod idle_checks;
 pub mod ledger;
 pub mod nodes;
+mod plan_checks;
 pub mod preemption_checks;
 pub mod rng;
 #[cfg(test)]
 mod scenarios;
 pub mod store;
 pub mod streams;
+mod verdict_checks;
 pub mod workload;
 pub mod world;
 

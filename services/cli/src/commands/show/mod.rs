@@ -13,6 +13,7 @@ use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::host::format_mib;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobSpec, JobState, OnTimeout, Waiting};
+use mgpu_protocol::plan::ExpectedStart;
 
 use crate::client::session::{ConnectionArgs, Session};
 use crate::console::{print, print_json};
@@ -35,6 +36,14 @@ pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCod
     let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
     let mut record = jobs::find_anywhere(&session, &args.id).await?;
     let environment = environment::read(&session, &mut refusals, &record).await;
+    // Only a waiting job has an expected start; the plan is not read for others.
+    let start = match &record.state {
+        JobState::Queued(_) => mgpu_nats::records::plan(&session.js)
+            .await
+            .ok()
+            .and_then(|plan| plan.jobs.get(&record.id).cloned()),
+        _ => None,
+    };
     if args.json {
         if let Environment::Shown(env) = &environment {
             record.spec.env = env.clone();
@@ -42,11 +51,14 @@ pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCod
         let mut value = serde_json::to_value(record.summary())?;
         if let Some(object) = value.as_object_mut() {
             object.insert("environment".to_owned(), environment_json(&environment));
+            let expected = start.as_ref().and_then(|s| s.at);
+            object.insert("expected_start".to_owned(), serde_json::to_value(expected)?);
             object.insert("record".to_owned(), serde_json::to_value(&record)?);
         }
         print_json(&value)?;
     } else {
-        print(&render(&record, &environment, mgpu_protocol::now()))?;
+        let now = mgpu_protocol::now();
+        print(&render(&record, &environment, start.as_ref(), now))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -65,7 +77,12 @@ fn environment_json(environment: &Environment) -> serde_json::Value {
 type Line = (&'static str, String);
 
 /// Aligned `key: value` lines; lines that do not apply to the job's state are left out.
-fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> String {
+fn render(
+    record: &JobRecord,
+    environment: &Environment,
+    start: Option<&ExpectedStart>,
+    now: Timestamp,
+) -> String {
     let mut lines: Vec<Line> = vec![
         ("id", record.id.to_string()),
         ("name", record.spec.display_name()),
@@ -91,7 +108,10 @@ fn render(record: &JobRecord, environment: &Environment, now: Timestamp) -> Stri
     }
     lines.push(("submitted", human::time_with_age(record.submitted_at, now)));
     match &record.state {
-        JobState::Queued(waiting) => state::waiting_lines(waiting, record, now, &mut lines),
+        JobState::Queued(waiting) => {
+            state::waiting_lines(waiting, record, now, &mut lines);
+            lines.push(("expected start", state::expected_start(start, now)));
+        }
         JobState::Running(run) => state::running_lines(run, now, &mut lines),
         JobState::Succeeded(end)
         | JobState::Failed(end)
@@ -287,7 +307,12 @@ mod tests {
     fn a_queued_job_shows_its_reason_aligned() {
         let now = mgpu_protocol::now();
         let record = queued_train(now);
-        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
+        let text = render(
+            &record,
+            &Environment::Shown(record.spec.env.clone()),
+            None,
+            now,
+        );
         assert!(text.contains("\nstate:          queued\n"), "{text}");
         assert!(text.contains("\nwaiting:        1m15s\n"), "{text}");
         assert!(
@@ -296,6 +321,29 @@ mod tests {
         );
         assert!(!text.contains("exit code"));
         assert!(!text.contains("held by"));
+    }
+
+    #[test]
+    fn a_queued_job_shows_when_it_is_expected_to_start_and_what_that_assumes() {
+        let now = mgpu_protocol::now();
+        let record = queued_train(now);
+        let env = Environment::Shown(record.spec.env.clone());
+        let text = render(&record, &env, None, now);
+        assert!(text.contains("\nexpected start: unknown ("), "{text}");
+        let start = ExpectedStart {
+            at: Some(now + chrono::Duration::minutes(35)),
+            nodes: vec!["node001".into()],
+            reserved: true,
+        };
+        let text = render(&record, &env, Some(&start), now);
+        assert!(text.contains("(in 35m"), "{text}");
+        assert!(
+            text.contains("end by their time limits); on node001, GPUs reserved for it\n"),
+            "{text}"
+        );
+        let unlimited = ExpectedStart { at: None, ..start };
+        let text = render(&record, &env, Some(&unlimited), now);
+        assert!(text.contains("a job without a time limit holds"), "{text}");
     }
 
     #[test]
@@ -328,7 +376,12 @@ mod tests {
             last_request: None,
             preemptions: Vec::new(),
         };
-        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
+        let text = render(
+            &record,
+            &Environment::Shown(record.spec.env.clone()),
+            None,
+            now,
+        );
         for expected in [
             format!("after:          {dependency}\n"),
             format!("array:          {array_id}\n"),
@@ -372,7 +425,12 @@ mod tests {
             last_request: None,
             preemptions: Vec::new(),
         };
-        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
+        let text = render(
+            &record,
+            &Environment::Shown(record.spec.env.clone()),
+            None,
+            now,
+        );
         assert!(text.contains("\nstate:          timed_out\n"), "{text}");
         assert!(
             text.contains("\nreason:         time limit of 1m reached\n"),
@@ -404,7 +462,12 @@ mod tests {
             last_request: None,
             preemptions: Vec::new(),
         };
-        let text = render(&record, &Environment::Shown(record.spec.env.clone()), now);
+        let text = render(
+            &record,
+            &Environment::Shown(record.spec.env.clone()),
+            None,
+            now,
+        );
         assert!(text.contains("\nstate:          node_failed\n"), "{text}");
         assert!(text.contains("\nno requeue:     yes"), "{text}");
         assert!(
@@ -416,7 +479,12 @@ mod tests {
 
     /// `mgpu show` of `record` to its owner at `now`.
     fn shown_at(record: &JobRecord, now: Timestamp) -> String {
-        render(record, &Environment::Shown(record.spec.env.clone()), now)
+        render(
+            record,
+            &Environment::Shown(record.spec.env.clone()),
+            None,
+            now,
+        )
     }
 
     #[test]

@@ -8,6 +8,7 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::duration::format_duration;
 use mgpu_protocol::host::{JobUsage, format_mib};
 use mgpu_protocol::job::{Ending, JobRecord, Placement, Run, Waiting};
+use mgpu_protocol::plan::ExpectedStart;
 
 use super::Line;
 use crate::human;
@@ -73,6 +74,43 @@ pub(super) fn waiting_lines(
     lines.push(("reason", waiting.reason.describe().to_owned()));
     if let Some(by) = &waiting.held_by {
         lines.push(("held by", by.clone()));
+    }
+}
+
+/// When a waiting job is expected to start, with what the time assumes.
+pub(super) fn expected_start(start: Option<&ExpectedStart>, now: Timestamp) -> String {
+    match start {
+        None => "unknown (the scheduler's last pass could not date it: it waits for something \
+                 other than GPUs, or sits too far back in the queue; mgpu why says more)"
+            .to_owned(),
+        Some(ExpectedStart {
+            at: None, nodes, ..
+        }) => format!(
+            "unknown (a job without a time limit holds the GPUs it waits for on {})",
+            nodes.join(", ")
+        ),
+        Some(ExpectedStart {
+            at: Some(at),
+            nodes,
+            reserved,
+        }) => {
+            let when = match *at <= now {
+                true => "now (its GPUs are free; the next pass places it)".to_owned(),
+                false => format!(
+                    "{} (in {}, if the jobs running and ahead of it end by their time limits)",
+                    human::time_with_age(*at, now)
+                        .split(" (")
+                        .next()
+                        .unwrap_or_default(),
+                    format_duration(human::elapsed(now, *at))
+                ),
+            };
+            let held = match reserved {
+                true => "reserved for it",
+                false => "counted on",
+            };
+            format!("{when}; on {}, GPUs {held}", nodes.join(", "))
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use super::dedup::{Existing, Match};
 use super::plan::{Label, Prepared};
 use crate::client::session::Session;
 use crate::client::submit;
+use crate::client::verdict::{Verdict, Verdicts};
 
 /// What became of one job.
 #[derive(Debug)]
@@ -26,8 +27,10 @@ pub enum Outcome {
     Bad(String),
     /// Not submitted: the same job is queued or running, or came earlier in this run.
     Duplicate(Duplicate),
-    /// Stored under this id.
+    /// Stored under this id (and queued, or not checked yet: see [`Settled::unchecked`]).
     Submitted(JobId),
+    /// Stored under this id, and refused by the scheduler: it will never run, and why.
+    Refused(JobId, String),
     /// Sent, but JetStream did not store it.
     NotStored(anyhow::Error),
 }
@@ -66,6 +69,8 @@ impl Duplicate {
 pub struct Settled {
     pub label: Label,
     pub outcome: Outcome,
+    /// Stored, but no scheduler checked it yet (none runs): it may still be refused.
+    pub unchecked: bool,
 }
 
 pub struct Pipeline<'s> {
@@ -97,8 +102,47 @@ impl<'s> Pipeline<'s> {
             Existing::default()
         };
         let (steps, requests) = self.triage.sort(checked, &existing);
-        let results = submit::submit_all(self.session, &requests).await;
-        Ok(settle(steps, &requests, results))
+        // Listening before sending, so no verdict is missed; a failure to listen only
+        // leaves the jobs unchecked.
+        let listening = match requests.is_empty() {
+            true => None,
+            false => Verdicts::listen(self.session).await.ok(),
+        };
+        let to = listening.as_ref().map(Verdicts::subject);
+        let results = submit::submit_all(self.session, &requests, to).await;
+        let mut settled = settle(steps, &requests, results);
+        let stored: Vec<JobId> = settled
+            .iter()
+            .filter_map(|s| match &s.outcome {
+                Outcome::Submitted(id) => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        let verdicts = match listening {
+            Some(listening) if !stored.is_empty() => listening.collect(self.session, &stored).await,
+            _ => stored
+                .into_iter()
+                .map(|id| (id, Verdict::Unchecked))
+                .collect(),
+        };
+        for job in &mut settled {
+            job.take_verdict(&verdicts);
+        }
+        Ok(settled)
+    }
+}
+
+impl Settled {
+    /// A stored job as the scheduler judged it.
+    fn take_verdict(&mut self, verdicts: &HashMap<JobId, Verdict>) {
+        let Outcome::Submitted(id) = &self.outcome else {
+            return;
+        };
+        match verdicts.get(id) {
+            Some(Verdict::Refused(why)) => self.outcome = Outcome::Refused(id.clone(), why.clone()),
+            Some(Verdict::Unchecked) | None => self.unchecked = true,
+            Some(Verdict::Queued) => {}
+        }
     }
 }
 
@@ -203,7 +247,11 @@ fn settle(
                     }
                 }
             };
-            Settled { label, outcome }
+            Settled {
+                label,
+                outcome,
+                unchecked: false,
+            }
         })
         .collect()
 }

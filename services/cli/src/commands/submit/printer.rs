@@ -16,11 +16,20 @@ use crate::jobfile::FileError;
 /// Reports the command line's one job; its id when it was stored. A job not submitted because
 /// an identical one waits or runs is not an error: the work asked for is queued.
 pub fn single(args: &SubmitArgs, settled: Vec<Settled>) -> Result<Option<JobId>> {
-    let Some(Settled { outcome, .. }) = settled.into_iter().next() else {
+    let Some(Settled {
+        outcome, unchecked, ..
+    }) = settled.into_iter().next()
+    else {
         return Err(anyhow!("the job was not submitted"));
     };
     let id = match outcome {
         Outcome::Submitted(id) => id,
+        Outcome::Refused(id, why) => {
+            if args.json {
+                print_json(&json!({ "id": id, "refused": why }))?;
+            }
+            return Err(anyhow!("job {} refused: {why}", id.short()));
+        }
         Outcome::Bad(message) => return Err(anyhow!(message)),
         Outcome::NotStored(err) => return Err(err),
         Outcome::Duplicate(duplicate) => {
@@ -43,19 +52,36 @@ pub fn single(args: &SubmitArgs, settled: Vec<Settled>) -> Result<Option<JobId>>
             console::stderr_line(&format!("Submitted job {id}"));
         }
     } else if args.json {
-        print_json(&json!({ "id": id }))?;
+        print_json(&json!({ "id": id, "checked": !unchecked }))?;
     } else if args.quiet {
         println(id.as_str())?;
     } else {
         println(&format!("Submitted job {id}"))?;
     }
+    if unchecked && !args.json {
+        console::stderr_line(&not_checked(1));
+    }
     Ok(Some(id))
+}
+
+/// The note for jobs stored while no scheduler answered.
+fn not_checked(count: usize) -> String {
+    let jobs = if count == 1 { "it" } else { "them" };
+    format!(
+        "Not checked yet: no scheduler answered. The job{} will be checked when one runs; \
+         `mgpu show` says if {jobs} cannot run.",
+        if count == 1 { "" } else { "s" }
+    )
 }
 
 /// An array's tasks, sorted by what became of them.
 #[derive(Debug, Default)]
 struct ArrayOutcomes {
     submitted: Vec<(u32, JobId)>,
+    /// Stored and refused by the scheduler: index, id, why.
+    refused: Vec<(u32, JobId, String)>,
+    /// Stored while no scheduler answered.
+    unchecked: usize,
     duplicates: Vec<(u32, Duplicate)>,
     not_stored: Vec<anyhow::Error>,
 }
@@ -63,13 +89,20 @@ struct ArrayOutcomes {
 impl ArrayOutcomes {
     fn sort(settled: Vec<Settled>) -> Result<ArrayOutcomes> {
         let mut sorted = ArrayOutcomes::default();
-        for Settled { label, outcome } in settled {
+        for Settled {
+            label,
+            outcome,
+            unchecked,
+        } in settled
+        {
             let index = match label {
                 Label::Task(index) => index,
                 _ => 0,
             };
+            sorted.unchecked += usize::from(unchecked);
             match outcome {
                 Outcome::Submitted(id) => sorted.submitted.push((index, id)),
+                Outcome::Refused(id, why) => sorted.refused.push((index, id, why)),
                 Outcome::Duplicate(duplicate) => sorted.duplicates.push((index, duplicate)),
                 Outcome::NotStored(err) => sorted.not_stored.push(err),
                 // Every task has the array's spec, so one failing the checks means all do:
@@ -91,6 +124,8 @@ pub fn array(
 ) -> Result<()> {
     let ArrayOutcomes {
         submitted,
+        refused,
+        unchecked,
         duplicates,
         mut not_stored,
     } = ArrayOutcomes::sort(settled)?;
@@ -102,7 +137,14 @@ pub fn array(
         let mut value = json!({
             "array_id": (!submitted.is_empty()).then_some(array_id),
             "ids": submitted.iter().map(|(_, id)| id).collect::<Vec<_>>(),
+            "checked": unchecked == 0,
         });
+        if !refused.is_empty() {
+            value["refused"] = refused
+                .iter()
+                .map(|(index, id, why)| json!({ "index": index, "id": id, "reason": why }))
+                .collect();
+        }
         if args.dedup {
             value["duplicates"] = duplicates
                 .iter()
@@ -132,14 +174,37 @@ pub fn array(
             println(&sentence)?;
         }
     }
+    if unchecked > 0 && !args.json {
+        console::stderr_line(&not_checked(unchecked));
+    }
+    let total = submitted.len() + refused.len() + not_stored.len();
     if let Some(first) = not_stored.first() {
         return Err(anyhow!(
-            "{} of {} tasks were not submitted: {first:#}",
+            "{} of {total} tasks were not submitted: {first:#}",
             not_stored.len(),
-            submitted.len() + not_stored.len()
         ));
     }
+    if !refused.is_empty() {
+        return Err(anyhow!("{}", refusals(&refused, total)));
+    }
     Ok(())
+}
+
+/// `3 of 10 tasks refused: index 0-2: why`, one line per reason.
+fn refusals(refused: &[(u32, JobId, String)], total: usize) -> String {
+    let mut by_reason: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for (index, _, why) in refused {
+        by_reason.entry(why.as_str()).or_default().push(*index);
+    }
+    let lines: Vec<String> = by_reason
+        .iter()
+        .map(|(why, indices)| format!("  index {}: {why}", human::index_ranges(indices)))
+        .collect();
+    format!(
+        "{} of {total} tasks refused by the scheduler:\n{}",
+        refused.len(),
+        lines.join("\n")
+    )
 }
 
 /// `Submitted array 1a2b3c4d5e with 10 tasks (at most 4 at once)` and the first and last ids;
@@ -189,11 +254,17 @@ impl FilePrinter {
 
     /// One pass's jobs, in file order.
     pub fn pass(&mut self, settled: Vec<Settled>) -> Result<()> {
-        for Settled { label, outcome } in settled {
+        for Settled {
+            label,
+            outcome,
+            unchecked,
+        } in settled
+        {
             let line = match label {
                 Label::Line(line) => line,
                 _ => 0,
             };
+            self.tally.unchecked += usize::from(unchecked);
             self.job(line, outcome)?;
         }
         Ok(())
@@ -220,6 +291,10 @@ impl FilePrinter {
                     println(&text)?;
                 }
             }
+            Outcome::Refused(id, why) => {
+                self.tally.refused += 1;
+                console::stderr_line(&format!("{name}:{line}: refused ({}): {why}", id.short()));
+            }
             Outcome::Bad(message) => {
                 self.tally.bad += 1;
                 console::stderr_line(&format!("{name}:{line}: {message}"));
@@ -243,7 +318,10 @@ impl FilePrinter {
         if !self.quiet {
             println(&self.tally.summary(&self.name))?;
         }
-        Ok(self.tally.bad + self.tally.failed == 0)
+        if self.tally.unchecked > 0 {
+            console::stderr_line(&not_checked(self.tally.unchecked));
+        }
+        Ok(self.tally.bad + self.tally.failed + self.tally.refused == 0)
     }
 }
 
@@ -254,6 +332,10 @@ struct Tally {
     skipped: usize,
     bad: usize,
     failed: usize,
+    /// Stored and refused by the scheduler.
+    refused: usize,
+    /// Stored while no scheduler answered.
+    unchecked: usize,
 }
 
 impl Tally {
@@ -264,6 +346,12 @@ impl Tally {
         }
         if self.bad > 0 {
             parts.push(format!("{} bad", self.bad));
+        }
+        if self.refused > 0 {
+            parts.push(format!(
+                "{} refused by the scheduler (see above)",
+                self.refused
+            ));
         }
         if self.failed > 0 {
             parts.push(format!("{} not stored (see above)", self.failed));
@@ -302,10 +390,12 @@ mod tests {
             Settled {
                 label: Label::Task(4),
                 outcome: Outcome::Submitted(id.clone()),
+                unchecked: false,
             },
             Settled {
                 label: Label::Task(5),
                 outcome: Outcome::NotStored(anyhow!("timed out")),
+                unchecked: false,
             },
         ];
         let sorted = ArrayOutcomes::sort(settled).ok();
@@ -317,9 +407,25 @@ mod tests {
         let bad = vec![Settled {
             label: Label::Task(0),
             outcome: Outcome::Bad("the job has no command".into()),
+            unchecked: false,
         }];
         let err = ArrayOutcomes::sort(bad).err().map(|e| e.to_string());
         assert_eq!(err.as_deref(), Some("the job has no command"));
+    }
+
+    #[test]
+    fn refused_tasks_are_listed_by_reason() {
+        let id = JobId::random();
+        let refused = vec![
+            (0, id.clone(), "over the limit".to_owned()),
+            (1, id.clone(), "over the limit".to_owned()),
+            (7, id, "no node has GPU type h200".to_owned()),
+        ];
+        assert_eq!(
+            refusals(&refused, 10),
+            "3 of 10 tasks refused by the scheduler:\n  index 7: no node has GPU type h200\n  \
+             index 0-1: over the limit"
+        );
     }
 
     #[test]

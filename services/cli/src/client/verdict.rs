@@ -1,0 +1,133 @@
+//! The scheduler's verdicts on submissions: before sending, the CLI listens on a subject
+//! under its own inbox and names it in each submission (`Mgpu-Verdict-To`); the scheduler
+//! says there, as it takes each job in, whether it will run it or why never. A job the
+//! scheduler refuses is reported by `mgpu submit` itself, as `sbatch` does.
+//!
+//! The verdict costs one message, sent as soon as the job's record is stored (what it says is
+//! what the record says). Where no scheduler runs, the jobs are stored all the same and the
+//! wait ends within seconds: they are reported as not checked yet.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use futures::StreamExt;
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::principals::inbox_prefix;
+use mgpu_protocol::submit::SubmitVerdict;
+
+use super::session::Session;
+use crate::console;
+
+/// How long the first verdict is awaited before asking whether a scheduler runs at all.
+const FIRST_WITHIN: Duration = Duration::from_secs(2);
+/// How long verdicts are awaited at most, however many jobs were sent.
+const ALL_WITHIN: Duration = Duration::from_secs(60);
+/// How often a long wait says how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+
+/// What the scheduler said about one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Queued,
+    /// It will never run, and why.
+    Refused(String),
+    /// No scheduler answered in time: stored, not checked yet.
+    Unchecked,
+}
+
+/// A subscription for the verdicts of the submissions about to be sent.
+pub struct Verdicts {
+    subject: String,
+    subscriber: async_nats::Subscriber,
+}
+
+impl Verdicts {
+    /// Listens (and the server has taken the subscription) before anything is sent.
+    pub async fn listen(session: &Session) -> Result<Verdicts> {
+        let subject = format!(
+            "{}.verdict.{}",
+            inbox_prefix(&session.key.public_key()),
+            uuid::Uuid::new_v4().simple()
+        );
+        let subscriber = session
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| anyhow!("listening for the scheduler's verdicts: {e}"))?;
+        session
+            .client
+            .flush()
+            .await
+            .map_err(|e| anyhow!("listening for the scheduler's verdicts: {e}"))?;
+        Ok(Verdicts {
+            subject,
+            subscriber,
+        })
+    }
+
+    /// Where the submissions ask for their verdict.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// The verdicts on `ids` (the jobs stored), each `Unchecked` where none came in time.
+    pub async fn collect(mut self, session: &Session, ids: &[JobId]) -> HashMap<JobId, Verdict> {
+        let mut waiting: HashSet<&JobId> = ids.iter().collect();
+        let mut said = HashMap::with_capacity(ids.len());
+        let started = Instant::now();
+        let mut asked_for_scheduler = false;
+        let mut progress_at = started + PROGRESS_EVERY;
+        while !waiting.is_empty() && started.elapsed() < ALL_WITHIN {
+            let wait = match asked_for_scheduler {
+                true => PROGRESS_EVERY,
+                false => FIRST_WITHIN,
+            };
+            match tokio::time::timeout(wait, self.subscriber.next()).await {
+                Ok(Some(message)) => {
+                    let Ok(verdict) = serde_json::from_slice::<SubmitVerdict>(&message.payload)
+                    else {
+                        continue;
+                    };
+                    if waiting.remove(&verdict.job) {
+                        let verdict_of = match verdict.refused {
+                            Some(why) => Verdict::Refused(why),
+                            None => Verdict::Queued,
+                        };
+                        said.insert(verdict.job, verdict_of);
+                    }
+                }
+                Ok(None) => break,
+                Err(_) if !asked_for_scheduler => {
+                    asked_for_scheduler = true;
+                    if !scheduler_runs(session).await {
+                        break;
+                    }
+                }
+                Err(_) => {}
+            }
+            if Instant::now() >= progress_at {
+                progress_at = Instant::now() + PROGRESS_EVERY;
+                console::stderr_line(&format!(
+                    "waiting for the scheduler to check the jobs: {} of {} checked",
+                    said.len(),
+                    ids.len()
+                ));
+            }
+        }
+        for id in waiting {
+            said.insert(id.clone(), Verdict::Unchecked);
+        }
+        said
+    }
+}
+
+/// Whether an active scheduler answers its micro service's ping.
+async fn scheduler_runs(session: &Session) -> bool {
+    let subject = format!("$SRV.PING.{}", mgpu_protocol::subjects::SCHEDULER_SERVICE);
+    let ping = session.client.request(subject, bytes::Bytes::new());
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), ping).await,
+        Ok(Ok(_))
+    )
+}

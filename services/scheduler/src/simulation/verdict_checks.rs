@@ -1,0 +1,30 @@
+//! The invariants of the verdicts submitters are told, checked as each is sent:
+//! - a job is told one verdict, whatever happens to its submission (a write that fails and
+//!   is decided again, a redelivery);
+//! - a job refused never runs: no attempt of it started before, or starts after (the
+//!   ledger's start check asks [`refused`]).
+
+use mgpu_protocol::submit::SubmitVerdict;
+
+use super::world::World;
+
+impl World {
+    /// What telling `verdict` breaks, recorded with the ledger's findings.
+    pub(super) fn check_verdict(&mut self, verdict: SubmitVerdict) {
+        let short = verdict.job.short().to_owned();
+        if let Some(earlier) = self.ledger.verdicts.get(&verdict.job)
+            && *earlier != verdict.refused
+        {
+            self.ledger.broken.push(format!(
+                "job {short} told {:?} after {earlier:?}",
+                verdict.refused
+            ));
+        }
+        if verdict.refused.is_some() && self.ledger.ran_any(&verdict.job) {
+            self.ledger
+                .broken
+                .push(format!("job {short} refused after it ran"));
+        }
+        self.ledger.verdicts.insert(verdict.job, verdict.refused);
+    }
+}
