@@ -1,11 +1,13 @@
 //! A whole site written by `mgpu admin site` from one description, then run, once without TLS
-//! and once with: one head (its nats-server and the scheduler), two GPU hosts and two users.
+//! and once with: one head (its nats-server, the scheduler and mgpu-notify), two GPU hosts and
+//! two users.
 //! Every process starts from the files written for its host, as they would be copied there,
 //! with only what puts several hosts on one machine changed: `/etc/mgpu/` becomes that host's
 //! directory in the output, the agents' state directories are temporary, the server listens on
 //! 127.0.0.1 only, and the agents run jobs as their own account (the users have none here).
 //! Each user submits a job from their own home directory, set up as the user's `mgpu.env`
-//! says, and both run. Then a user is added to the description: running it again writes only
+//! says, and both run; a user's notification destination is hers alone under the site's
+//! permissions. Then a user is added to the description: running it again writes only
 //! that user's files and those naming every principal, keeps every existing key, and the new
 //! user's job runs once the server has reloaded.
 
@@ -135,6 +137,47 @@ fn mgpu_as(out: &Path, home: &Path, user: &str, args: &[&str]) -> Command {
     command
 }
 
+/// alice adds an e-mail destination and lists it; bob lists none of hers.
+fn notify_destinations_are_private(out: &Path, homes: &Path) {
+    let alice = homes.join("alice");
+    let add = mgpu_as(
+        out,
+        &alice,
+        "alice",
+        &["notify", "add", "email", "alice@example.org"],
+    )
+    .output()
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        add.status.success(),
+        "alice's notify add failed: {}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let list = |user: &str| {
+        let listed = mgpu_as(out, &homes.join(user), user, &["notify", "list", "--json"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            listed.status.success(),
+            "{user}'s notify list failed: {}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&listed.stdout)
+            .unwrap_or_else(|e| panic!("{user}'s list: {e}"))
+    };
+    let hers = list("alice");
+    assert_eq!(
+        hers["destinations"][0]["target"], "alice@example.org",
+        "{hers}"
+    );
+    let his = list("bob");
+    assert_eq!(
+        his["destinations"].as_array().map(Vec::len),
+        Some(0),
+        "{his}"
+    );
+}
+
 /// Submits `echo hello-<user>` as `user` and waits until it succeeded.
 fn run_job(out: &Path, home: &Path, user: &str) {
     let submit = mgpu_as(
@@ -201,9 +244,19 @@ fn site_story(tls: bool) {
     let written = write_site(&description, &out);
     assert!(written.len() >= 20, "{written:?}");
     let keys = seeds(&out);
-    // The credentials directory's six (scheduler, two nodes, two users, an admin), the three
-    // hosts' and the three people's.
-    assert_eq!(keys.len(), 12, "{keys:?}");
+    // The credentials directory's seven (scheduler, notify, two nodes, two users, an admin),
+    // the head's two and each GPU host's, and the three people's.
+    assert_eq!(keys.len(), 14, "{keys:?}");
+    let head_etc = out.join(HEAD).join("etc/mgpu");
+    for file in ["keys/scheduler.nk", "keys/notify.nk", "notify.toml"] {
+        assert!(head_etc.join(file).exists(), "{file} on the head");
+    }
+    let notify_key = std::fs::read_to_string(head_etc.join("keys/notify.nk")).ok();
+    let notify_seed = std::fs::read_to_string(out.join("auth/keys/notify-notify.nk")).ok();
+    assert!(notify_key.is_some() && notify_key == notify_seed);
+    for gpu_host in ["gpu01", "gpu02.lab"] {
+        assert!(!out.join(gpu_host).join("etc/mgpu/notify.toml").exists());
+    }
     for (path, (text, mode)) in &keys {
         assert_eq!(*mode, 0o600, "{}", path.display());
         assert!(text.starts_with("SU"), "{}", path.display());
@@ -223,6 +276,13 @@ fn site_story(tls: bool) {
     let mut scheduler = Command::new(&scheduler_bin);
     scheduler.args(config_args(&scheduler_bin, &scheduler_conf));
     services.spawn("scheduler", scheduler);
+    // mgpu-notify from its own file: it connects with its key and makes its stream, buckets
+    // and consumers under the permissions the site's auth.conf gives it.
+    let notify_bin = bin_dir().join("mgpu-notify");
+    let notify_conf = localized(&out, HEAD, "notify.toml", &run, tmp.path());
+    let mut notify = Command::new(&notify_bin);
+    notify.args(config_args(&notify_bin, &notify_conf));
+    services.spawn("notify", notify);
     let node_bin = bin_dir().join("mgpu-node");
     for (node, host) in [("gpu01", "gpu01"), ("gpu02", "gpu02.lab")] {
         let state = tmp.path().join("state").join(node);
@@ -242,6 +302,14 @@ fn site_story(tls: bool) {
     for user in ["alice", "bob"] {
         run_job(&out, &homes.join(user), user);
     }
+    wait_for("mgpu-notify to deliver", Duration::from_secs(30), || {
+        services.assert_running("notify");
+        services
+            .log("notify")
+            .contains("mgpu-notify delivering notices")
+            .then_some(())
+    });
+    notify_destinations_are_private(&out, &homes);
 
     // A third user: only that user's files and those naming every principal change.
     std::fs::write(
@@ -287,4 +355,5 @@ fn site_story(tls: bool) {
     });
     run_job(&out, &homes.join("carol"), "carol");
     services.assert_running("scheduler");
+    services.assert_running("notify");
 }

@@ -46,6 +46,8 @@ The description (TOML):
   [[node]]              # name; host = the name, gpus = \"2x24GiB\" (default: NVML),
   name = \"gpu01\"        # config = { ... } (more node.toml keys)
   [scheduler]           # hosts = [first server's host], config = { placement = \"spread\" }
+  [notify]              # host = first scheduler host (mgpu-notify runs on one host only),
+                        # config = { notify = { smtp = \"smtp://mail.lab:25\" } }
 
 Then copy each host's files into place (`tar -C DIR/head -cf - etc | ssh root@head tar -C /
 -xf - --no-overwrite-dir`), and give each person DIR/users/<name>/mgpu.nk. See
@@ -90,15 +92,17 @@ struct PrincipalChanges {
     removed: Vec<String>,
 }
 
-/// Makes the registry in `auth` hold exactly the site's principals: the scheduler, each node,
-/// user and admin. Existing ones keep their keys; new ones get one; the others are removed
+/// Makes the registry in `auth` hold exactly the site's principals: the scheduler, the
+/// notification service, each node, user and admin. Existing ones keep their keys; new ones get one; the others are removed
 /// with their key files.
 fn sync_principals(
     auth: &Path,
     site: &spec::Site,
     registry: &mut Registry,
 ) -> Result<PrincipalChanges> {
-    let wanted: Vec<(Role, &str)> = std::iter::once((Role::Scheduler, "scheduler"))
+    let services = [(Role::Scheduler, "scheduler"), (Role::Notify, "notify")];
+    let wanted: Vec<(Role, &str)> = services
+        .into_iter()
         .chain(site.nodes.iter().map(|n| (Role::Node, n.name.as_str())))
         .chain(site.users.iter().map(|u| (Role::User, u.as_str())))
         .chain(site.admins.iter().map(|a| (Role::Admin, a.as_str())))

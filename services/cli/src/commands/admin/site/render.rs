@@ -10,6 +10,7 @@
 //! | server | `/etc/mgpu/nats-server.conf`, `/etc/mgpu/auth.conf`, with TLS `/etc/mgpu/tls/server-cert.pem` and `server-key.pem` |
 //! | scheduler | `/etc/mgpu/scheduler.toml`, `/etc/mgpu/keys/scheduler.nk`, `/etc/mgpu/principals.json` |
 //! | node | `/etc/mgpu/node.toml`, `/etc/mgpu/keys/node.nk` |
+//! | notify (one host) | `/etc/mgpu/notify.toml`, `/etc/mgpu/keys/notify.nk` |
 //! | every host | `/etc/profile.d/mgpu.sh` (the CLI's server, CA and key for every login), with TLS `/etc/mgpu/ca.pem` |
 
 use std::path::{Path, PathBuf};
@@ -144,6 +145,10 @@ fn host_files(inputs: &Inputs, host: &str) -> Result<Vec<SiteFile>> {
             serde_json::to_string_pretty(registry)?,
         ));
     }
+    if site.notify_host().as_deref() == Some(host) {
+        files.push(plain(etc("notify.toml"), render_notify_toml(site)?));
+        files.push(seed(auth, Role::Notify, "notify", etc("keys/notify.nk"))?);
+    }
     if let Some(node) = site.nodes.iter().find(|n| n.host() == host) {
         files.push(plain(etc("node.toml"), render_node_toml(site, node)?));
         files.push(seed(auth, Role::Node, &node.name, etc("keys/node.nk"))?);
@@ -236,6 +241,19 @@ fn render_scheduler_toml(site: &Site) -> Result<String> {
         &site.scheduler.config,
         "[scheduler] config",
     )
+}
+
+/// `notify.toml`: the server, the service's key, the CA; then the site's `[notify] config`
+/// keys (its `[notify]` section: the SMTP relay, the sender, the throttle).
+fn render_notify_toml(site: &Site) -> Result<String> {
+    let mut table = toml::Table::new();
+    table.insert("server".into(), site.server_urls().into());
+    table.insert(
+        "creds".into(),
+        format!("{CONFIG_DIR}/keys/notify.nk").into(),
+    );
+    insert_ca(site, &mut table);
+    render_toml("mgpu-notify", table, &site.notify.config, "[notify] config")
 }
 
 /// `node.toml`: the node's name, the server, its key, the CA, its state directory and
@@ -409,6 +427,30 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("`creds`"), "{err}");
+    }
+
+    #[test]
+    fn the_notify_config_names_its_key_and_takes_the_relay() {
+        let site = site(
+            "tls = true\n[[server]]\nname = \"s1\"\nhost = \"head\"\n\
+             [notify]\nconfig = { time80_interval = \"30s\", notify = { smtp = \"smtp://mail:25\" } }\n",
+        );
+        let text = render_notify_toml(&site).unwrap_or_default();
+        let parsed: toml::Table = toml::from_str(&text).unwrap_or_default();
+        assert_eq!(parsed["server"].as_str(), Some("nats://head:4222"));
+        assert_eq!(parsed["creds"].as_str(), Some("/etc/mgpu/keys/notify.nk"));
+        assert_eq!(parsed["ca"].as_str(), Some("/etc/mgpu/ca.pem"));
+        assert_eq!(parsed["time80_interval"].as_str(), Some("30s"));
+        assert_eq!(parsed["notify"]["smtp"].as_str(), Some("smtp://mail:25"));
+
+        let clash = self::site(
+            "[[server]]\nname = \"s1\"\nhost = \"head\"\n[notify]\nconfig = { server = \"x\" }\n",
+        );
+        let err = render_notify_toml(&clash)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("`server`"), "{err}");
     }
 
     #[test]

@@ -24,6 +24,11 @@
 //! hosts = ["head.lab"]           # where mgpu-scheduler runs (default: the first server's
 //!                                # host); two hosts: an active scheduler and a standby
 //! config = { placement = "spread" }   # more keys for scheduler.toml, as given
+//!
+//! [notify]
+//! host = "head.lab"              # where mgpu-notify runs, one host only (default: the first
+//!                                # scheduler host)
+//! config = { notify = { smtp = "smtp://mail.lab:25" } }   # more keys for notify.toml
 //! ```
 
 use std::collections::BTreeSet;
@@ -56,6 +61,8 @@ pub struct Site {
     pub nodes: Vec<Node>,
     #[serde(default)]
     pub scheduler: Scheduler,
+    #[serde(default)]
+    pub notify: Notify,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -100,6 +107,17 @@ pub struct Scheduler {
     pub config: toml::Table,
 }
 
+/// The notification service (`mgpu-notify`): one instance per site, as two would each deliver.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Notify {
+    pub host: Option<String>,
+    /// More keys for `notify.toml` (`time80_interval`, the `[notify]` section with `smtp`,
+    /// `from`, `max_per_minute`), written as given.
+    #[serde(default)]
+    pub config: toml::Table,
+}
+
 fn default_port() -> u16 {
     4222
 }
@@ -139,6 +157,14 @@ impl Site {
         }
     }
 
+    /// The host that runs mgpu-notify: as given, else the first scheduler host.
+    pub fn notify_host(&self) -> Option<String> {
+        match &self.notify.host {
+            Some(host) => Some(host.clone()),
+            None => self.scheduler_hosts().into_iter().next(),
+        }
+    }
+
     /// Every host that gets files, each once, in a stable order.
     pub fn hosts(&self) -> BTreeSet<String> {
         self.servers
@@ -146,6 +172,7 @@ impl Site {
             .map(|s| s.host.clone())
             .chain(self.nodes.iter().map(|n| n.host().to_owned()))
             .chain(self.scheduler_hosts())
+            .chain(self.notify_host())
             .collect()
     }
 
@@ -202,6 +229,9 @@ impl Site {
             "scheduler host",
             self.scheduler.hosts.iter().map(String::as_str),
         )?;
+        if let Some(host) = &self.notify.host {
+            check_host(host)?;
+        }
         let people = self.users.iter().chain(&self.admins);
         unique("user or admin", people.clone().map(String::as_str))?;
         for name in people {
@@ -270,6 +300,7 @@ mod tests {
         assert_eq!(site.servers[0].store_dir, Path::new(DEFAULT_STORE_DIR));
         assert_eq!(site.nodes[0].host(), "gpu01");
         assert_eq!(site.scheduler_hosts(), ["head"]);
+        assert_eq!(site.notify_host().as_deref(), Some("head"));
         let hosts: Vec<String> = site.hosts().into_iter().collect();
         assert_eq!(hosts, ["gpu01", "gpu02.lab", "head"]);
         assert_eq!(site.server_urls(), "nats://head:4222");
@@ -280,6 +311,23 @@ mod tests {
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_notify_service_goes_where_it_is_told_else_with_the_first_scheduler() {
+        let text = format!("{SMALL}[scheduler]\nhosts = [\"s1\", \"s2\"]\n");
+        let site = Site::parse(&text).ok();
+        assert_eq!(site.and_then(|s| s.notify_host()).as_deref(), Some("s1"));
+        let text = format!("{SMALL}[notify]\nhost = \"mail-gw\"\n");
+        let site = Site::parse(&text).ok();
+        assert_eq!(
+            site.as_ref().and_then(Site::notify_host).as_deref(),
+            Some("mail-gw")
+        );
+        let hosts: Vec<String> = site
+            .map(|s| s.hosts().into_iter().collect())
+            .unwrap_or_default();
+        assert_eq!(hosts, ["gpu01", "gpu02.lab", "head", "mail-gw"]);
     }
 
     #[test]
@@ -304,5 +352,7 @@ mod tests {
                 .contains("not a host")
         );
         assert!(error_of(&format!("colour = 1\n{server}")).contains("colour"));
+        assert!(error_of(&format!("{server}[notify]\nhost = \"auth\"\n")).contains("may not be"));
+        assert!(error_of(&format!("{server}[notify]\nhosts = [\"h1\"]\n")).contains("hosts"));
     }
 }
