@@ -77,7 +77,6 @@ fn waiting_jobs_are_dated_by_the_plan_and_start_when_it_said() {
     // `mgpu why`: its place, the job ahead holding the GPU, the holder's end, in words and
     // in JSON; nobody but its owner and the admins may ask.
     let why = cluster.mgpu_ok(&["why", &second]);
-    eprintln!("WHY>>{why}<<\n{table}\n{shown}");
     assert!(why.contains("2 of 2 in line"), "{why}");
     assert!(
         why.contains("1 job(s) ahead hold reservations on GPUs it could use")

@@ -30,6 +30,9 @@ pub enum NotAdded<'a> {
     OverLimit(String),
     /// It asks for a GPU type or node feature no node has (the reason names those there are).
     Unselectable(String),
+    /// No node known could ever run it, even idle (as the pass would find: the reason says
+    /// what it asks for against the largest node).
+    Impossible(String),
 }
 
 /// The record a submission makes, signed by `signer` at `now`: queued, or failed when its
@@ -64,6 +67,9 @@ pub fn submit(
         )),
         (Ok(()), Some(NotAdded::OverLimit(why) | NotAdded::Unselectable(why))) => {
             JobState::Failed(ended_unstarted(now, format!("not added: {why}")))
+        }
+        (Ok(()), Some(NotAdded::Impossible(why))) => {
+            JobState::Failed(ended_unstarted(now, format!("cannot run: {why}")))
         }
         (Ok(()), None) => JobState::Queued(Waiting::new(WaitReason::Submitted)),
     };

@@ -137,14 +137,19 @@ impl SchedulerState {
             .flatten();
         let unselectable = self
             .qos_refusal(&request.spec, &identity.name)
-            .or_else(|| self.unselectable(&request.spec))
-            .or_else(|| self.impossible(&request, &identity.name, &mut memo.nodes, now));
+            .or_else(|| self.unselectable(&request.spec));
+        let impossible = match unselectable {
+            Some(_) => None,
+            None => self.impossible(&request, &identity.name, &mut memo.nodes, now),
+        };
         let over_limit = self.over_limit(&mut request, &identity, &mut memo.queued);
-        let not_added = match (&twin, unselectable, over_limit) {
-            (Some(twin), _, _) => Some(NotAdded::Duplicate(twin)),
-            (None, Some(why), _) => Some(NotAdded::Unselectable(why)),
-            (None, None, Some(why)) => Some(NotAdded::OverLimit(why)),
-            (None, None, None) => None,
+        let not_added = match (&twin, unselectable, impossible, over_limit) {
+            (Some(twin), ..) => Some(NotAdded::Duplicate(twin)),
+            (None, Some(why), ..) => Some(NotAdded::Unselectable(why)),
+            // A limit names what the admins set: said before what no node could do.
+            (None, None, _, Some(why)) => Some(NotAdded::OverLimit(why)),
+            (None, None, Some(why), None) => Some(NotAdded::Impossible(why)),
+            (None, None, None, None) => None,
         };
         let id = request.id.clone();
         let Transition { record, effects } =

@@ -1,5 +1,6 @@
-//! `mgpu why` and the expected starts, asked of the machine: who may ask, what a waiting
-//! job's answer says, and that a pass dates the jobs behind a busy GPU.
+//! `mgpu why`, the expected starts and the verdicts, asked of the machine: who may ask, what a
+//! waiting job's answer says, that a pass dates the jobs behind a busy GPU, and what a
+//! submitter is told.
 
 use mgpu_protocol::job::JobState;
 use mgpu_protocol::priority::Policy;
@@ -127,4 +128,37 @@ fn a_held_job_says_who_holds_it_and_how_to_release_it() {
         "{:?}",
         answer.causes
     );
+}
+
+#[test]
+fn a_submitter_is_told_once_the_record_is_stored_whether_the_job_can_ever_run() {
+    let mut rig = Rig::new(Policy::default());
+    let told = |rig: &mut Rig, gpus: u32| {
+        let mut spec = one_gpu();
+        spec.gpus = mgpu_protocol::gpu_amount::GpuAmount::whole(gpus);
+        let request = Request::Submit(Box::new(mgpu_protocol::submit::SubmitRequest {
+            id: mgpu_protocol::ids::JobId::random(),
+            user: "alice".into(),
+            spec,
+        }));
+        let mut admitted = rig.request(alice(), request);
+        admitted.verdict_to = Some(format!("_INBOX.{}.verdict.1", alice().key));
+        let commands = rig.feed(t0(), Input::Submissions(vec![admitted]));
+        let verdicts: Vec<_> = commands
+            .into_iter()
+            .filter_map(|c| match c {
+                Command::Verdict { to, verdict } => Some((to, verdict)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(verdicts.len(), 1, "one verdict per submission");
+        verdicts.into_iter().next().map(|(_, v)| v.refused)
+    };
+    // node1 has one GPU: two can never run there, one can.
+    let refused = told(&mut rig, 2).flatten().unwrap_or_default();
+    assert!(
+        refused.starts_with("cannot run: asks for 2 GPUs on one node"),
+        "{refused}"
+    );
+    assert_eq!(told(&mut rig, 1), Some(None));
 }
