@@ -15,6 +15,7 @@
 mod cli;
 mod common;
 mod durability;
+mod estimates;
 mod fleet;
 mod history;
 mod output;
@@ -41,6 +42,7 @@ const GROUPS: &[&str] = &[
     "history",
     "top",
     "durability",
+    "estimates",
 ];
 
 fn main() -> Result<()> {
@@ -87,6 +89,7 @@ fn main() -> Result<()> {
             "history" => history::run(&ctx)?,
             "top" => top::run(&ctx)?,
             "durability" => durability::run(&ctx)?,
+            "estimates" => estimates::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }

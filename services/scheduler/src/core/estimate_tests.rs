@@ -140,3 +140,60 @@ proptest! {
         }
     }
 }
+
+/// What dating `jobs` gives when each is reserved for from scratch, looking at every node:
+/// what the timeline's kept offers must give too.
+fn dated_from_scratch(
+    nodes: &[NodeView],
+    holding: &[RunningJob],
+    jobs: &[QueuedJob],
+) -> Vec<(JobId, Option<Timestamp>, Vec<(String, u32)>)> {
+    let running: Vec<&RunningJob> = holding.iter().collect();
+    let capacity = super::capacity::Capacity::new(nodes, &running);
+    let mut releases =
+        super::reservation::ReleaseTimes::new(&capacity, running.iter().copied(), t0());
+    let nothing = super::reservation::ReservedGpus::default();
+    let any_type = |_: Option<&str>| true;
+    let among = super::reservation::Among {
+        reserved: &nothing,
+        type_allowed: &any_type,
+    };
+    let mut dated = Vec::new();
+    for job in jobs {
+        if let Some(made) =
+            super::reservation::reserve(&capacity, nodes, &releases, job, &among, t0())
+        {
+            releases.hold_until(&capacity, &made.gpus, made.ends);
+            dated.push((made.job, made.start, made.gpus));
+        }
+    }
+    dated
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn the_timeline_dates_as_reserving_from_scratch_would(
+        (nodes, holding) in arb_cluster(),
+        mut queue in arb_queue(),
+    ) {
+        queue.sort_by(super::queue_order);
+        let running: Vec<&RunningJob> = holding.iter().collect();
+        let capacity = super::capacity::Capacity::new(&nodes, &running);
+        let releases = super::reservation::ReleaseTimes::new(&capacity, running.iter().copied(), t0());
+        let caps = Default::default();
+        let type_caps = Default::default();
+        let class_caps = Default::default();
+        let owner_gpus = super::owner_gpus::OwnerGpus::new(&caps, &type_caps, &class_caps, &running, &nodes);
+        let mut timeline = super::estimate::Timeline::after(&capacity, &releases, &[]);
+        let dates = super::estimate::Dates { capacity: &capacity, nodes: &nodes, owner_gpus: &owner_gpus, now: t0() };
+        let jobs: Vec<&QueuedJob> = queue.iter().collect();
+        let kept: Vec<(JobId, Option<Timestamp>, Vec<(String, u32)>)> = timeline
+            .date(&jobs, &dates)
+            .into_iter()
+            .map(|r| (r.job, r.start, r.gpus))
+            .collect();
+        prop_assert_eq!(kept, dated_from_scratch(&nodes, &holding, &queue));
+    }
+}

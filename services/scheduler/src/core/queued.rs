@@ -70,8 +70,8 @@ pub struct QueuedJob {
 }
 
 impl QueuedJob {
-    /// A job asking for `gpus` on one node, with no other constraint, queued at `queued_at`.
-    #[cfg(test)]
+    /// A job asking for `gpus` on one node, with no other constraint, queued at `queued_at`
+    /// (what tests and the benchmark of the core build on).
     pub fn new(id: JobId, gpus: GpuAmount, queued_at: Timestamp) -> Self {
         QueuedJob {
             id,

@@ -138,7 +138,7 @@ impl ReleaseTimes {
 }
 
 /// Orders release times: known times first, earliest first; unknown (None) last.
-fn release_key(release: Option<Timestamp>) -> (bool, Option<Timestamp>) {
+pub(super) fn release_key(release: Option<Timestamp>) -> (bool, Option<Timestamp>) {
     (release.is_none(), release)
 }
 
@@ -154,36 +154,58 @@ pub(super) fn reserve(
     among: &Among<'_>,
     now: Timestamp,
 ) -> Option<Reservation> {
-    let reserved = among.reserved;
     if job.gpus.is_zero() {
         return None;
     }
-    let mut ready: Vec<Ready<'_>> = capacity
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| n.offered && job.may_use_node(&n.name) && job.selects_node(&n.features))
-        .filter_map(|(position, node)| {
-            let view = nodes.get(node.view)?;
-            let offer = Offer {
-                position,
-                node,
-                view,
-                releases,
-                reserved,
-                type_allowed: among.type_allowed,
-            };
-            offer.ready(job, now)
-        })
+    let mut ready: Vec<Ready<'_>> = (0..capacity.nodes.len())
+        .filter_map(|position| offer_at(capacity, nodes, releases, job, among, position, now))
         .collect();
     ready.sort_by(|a, b| release_key(a.2).cmp(&release_key(b.2)).then(a.0.cmp(b.0)));
+    pick(job, ready.iter(), now)
+}
+
+/// What the node at `position` offers one rank of `job`: the GPUs that free up first there,
+/// and when; None when it could never hold a rank.
+pub(super) fn offer_at<'a>(
+    capacity: &'a Capacity,
+    nodes: &[NodeView],
+    releases: &ReleaseTimes,
+    job: &QueuedJob,
+    among: &Among<'_>,
+    position: usize,
+    now: Timestamp,
+) -> Option<Ready<'a>> {
+    let node = capacity.nodes.get(position)?;
+    if !(node.offered && job.may_use_node(&node.name) && job.selects_node(&node.features)) {
+        return None;
+    }
+    let view = nodes.get(node.view)?;
+    let offer = Offer {
+        position,
+        node,
+        view,
+        releases,
+        reserved: among.reserved,
+        type_allowed: among.type_allowed,
+    };
+    let (gpus, start) = offer.ready(job, now)?;
+    Some((node.name.as_str(), gpus, start))
+}
+
+/// The reservation `job` gets from the nodes' offers, `sorted` earliest first (then by
+/// name): its required nodes, then the earliest-ready others; it starts when the last of
+/// them is ready. None when too few nodes offer.
+pub(super) fn pick<'r, 'a: 'r>(
+    job: &QueuedJob,
+    sorted: impl Iterator<Item = &'r Ready<'a>> + Clone,
+    now: Timestamp,
+) -> Option<Reservation> {
     let mut picked: Vec<&Ready<'_>> = Vec::new();
     for required in &job.required_nodes {
-        picked.push(ready.iter().find(|(name, _, _)| name == required)?);
+        picked.push(sorted.clone().find(|(name, _, _)| name == required)?);
     }
     let missing = (job.nodes.max(1) as usize).saturating_sub(picked.len());
-    let others: Vec<&Ready<'_>> = ready
-        .iter()
+    let others: Vec<&Ready<'_>> = sorted
         .filter(|(name, _, _)| !job.required_nodes.iter().any(|r| r == name))
         .take(missing)
         .collect();
@@ -210,7 +232,7 @@ pub(super) fn reserve(
 
 /// A node that could hold one rank of a job: its name, the GPUs it would give the job, and
 /// when they are all free (None: not before some job without a time limit ends).
-type Ready<'a> = (&'a str, Vec<u32>, Option<Timestamp>);
+pub(super) type Ready<'a> = (&'a str, Vec<u32>, Option<Timestamp>);
 
 /// What one node can offer a waiting job.
 struct Offer<'a> {
@@ -232,7 +254,7 @@ pub(super) struct Among<'a> {
 impl<'a> Offer<'a> {
     /// The GPUs that free up first here, enough for one rank of `job`; None when the node
     /// has too few it could ever use.
-    fn ready(&self, job: &QueuedJob, now: Timestamp) -> Option<Ready<'a>> {
+    fn ready(&self, job: &QueuedJob, now: Timestamp) -> Option<(Vec<u32>, Option<Timestamp>)> {
         let (node, view) = (self.node, self.view);
         let mem = job.mem_mib.unwrap_or(0);
         let wanted = job
@@ -263,10 +285,6 @@ impl<'a> Offer<'a> {
         let start = chosen
             .iter()
             .try_fold(now, |latest, (_, release)| release.map(|r| latest.max(r)));
-        Some((
-            node.name.as_str(),
-            chosen.iter().map(|(index, _)| *index).collect(),
-            start,
-        ))
+        Some((chosen.iter().map(|(index, _)| *index).collect(), start))
     }
 }

@@ -50,6 +50,13 @@ impl<'a> Shape<'a> {
             type_capped_owner: type_capped.then_some(job.owner.as_str()),
         }
     }
+
+    /// The shape without its time limit: what decides where it could go and when that is
+    /// free (the time limit only decides until when it holds it).
+    pub(super) fn placement_only(mut self) -> Self {
+        self.time_limit = None;
+        self
+    }
 }
 
 /// What a pass learnt about a shape that did not fit.
