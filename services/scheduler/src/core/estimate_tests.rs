@@ -141,13 +141,16 @@ proptest! {
     }
 }
 
+/// A dated job: its id, when, and on which GPUs.
+type Dated = (JobId, Option<Timestamp>, Vec<(String, u32)>);
+
 /// What dating `jobs` gives when each is reserved for from scratch, looking at every node:
 /// what the timeline's kept offers must give too.
 fn dated_from_scratch(
     nodes: &[NodeView],
     holding: &[RunningJob],
     jobs: &[QueuedJob],
-) -> Vec<(JobId, Option<Timestamp>, Vec<(String, u32)>)> {
+) -> Vec<Dated> {
     let running: Vec<&RunningJob> = holding.iter().collect();
     let capacity = super::capacity::Capacity::new(nodes, &running);
     let mut releases =
@@ -189,7 +192,7 @@ proptest! {
         let mut timeline = super::estimate::Timeline::after(&capacity, &releases, &[]);
         let dates = super::estimate::Dates { capacity: &capacity, nodes: &nodes, owner_gpus: &owner_gpus, now: t0() };
         let jobs: Vec<&QueuedJob> = queue.iter().collect();
-        let kept: Vec<(JobId, Option<Timestamp>, Vec<(String, u32)>)> = timeline
+        let kept: Vec<Dated> = timeline
             .date(&jobs, &dates)
             .into_iter()
             .map(|r| (r.job, r.start, r.gpus))
