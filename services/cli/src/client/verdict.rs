@@ -43,21 +43,19 @@ pub struct Verdicts {
 }
 
 impl Verdicts {
-    /// Listens (and the server has taken the subscription) before anything is sent.
+    /// Listens, before anything is sent.
     pub async fn listen(session: &Session) -> Result<Verdicts> {
         let subject = format!(
             "{}.verdict.{}",
             inbox_prefix(&session.key.public_key()),
             uuid::Uuid::new_v4().simple()
         );
+        // No flush: the subscription goes out on the connection before the submissions, and
+        // the server takes a client's messages in order, so it is in place before any
+        // verdict can come (a round trip saved on every submit).
         let subscriber = session
             .client
             .subscribe(subject.clone())
-            .await
-            .map_err(|e| anyhow!("listening for the scheduler's verdicts: {e}"))?;
-        session
-            .client
-            .flush()
             .await
             .map_err(|e| anyhow!("listening for the scheduler's verdicts: {e}"))?;
         Ok(Verdicts {

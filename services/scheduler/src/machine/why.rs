@@ -294,7 +294,7 @@ impl SchedulerState {
             let user = self.jobs.get(&d.job).map_or("", |r| r.user.as_str());
             match (d.at, d.until) {
                 (Some(at), Some(until)) => format!(
-                    "then {} ({user}), ahead of it, from {} for up to {}",
+                    "then {} ({user}), ahead of it, starting {} for up to {}",
                     d.job.short(),
                     in_time(now, at),
                     format_duration((until - at).to_std().unwrap_or_default())
