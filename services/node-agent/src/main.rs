@@ -404,6 +404,11 @@ fn start_loops(
     let (stop_heartbeats, heartbeat_stop) = shutdown::signal();
     let (give_up_reports, give_up) = shutdown::signal();
     let table = RunningTable::default();
+    // Attempts ended under an agent of before: an assignment for one delivered again (its
+    // acknowledgement was lost) is not run a second time.
+    for ended in memory.state.ended() {
+        table.finish(&ended);
+    }
     let heartbeat_now = Arc::new(Notify::new());
 
     // Before the first heartbeat, so that it lists the jobs a previous agent left running.

@@ -7,7 +7,9 @@
 //! attempt keeps running where it is no longer wanted.
 //!
 //! An attempt is recorded as soon as its process is spawned (before the assignment is
-//! acknowledged) and removed once its exit report is stored. Every change rewrites the whole
+//! acknowledged) and removed once its exit report is stored; the last [`ENDED_KEPT`] removed
+//! are kept as ended, so that an assignment delivered again after the agent died (its
+//! acknowledgement lost) is not run a second time by the next agent. Every change rewrites the whole
 //! file atomically (write a temporary file, swap it into place), so an agent killed mid-write
 //! leaves either the old list or the new one, never half of one.
 //!
@@ -65,7 +67,22 @@ struct FileContents {
     version: u32,
     node: String,
     attempts: Vec<RecordedAttempt>,
+    /// Attempts whose exit report is stored (or that were reconciled), oldest first; a file
+    /// of before has none.
+    #[serde(default)]
+    ended: Vec<EndedAttempt>,
 }
+
+/// An attempt this node ran to its end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct EndedAttempt {
+    job_id: JobId,
+    attempt: u32,
+}
+
+/// How many ended attempts the file remembers: an unacknowledged assignment comes back to
+/// the next agent among the last few a node ran, and the file stays a few KiB.
+pub const ENDED_KEPT: usize = 256;
 
 /// The state file of one node, shared by every job of the agent.
 #[derive(Clone)]
@@ -80,6 +97,8 @@ struct Inner {
     path: PathBuf,
     node: String,
     attempts: BTreeMap<(JobId, u32), RecordedAttempt>,
+    /// The last [`ENDED_KEPT`] attempts removed, oldest first.
+    ended: std::collections::VecDeque<EndedAttempt>,
     write_failures: Throttle,
 }
 
@@ -115,7 +134,11 @@ impl StateFile {
             .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
         let lock = lock_for(dir, node)?;
         let path = dir.join(format!("{node}.json"));
-        let left = read(&path, node)?;
+        let FileContents {
+            attempts: left,
+            ended,
+            ..
+        } = read(&path, node)?;
         let state = StateFile {
             inner: Arc::new(Mutex::new(Inner {
                 _lock: lock,
@@ -125,6 +148,7 @@ impl StateFile {
                     .iter()
                     .map(|a| ((a.job_id.clone(), a.attempt), a.clone()))
                     .collect(),
+                ended: ended.into(),
                 write_failures: Throttle::new(std::time::Duration::from_secs(60)),
             })),
         };
@@ -146,33 +170,50 @@ impl StateFile {
 
     /// Remembers a spawned attempt (on a blocking thread: it writes a file).
     pub async fn record(&self, attempt: RecordedAttempt) {
-        self.change(move |attempts| {
-            attempts.insert((attempt.job_id.clone(), attempt.attempt), attempt);
+        self.change(move |inner| {
+            let key = (attempt.job_id.clone(), attempt.attempt);
+            inner.attempts.insert(key, attempt);
         })
         .await;
     }
 
-    /// Forgets an attempt whose exit report is stored (or that was reconciled).
+    /// Forgets an attempt whose exit report is stored (or that was reconciled), keeping it
+    /// among the ended ones.
     pub async fn remove(&self, key: &AttemptKey) {
         let id = (key.job_id.clone(), key.attempt);
-        self.change(move |attempts| {
-            attempts.remove(&id);
+        self.change(move |inner| {
+            inner.attempts.remove(&id);
+            let (job_id, attempt) = id;
+            inner.ended.push_back(EndedAttempt { job_id, attempt });
+            while inner.ended.len() > ENDED_KEPT {
+                inner.ended.pop_front();
+            }
         })
         .await;
+    }
+
+    /// The attempts this node ran to their end, as the file remembers them (the last
+    /// [`ENDED_KEPT`]), oldest first.
+    pub fn ended(&self) -> Vec<AttemptKey> {
+        self.lock()
+            .ended
+            .iter()
+            .map(|e| AttemptKey {
+                job_id: e.job_id.clone(),
+                attempt: e.attempt,
+            })
+            .collect()
     }
 
     /// Applies `edit` and rewrites the file. The lock is held across the write, so concurrent
     /// changes reach the disk in the order they were made and the file always holds the latest
     /// list. A failed write is logged (sparingly) and the agent carries on: the job runs either
     /// way, only a crash would then leave it unknown to the next agent.
-    async fn change(
-        &self,
-        edit: impl FnOnce(&mut BTreeMap<(JobId, u32), RecordedAttempt>) + Send + 'static,
-    ) {
+    async fn change(&self, edit: impl FnOnce(&mut Inner) + Send + 'static) {
         let state = self.clone();
         let task = tokio::task::spawn_blocking(move || {
             let mut inner = state.lock();
-            edit(&mut inner.attempts);
+            edit(&mut inner);
             match inner.write() {
                 Ok(()) => {
                     if inner.write_failures.success() {
@@ -199,18 +240,21 @@ impl Inner {
             version: FORMAT_VERSION,
             node: self.node.clone(),
             attempts: self.attempts.values().cloned().collect(),
+            ended: self.ended.iter().cloned().collect(),
         };
         let json = serde_json::to_vec_pretty(&contents).context("encoding the state file")?;
         write_atomically(&self.path, &json)
     }
 }
 
-/// The attempts recorded in the file; none when it does not exist. A file that cannot be read
-/// as a state file is moved aside (and the agent starts afresh) rather than blocking the node.
-fn read(path: &Path, node: &str) -> anyhow::Result<Vec<RecordedAttempt>> {
+/// What the file records; nothing when it does not exist. A file that cannot be read as a
+/// state file is moved aside (and the agent starts afresh) rather than blocking the node.
+fn read(path: &Path, node: &str) -> anyhow::Result<FileContents> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(FileContents::default());
+        }
         Err(err) => {
             return Err(anyhow!(
                 "cannot read the state file {}: {err}",
@@ -226,7 +270,7 @@ fn read(path: &Path, node: &str) -> anyhow::Result<Vec<RecordedAttempt>> {
         Ok(contents) if contents.node != node => {
             format!("it belongs to node {}, not {node}", contents.node)
         }
-        Ok(contents) => return Ok(contents.attempts),
+        Ok(contents) => return Ok(contents),
         Err(err) => format!("it is not a state file: {err}"),
     };
     let aside = path.with_extension("json.unreadable");
@@ -237,7 +281,7 @@ fn read(path: &Path, node: &str) -> anyhow::Result<Vec<RecordedAttempt>> {
         moved_to = %aside.display(),
         "ignoring the state file: {problem}; jobs a previous agent left running are not stopped"
     );
-    Ok(Vec::new())
+    Ok(FileContents::default())
 }
 
 /// Writes `path` so that readers see the old contents or the new, never a part: a temporary
@@ -357,6 +401,35 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn the_last_ended_attempts_are_remembered_by_the_next_agent() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (state, _) = StateFile::open(dir.path(), "node001").unwrap_or_else(|e| panic!("{e:#}"));
+        let ran: Vec<RecordedAttempt> = (0..ENDED_KEPT as u32 + 3).map(attempt).collect();
+        for one in &ran {
+            state.record(one.clone()).await;
+            state.remove(&one.key()).await;
+        }
+        drop(state);
+        let (state, left) =
+            StateFile::open(dir.path(), "node001").unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(left.is_empty());
+        let ended = state.ended();
+        // The oldest three are forgotten; the rest, in order, are known to the next agent.
+        let expected: Vec<AttemptKey> = ran[3..].iter().map(RecordedAttempt::key).collect();
+        assert_eq!(ended, expected);
+    }
+
+    #[test]
+    fn a_file_of_before_without_ended_attempts_still_reads() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let old = r#"{"version": 1, "node": "node001", "attempts": []}"#;
+        std::fs::write(dir.path().join("node001.json"), old).unwrap_or_else(|e| panic!("{e}"));
+        let (state, left) =
+            StateFile::open(dir.path(), "node001").unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(left.is_empty() && state.ended().is_empty());
+    }
+
     #[test]
     fn each_node_has_its_own_file_and_a_foreign_or_broken_one_is_set_aside() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -371,6 +444,7 @@ mod tests {
             version: FORMAT_VERSION,
             node: "node009".into(),
             attempts: vec![attempt(1)],
+            ended: Vec::new(),
         };
         let json = serde_json::to_vec(&foreign).unwrap_or_default();
         std::fs::write(&path, json).unwrap_or_else(|e| panic!("{e}"));

@@ -4,8 +4,9 @@
 //! scheduler refuses is reported by `mgpu submit` itself, as `sbatch` does.
 //!
 //! The verdict costs one message, sent as soon as the job's record is stored (what it says is
-//! what the record says). Where no scheduler runs, the jobs are stored all the same and the
-//! wait ends within seconds: they are reported as not checked yet.
+//! what the record says). Where no scheduler runs, or verdicts stop coming for a few seconds
+//! (a scheduler busy through a NATS leader election), the jobs are stored all the same and the
+//! wait ends: they are reported as not checked yet.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,8 +22,13 @@ use crate::console;
 
 /// How long the first verdict is awaited before asking whether a scheduler runs at all.
 const FIRST_WITHIN: Duration = Duration::from_secs(2);
-/// How long verdicts are awaited at most, however many jobs were sent.
-const ALL_WITHIN: Duration = Duration::from_secs(60);
+/// How long verdicts may stop coming before the rest are left unchecked: a scheduler busy
+/// through a NATS leader election must not hold a submission for the election's length (the
+/// jobs are stored; their records say the verdict later).
+const STALL_WITHIN: Duration = Duration::from_secs(5);
+/// How long verdicts are awaited at most, however many jobs were sent and however steadily
+/// they come.
+const ALL_WITHIN: Duration = Duration::from_secs(300);
 /// How often a long wait says how far it got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 
@@ -32,7 +38,7 @@ pub enum Verdict {
     Queued,
     /// It will never run, and why.
     Refused(String),
-    /// No scheduler answered in time: stored, not checked yet.
+    /// No scheduler answered in time (none runs, or it is busy): stored, not checked yet.
     Unchecked,
 }
 
@@ -74,11 +80,15 @@ impl Verdicts {
         let mut waiting: HashSet<&JobId> = ids.iter().collect();
         let mut said = HashMap::with_capacity(ids.len());
         let started = Instant::now();
+        let mut last_heard = started;
         let mut asked_for_scheduler = false;
         let mut progress_at = started + PROGRESS_EVERY;
-        while !waiting.is_empty() && started.elapsed() < ALL_WITHIN {
+        while !waiting.is_empty()
+            && started.elapsed() < ALL_WITHIN
+            && last_heard.elapsed() < STALL_WITHIN
+        {
             let wait = match asked_for_scheduler {
-                true => PROGRESS_EVERY,
+                true => PROGRESS_EVERY.min(STALL_WITHIN.saturating_sub(last_heard.elapsed())),
                 false => FIRST_WITHIN,
             };
             match tokio::time::timeout(wait, self.subscriber.next()).await {
@@ -88,6 +98,7 @@ impl Verdicts {
                         continue;
                     };
                     if waiting.remove(&verdict.job) {
+                        last_heard = Instant::now();
                         let verdict_of = match verdict.refused {
                             Some(why) => Verdict::Refused(why),
                             None => Verdict::Queued,
@@ -96,7 +107,7 @@ impl Verdicts {
                     }
                 }
                 Ok(None) => break,
-                Err(_) if !asked_for_scheduler => {
+                Err(_) if !asked_for_scheduler && said.is_empty() => {
                     asked_for_scheduler = true;
                     if !scheduler_runs(session).await {
                         break;

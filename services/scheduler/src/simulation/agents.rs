@@ -13,7 +13,9 @@
 //!   keeps its reports until it heals, and its stream keeps what is sent to it;
 //! - a crash kills every process (their guards die with them) and the agent's memory; the
 //!   state file survives, so the restarted agent reports every attempt of its table lost
-//!   (`reconcile.rs`) before it takes assignments.
+//!   (`reconcile.rs`) before it takes assignments, and does not run again the last attempts
+//!   that ended before the crash (`state_file.rs`: an assignment whose acknowledgement was
+//!   lost comes back to it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,6 +25,9 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::report::{AgentReport, Exit, ReportKind};
 
 use super::rng::Rng;
+
+/// Ended attempts a node's state file keeps, as the real agent's does.
+const ENDED_KEPT: usize = 256;
 
 /// One attempt of a job: what the running table is keyed by.
 pub type Attempt = (JobId, u32);
@@ -136,6 +141,9 @@ pub struct SimAgent {
     pub table: BTreeSet<Attempt>,
     /// Attempts this agent started since it started: an assignment for one is not run again.
     pub ran: BTreeSet<Attempt>,
+    /// The last attempts whose exit was stored (or that were reported lost), oldest first, as
+    /// the state file keeps them across crashes (`ENDED_KEPT` in the agent's `state_file.rs`).
+    pub ended: std::collections::VecDeque<Attempt>,
     /// Reports not stored yet, each with when it was first tried.
     pub outbox: Vec<(AgentReport, u64)>,
     /// What the node's stream holds for it while the agent cannot take it.
@@ -168,6 +176,7 @@ impl SimAgent {
             processes: BTreeMap::new(),
             table: BTreeSet::new(),
             ran: BTreeSet::new(),
+            ended: std::collections::VecDeque::new(),
             outbox: Vec::new(),
             inbox: Vec::new(),
             reconciling: false,
@@ -360,7 +369,18 @@ impl SimAgent {
     /// A report was stored: an exited attempt leaves the table (and the heartbeats).
     pub fn stored(&mut self, report: &AgentReport) {
         if matches!(report.kind, ReportKind::Exited(_)) {
-            self.table.remove(&(report.job.clone(), report.attempt));
+            let attempt = (report.job.clone(), report.attempt);
+            if self.table.remove(&attempt) {
+                self.remember_ended(attempt);
+            }
+        }
+    }
+
+    /// The state file keeps an ended attempt, the last [`ENDED_KEPT`] of them.
+    fn remember_ended(&mut self, attempt: Attempt) {
+        self.ended.push_back(attempt);
+        while self.ended.len() > ENDED_KEPT {
+            self.ended.pop_front();
         }
     }
 
@@ -380,8 +400,13 @@ impl SimAgent {
     pub fn restart(&mut self, lost: &[Attempt], at: Timestamp, now: u64) -> Vec<AgentReport> {
         self.up = true;
         self.boot += 1;
-        // The state file remembers them: an assignment for one delivered again is ignored.
+        // The state file remembers them, and the attempts that ended before the crash: an
+        // assignment for one delivered again (its acknowledgement lost) is ignored.
         self.ran.extend(lost.iter().cloned());
+        self.ran.extend(self.ended.iter().cloned());
+        for attempt in lost {
+            self.remember_ended(attempt.clone());
+        }
         // `Contact::new`: the fence counts from the agent's start.
         self.last_stored = now;
         lost.iter()
@@ -462,5 +487,26 @@ mod tests {
         // Its assignment, delivered again (unacknowledged when the agent died), is ignored.
         assert!(agent.assign(&job(1), 1, None, 60, &mut rng).is_none());
         assert!(agent.assign(&job(1), 2, None, 60, &mut rng).is_some());
+    }
+
+    #[test]
+    fn an_attempt_that_ended_before_a_crash_is_not_run_again_by_the_next_agent() {
+        let mut rng = Rng::new(2);
+        let mut agent = SimAgent::new("n".into(), 1, 3_000, 0);
+        assert!(agent.assign(&job(7), 1, None, 0, &mut rng).is_some());
+        let at = chrono::DateTime::from_timestamp(0, 0).unwrap_or_default();
+        let exited = AgentReport {
+            job: job(7),
+            attempt: 1,
+            node: "n".into(),
+            at,
+            kind: ReportKind::Exited(Exit::default()),
+        };
+        agent.stored(&exited);
+        let lost = agent.crash();
+        assert!(lost.is_empty());
+        agent.restart(&lost, at, 50);
+        // Its acknowledgement was lost: the assignment comes back, and is not run twice.
+        assert!(agent.assign(&job(7), 1, None, 60, &mut rng).is_none());
     }
 }

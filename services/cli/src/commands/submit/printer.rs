@@ -68,8 +68,8 @@ pub fn single(args: &SubmitArgs, settled: Vec<Settled>) -> Result<Option<JobId>>
 fn not_checked(count: usize) -> String {
     let jobs = if count == 1 { "it" } else { "them" };
     format!(
-        "Not checked yet: no scheduler answered. The job{} will be checked when one runs; \
-         `mgpu show` says if {jobs} cannot run.",
+        "Not checked yet: the scheduler did not answer in time (none runs, or it is busy). \
+         The job{} will be checked all the same; `mgpu show` says if {jobs} cannot run.",
         if count == 1 { "" } else { "s" }
     )
 }
