@@ -46,8 +46,16 @@ pub struct NoticesArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Follow another user's notices (admins only): their name in the credentials
-    /// directory's principals.json (see --dir), or their public key.
+    #[command(flatten)]
+    pub other: OtherUser,
+}
+
+/// Another user's notices or destinations, which only admins may read (the server refuses
+/// anyone else).
+#[derive(Debug, Args)]
+pub struct OtherUser {
+    /// Another user's (admins only): their name in the credentials directory's
+    /// principals.json (see --dir), or their public key.
     #[arg(long, value_name = "NAME|KEY")]
     pub user: Option<String>,
 
@@ -61,13 +69,19 @@ pub struct NoticesArgs {
     pub dir: PathBuf,
 }
 
+impl OtherUser {
+    /// The public key of the user named by --user, if one is; resolved before connecting, so
+    /// a name the registry lacks needs no server to say so.
+    pub fn key(&self) -> Result<Option<String>> {
+        self.user
+            .as_deref()
+            .map(|user| resolve_user(user, &self.dir))
+            .transpose()
+    }
+}
+
 pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<ExitCode> {
-    // Resolved before connecting: a name the registry lacks needs no server to say so.
-    let other = args
-        .user
-        .as_deref()
-        .map(|user| resolve_user(user, &args.dir))
-        .transpose()?;
+    let other = args.other.key()?;
     let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
     let key = other.unwrap_or_else(|| session.key.public_key());
     let subject = subjects::notices(&key);
@@ -80,6 +94,7 @@ pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<Exit
     session.client.flush().await.map_err(plain)?;
     if std::io::stderr().is_terminal() {
         let whose = args
+            .other
             .user
             .as_deref()
             .map_or("your".to_owned(), |user| format!("{user}'s"));
@@ -100,7 +115,7 @@ pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<Exit
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            () = &mut refused => return Err(refusal(args.user.as_deref(), &subject)),
+            () = &mut refused => return Err(refusal(args.other.user.as_deref(), &subject)),
             message = notices.next() => {
                 let Some(message) = message else {
                     return Err(anyhow!("the connection to the server closed"));

@@ -5,7 +5,6 @@
 //! service does the sending (see docs/notifications.md); this command only writes what it
 //! reads, and refuses a destination it would refuse.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -81,18 +80,8 @@ pub struct ListArgs {
     /// Also print your webhook signing secret (receivers check X-Mgpu-Signature with it).
     #[arg(long)]
     pub show_secret: bool,
-    /// List another user's destinations (admins only): their name in the credentials
-    /// directory's principals.json, or their public key.
-    #[arg(long, value_name = "NAME|KEY")]
-    pub user: Option<String>,
-    /// Credentials directory whose principals.json gives --user's key.
-    #[arg(
-        long,
-        env = "MGPU_AUTH_DIR",
-        default_value = ".mgpu/auth",
-        value_name = "DIR"
-    )]
-    pub dir: PathBuf,
+    #[command(flatten)]
+    pub other: super::notices::OtherUser,
 }
 
 #[derive(Debug, Args)]
@@ -182,15 +171,11 @@ struct Listing {
 }
 
 async fn list(connection: &ConnectionArgs, args: &ListArgs) -> Result<ExitCode> {
-    let other = args
-        .user
-        .as_deref()
-        .map(|user| super::notices::resolve_user(user, &args.dir))
-        .transpose()?;
+    let other = args.other.key()?;
     let session = Session::connect(connection).await?;
     let key = other.unwrap_or_else(|| session.key.public_key());
     let (destinations, secret) = read_entries(&session, &key).await.map_err(|e| {
-        if args.user.is_some() {
+        if args.other.user.is_some() {
             anyhow!("cannot read that user's destinations (admins only): {e}")
         } else {
             e

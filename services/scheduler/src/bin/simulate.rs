@@ -102,6 +102,7 @@ fn main() -> ExitCode {
     let (mut ran, mut jobs, mut faults, mut steps, mut violations) = (0u64, 0, 0, 0, 0u64);
     let (mut preemptions, mut idle_warnings, mut idle_reclaims) = (0u64, 0u64, 0u64);
     let mut preferred_type_waits = 0u64;
+    let (mut refusals, mut plans, mut dated) = (0u64, 0u64, 0u64);
     for seed in seeds {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -115,6 +116,9 @@ fn main() -> ExitCode {
         idle_warnings += outcome.idle_warnings;
         idle_reclaims += outcome.idle_reclaims;
         preferred_type_waits += outcome.preferred_type_waits;
+        refusals += outcome.refusals;
+        plans += outcome.plans;
+        dated += outcome.dated;
         if outcome.violation.is_some() {
             violations += 1;
             report_failure(&outcome, &options, &args.without);
@@ -137,6 +141,9 @@ fn main() -> ExitCode {
             "idle_warnings": idle_warnings,
             "idle_reclaims": idle_reclaims,
             "preferred_type_waits": preferred_type_waits,
+            "refusals": refusals,
+            "plans": plans,
+            "dated": dated,
             "steps_per_second": per_second,
             "violations": violations,
         })

@@ -59,6 +59,9 @@ pub struct Ledger {
     pub idle_reclaims: u64,
     /// What each submitter was told (`verdict_checks.rs`): None, queued; else why refused.
     pub verdicts: BTreeMap<JobId, Option<String>>,
+    /// Expected starts stored (`plan_checks.rs`), and the jobs they dated.
+    pub plans: u64,
+    pub dated: u64,
 }
 
 impl Ledger {

@@ -117,6 +117,10 @@ pub struct Outcome {
     /// Idle warnings sent, and idle jobs reclaimed for a waiting job.
     pub idle_warnings: u64,
     pub idle_reclaims: u64,
+    /// Submissions told they were refused; expected starts stored, and the jobs they dated.
+    pub refusals: u64,
+    pub plans: u64,
+    pub dated: u64,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
@@ -189,6 +193,14 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         preferred_type_waits: world.ledger.preferred_type_waits,
         idle_warnings: world.ledger.idle_warnings,
         idle_reclaims: world.ledger.idle_reclaims,
+        refusals: world
+            .ledger
+            .verdicts
+            .values()
+            .filter(|v| v.is_some())
+            .count() as u64,
+        plans: world.ledger.plans,
+        dated: world.ledger.dated,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
 }

@@ -13,6 +13,8 @@ impl World {
     /// What storing `plan` breaks, recorded with the ledger's findings.
     pub(super) fn check_plan(&mut self, plan: &PlanSnapshot) {
         let mut broken = Vec::new();
+        self.ledger.plans += 1;
+        self.ledger.dated += plan.jobs.len() as u64;
         for (id, start) in &plan.jobs {
             if let (Some(at), Some(computed)) = (start.at, plan.computed_at)
                 && at < computed
