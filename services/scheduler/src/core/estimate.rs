@@ -28,7 +28,8 @@ use super::{Decision, NodeView, QueuedJob};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub decisions: Vec<Decision>,
-    /// Waiting jobs that were given a reservation or an estimate, in queue order.
+    /// Waiting jobs that were given a reservation or an estimate: the reservations first,
+    /// then the estimates, each in queue order (the order the timeline serves them in).
     pub estimates: Vec<StartEstimate>,
 }
 

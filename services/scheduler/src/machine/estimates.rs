@@ -99,7 +99,8 @@ impl Estimates {
             .map_or(&[], |dated| dated.gpus.as_slice())
     }
 
-    /// The jobs the last pass dated, in queue order.
+    /// The jobs the last pass dated: the reservations, then the estimates, each in queue
+    /// order.
     pub fn dated(&self) -> &[StartEstimate] {
         &self.dated
     }

@@ -264,7 +264,8 @@ impl SchedulerState {
                     .any(|(_, node, shares)| shares.iter().any(|s| on_its_gpus(node, s.index)))
             })
             .collect();
-        // Jobs ahead dated on the same GPUs before it: it comes after them.
+        // Jobs the plan serves before it on the same GPUs (the reservations, then the jobs
+        // dated before it): it comes after them.
         let before: Vec<&crate::core::StartEstimate> = self
             .estimates
             .dated()
@@ -294,12 +295,12 @@ impl SchedulerState {
             let user = self.jobs.get(&d.job).map_or("", |r| r.user.as_str());
             match (d.at, d.until) {
                 (Some(at), Some(until)) => format!(
-                    "then {} ({user}), ahead of it, starting {} for up to {}",
+                    "then {} ({user}), before it there, starting {} for up to {}",
                     d.job.short(),
                     in_time(now, at),
                     format_duration((until - at).to_std().unwrap_or_default())
                 ),
-                _ => format!("{} ({user}), ahead of it, goes first", d.job.short()),
+                _ => format!("{} ({user}) goes there before it", d.job.short()),
             }
         }));
         let on: Vec<String> = gpus.iter().map(|(n, i)| format!("{n}:{i}")).collect();
