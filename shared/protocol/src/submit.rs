@@ -57,3 +57,28 @@ impl SubmitRequest {
         crate::wire::check_user("user", &self.user)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verdict_goes_only_under_the_signer_s_own_inbox() {
+        let alice = "UALICE";
+        assert!(verdict_subject_of(alice, "_INBOX.UALICE.verdict.4f2a"));
+        // Someone else's inbox, a longer key sharing the prefix, wildcards, empty tokens.
+        for to in [
+            "_INBOX.UBOB.verdict.4f2a",
+            "_INBOX.UALICEX.verdict",
+            "_INBOX.UALICE.>",
+            "_INBOX.UALICE.*",
+            "_INBOX.UALICE..x",
+            "_INBOX.UALICE.",
+            "_INBOX.UALICE",
+            "jobs.submit",
+            "_INBOX.UALICE.a b",
+        ] {
+            assert!(!verdict_subject_of(alice, to), "{to} accepted");
+        }
+    }
+}
