@@ -189,6 +189,33 @@ impl QueueKey {
     }
 }
 
+/// Why `job` waits (`Ok`) or can never run (`Err`, the reason) before its room is looked at:
+/// a hold, its node's fence, its dependencies, its array's `%N`; None when none of them
+/// keeps it.
+fn before_room(
+    job: &QueuedJob,
+    array_running: &HashMap<JobId, u32>,
+    now: Timestamp,
+) -> Option<Result<WaitReason, String>> {
+    if job.held {
+        return Some(Ok(WaitReason::Held));
+    }
+    if job.not_before.is_some_and(|t| t > now) {
+        return Some(Ok(WaitReason::Fencing));
+    }
+    match &job.dependencies {
+        Dependencies::Met => {}
+        Dependencies::Waiting => return Some(Ok(WaitReason::Dependency)),
+        Dependencies::Broken(reason) => return Some(Err(reason.clone())),
+    }
+    match &job.array {
+        Some((array, Some(limit))) if array_running.get(array).copied().unwrap_or(0) >= *limit => {
+            Some(Ok(WaitReason::ArrayLimit))
+        }
+        _ => None,
+    }
+}
+
 /// Scheduling settings the core needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoreSettings {
@@ -331,33 +358,19 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 reason,
             })
         };
-        if job.held {
-            decisions.extend(wait(WaitReason::Held));
-            continue;
-        }
-        if job.not_before.is_some_and(|t| t > now) {
-            decisions.extend(wait(WaitReason::Fencing));
-            continue;
-        }
-        match &job.dependencies {
-            Dependencies::Met => {}
-            Dependencies::Waiting => {
-                decisions.extend(wait(WaitReason::Dependency));
-                continue;
-            }
-            Dependencies::Broken(reason) => {
+        match before_room(job, &array_running, now) {
+            Some(Err(reason)) => {
                 decisions.push(Decision::Reject {
                     job: job.id.clone(),
-                    reason: reason.clone(),
+                    reason,
                 });
                 continue;
             }
-        }
-        if let Some((array, Some(limit))) = &job.array
-            && array_running.get(array).copied().unwrap_or(0) >= *limit
-        {
-            decisions.extend(wait(WaitReason::ArrayLimit));
-            continue;
+            Some(Ok(reason)) => {
+                decisions.extend(wait(reason));
+                continue;
+            }
+            None => {}
         }
         let never = impossible.entry(shape.clone()).or_insert_with(|| {
             impossible_reason(nodes, job).or_else(|| {
