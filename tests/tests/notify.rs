@@ -43,7 +43,8 @@ fn start_notify(cluster: &Cluster, notify_section: &str) -> Process {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(cluster.dir.path().join("notify.log"))
+        // Under logs/, where the harness prints every log when a story fails.
+        .open(cluster.dir.path().join("logs/notify.log"))
         .unwrap_or_else(|e| panic!("{e}"));
     let child = Command::new(bin_dir().join("mgpu-notify"))
         .env("MGPU_SERVER", cluster.server_url())
