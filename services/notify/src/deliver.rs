@@ -164,7 +164,10 @@ impl Deliverer {
         if !idle {
             return Ok(true);
         }
-        let record = mgpu_nats::records::get_job(&self.js, &notice.job).await?;
+        let Some(job) = &notice.job else {
+            return Ok(false);
+        };
+        let record = mgpu_nats::records::get_job(&self.js, job).await?;
         Ok(record.is_some_and(|r| {
             r.user_key.as_deref() == Some(owner) && wanted_by(&notice.kind, &r.spec.notify)
         }))

@@ -110,7 +110,7 @@ pub fn from_event(event: &JobEvent, record: &JobRecord) -> Option<Derived> {
         id,
         owner,
         notice: Notice {
-            job: job.clone(),
+            job: Some(job.clone()),
             at: event.at,
             message: format!("{}{message}", name_prefix(record)),
             kind,
@@ -184,7 +184,7 @@ pub fn array_ended(task: &JobRecord, tasks: &[JobRecord], at: Timestamp) -> Opti
         id: format!("{}-array-end", member.array_id),
         owner,
         notice: Notice {
-            job: task.id.clone(),
+            job: Some(task.id.clone()),
             at,
             message: format!(
                 "{}array {}: all {tasks} tasks ended: {succeeded} succeeded, {failed} failed, \
@@ -219,7 +219,7 @@ pub fn time80(record: &JobRecord, now: Timestamp) -> Option<Derived> {
         id: format!("{}-{}-time80", record.id, record.attempt),
         owner,
         notice: Notice {
-            job: record.id.clone(),
+            job: Some(record.id.clone()),
             at: now,
             message: format!(
                 "{}has run 80 % of its time limit of {}",

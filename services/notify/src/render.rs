@@ -64,7 +64,7 @@ impl Outgoing {
 
 /// A notice in one line: its job and what it says.
 fn line(notice: &Notice) -> String {
-    format!("mgpu job {}: {}", notice.job.short(), notice.message)
+    format!("mgpu {}: {}", notice.about(), notice.message)
 }
 
 /// The HTTP body for a webhook destination (JSON), or None for e-mail.
@@ -102,7 +102,7 @@ mod tests {
 
     fn notice(message: &str) -> Notice {
         Notice {
-            job: JobId::random(),
+            job: Some(JobId::random()),
             at: mgpu_protocol::now(),
             message: message.to_owned(),
             kind: NoticeKind::Test,

@@ -58,7 +58,7 @@ pub const POLICY_KEYS: &[&str] = &[
 /// file of before read as that section) and the per-user `[limits]` (`limits.rs`).
 pub const SERVICE: mgpu_config::Service = mgpu_config::Service {
     command_line_only: &["print_config"],
-    sections: &["policy", "limits", "qos", "idle"],
+    sections: &["policy", "limits", "qos", "idle", "reservations"],
     legacy: Some(mgpu_config::Legacy {
         section: "policy",
         keys: POLICY_KEYS,

@@ -24,6 +24,7 @@
 //! held). [`identity`] reads the principals file; everything else here is pure, and nothing
 //! outside the driver imports it.
 
+pub mod booking;
 pub mod config;
 pub mod core;
 pub mod driver;
@@ -39,6 +40,7 @@ pub mod nodes;
 pub mod passes;
 pub mod qos_config;
 pub mod queue_view;
+pub mod reservations_config;
 pub mod simulation;
 pub mod status;
 pub mod time_limits;

@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use mgpu_nats::connect::{ConnectTarget, connect};
 use mgpu_nats::streams::{MAX_AUTO_REPLICAS, Replicas, StreamSettings, WhenTooLarge};
 use mgpu_scheduler::driver::replica::{self, SchedulerMetrics};
-use mgpu_scheduler::{config, driver, identity, idle_config, limits_file, qos_config};
+use mgpu_scheduler::{
+    config, driver, identity, idle_config, limits_file, qos_config, reservations_config,
+};
 
 /// The mgpu scheduler: takes submissions from `jobs.submit`, places jobs on node agents,
 /// and keeps every job's record in JetStream. Stop it and start it again at any time:
@@ -143,6 +145,9 @@ async fn main() -> ExitCode {
             let written = loaded.sections.get("idle");
             settings.add_section("idle", idle_config::printable(idle, written));
         }
+        let written = loaded.sections.get("reservations");
+        let reservations = reservations_config::printable(&policy.reservations, written);
+        settings.add_section("reservations", reservations);
         // Written, not `print!`ed: `--print-config | head` closes the pipe early, which is
         // the reader's choice and no reason to panic.
         let _ = std::io::Write::write_all(&mut std::io::stdout(), settings.render().as_bytes());
@@ -254,6 +259,7 @@ fn policy_of(
     let mut policy = config::load_policy(section, loaded.file.as_deref())?;
     policy.qos = qos_config::load(loaded.sections.get("qos"))?;
     policy.idle = idle_config::load(loaded.sections.get("idle"))?;
+    policy.reservations = reservations_config::load(loaded.sections.get("reservations"))?;
     let args = &loaded.args;
     if let Some(placement) = args.placement {
         policy.placement = placement;

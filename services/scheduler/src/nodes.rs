@@ -482,6 +482,8 @@ mod tests {
                     gpu_type_caps: Default::default(),
                     class_caps: Default::default(),
                     max_start_estimates: 4,
+                    windows: Default::default(),
+                    reservation_horizon: chrono::Duration::hours(24),
                 };
                 let queue = [
                     QueuedJob::new(JobId::random(), GpuAmount::ONE, now),

@@ -227,7 +227,9 @@ pub(crate) fn request_view(
         gpu_types: spec.gpu_types.clone(),
         qos: spec.qos.clone(),
         may_preempt: class.may_preempt,
-        preemptible: class.preemptible,
+        preemptible: class.preemptible && !spec.no_requeue,
+        min_runtime: std::time::Duration::from_secs(class.min_runtime_secs),
+        reservation: spec.reservation.clone(),
         // Checked at submit: a record that does not parse selects nothing rather than all.
         constraint: spec
             .constraint
@@ -260,6 +262,7 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
         stopping: run.preempt_requested || run.cancel_requested_by.is_some(),
         may_preempt: class.may_preempt,
         reclaimable_from: reclaimable_from(record, run),
+        reservation: record.spec.reservation.clone(),
     }
 }
 

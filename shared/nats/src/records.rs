@@ -507,6 +507,8 @@ pub struct ClusterState {
     /// The expected starts of waiting jobs; empty where the scheduler never wrote them, or
     /// wrote what this version cannot read (a listing goes on without them).
     pub plan: mgpu_protocol::plan::PlanSnapshot,
+    /// Reservations kept (booked, and those over for a few days), by name.
+    pub reservations: BTreeMap<String, mgpu_protocol::reservation::Reservation>,
 }
 
 /// The whole cluster bucket in one read: one consumer, where reading its three parts apart
@@ -534,9 +536,51 @@ pub async fn cluster_state(js: &jetstream::Context) -> Result<ClusterState, Stat
             && let Some((node, admin)) = node_admin_entry(node, message)
         {
             state.node_admin.insert(node, admin);
+        } else if key.starts_with(subjects::RESERVATION_KEY_PREFIX)
+            && let Some(reservation) = reservation_entry(message)
+        {
+            state
+                .reservations
+                .insert(reservation.name.clone(), reservation);
         }
     }
     Ok(state)
+}
+
+/// Every reservation the cluster bucket keeps (the scheduler loads them when it starts).
+pub async fn reservations(
+    js: &jetstream::Context,
+) -> Result<Vec<mgpu_protocol::reservation::Reservation>, StateError> {
+    let prefix = format!(
+        "$KV.{}.{}",
+        subjects::CLUSTER_BUCKET,
+        subjects::RESERVATION_KEY_PREFIX
+    );
+    let messages = last_per_subject(
+        js,
+        subjects::CLUSTER_BUCKET_STREAM,
+        &format!("{prefix}*"),
+        false,
+    )
+    .await?;
+    Ok(messages
+        .iter()
+        .filter(|m| !is_deletion(m))
+        .filter_map(reservation_entry)
+        .collect())
+}
+
+/// One reservation's record; a malformed one is left out (and logged), as if never booked.
+fn reservation_entry(
+    message: &jetstream::Message,
+) -> Option<mgpu_protocol::reservation::Reservation> {
+    match serde_json::from_slice(&message.payload) {
+        Ok(reservation) => Some(reservation),
+        Err(err) => {
+            tracing::warn!(subject = %message.subject, "an unreadable reservation: {err}");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -172,6 +172,7 @@ pub fn stream_configs(settings: &StreamSettings) -> Vec<stream::Config> {
                 subjects::ALL_HOLDS.into(),
                 subjects::ALL_RELEASES.into(),
                 subjects::ADMIN_REQUESTS.into(),
+                subjects::RESERVATION_REQUESTS.into(),
             ],
             retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: DEDUP_WINDOW,

@@ -146,19 +146,40 @@ pub enum NoticeKind {
     },
     /// `mgpu notify test`: goes to every destination of its sender.
     Test,
+    /// Reservation `name` can no longer be honoured in full: `node` went down.
+    ReservationAtRisk { name: String, node: String },
+    /// Reservation `name` gave its GPUs back: no job of it ran `after_secs` into its window.
+    ReservationReleased { name: String, after_secs: u64 },
 }
 
-/// One notice to a user about one of their jobs (not `deny_unknown_fields`, which serde
-/// does not support beside a flattened field).
+/// One notice to a user about one of their jobs, or one of their reservations (not
+/// `deny_unknown_fields`, which serde does not support beside a flattened field).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Notice {
-    pub job: JobId,
+    /// The job it is about; None for a notice about a reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobId>,
     /// When the scheduler sent it.
     pub at: Timestamp,
     /// In words, for a person (`mgpu watch`, a chat bridge).
     pub message: String,
     #[serde(flatten)]
     pub kind: NoticeKind,
+}
+
+impl Notice {
+    /// What it is about in a few words: `job 4f2a1b2c3d`, `reservation deadline`.
+    pub fn about(&self) -> String {
+        match (&self.job, &self.kind) {
+            (Some(job), _) => format!("job {}", job.short()),
+            (
+                None,
+                NoticeKind::ReservationAtRisk { name, .. }
+                | NoticeKind::ReservationReleased { name, .. },
+            ) => format!("reservation {name}"),
+            (None, _) => "mgpu".to_owned(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -168,7 +189,7 @@ mod tests {
     #[test]
     fn a_notice_reads_back_as_written_with_its_kind_flattened() {
         let notice = Notice {
-            job: JobId::random(),
+            job: Some(JobId::random()),
             at: chrono::Utc::now(),
             message: "idle".to_owned(),
             kind: NoticeKind::IdleReclaimed {

@@ -15,7 +15,8 @@
 //! - [`job`]: what a user asks for ([`job::JobSpec`]) and what the scheduler records
 //!   ([`job::JobRecord`]).
 //! - [`request`]: every request to the scheduler, decoded once ([`request::Request`]), one
-//!   file each: [`submit`], [`cancel`], [`hold`] (and release), [`node_admin`].
+//!   file each: [`submit`], [`cancel`], [`hold`] (and release), [`node_admin`],
+//!   [`reservation`] (GPUs booked for a window, and their records).
 //! - [`report`]: an agent's report about one attempt's process ([`report::AgentReport`]).
 //! - [`node`]: a node agent's heartbeat: its GPUs, its running jobs, its address.
 //! - [`assign`]: scheduler → agent messages (run this job, kill that one).
@@ -55,6 +56,7 @@ pub mod priority;
 pub mod qos;
 pub mod report;
 pub mod request;
+pub mod reservation;
 pub mod signing;
 pub mod stop;
 pub mod subjects;

@@ -79,6 +79,9 @@ pub struct Policy {
     /// Idle GPUs reclaimed (`[idle]`); None: idleness is only measured and accounted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle: Option<crate::idle::IdlePolicy>,
+    /// Caps on bookings and how windows are kept (`[reservations]`).
+    #[serde(default)]
+    pub reservations: crate::reservation::ReservationPolicy,
 }
 
 impl Default for Policy {
@@ -102,6 +105,7 @@ impl Default for Policy {
             private_output: false,
             qos: crate::qos::QosClasses::default(),
             idle: None,
+            reservations: crate::reservation::ReservationPolicy::default(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Every request a person sends the scheduler, decoded once from its subject and payload:
 //! `jobs.submit` ([`crate::submit`]), `jobs.<id>.cancel` ([`crate::cancel`]),
-//! `jobs.<id>.hold` and `.release` ([`crate::hold`]) and `admin.requests` ([`crate::node_admin`]).
+//! `jobs.<id>.hold` and `.release` ([`crate::hold`]), `admin.requests` ([`crate::node_admin`])
+//! and `reservations.requests` ([`crate::reservation`]).
 //! The scheduler checks the signature on the raw message, then acts on the [`Request`];
 //! the audit trail names each by its [`Action`].
 
@@ -9,6 +10,7 @@ use crate::error::InvalidInput;
 use crate::hold::HoldRequest;
 use crate::ids::JobId;
 use crate::node_admin::AdminRequest;
+use crate::reservation::ReservationRequest;
 use crate::subjects;
 use crate::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
 use crate::wire::{self, MAX_REQUEST_BYTES};
@@ -21,6 +23,8 @@ pub enum Action {
     Hold,
     Release,
     Admin,
+    /// A reservation booked or cancelled.
+    Reserve,
     /// A node's report about a job's process (`jobs.<id>.events`): no request, but refused
     /// and audited like one when its signer is not the node it names.
     Report,
@@ -34,6 +38,9 @@ impl Action {
         }
         if subject == subjects::ADMIN_REQUESTS {
             return Some(Action::Admin);
+        }
+        if subject == subjects::RESERVATION_REQUESTS {
+            return Some(Action::Reserve);
         }
         subjects::job_id_of(subject)?;
         match subject.rsplit('.').next() {
@@ -52,6 +59,7 @@ impl Action {
             Action::Hold => "hold",
             Action::Release => "release",
             Action::Admin => "admin",
+            Action::Reserve => "reserve",
             Action::Report => "report",
         }
     }
@@ -83,6 +91,7 @@ pub enum Request {
         request: HoldRequest,
     },
     Admin(AdminRequest),
+    Reserve(ReservationRequest),
 }
 
 impl Request {
@@ -128,6 +137,12 @@ impl Request {
                 request.validate()?;
                 Request::Admin(request)
             }
+            Action::Reserve => {
+                let request: ReservationRequest =
+                    wire::decode("reservation request", payload, MAX_REQUEST_BYTES)?;
+                request.validate()?;
+                Request::Reserve(request)
+            }
             Action::Report => {
                 return Err(InvalidInput::new(format!(
                     "{subject} carries job events, not requests"
@@ -143,6 +158,7 @@ impl Request {
             Request::Hold { .. } => Action::Hold,
             Request::Release { .. } => Action::Release,
             Request::Admin(_) => Action::Admin,
+            Request::Reserve(_) => Action::Reserve,
         }
     }
 
@@ -153,7 +169,7 @@ impl Request {
             Request::Cancel { job, .. }
             | Request::Hold { job, .. }
             | Request::Release { job, .. } => Some(job),
-            Request::Admin(_) => None,
+            Request::Admin(_) | Request::Reserve(_) => None,
         }
     }
 }
@@ -168,6 +184,10 @@ mod tests {
     fn each_subject_names_its_action_and_others_none() {
         assert_eq!(Action::of_subject("jobs.submit"), Some(Action::Submit));
         assert_eq!(Action::of_subject("admin.requests"), Some(Action::Admin));
+        assert_eq!(
+            Action::of_subject("reservations.requests"),
+            Some(Action::Reserve)
+        );
         assert_eq!(
             Action::of_subject(&format!("jobs.{ID}.cancel")),
             Some(Action::Cancel)

@@ -6,6 +6,7 @@
 //! | `jobs.<id>.cancel` | CLI → scheduler (stream `MGPU_REQUESTS`) |
 //! | `jobs.<id>.hold`, `jobs.<id>.release` | CLI → scheduler (stream `MGPU_REQUESTS`) |
 //! | `admin.requests` | admin CLI → scheduler (stream `MGPU_REQUESTS`): drain, pause, … |
+//! | `reservations.requests` | CLI → scheduler (stream `MGPU_REQUESTS`): book, cancel |
 //! | `jobs.<id>.events` | scheduler, agent → anyone (stream `MGPU_EVENTS`) |
 //! | `jobs.<id>.output` | agent → anyone (stream `MGPU_OUTPUT`) |
 //! | `jobs.<id>.input` | CLI → agent (core NATS) |
@@ -21,6 +22,8 @@ pub const ALL_HOLDS: &str = "jobs.*.hold";
 pub const ALL_RELEASES: &str = "jobs.*.release";
 /// Node drain/resume and GPU pause/resume; only admins may publish it.
 pub const ADMIN_REQUESTS: &str = "admin.requests";
+/// Reservations booked and cancelled (`mgpu reserve`); any user may publish it.
+pub const RESERVATION_REQUESTS: &str = "reservations.requests";
 pub const ALL_EVENTS: &str = "jobs.*.events";
 /// Audit records: `audit.<action>` (submit, cancel, hold, release, admin), written by the
 /// scheduler with the identity that signed each request.
@@ -122,6 +125,13 @@ pub fn job_env(owner: &str, job: &JobId) -> String {
 pub fn node_admin_key(node: &str) -> String {
     format!("node.{node}")
 }
+
+/// Where reservation `name` is kept in the cluster bucket.
+pub fn reservation_key(name: &str) -> String {
+    format!("{RESERVATION_KEY_PREFIX}{name}")
+}
+/// The cluster bucket's keys of reservations start so.
+pub const RESERVATION_KEY_PREFIX: &str = "reservation.";
 
 /// Durable consumer through which the scheduler takes submissions and cancellations.
 pub const SCHEDULER_REQUESTS_CONSUMER: &str = "scheduler-requests";

@@ -154,6 +154,8 @@ fn settings(max_start_estimates: usize) -> CoreSettings {
         gpu_type_caps: Default::default(),
         class_caps: Default::default(),
         max_start_estimates,
+        windows: Default::default(),
+        reservation_horizon: chrono::Duration::hours(24),
     }
 }
 
@@ -180,6 +182,7 @@ fn running(id: JobId, node: &str, gpus: &[u32], started: Timestamp, limit: Durat
         stopping: false,
         may_preempt: false,
         reclaimable_from: None,
+        reservation: None,
     }
 }
 

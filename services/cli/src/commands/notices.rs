@@ -193,7 +193,10 @@ fn notice_line(notice: &Notice, now: Timestamp) -> String {
     format!(
         "{} {} {}",
         human::clock(notice.at, now),
-        notice.job.short(),
+        notice
+            .job
+            .as_ref()
+            .map_or_else(|| notice.about(), |job| job.short().to_owned()),
         notice_text(notice, now)
     )
 }
@@ -271,7 +274,7 @@ mod tests {
 
     fn notice(kind: NoticeKind) -> Notice {
         Notice {
-            job: JobId::random(),
+            job: Some(JobId::random()),
             at: at(16, 2),
             message: "job idle".to_owned(),
             kind,
@@ -297,7 +300,7 @@ mod tests {
     #[test]
     fn a_warning_reads_as_a_line_with_its_time_job_and_what_comes_next() {
         let warned = notice(warning(IdleAction::Requeue));
-        let id = warned.job.short().to_owned();
+        let id = warned.job.as_ref().map(|j| j.short().to_owned()).unwrap_or_default();
         assert_eq!(
             printed(&warned, false),
             Ok(format!(

@@ -269,7 +269,7 @@ async fn test(connection: &ConnectionArgs) -> Result<ExitCode> {
     // The notice's id: mgpu-notify sends each id once to each destination.
     let id = format!("test-{}", uuid::Uuid::new_v4().simple());
     let notice = Notice {
-        job: JobId::random(),
+        job: Some(JobId::random()),
         at: mgpu_protocol::now(),
         message: format!(
             "test notice {id} from `mgpu notify test` by {}",

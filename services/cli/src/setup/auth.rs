@@ -221,6 +221,7 @@ fn user_permissions(public_key: &str) -> Permissions {
         subjects::ALL_CANCELS,
         subjects::ALL_HOLDS,
         subjects::ALL_RELEASES,
+        subjects::RESERVATION_REQUESTS,
         "jobs.*.input",
         "$JS.API.INFO",
         "$JS.FC.>",

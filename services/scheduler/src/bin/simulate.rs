@@ -103,6 +103,8 @@ fn main() -> ExitCode {
     let (mut preemptions, mut idle_warnings, mut idle_reclaims) = (0u64, 0u64, 0u64);
     let mut preferred_type_waits = 0u64;
     let (mut refusals, mut plans, mut dated) = (0u64, 0u64, 0u64);
+    let (mut bookings, mut bookings_refused) = (0u64, 0u64);
+    let (mut member_starts, mut reservation_notices) = (0u64, 0u64);
     for seed in seeds {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -119,6 +121,10 @@ fn main() -> ExitCode {
         refusals += outcome.refusals;
         plans += outcome.plans;
         dated += outcome.dated;
+        bookings += outcome.bookings;
+        bookings_refused += outcome.bookings_refused;
+        member_starts += outcome.member_starts;
+        reservation_notices += outcome.reservation_notices;
         if outcome.violation.is_some() {
             violations += 1;
             report_failure(&outcome, &options, &args.without);
@@ -144,6 +150,10 @@ fn main() -> ExitCode {
             "refusals": refusals,
             "plans": plans,
             "dated": dated,
+            "bookings": bookings,
+            "bookings_refused": bookings_refused,
+            "member_starts": member_starts,
+            "reservation_notices": reservation_notices,
             "steps_per_second": per_second,
             "violations": violations,
         })

@@ -22,6 +22,7 @@ use super::fast_hash::FastHash;
 use super::owner_gpus::OwnerGpus;
 use super::reservation::{self, Among, Ready, ReleaseTimes, Reservation, ReservedGpus};
 use super::shape::Shape;
+use super::windows::WindowIndex;
 use super::{Decision, NodeView, QueuedJob};
 
 /// A pass's decisions and the expected starts it worked out.
@@ -85,6 +86,7 @@ pub(super) struct Dates<'a> {
     pub capacity: &'a Capacity,
     pub nodes: &'a [NodeView],
     pub owner_gpus: &'a OwnerGpus<'a>,
+    pub windows: &'a WindowIndex<'a>,
     pub now: Timestamp,
 }
 
@@ -134,7 +136,7 @@ impl<'a> Timeline<'a> {
         let mut dated = Vec::new();
         for job in jobs.iter().copied().filter(|job| !job.gpus.is_zero()) {
             let typed = dates.owner_gpus.has_type_caps(&job.owner);
-            let shape = Shape::of(job, typed).placement_only();
+            let shape = Shape::of(job, typed).placement_only(!dates.windows.is_empty());
             let offers = match self.offers.entry(shape) {
                 Entry::Occupied(known) => known.into_mut(),
                 Entry::Vacant(new) => new.insert(Offers::of(
@@ -208,6 +210,8 @@ impl<'a> Offers<'a> {
         let among = Among {
             reserved: nothing_reserved,
             type_allowed: &type_allowed,
+            windows: dates.windows,
+            guest: dates.windows.guest(sample),
         };
         let offer = reservation::offer_at(
             dates.capacity,

@@ -157,12 +157,17 @@ fn dated_from_scratch(
         super::reservation::ReleaseTimes::new(&capacity, running.iter().copied(), t0());
     let nothing = super::reservation::ReservedGpus::default();
     let any_type = |_: Option<&str>| true;
-    let among = super::reservation::Among {
-        reserved: &nothing,
-        type_allowed: &any_type,
-    };
+    let no_windows = Vec::new();
+    let windows =
+        super::windows::WindowIndex::new(&no_windows, &capacity, chrono::Duration::zero(), t0());
     let mut dated = Vec::new();
     for job in jobs {
+        let among = super::reservation::Among {
+            reserved: &nothing,
+            type_allowed: &any_type,
+            windows: &windows,
+            guest: windows.guest(job),
+        };
         if let Some(made) =
             super::reservation::reserve(&capacity, nodes, &releases, job, &among, t0())
         {
@@ -190,7 +195,9 @@ proptest! {
         let class_caps = Default::default();
         let owner_gpus = super::owner_gpus::OwnerGpus::new(&caps, &type_caps, &class_caps, &running, &nodes);
         let mut timeline = super::estimate::Timeline::after(&capacity, &releases, &[]);
-        let dates = super::estimate::Dates { capacity: &capacity, nodes: &nodes, owner_gpus: &owner_gpus, now: t0() };
+        let no_windows = Vec::new();
+        let windows = super::windows::WindowIndex::new(&no_windows, &capacity, chrono::Duration::zero(), t0());
+        let dates = super::estimate::Dates { capacity: &capacity, nodes: &nodes, owner_gpus: &owner_gpus, windows: &windows, now: t0() };
         let jobs: Vec<&QueuedJob> = queue.iter().collect();
         let kept: Vec<Dated> = timeline
             .date(&jobs, &dates)

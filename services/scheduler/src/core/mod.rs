@@ -59,6 +59,9 @@ mod tests;
 pub mod type_preference;
 mod victims;
 mod waiters;
+mod windows;
+#[cfg(test)]
+mod windows_tests;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
@@ -79,6 +82,8 @@ pub use queued::{Dependencies, QueuedJob};
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 use shape::{Shape, Unplaceable};
 use waiters::Waiters;
+pub use windows::Window;
+use windows::{Membership, WindowIndex};
 
 /// One GPU of a node as the core sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,6 +145,8 @@ pub struct RunningJob {
     /// From when the `[idle]` policy may take its action on it (warned, past the grace, and
     /// an action other than only warning); None: never.
     pub reclaimable_from: Option<Timestamp>,
+    /// The reservation it runs in; None: none.
+    pub reservation: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +174,12 @@ pub enum Decision {
     Reclaim {
         job: JobId,
         for_job: JobId,
+    },
+    /// Stop a preemptible running job and put it back in the queue: reservation `window`
+    /// opened on its GPUs.
+    Vacate {
+        job: JobId,
+        window: String,
     },
 }
 
@@ -232,6 +245,10 @@ pub struct CoreSettings {
     /// Waiting jobs past the first `max_reservations` that still get an expected start: a
     /// reservation that only later estimates respect, never placement (`estimate.rs`).
     pub max_start_estimates: usize,
+    /// Reservations' windows not over yet (`windows.rs`).
+    pub windows: Arc<Vec<Window>>,
+    /// Within this long before a window, jobs without a time limit keep off its GPUs.
+    pub reservation_horizon: chrono::Duration,
 }
 
 /// The order jobs are considered in: effective priority, then queue time, then id (what
@@ -315,6 +332,12 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let ordered: Vec<&QueuedJob> = keyed.into_iter().map(|(_, q)| q).collect();
     let running: Vec<&RunningJob> = running.iter().map(Borrow::borrow).collect();
     let mut capacity = Capacity::new(nodes, &running);
+    let windows = WindowIndex::new(
+        &settings.windows,
+        &capacity,
+        settings.reservation_horizon,
+        now,
+    );
     // Jobs started in this pass: with the running ones, what holds GPUs, and until when.
     let mut started: Vec<RunningJob> = Vec::new();
     let mut reservations: Vec<Reservation> = Vec::new();
@@ -384,6 +407,20 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             });
             continue;
         }
+        match windows.membership(job) {
+            Membership::Refused(reason) => {
+                decisions.push(Decision::Reject {
+                    job: job.id.clone(),
+                    reason,
+                });
+                continue;
+            }
+            Membership::NotYet => {
+                decisions.extend(wait(WaitReason::ReservationWindow));
+                continue;
+            }
+            Membership::None | Membership::Member(_) => {}
+        }
         if !any_online {
             decisions.extend(wait(WaitReason::NoNodes));
             continue;
@@ -404,9 +441,13 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             .time_limit
             .and_then(|limit| chrono::Duration::from_std(limit).ok())
             .map(|limit| now + limit);
-        let avoid_reserved =
-            |position: usize, index: u32| reserved.blocks(position, index, ends_at);
-        let nothing_reserved = |_: usize, _: u32| false;
+        let guest = windows.guest(job);
+        let avoid_reserved = |position: usize, index: u32| {
+            reserved.blocks(position, index, ends_at) || windows.blocks_now(&guest, position, index)
+        };
+        let nothing_reserved =
+            |position: usize, index: u32| windows.blocks_now(&guest, position, index);
+        let nothing_at_all = |_: usize, _: u32| false;
         let type_allowed = |gpu_type: Option<&str>| owner_gpus.allows_type(job, gpu_type);
         let any_type = |_: Option<&str>| true;
         let fits_within = |in_service_only,
@@ -481,6 +522,7 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 stopping: false,
                 may_preempt: job.may_preempt,
                 reclaimable_from: None,
+                reservation: job.reservation.clone(),
             });
             decisions.push(Decision::Start {
                 job: job.id.clone(),
@@ -494,6 +536,11 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             reason
         } else if fits(true, true, &nothing_reserved).is_some() {
             WaitReason::Priority
+        } else if !windows.is_empty()
+            && job.reservation.is_none()
+            && fits(true, true, &nothing_at_all).is_some()
+        {
+            WaitReason::Reserved
         } else if owner_gpus.has_type_caps(&job.owner)
             && fits_within(true, true, &nothing_reserved, &any_type).is_some()
         {
@@ -515,6 +562,8 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             let among = reservation::Among {
                 reserved: &reserved,
                 type_allowed: &type_allowed,
+                windows: &windows,
+                guest,
             };
             match reservation::reserve(&capacity, nodes, releases, job, &among, now) {
                 Some(reservation) => {
@@ -548,6 +597,20 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     decisions.extend(by_class);
     let reclaims = idle_reclaim::reclaim(&capacity, &running, &waiting, settings, now, &decisions);
     decisions.extend(reclaims);
+    if !windows.is_empty() {
+        let stopped: std::collections::HashSet<JobId> = decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Preempt { job, .. } | Decision::Reclaim { job, .. } => Some(job.clone()),
+                _ => None,
+            })
+            .collect();
+        let vacate = windows.to_vacate(&capacity, &running);
+        decisions.extend(vacate.into_iter().filter(|d| match d {
+            Decision::Vacate { job, .. } => !stopped.contains(job),
+            _ => true,
+        }));
+    }
     let estimates = match to_date.is_empty() {
         true => Vec::new(),
         false => {
@@ -560,6 +623,7 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 capacity: &capacity,
                 nodes,
                 owner_gpus: &owner_gpus,
+                windows: &windows,
                 now,
             };
             timeline.date(&to_date, &dates)

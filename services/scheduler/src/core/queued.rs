@@ -67,6 +67,10 @@ pub struct QueuedJob {
     /// Its class is preemptible: a job past its time slice does not yield to it when it may
     /// preempt it back at once.
     pub preemptible: bool,
+    /// How long its class lets it run before it may be stopped (preemptible classes).
+    pub min_runtime: Duration,
+    /// The reservation it runs in (`--reservation`); None: none.
+    pub reservation: Option<String>,
 }
 
 impl QueuedJob {
@@ -100,6 +104,8 @@ impl QueuedJob {
             qos: None,
             may_preempt: false,
             preemptible: false,
+            min_runtime: Duration::ZERO,
+            reservation: None,
         }
     }
 

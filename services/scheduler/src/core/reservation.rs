@@ -8,6 +8,7 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::job::Placement;
 
 use super::capacity::{Capacity, FreeNode};
+use super::windows::{Guest, WindowIndex};
 use super::{FastHash, NodeView, QueuedJob, RunningJob};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -187,6 +188,8 @@ pub(super) fn offer_at<'a>(
         releases,
         reserved: among.reserved,
         type_allowed: among.type_allowed,
+        windows: among.windows,
+        guest: &among.guest,
     };
     let (gpus, start) = offer.ready(job, now)?;
     Some((node.name.as_str(), gpus, start))
@@ -242,13 +245,17 @@ struct Offer<'a> {
     releases: &'a ReleaseTimes,
     reserved: &'a ReservedGpus,
     type_allowed: &'a dyn Fn(Option<&str>) -> bool,
+    windows: &'a WindowIndex<'a>,
+    guest: &'a Guest,
 }
 
 /// What a reservation may take: GPUs not reserved for jobs ahead, of types the job's owner
-/// may still take more of.
+/// may still take more of, when reservations' windows let the job have them.
 pub(super) struct Among<'a> {
     pub reserved: &'a ReservedGpus,
     pub type_allowed: &'a dyn Fn(Option<&str>) -> bool,
+    pub windows: &'a WindowIndex<'a>,
+    pub guest: Guest,
 }
 
 impl<'a> Offer<'a> {
@@ -275,7 +282,13 @@ impl<'a> Offer<'a> {
                         && v.memory_total_mib.saturating_sub(v.foreign_mem_mib) >= mem
                 })
             })
-            .map(|g| (g.index, self.releases.of(self.position, g.index)))
+            .filter_map(|g| {
+                let release = self.releases.of(self.position, g.index);
+                let usable =
+                    self.windows
+                        .usable_from(self.guest, self.position, g.index, release)?;
+                Some((g.index, usable))
+            })
             .collect();
         if candidates.len() < wanted {
             return None;

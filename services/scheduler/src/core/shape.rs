@@ -29,6 +29,9 @@ pub(super) struct Shape<'a> {
     constraint: Option<&'a Constraint>,
     /// The owner, only where they have caps per GPU type: what fits depends on them then.
     type_capped_owner: Option<&'a str>,
+    /// Reservations' windows treat members, preemptible jobs and others apart.
+    reservation: Option<&'a str>,
+    preemptible: bool,
 }
 
 impl<'a> Shape<'a> {
@@ -48,13 +51,19 @@ impl<'a> Shape<'a> {
             gpu_types: &job.gpu_types,
             constraint: job.constraint.as_ref(),
             type_capped_owner: type_capped.then_some(job.owner.as_str()),
+            reservation: job.reservation.as_deref(),
+            preemptible: job.preemptible,
         }
     }
 
     /// The shape without its time limit: what decides where it could go and when that is
-    /// free (the time limit only decides until when it holds it).
-    pub(super) fn placement_only(mut self) -> Self {
-        self.time_limit = None;
+    /// free (the time limit only decides until when it holds it), unless reservations'
+    /// windows are to be minded (`windows`): whether a job ends before one opens depends on
+    /// it then.
+    pub(super) fn placement_only(mut self, windows: bool) -> Self {
+        if !windows {
+            self.time_limit = None;
+        }
         self
     }
 }

@@ -74,6 +74,7 @@ pub(super) fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) ->
         stopping: false,
         may_preempt: false,
         reclaimable_from: None,
+        reservation: None,
     }
 }
 
@@ -86,6 +87,8 @@ pub(super) fn settings() -> CoreSettings {
         gpu_type_caps: Default::default(),
         class_caps: Default::default(),
         max_start_estimates: 64,
+        windows: Default::default(),
+        reservation_horizon: chrono::Duration::hours(24),
     }
 }
 
@@ -480,7 +483,7 @@ proptest! {
         // the jobs ahead of it started: re-planning it alone on that remainder starts nothing.
         let mut remaining = holding.clone();
         for (job_id, placement) in started(&decisions) {
-            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None, started_at: t0(), qos: None, preemptible_from: None, stopping: false, may_preempt: false, reclaimable_from: None });
+            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None, started_at: t0(), qos: None, preemptible_from: None, stopping: false, may_preempt: false, reclaimable_from: None, reservation: None });
         }
         for job in &queue {
             if reason_of(&decisions, &job.id) == Some(WaitReason::Resources) {

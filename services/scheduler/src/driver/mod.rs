@@ -165,6 +165,9 @@ impl Driver {
             .await
             .context("loading node administration")?;
         let usage = records::usage(&js).await.context("loading usage")?;
+        let reservations = records::reservations(&js)
+            .await
+            .context("loading reservations")?;
         store
             .cluster
             .put(subjects::POLICY_KEY, serde_json::to_vec(&policy)?.into())
@@ -176,6 +179,7 @@ impl Driver {
             records,
             heartbeats,
             admin,
+            reservations,
             usage,
             principals: gate.principals.registry().clone(),
             limits: limits.limits.clone(),

@@ -167,6 +167,26 @@ impl Driver {
                 };
                 Some(Input::AdminStored { op, stored })
             }
+            Command::StoreReservation { op, reservation } => {
+                let stored = match self.store.put_reservation(&reservation).await {
+                    Ok(()) => true,
+                    Err(err) => {
+                        tracing::error!("{err:#}");
+                        false
+                    }
+                };
+                op.map(|op| Input::ReservationStored { op, stored })
+            }
+            Command::DropReservation { name } => {
+                if let Err(err) = self.store.drop_reservation(&name).await {
+                    tracing::warn!("{err:#}");
+                }
+                None
+            }
+            Command::ReservationVerdict { to, verdict } => {
+                self.outbox.answer(to, &verdict).await;
+                None
+            }
             Command::PurgeAssignments { node } => {
                 let purged = match self.store.purge_assignments(&node).await {
                     Ok(()) => true,
@@ -341,7 +361,7 @@ impl Outbox {
             return;
         };
         if let Err(err) = self.js.client().publish(subject, payload.into()).await {
-            tracing::warn!(job = %notice.job, "telling the job's owner: {err}");
+            tracing::warn!(about = %notice.about(), "telling an owner: {err}");
         }
     }
 
@@ -356,6 +376,20 @@ impl Outbox {
         };
         if let Err(err) = self.js.client().publish(to, payload.into()).await {
             tracing::debug!(job = %verdict.job, "telling the submitter: {err}");
+        }
+    }
+
+    /// Tells whoever booked or cancelled a reservation what came of it (core NATS).
+    pub(crate) async fn answer(
+        &self,
+        to: String,
+        verdict: &mgpu_protocol::reservation::ReservationVerdict,
+    ) {
+        let Ok(payload) = serde_json::to_vec(verdict) else {
+            return;
+        };
+        if let Err(err) = self.js.client().publish(to, payload.into()).await {
+            tracing::debug!(reservation = %verdict.name, "answering a booking: {err}");
         }
     }
 

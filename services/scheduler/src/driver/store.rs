@@ -323,6 +323,31 @@ impl RecordStore {
         Ok(())
     }
 
+    /// Stores a reservation under its name.
+    pub(crate) async fn put_reservation(
+        &self,
+        reservation: &mgpu_protocol::reservation::Reservation,
+    ) -> Result<()> {
+        let name = &reservation.name;
+        self.cluster
+            .put(
+                subjects::reservation_key(name),
+                Bytes::from(serde_json::to_vec(reservation)?),
+            )
+            .await
+            .map_err(|e| anyhow!("storing reservation {name}: {e}"))?;
+        Ok(())
+    }
+
+    /// Deletes a reservation long over.
+    pub(crate) async fn drop_reservation(&self, name: &str) -> Result<()> {
+        self.cluster
+            .purge(subjects::reservation_key(name))
+            .await
+            .map_err(|e| anyhow!("dropping reservation {name}: {e}"))?;
+        Ok(())
+    }
+
     /// Drops what waits on `node`'s assignment subject (its controls stay: a kill is never
     /// harmful).
     pub(crate) async fn purge_assignments(&self, node: &str) -> Result<()> {

@@ -118,6 +118,7 @@ impl SchedulerState {
         self.save_usage(now, false);
         self.save_plan(now);
         self.sweep_history(now, tick.monotonic);
+        self.reservation_upkeep(now);
         let released = self.watch.next_release.is_some_and(|t| t <= now)
             || self
                 .watch

@@ -140,6 +140,8 @@ pub enum Input {
     Archived { id: JobId, moved: bool },
     /// A node's administration ([`Command::StoreAdmin`]) was stored, or not.
     AdminStored { op: OpId, stored: bool },
+    /// A reservation ([`Command::StoreReservation`] with an op) was stored, or not.
+    ReservationStored { op: OpId, stored: bool },
     /// [`Command::PurgeAssignments`] came out (or not: it is asked for again).
     AssignmentsPurged { node: String, purged: bool },
     /// The answer to [`Command::AskReportsCaughtUp`].
@@ -250,6 +252,20 @@ pub enum Command {
         node: String,
         admin: NodeAdmin,
     },
+    /// Store a reservation in the cluster bucket; answered with [`Input::ReservationStored`]
+    /// when `op` is given (a booking or cancel waits for it; the upkeep's changes do not).
+    StoreReservation {
+        op: Option<OpId>,
+        reservation: std::sync::Arc<mgpu_protocol::reservation::Reservation>,
+    },
+    /// Delete a reservation long over from the cluster bucket (not answered).
+    DropReservation { name: String },
+    /// Tell whoever booked or cancelled a reservation, waiting on `to` (their own inbox),
+    /// what came of it: published once, not stored.
+    ReservationVerdict {
+        to: String,
+        verdict: mgpu_protocol::reservation::ReservationVerdict,
+    },
     /// Drop the assignments that wait on an offline node's subject: its jobs were requeued,
     /// and its agent, back after a crash or a partition, must not start them there while they
     /// run elsewhere. Answered with [`Input::AssignmentsPurged`].
@@ -356,6 +372,7 @@ pub struct Loaded {
     pub records: Vec<Tracked>,
     pub heartbeats: Vec<NodeHeartbeat>,
     pub admin: std::collections::BTreeMap<String, NodeAdmin>,
+    pub reservations: Vec<mgpu_protocol::reservation::Reservation>,
     pub usage: UsageBook,
     pub principals: Registry,
     pub limits: Limits,

@@ -23,6 +23,7 @@
 //! - [`assignment`]: what an assignment and a kill say (time limit, Unix account, input keys,
 //!   output subject, ranks).
 //! - [`requests`]: submissions, cancels, holds and node administration.
+//! - [`reservations`]: bookings and cancels, the windows a pass minds, their upkeep.
 //! - [`liveness`]: heartbeats, lost nodes and jobs, fencing of stale attempts, repair.
 //! - [`pass`]: a scheduling pass and its decisions.
 //! - [`retention`]: finished jobs moved to history.
@@ -38,6 +39,9 @@ pub mod liveness;
 pub mod messages;
 pub mod pass;
 pub mod requests;
+pub mod reservations;
+#[cfg(test)]
+mod reservations_tests;
 pub mod retention;
 #[cfg(test)]
 mod tests;
@@ -118,6 +122,8 @@ pub struct SchedulerState {
     decided_at: Timestamp,
     /// When the last pass expects waiting jobs to start.
     pub(crate) estimates: estimates::Estimates,
+    /// Reservations and their windows.
+    pub(crate) bookings: reservations::Bookings,
 }
 
 impl SchedulerState {
@@ -127,6 +133,7 @@ impl SchedulerState {
             records,
             heartbeats,
             admin,
+            reservations,
             usage,
             principals,
             limits,
@@ -190,6 +197,7 @@ impl SchedulerState {
             decisions_left: std::collections::VecDeque::new(),
             decided_at: now,
             estimates: estimates::Estimates::default(),
+            bookings: reservations::Bookings::new(reservations),
         }
     }
 
@@ -214,6 +222,9 @@ impl SchedulerState {
             Input::Written { op, outcome } => self.on_written(op, outcome),
             Input::Archived { id, moved } => self.on_archived(&id, moved),
             Input::AdminStored { op, stored } => self.on_admin_stored(now, op, stored),
+            Input::ReservationStored { op, stored } => {
+                self.on_reservation_stored(now, op, stored);
+            }
             Input::AssignmentsPurged { node, purged } => self.on_assignments_purged(&node, purged),
             Input::ReportsCaughtUp { op, caught_up } => {
                 self.on_reports_caught_up(now, op, caught_up);

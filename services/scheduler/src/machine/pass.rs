@@ -112,7 +112,8 @@ impl SchedulerState {
             view_us: lap(),
             ..PassSample::default()
         };
-        if !queue.is_empty() {
+        if !queue.is_empty() || self.bookings.any_open(now) {
+            let horizon = self.policy.reservations.horizon_secs;
             let settings = CoreSettings {
                 placement: self.policy.placement,
                 max_reservations: self.policy.max_reservations,
@@ -122,6 +123,10 @@ impl SchedulerState {
                 gpu_type_caps: std::sync::Arc::clone(&self.gpu_type_caps),
                 class_caps: std::sync::Arc::clone(&self.class_caps),
                 max_start_estimates: self.policy.max_start_estimates,
+                windows: self.bookings.windows(),
+                reservation_horizon: chrono::Duration::seconds(
+                    i64::try_from(horizon).unwrap_or(i64::MAX / 1000),
+                ),
             };
             let nodes = self.nodes.views(now);
             sample.view_us = lap();
@@ -178,6 +183,14 @@ impl SchedulerState {
                         None => Some(Input::SliceEnd),
                         Some(for_job) => self.preemption(&job, &for_job),
                     };
+                    others.extend(input.map(|input| (job, input, origin)));
+                }
+                Decision::Vacate { job, window } => {
+                    let origin = Origin::Pass { waited: None };
+                    let input = self.jobs.get(&job).map(|record| Input::Preempt {
+                        for_job: format!("reservation {window}"),
+                        warning: self.stop_warning(record, StopCause::Preempted),
+                    });
                     others.extend(input.map(|input| (job, input, origin)));
                 }
                 Decision::Reclaim { job, for_job } => {

@@ -83,6 +83,9 @@ impl SchedulerState {
             Request::Admin(request) => {
                 self.on_node_admin(now, request, identity, (token, order));
             }
+            Request::Reserve(request) => {
+                self.on_reservation_request(now, request, identity, (token, verdict_to));
+            }
         }
     }
 
@@ -137,6 +140,7 @@ impl SchedulerState {
             .flatten();
         let unselectable = self
             .qos_refusal(&request.spec, &identity.name)
+            .or_else(|| self.reservation_refusal(&request.spec, &identity.name, now))
             .or_else(|| self.unselectable(&request.spec));
         let impossible = match unselectable {
             Some(_) => None,

@@ -113,6 +113,7 @@ impl Rig {
             records: Vec::new(),
             heartbeats: vec![beat("node1", t0(), &[])],
             admin: BTreeMap::new(),
+            reservations: Vec::new(),
             usage: Default::default(),
             principals,
             limits: Default::default(),

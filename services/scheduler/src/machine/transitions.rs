@@ -65,6 +65,14 @@ pub(crate) enum Pending {
         identity: Identity,
         detail: String,
     },
+    /// A booked or cancelled reservation on its way to the cluster bucket.
+    Reservation {
+        token: Token,
+        reservation: Arc<mgpu_protocol::reservation::Reservation>,
+        identity: Identity,
+        detail: String,
+        verdict_to: Option<String>,
+    },
     /// Jobs missing from a node's heartbeat, lost once every stored report was handled.
     Missing {
         node: String,
@@ -344,7 +352,7 @@ impl SchedulerState {
                     let key = self.jobs.get(job).and_then(|r| r.user_key.clone());
                     if let Some(key) = key {
                         let notice = mgpu_protocol::idle::Notice {
-                            job: job.clone(),
+                            job: Some(job.clone()),
                             at: now,
                             message,
                             kind,

@@ -35,6 +35,7 @@ impl World {
             records: self.store.records.values().cloned().collect(),
             heartbeats: self.store.heartbeats.values().cloned().collect(),
             admin: self.store.admin.clone(),
+            reservations: self.store.reservations.values().cloned().collect(),
             usage: self.store.usage.clone(),
             principals: self.registry.clone(),
             limits: self.limits.clone(),
@@ -192,7 +193,7 @@ impl World {
             Ok(()) => {
                 let kept = (stored.nonce.clone(), stored.signed_at, sequence);
                 self.store.nonces.push(kept);
-                let verdict_to = matches!(stored.request, Request::Submit(_))
+                let verdict_to = matches!(stored.request, Request::Submit(_) | Request::Reserve(_))
                     .then(|| format!("_INBOX.{}.verdict", stored.identity.key));
                 Some(Admitted {
                     token,
@@ -332,6 +333,7 @@ impl World {
                 outcome: self.write(std::sync::Arc::unwrap_or_clone(record), expected),
             }),
             Command::Assign { job, ranks, .. } => {
+                self.check_start_in_windows(&job);
                 self.send_assignments(&job, ranks);
                 None
             }
@@ -380,6 +382,17 @@ impl World {
                 self.store.admin.insert(node, admin);
                 Some(Input::AdminStored { op, stored: true })
             }
+            Command::StoreReservation { op, reservation } => {
+                self.reservation_stored(op, reservation)
+            }
+            Command::DropReservation { name } => {
+                self.store.reservations.remove(&name);
+                None
+            }
+            Command::ReservationVerdict { verdict, .. } => {
+                self.reservation_answered(&verdict);
+                None
+            }
             Command::PurgeAssignments { node } => {
                 let purged = self.quiet || !self.rng.chance(self.options.write_failure);
                 if purged {
@@ -426,9 +439,14 @@ impl World {
                     // The other kinds are mgpu-notify's, never the machine's.
                     _ => {}
                 }
-                let attempt = self.store.record(&notice.job).map(|r| r.attempt);
+                let Some(job) = notice.job.clone() else {
+                    // A reservation's notice: counted by the reservation checks.
+                    self.ledger.reservation_notices += 1;
+                    return None;
+                };
+                let attempt = self.store.record(&job).map(|r| r.attempt);
                 let really_idle = attempt.and_then(|attempt| {
-                    let key = (notice.job.clone(), attempt);
+                    let key = (job.clone(), attempt);
                     self.agents
                         .iter()
                         .find_map(|agent| agent.processes.get(&key).map(|p| p.idle))

@@ -66,7 +66,7 @@ pub fn notice_sent<'a>(
     record_of: impl Fn(&mgpu_protocol::ids::JobId) -> Option<&'a JobRecord>,
     really_idle: Option<bool>,
 ) -> Option<String> {
-    let short = notice.job.short();
+    let short = notice.about();
     match &notice.kind {
         NoticeKind::IdleWarning { .. } if really_idle == Some(false) => {
             Some(format!("{short} warned for idleness while it worked"))

@@ -57,11 +57,20 @@ pub struct Ledger {
     /// Idle warnings and reclaims notified.
     pub idle_warnings: u64,
     pub idle_reclaims: u64,
+    /// Notices about reservations (at risk with a down node, released unused).
+    pub reservation_notices: u64,
     /// What each submitter was told (`verdict_checks.rs`): None, queued; else why refused.
     pub verdicts: BTreeMap<JobId, Option<String>>,
     /// Expected starts stored (`plan_checks.rs`), and the jobs they dated.
     pub plans: u64,
     pub dated: u64,
+    /// Bookings and cancels done and refused (`bookings.rs`), and the attempts whose start
+    /// was checked against the windows.
+    pub bookings: u64,
+    pub bookings_refused: u64,
+    /// Jobs started in a reservation.
+    pub member_starts: u64,
+    pub window_checked: std::collections::HashSet<(JobId, u32)>,
 }
 
 impl Ledger {

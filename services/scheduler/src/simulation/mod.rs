@@ -27,6 +27,7 @@
 
 pub mod admin;
 pub mod agents;
+mod bookings;
 pub mod checks;
 pub mod driving;
 pub mod faults;
@@ -121,6 +122,12 @@ pub struct Outcome {
     pub refusals: u64,
     pub plans: u64,
     pub dated: u64,
+    /// Bookings and cancels done, and refused.
+    pub bookings: u64,
+    pub bookings_refused: u64,
+    /// Jobs started in a reservation, and notices about reservations (released, at risk).
+    pub member_starts: u64,
+    pub reservation_notices: u64,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
@@ -201,6 +208,10 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
             .count() as u64,
         plans: world.ledger.plans,
         dated: world.ledger.dated,
+        bookings: world.ledger.bookings,
+        bookings_refused: world.ledger.bookings_refused,
+        member_starts: world.ledger.member_starts,
+        reservation_notices: world.ledger.reservation_notices,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
 }

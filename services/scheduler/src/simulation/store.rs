@@ -24,6 +24,8 @@ pub struct SimStore {
     pub sequence: u64,
     pub history: BTreeMap<JobId, JobRecord>,
     pub admin: BTreeMap<String, NodeAdmin>,
+    /// Reservations, by name (the cluster bucket's `reservation.<name>` keys).
+    pub reservations: BTreeMap<String, mgpu_protocol::reservation::Reservation>,
     pub usage: UsageBook,
     pub heartbeats: BTreeMap<String, NodeHeartbeat>,
     /// Nonces of admitted requests, with their signing time and stream sequence (the

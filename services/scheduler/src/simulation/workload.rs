@@ -40,7 +40,9 @@ pub fn user_action(world: &mut World) {
             job,
             request: HoldRequest { user },
         }),
-        80..=86 => admin::release_one(world),
+        80..=83 => admin::release_one(world),
+        84 => super::bookings::book_or_cancel(world),
+        85..=86 => super::bookings::submit_member(world),
         _ => admin::administer(world),
     }
 }
@@ -150,7 +152,7 @@ fn submit_gang(world: &mut World) {
 }
 
 /// Submits `spec` as user `user` (0: alice, 1: bob).
-fn send_job(world: &mut World, user: usize, spec: JobSpec) {
+pub(super) fn send_job(world: &mut World, user: usize, spec: JobSpec) {
     let Some(id) = job_id(world) else {
         return;
     };

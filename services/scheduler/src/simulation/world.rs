@@ -164,6 +164,11 @@ impl World {
             max_job_time_secs: Some(3_600),
             qos: sim_classes(),
             idle: Some(sim_idle_policy(action)),
+            reservations: mgpu_protocol::reservation::ReservationPolicy {
+                horizon_secs: 30,
+                release_unused_after_secs: 20,
+                ..Default::default()
+            },
             ..Policy::default()
         };
         let mut ledger = Ledger::default();

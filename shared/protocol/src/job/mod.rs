@@ -149,6 +149,9 @@ pub struct JobSpec {
     /// The moments its owner is told about through their destinations (`--notify end,fail`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notify: Vec<crate::notify::NotifyEvent>,
+    /// The reservation it runs in (`--reservation NAME`): only on its GPUs, inside its window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 /// GPUs pinned on one node (`node001:0,1`).
@@ -283,6 +286,7 @@ impl JobSpec {
             signal: None,
             idle_ok: false,
             notify: Vec::new(),
+            reservation: None,
         }
     }
 

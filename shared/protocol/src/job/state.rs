@@ -34,6 +34,11 @@ pub enum WaitReason {
     /// A GPU type it lists first (`--gpu-type h100,a100`) is expected free soon: it waits for
     /// it a while rather than take the next type, free now.
     PreferredType,
+    /// It runs in a reservation (`--reservation`) whose window has not opened yet.
+    ReservationWindow,
+    /// The only GPUs that could take it are booked by a reservation it is not in (or its
+    /// time limit does not end before the window opens).
+    Reserved,
 }
 
 impl WaitReason {
@@ -59,6 +64,8 @@ impl WaitReason {
             WaitReason::PreferredType => {
                 "waiting a while for a GPU of a type it prefers, expected free soon"
             }
+            WaitReason::ReservationWindow => "waiting for its reservation's window to open",
+            WaitReason::Reserved => "waiting: the GPUs it could use are booked by a reservation",
         }
     }
 }

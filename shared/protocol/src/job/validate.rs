@@ -161,6 +161,10 @@ impl JobSpec {
                 "--qos {qos:?}: a class name is letters, digits, `-` and `_`"
             )));
         }
+        if let Some(name) = &self.reservation {
+            crate::reservation::check_name(name)
+                .map_err(|err| InvalidInput::new(format!("--reservation: {err}")))?;
+        }
         let Some(signal) = &self.signal else {
             return Ok(());
         };

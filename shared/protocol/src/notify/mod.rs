@@ -135,11 +135,14 @@ pub fn parse_events(text: &str) -> Result<Vec<NotifyEvent>, InvalidInput> {
 }
 
 /// Whether a job whose spec asked for `wanted` is told `kind`. `mgpu notify test` notices
-/// always go; a job's end goes for `end`, and for `fail` when it did not succeed.
+/// always go, as do a reservation's (no job asks for them); a job's end goes for `end`, and
+/// for `fail` when it did not succeed.
 pub fn wanted_by(kind: &NoticeKind, wanted: &[NotifyEvent]) -> bool {
     let has = |event| wanted.contains(&event);
     match kind {
-        NoticeKind::Test => true,
+        NoticeKind::Test
+        | NoticeKind::ReservationAtRisk { .. }
+        | NoticeKind::ReservationReleased { .. } => true,
         NoticeKind::IdleWarning { .. } | NoticeKind::IdleReclaimed { .. } => has(NotifyEvent::Idle),
         // Withdrawing a warning is news only to whoever heard the warning.
         NoticeKind::IdleCleared => has(NotifyEvent::Idle),
