@@ -10,7 +10,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use crate::client::session::ConnectionArgs;
 use crate::commands::{
     admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, notices, notify,
-    queue, report, show, submit, top, wait, why,
+    queue, report, reservations, reserve, show, submit, top, wait, why,
 };
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
@@ -67,6 +67,8 @@ impl Cli {
             Command::Nodes(args) => nodes::run(connection, args).await,
             Command::Node(args) => node_admin::run_node(connection, args).await,
             Command::Gpu(args) => node_admin::run_gpu(connection, args).await,
+            Command::Reserve(args) => reserve::run(connection, args).await,
+            Command::Reservations(args) => reservations::run(connection, args).await,
             Command::Admin(args) => admin::run(connection, args).await,
             Command::Top(args) => top::run(connection, args).await,
             Command::Attach(args) => attach::run(connection, args).await,
@@ -129,6 +131,12 @@ enum Command {
     Node(node_admin::NodeArgs),
     /// Pause one GPU of a node or resume it (admins only).
     Gpu(node_admin::GpuArgs),
+    /// Book GPUs for a window of time, or cancel a booking:
+    /// `mgpu reserve deadline --gpus 8 --start 'tomorrow 09:00' --for 8h`.
+    Reserve(reserve::ReserveArgs),
+    /// List the reservations (booked and active; `--all` adds those over), with how many of
+    /// an open one's GPUs its jobs use.
+    Reservations(reservations::ReservationsArgs),
     /// Set up the cluster: credentials, server configuration, streams.
     Admin(admin::AdminArgs),
     /// Watch the whole cluster live, full screen: nodes, GPUs, the queue.
@@ -219,6 +227,51 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["mgpu", "gpu", "resume", "node001:3"]).is_ok());
         assert!(err(&["mgpu", "hold"]).contains("ID"));
+    }
+
+    #[test]
+    fn reservations_are_booked_cancelled_and_listed_by_their_own_commands() {
+        let booking = [
+            "mgpu",
+            "reserve",
+            "deadline",
+            "--gpus",
+            "8",
+            "--start",
+            "tomorrow 09:00",
+            "--for",
+            "8h",
+        ];
+        assert!(matches!(
+            Cli::try_parse_from(booking).map(|cli| cli.command),
+            Ok(Command::Reserve(_))
+        ));
+        assert!(matches!(
+            Cli::try_parse_from(["mgpu", "reserve", "--cancel", "deadline"]).map(|c| c.command),
+            Ok(Command::Reserve(_))
+        ));
+        assert!(matches!(
+            Cli::try_parse_from(["mgpu", "reservations", "--all", "--json"]).map(|c| c.command),
+            Ok(Command::Reservations(_))
+        ));
+        let parsed = Cli::try_parse_from([
+            "mgpu",
+            "submit",
+            "--reservation",
+            "deadline",
+            "--time-limit",
+            "1h",
+            "--",
+            "true",
+        ]);
+        let reservation = match parsed {
+            Ok(Cli {
+                command: Command::Submit(args),
+                ..
+            }) => args.reservation,
+            _ => None,
+        };
+        assert_eq!(reservation.as_deref(), Some("deadline"));
     }
 
     #[test]

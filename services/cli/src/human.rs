@@ -1,5 +1,5 @@
 //! Small formatting helpers for what people read: ages, times, sizes, states, GPU lists, GPU
-//! types and idle warnings.
+//! types, idle warnings and reservation windows.
 
 use std::time::Duration;
 
@@ -48,6 +48,17 @@ pub fn clock(then: Timestamp, now: Timestamp) -> String {
         local.format("%H:%M").to_string()
     } else {
         local.format("%Y-%m-%d %H:%M").to_string()
+    }
+}
+
+/// A reservation's edge, in UTC as the times it is booked with: `Fri Nov 28 09:00`, with the
+/// year when it is not `now`'s (`Fri Jan 01 2027 09:00`).
+pub fn utc_day_time(then: Timestamp, now: Timestamp) -> String {
+    use chrono::Datelike as _;
+    if then.year() == now.year() {
+        then.format("%a %b %d %H:%M").to_string()
+    } else {
+        then.format("%a %b %d %Y %H:%M").to_string()
     }
 }
 
@@ -298,6 +309,24 @@ mod tests {
         assert_eq!(
             idle_action(&warning(IdleAction::Warn, now), now),
             "warned only"
+        );
+    }
+
+    #[test]
+    fn a_window_s_edge_is_a_utc_day_and_time_with_the_year_when_not_this_one() {
+        let at = |text: &str| {
+            chrono::DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let now = at("2026-11-27T06:30:00Z");
+        assert_eq!(
+            utc_day_time(at("2026-11-28T09:00:00Z"), now),
+            "Sat Nov 28 09:00"
+        );
+        assert_eq!(
+            utc_day_time(at("2027-01-01T09:00:00+01:00"), now),
+            "Fri Jan 01 2027 08:00"
         );
     }
 

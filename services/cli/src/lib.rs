@@ -14,6 +14,8 @@
 //!     acknowledged, and retried through a leader election without being applied twice;
 //!     submit, cancel, hold/release and node administration all take it;
 //!   - `submit`: submissions on that path, pipelined, each job's environment stored first;
+//!   - `verdict`: the scheduler's verdicts on submissions and reservation requests, heard on
+//!     a subject of the user's inbox;
 //!   - `answer`: the scheduler's answer to a request about a job (its record changes, or it
 //!     refuses), listened to from before the request (`cancel`, `hold`);
 //!   - `follow/`: following a job: its output (`output`), its record (`record`), both read
@@ -28,7 +30,8 @@
 //!   `shell_words` (`#MGPU` lines). `queue`, `show/` (the request's lines; `state`, the
 //!   state's), `nodes`, `history`, `report` (accounting), `logs`, `wait`, `notices` (the
 //!   scheduler's notices, followed live), `attach`, `cancel`, `hold` (and release), `node_admin`
-//!   (`node` and `gpu`), `completions` (and `man`), `top/` (the command's I/O; `screen/`, its
+//!   (`node` and `gpu`), `reserve` (book or cancel a reservation) and `reservations` (list
+//!   them), `completions` (and `man`), `top/` (the command's I/O; `screen/`, its
 //!   pure model and drawing), and `admin/`, one file per subcommand (`init`, `add_user`,
 //!   `add_node`, `list`, `remove`, `audit`, `setup`, `site/`) with the registry's files
 //!   (`registry`) and the reload and audit record after a change (`announce`).
@@ -37,7 +40,8 @@
 //!   node's row (`nodes`), history, accounting and a job's environment.
 //! - `jobfile/`: the job-file formats (`csv` lines, `native` TOML tables) parsed into drafts.
 //! - `gpu_profiles`: the JSON profiles file giving each model's GPU requirement.
-//! - `parse`: value parsers for the command line (GPU ids, memory sizes, arrays, `NODE:IDX`).
+//! - `parse`: value parsers for the command line (GPU ids, memory sizes, arrays, `NODE:IDX`,
+//!   points in time).
 //! - `console` (our stdout and stderr), `human` (ages, states, lists), `tables`: output.
 //! - `errors`: library errors as one-line messages.
 //! - `setup/`: the cluster set-up `mgpu admin init` writes (keys, server configuration, TLS).

@@ -159,48 +159,115 @@ pub fn node_gpu(text: &str) -> Result<NodeGpu, String> {
     })
 }
 
-/// A node name as typed, checked against the rules node agents follow.
-/// `--since` / `--until`: a point in time as people say it, relative to now.
+/// `--since` / `--until`: a point in time as people say it, a bare age counting back from
+/// now.
 pub fn point_in_time(text: &str) -> Result<mgpu_protocol::Timestamp, String> {
     point_in_time_at(text, mgpu_protocol::now())
 }
 
-/// [`point_in_time`] with the clock given: `today` and `yesterday` (midnight UTC), a date
-/// (`2026-11-01`, midnight UTC), a date and time (`2026-11-01T08:00:00Z`), or an age before
-/// `now` (`3d`, `12h`, `90m`).
+/// `mgpu reserve --start`: a point in time as [`point_in_time`] reads it, but a bare age
+/// (`2h`) counts forward: the window starts that long from now.
+pub fn start_time(text: &str) -> Result<mgpu_protocol::Timestamp, String> {
+    moment_at(text, mgpu_protocol::now(), Ages::FromNow)
+}
+
+/// [`point_in_time`] with the clock given.
 pub fn point_in_time_at(
     text: &str,
     now: mgpu_protocol::Timestamp,
 ) -> Result<mgpu_protocol::Timestamp, String> {
-    let text = text.trim();
-    let midnight = |date: chrono::NaiveDate| date.and_time(chrono::NaiveTime::MIN).and_utc();
-    match text {
-        "today" => return Ok(midnight(now.date_naive())),
-        "yesterday" => {
-            if let Some(day) = now.date_naive().pred_opt() {
-                return Ok(midnight(day));
-            }
-        }
-        _ => {}
-    }
-    if let Ok(date) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        return Ok(midnight(date));
-    }
-    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(at.with_timezone(&chrono::Utc));
-    }
-    mgpu_protocol::duration::parse_duration(text)
-        .ok()
-        .and_then(|age| chrono::Duration::from_std(age).ok())
-        .and_then(|age| now.checked_sub_signed(age))
-        .ok_or_else(|| {
-            format!(
-                "`{text}` is not a time: use a date (2026-11-01), a date and time \
-                 (2026-11-01T08:00:00Z), an age (3d, 12h) or today / yesterday"
-            )
-        })
+    moment_at(text, now, Ages::Ago)
 }
 
+/// Which way a bare age (`3d`, `12h`) counts from now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ages {
+    /// Back: `--since 3d` is three days ago.
+    Ago,
+    /// Forward: `--start 2h` is two hours from now.
+    FromNow,
+}
+
+/// A point in time, `now` given, all in UTC: `now`; `today`, `yesterday` and `tomorrow`
+/// (midnight), each optionally with a time of day (`tomorrow 09:00`); a time of day alone
+/// (`14:00`, today); a date (`2026-11-01`, midnight) with or without a time
+/// (`2026-11-01 08:00`, `2026-11-01T08:00`); an RFC 3339 time with its offset
+/// (`2026-11-01T08:00:00Z`); an age before now (`3h ago`) or after it (`in 2h`, `+2h`);
+/// or a bare age, counted as `ages` says.
+pub fn moment_at(
+    text: &str,
+    now: mgpu_protocol::Timestamp,
+    ages: Ages,
+) -> Result<mgpu_protocol::Timestamp, String> {
+    let text = text.trim();
+    let found = match text {
+        "now" => Some(now),
+        _ => day_and_time(text, now)
+            .or_else(|| {
+                chrono::DateTime::parse_from_rfc3339(text)
+                    .ok()
+                    .map(|at| at.with_timezone(&chrono::Utc))
+            })
+            .or_else(|| offset(text, now, ages)),
+    };
+    found.ok_or_else(|| {
+        let age = match ages {
+            Ages::Ago => "an age (3d, 12h)",
+            Ages::FromNow => "a time from now (2h, in 90m)",
+        };
+        format!(
+            "`{text}` is not a time: use a date (2026-11-01), a date and time \
+             (2026-11-01T08:00:00Z, 2026-11-01 08:00), {age}, now, or today / yesterday / \
+             tomorrow with a time or not (tomorrow 09:00); times are UTC"
+        )
+    })
+}
+
+/// A day (a word or a date; today when only a time is given) and a time of day, UTC.
+fn day_and_time(text: &str, now: mgpu_protocol::Timestamp) -> Option<mgpu_protocol::Timestamp> {
+    let (day, time) = match text.split_once([' ', 'T']) {
+        Some((day, time)) => (day.trim(), Some(time.trim())),
+        None if text.contains(':') => ("today", Some(text)),
+        None => (text, None),
+    };
+    let today = now.date_naive();
+    let date = match day {
+        "today" => today,
+        "yesterday" => today.pred_opt()?,
+        "tomorrow" => today.succ_opt()?,
+        date => chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok()?,
+    };
+    let time = match time {
+        None => chrono::NaiveTime::MIN,
+        Some(time) => chrono::NaiveTime::parse_from_str(time, "%H:%M")
+            .or_else(|_| chrono::NaiveTime::parse_from_str(time, "%H:%M:%S"))
+            .ok()?,
+    };
+    Some(date.and_time(time).and_utc())
+}
+
+/// An age from now: `in 2h` and `+2h` ahead, `3h ago` back, a bare one as `ages` says.
+fn offset(
+    text: &str,
+    now: mgpu_protocol::Timestamp,
+    ages: Ages,
+) -> Option<mgpu_protocol::Timestamp> {
+    let (age, ahead) = if let Some(age) = text.strip_prefix("in ").or(text.strip_prefix('+')) {
+        (age, true)
+    } else if let Some(age) = text.strip_suffix(" ago") {
+        (age, false)
+    } else {
+        (text, ages == Ages::FromNow)
+    };
+    let age = mgpu_protocol::duration::parse_duration(age.trim()).ok()?;
+    let age = chrono::Duration::from_std(age).ok()?;
+    match ahead {
+        true => now.checked_add_signed(age),
+        false => now.checked_sub_signed(age),
+    }
+}
+
+/// A node name as typed, checked against the rules node agents follow.
 pub fn node_name(text: &str) -> Result<String, String> {
     validate_node_name(text.trim()).map_err(|e| e.to_string())?;
     Ok(text.trim().to_owned())
@@ -345,6 +412,62 @@ mod tests {
             bad.contains("`garbage` is not a time") && bad.contains("2026-11-01"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn points_in_time_take_future_forms_and_times_of_day() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-11-27T06:30:00Z")
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let start = |text: &str| moment_at(text, now, Ages::FromNow).map(|t| t.to_rfc3339());
+        assert_eq!(start("now"), Ok("2026-11-27T06:30:00+00:00".into()));
+        assert_eq!(start("tomorrow"), Ok("2026-11-28T00:00:00+00:00".into()));
+        assert_eq!(
+            start("tomorrow 09:00"),
+            Ok("2026-11-28T09:00:00+00:00".into())
+        );
+        assert_eq!(
+            start(" today 14:15:30 "),
+            Ok("2026-11-27T14:15:30+00:00".into())
+        );
+        assert_eq!(start("14:00"), Ok("2026-11-27T14:00:00+00:00".into()));
+        assert_eq!(
+            start("2026-12-01 08:00"),
+            Ok("2026-12-01T08:00:00+00:00".into())
+        );
+        assert_eq!(
+            start("2026-12-01T08:00"),
+            Ok("2026-12-01T08:00:00+00:00".into())
+        );
+        assert_eq!(
+            start("2026-12-01T08:00:00+01:00"),
+            Ok("2026-12-01T07:00:00+00:00".into())
+        );
+        // A bare age counts forward for a start, back for --since; `in` and `ago` say which.
+        assert_eq!(start("2h"), Ok("2026-11-27T08:30:00+00:00".into()));
+        assert_eq!(start("in 90m"), Ok("2026-11-27T08:00:00+00:00".into()));
+        assert_eq!(start("+1d"), Ok("2026-11-28T06:30:00+00:00".into()));
+        assert_eq!(start("1h ago"), Ok("2026-11-27T05:30:00+00:00".into()));
+        let since = |text: &str| point_in_time_at(text, now).map(|t| t.to_rfc3339());
+        assert_eq!(since("2h"), Ok("2026-11-27T04:30:00+00:00".into()));
+        assert_eq!(since("in 2h"), Ok("2026-11-27T08:30:00+00:00".into()));
+        assert_eq!(
+            since("yesterday 23:00"),
+            Ok("2026-11-26T23:00:00+00:00".into())
+        );
+        for bad in [
+            "tomorrow 25:00",
+            "tomorrow noon",
+            "in",
+            "soon",
+            "2026-13-01 08:00",
+        ] {
+            let err = start(bad).err().unwrap_or_default();
+            assert!(
+                err.contains(&format!("`{bad}` is not a time")) && err.contains("in 90m"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -189,9 +189,9 @@ pub enum Standing {
     },
 }
 
-/// A reservation as the scheduler keeps it.
+/// A reservation as the scheduler keeps it (not `deny_unknown_fields`, which serde does not
+/// support beside a flattened field: every record would fail to read).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Reservation {
     pub name: String,
     pub owner: String,
@@ -366,5 +366,28 @@ mod tests {
         assert!((reservation.gpu_hours_within(start, far) - 2.0).abs() < 1e-9);
         assert!(reservation.admits("alice", None));
         assert!(!reservation.admits("carol", Some("x")));
+        // Stored and read back in each standing, as the scheduler and `mgpu reservations` do.
+        let released = Standing::Released {
+            at: start,
+            reason: "unused".into(),
+        };
+        for standing in [Standing::Booked, released, reservation.standing.clone()] {
+            let kept = Reservation {
+                standing,
+                ..reservation.clone()
+            };
+            let text = serde_json::to_string(&kept).unwrap_or_default();
+            let back: Result<Reservation, _> = serde_json::from_str(&text);
+            assert_eq!(back.ok(), Some(kept), "{text}");
+            let verdict = ReservationVerdict {
+                name: "r".into(),
+                accepted: true,
+                reason: None,
+                reservation: Some(reservation.clone()),
+            };
+            let text = serde_json::to_string(&verdict).unwrap_or_default();
+            let back: Result<ReservationVerdict, _> = serde_json::from_str(&text);
+            assert_eq!(back.ok(), Some(verdict), "{text}");
+        }
     }
 }

@@ -60,6 +60,8 @@ pub enum CauseKind {
     FairShare,
     /// When its GPUs free up, by the time limits of the jobs on them.
     ExpectedStart,
+    /// A reservation: the one it runs in has not opened, or the GPUs it could use are booked.
+    Reservation,
     /// Any other wait reason, in words.
     Other,
 }

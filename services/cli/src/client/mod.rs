@@ -8,6 +8,8 @@
 //! - [`submit`]: submissions on that path, pipelined, each job's environment stored apart first;
 //! - [`answer`]: how the scheduler answers a request about one job (its record changes, or it
 //!   says no), listened to from before the request;
+//! - [`verdict`]: the scheduler's verdicts on submissions and reservation requests, heard on
+//!   a subject of the user's inbox the request names;
 //! - [`follow`]: following a job: its output, its record, and this terminal as the job's.
 
 pub mod answer;

@@ -1,6 +1,7 @@
 //! The one way a request reaches the scheduler, whatever it asks (a submission, a cancellation,
-//! a hold or release, node administration): signed with the user's key, published to the
-//! request stream under a `Nats-Msg-Id`, and done once JetStream acknowledged storing it.
+//! a hold or release, node administration, a reservation): signed with the user's key,
+//! published to the request stream under a `Nats-Msg-Id`, and done once JetStream acknowledged
+//! storing it.
 //! What fails for a passing reason is published again.
 //!
 //! In a NATS cluster a request stream whose leader's server died has no leader until the
@@ -60,7 +61,8 @@ pub struct Request {
     subject: String,
     payload: Bytes,
     msg_id: String,
-    /// Where the scheduler's verdict on a submission is awaited (`Mgpu-Verdict-To`).
+    /// Where the scheduler's verdict on a submission or a reservation request is awaited
+    /// (`Mgpu-Verdict-To`).
     verdict_to: Option<String>,
 }
 

@@ -1,21 +1,26 @@
-//! The scheduler's verdicts on submissions: before sending, the CLI listens on a subject
-//! under its own inbox and names it in each submission (`Mgpu-Verdict-To`); the scheduler
-//! says there, as it takes each job in, whether it will run it or why never. A job the
-//! scheduler refuses is reported by `mgpu submit` itself, as `sbatch` does.
+//! The scheduler's verdicts on requests: before sending, the CLI listens on a subject under
+//! its own inbox and names it in each request (`Mgpu-Verdict-To`); the scheduler says there
+//! what came of each. For a submission ([`SubmitVerdict`]) that is, as it takes the job in,
+//! whether it will run it or why never: a job the scheduler refuses is reported by
+//! `mgpu submit` itself, as `sbatch` does. For a booking or cancel of a reservation
+//! ([`ReservationVerdict`]) it is whether it was stored, or why not (`mgpu reserve`).
 //!
-//! The verdict costs one message, sent as soon as the job's record is stored (what it says is
-//! what the record says). Where no scheduler runs, or verdicts stop coming for a few seconds
-//! (a scheduler busy through a NATS leader election), the jobs are stored all the same and the
-//! wait ends: they are reported as not checked yet.
+//! The verdict costs one message, sent as soon as the record is stored (what it says is what
+//! the record says). Where no scheduler runs, or verdicts stop coming for a few seconds (a
+//! scheduler busy through a NATS leader election), the requests are stored all the same and
+//! the wait ends: they are reported as not checked yet.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 use futures::StreamExt;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::principals::inbox_prefix;
+use mgpu_protocol::reservation::ReservationVerdict;
 use mgpu_protocol::submit::SubmitVerdict;
+use serde::de::DeserializeOwned;
 
 use super::session::Session;
 use crate::console;
@@ -32,6 +37,27 @@ const ALL_WITHIN: Duration = Duration::from_secs(300);
 /// How often a long wait says how far it got.
 const PROGRESS_EVERY: Duration = Duration::from_secs(3);
 
+/// A verdict as the scheduler sends it: about one thing asked, named by its key.
+pub trait Answer: DeserializeOwned {
+    type Key: Clone + Eq + Hash;
+    /// What it is about: the job, or the reservation.
+    fn key(&self) -> &Self::Key;
+}
+
+impl Answer for SubmitVerdict {
+    type Key = JobId;
+    fn key(&self) -> &JobId {
+        &self.job
+    }
+}
+
+impl Answer for ReservationVerdict {
+    type Key = String;
+    fn key(&self) -> &String {
+        &self.name
+    }
+}
+
 /// What the scheduler said about one job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -42,7 +68,7 @@ pub enum Verdict {
     Unchecked,
 }
 
-/// A subscription for the verdicts of the submissions about to be sent.
+/// A subscription for the verdicts of the requests about to be sent.
 pub struct Verdicts {
     subject: String,
     subscriber: async_nats::Subscriber,
@@ -70,15 +96,43 @@ impl Verdicts {
         })
     }
 
-    /// Where the submissions ask for their verdict.
+    /// Where the requests ask for their verdict.
     pub fn subject(&self) -> &str {
         &self.subject
     }
 
     /// The verdicts on `ids` (the jobs stored), each `Unchecked` where none came in time.
-    pub async fn collect(mut self, session: &Session, ids: &[JobId]) -> HashMap<JobId, Verdict> {
-        let mut waiting: HashSet<&JobId> = ids.iter().collect();
-        let mut said = HashMap::with_capacity(ids.len());
+    pub async fn collect(self, session: &Session, ids: &[JobId]) -> HashMap<JobId, Verdict> {
+        let total = ids.len();
+        let progress = |checked: usize| {
+            format!("waiting for the scheduler to check the jobs: {checked} of {total} checked")
+        };
+        let mut heard = self.answers::<SubmitVerdict>(session, ids, progress).await;
+        ids.iter()
+            .map(|id| {
+                let verdict = match heard.remove(id) {
+                    Some(SubmitVerdict {
+                        refused: Some(why), ..
+                    }) => Verdict::Refused(why),
+                    Some(_) => Verdict::Queued,
+                    None => Verdict::Unchecked,
+                };
+                (id.clone(), verdict)
+            })
+            .collect()
+    }
+
+    /// The scheduler's answers about `keys` (the requests stored), by key; those it did not
+    /// answer in time are missing. A long wait says on stderr how far it got (`progress`,
+    /// given how many were answered).
+    pub async fn answers<A: Answer>(
+        mut self,
+        session: &Session,
+        keys: &[A::Key],
+        progress: impl Fn(usize) -> String,
+    ) -> HashMap<A::Key, A> {
+        let mut waiting: HashSet<&A::Key> = keys.iter().collect();
+        let mut said = HashMap::with_capacity(keys.len());
         let started = Instant::now();
         let mut last_heard = started;
         let mut asked_for_scheduler = false;
@@ -93,17 +147,12 @@ impl Verdicts {
             };
             match tokio::time::timeout(wait, self.subscriber.next()).await {
                 Ok(Some(message)) => {
-                    let Ok(verdict) = serde_json::from_slice::<SubmitVerdict>(&message.payload)
-                    else {
+                    let Ok(answer) = serde_json::from_slice::<A>(&message.payload) else {
                         continue;
                     };
-                    if waiting.remove(&verdict.job) {
+                    if waiting.remove(answer.key()) {
                         last_heard = Instant::now();
-                        let verdict_of = match verdict.refused {
-                            Some(why) => Verdict::Refused(why),
-                            None => Verdict::Queued,
-                        };
-                        said.insert(verdict.job, verdict_of);
+                        said.insert(answer.key().clone(), answer);
                     }
                 }
                 Ok(None) => break,
@@ -117,15 +166,8 @@ impl Verdicts {
             }
             if Instant::now() >= progress_at {
                 progress_at = Instant::now() + PROGRESS_EVERY;
-                console::stderr_line(&format!(
-                    "waiting for the scheduler to check the jobs: {} of {} checked",
-                    said.len(),
-                    ids.len()
-                ));
+                console::stderr_line(&progress(said.len()));
             }
-        }
-        for id in waiting {
-            said.insert(id.clone(), Verdict::Unchecked);
         }
         said
     }

@@ -45,7 +45,8 @@ pub struct HistoryArgs {
     pub state: Vec<String>,
 
     /// Only jobs that ended at or after this time: a date (2026-11-01), a date and time
-    /// (2026-11-01T08:00:00Z), an age (3d, 12h), today or yesterday (midnight UTC).
+    /// (2026-11-01T08:00:00Z, `2026-11-01 08:00`), an age (3d, 12h), today or yesterday
+    /// (midnight UTC, or with a time: `yesterday 18:00`).
     #[arg(long, value_name = "WHEN", value_parser = parse::point_in_time)]
     pub since: Option<Timestamp>,
 

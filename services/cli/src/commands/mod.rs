@@ -15,6 +15,8 @@ pub mod notices;
 pub mod notify;
 pub mod queue;
 pub mod report;
+pub mod reservations;
+pub mod reserve;
 pub mod show;
 pub mod submit;
 pub mod top;

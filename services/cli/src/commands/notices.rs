@@ -300,7 +300,11 @@ mod tests {
     #[test]
     fn a_warning_reads_as_a_line_with_its_time_job_and_what_comes_next() {
         let warned = notice(warning(IdleAction::Requeue));
-        let id = warned.job.as_ref().map(|j| j.short().to_owned()).unwrap_or_default();
+        let id = warned
+            .job
+            .as_ref()
+            .map(|j| j.short().to_owned())
+            .unwrap_or_default();
         assert_eq!(
             printed(&warned, false),
             Ok(format!(

@@ -48,6 +48,9 @@ struct QueueJob<'a> {
     held_by: Option<&'a str>,
     /// When the scheduler expects it to start; null unless queued and dated by its plan.
     expected_start: Option<Timestamp>,
+    /// The reservation it runs in (`--reservation`); absent when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reservation: Option<&'a str>,
 }
 
 fn held_by(job: &JobRecord) -> Option<&str> {
@@ -96,6 +99,7 @@ fn write_json(
             effective_priority: effective,
             held_by: held_by(record),
             expected_start: queued_start(record, plan).and_then(|s| s.at),
+            reservation: record.spec.reservation.as_deref(),
         };
         serde_json::to_writer(&mut *out, &item)?;
     }

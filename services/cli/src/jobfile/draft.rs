@@ -40,6 +40,8 @@ pub struct Draft {
     pub qos: Option<String>,
     /// `signal`: the warning before a stop, as `--signal` (`"USR1@300"`).
     pub signal: Option<StopSignal>,
+    /// `reservation`: the reservation it runs in, as `--reservation`.
+    pub reservation: Option<String>,
 }
 
 /// One job of a file: the line it starts on (1-based) and the job, or why it is unusable.

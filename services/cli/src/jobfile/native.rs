@@ -24,6 +24,7 @@
 //! qos = "scavenger"                           # like --qos
 //! signal = "USR1@300"                         # like --signal
 //! idle_ok = true                              # like --idle-ok
+//! reservation = "deadline"                    # like --reservation
 //! ```
 //!
 //! Each value is checked with the command line's own parsers, so a mistake reads the same as
@@ -42,7 +43,7 @@ use super::draft::{Draft, Entry, FileError};
 use crate::parse;
 
 /// Every key a `[[job]]` table may hold.
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 23] = [
     "command",
     "name",
     "gpus",
@@ -65,6 +66,7 @@ const KEYS: [&str; 22] = [
     "qos",
     "signal",
     "idle_ok",
+    "reservation",
 ];
 
 type Table = BTreeMap<Spanned<String>, Spanned<Value>>;
@@ -191,6 +193,7 @@ fn job(table: &Table) -> Result<Draft, Problem> {
     draft.qos = table.read("qos", string)?;
     draft.signal = table.read("signal", signal)?;
     draft.idle_ok = table.read("idle_ok", boolean)?;
+    draft.reservation = table.read("reservation", string)?;
     Ok(draft)
 }
 
@@ -487,6 +490,12 @@ no_requeue = true
         let draft = draft.unwrap_or_default();
         assert_eq!(draft.qos.as_deref(), Some("scavenger"));
         assert_eq!(draft.signal, StopSignal::parse("USR1@300").ok());
+        let entries = parse("[[job]]\ncommand = \"a\"\nreservation = \"deadline\"\n");
+        let draft = (entries.unwrap_or_default().first()).and_then(|e| e.draft.clone().ok());
+        assert_eq!(
+            draft.and_then(|d| d.reservation).as_deref(),
+            Some("deadline")
+        );
         let (line, err) = error_of("[[job]]\ncommand = \"a\"\nsignal = \"USR3@5\"\n");
         assert_eq!(line, 3);
         assert!(

@@ -1,6 +1,6 @@
 //! What the scheduler keeps in the cluster bucket, read once per command: the policy and usage
 //! that effective priorities are computed from, the admins' marks (drained nodes, paused
-//! GPUs), and when waiting jobs are expected to start.
+//! GPUs), when waiting jobs are expected to start, and the reservations.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +11,7 @@ use mgpu_nats::records::{self, ClusterState};
 use mgpu_protocol::node::NodeAdmin;
 use mgpu_protocol::plan::PlanSnapshot;
 use mgpu_protocol::priority::{Policy, UsageBook};
+use mgpu_protocol::reservation::Reservation;
 
 use crate::errors::plain;
 
@@ -23,6 +24,8 @@ pub struct Cluster {
     pub admin: BTreeMap<String, NodeAdmin>,
     /// When the scheduler expects waiting jobs to start.
     pub plan: PlanSnapshot,
+    /// The reservations kept (booked ones, and those over for a few days), by name.
+    pub reservations: BTreeMap<String, Reservation>,
 }
 
 impl Cluster {
@@ -39,6 +42,7 @@ impl Cluster {
             usage: state.usage.unwrap_or_default(),
             admin: state.node_admin,
             plan: state.plan,
+            reservations: state.reservations,
         })
     }
 }

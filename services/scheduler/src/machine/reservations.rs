@@ -264,7 +264,7 @@ impl SchedulerState {
         }
         let Some(limit) = crate::time_limits::time_limit(&self.policy, spec) else {
             return Some(format!(
-                "a job in reservation {name} needs a time limit (--time), so that it ends \
+                "a job in reservation {name} needs a time limit (--time-limit), so that it ends \
                  before the window closes"
             ));
         };

@@ -84,6 +84,9 @@ impl SchedulerState {
             WaitReason::Dependency => causes.push(self.dependencies(record)),
             WaitReason::ArrayLimit => causes.extend(self.array_limit(record)),
             WaitReason::UserLimit => causes.push(self.user_limit(record, view)),
+            WaitReason::ReservationWindow | WaitReason::Reserved => {
+                causes.push(self.reservation_cause(record, waiting.reason, now));
+            }
             reason => causes.push(plain(CauseKind::Other, reason.describe().to_owned())),
         }
         if let Some(view) = view
@@ -98,6 +101,55 @@ impl SchedulerState {
             causes.push(self.place_in_line(record, view, order, now));
         }
         causes
+    }
+
+    /// The window its reservation opens at, or the bookings on the GPUs it could use.
+    fn reservation_cause(&self, record: &JobRecord, reason: WaitReason, now: Timestamp) -> Cause {
+        let at = |t: Timestamp| t.format("%Y-%m-%d %H:%M UTC").to_string();
+        let kept = &self.bookings.kept;
+        let text = match (reason, &record.spec.reservation) {
+            (WaitReason::ReservationWindow, Some(name)) => match kept.get(name) {
+                Some(r) => format!(
+                    "runs in reservation {name} ({}'s, {} GPUs), whose window opens at {} and \
+                     closes at {}",
+                    r.owner,
+                    r.gpus.len(),
+                    at(r.start),
+                    at(r.end)
+                ),
+                None => format!("runs in reservation {name}, which is not booked"),
+            },
+            _ => {
+                let booked: Vec<String> = (kept.values())
+                    .filter(|r| r.holds_at(now))
+                    .map(|r| {
+                        format!(
+                            "{} ({}, {} GPUs, {} to {})",
+                            r.name,
+                            r.owner,
+                            r.gpus.len(),
+                            at(r.start),
+                            at(r.end)
+                        )
+                    })
+                    .collect();
+                let limit = crate::time_limits::time_limit(&self.policy, &record.spec).map_or_else(
+                    || "it has no time limit".to_owned(),
+                    |l| {
+                        format!(
+                            "its time limit is {}",
+                            mgpu_protocol::duration::format_duration(l)
+                        )
+                    },
+                );
+                format!(
+                    "the GPUs it could use are booked by {}; a job runs on booked GPUs before a \
+                     window only if it ends before the window opens ({limit})",
+                    booked.join(", ")
+                )
+            }
+        };
+        plain(CauseKind::Reservation, text)
     }
 
     /// What the jobs it waits on are doing.
@@ -379,6 +431,7 @@ fn wants_gpus(reason: WaitReason) -> bool {
             | WaitReason::GpusPaused
             | WaitReason::PreferredType
             | WaitReason::Submitted
+            | WaitReason::Reserved
     )
 }
 

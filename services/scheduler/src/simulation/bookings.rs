@@ -65,9 +65,9 @@ pub fn book_or_cancel(world: &mut World) {
     world.publish_request(identity, Request::Reserve(request));
 }
 
-/// A user submits a job into a reservation: mostly one held now, by its owner; else any
+/// A job into a reservation and who submits it: mostly one held now, by its owner; else any
 /// name, by either user (refused at submission when it is not theirs, or not held).
-pub fn submit_member(world: &mut World) {
+pub fn member_job(world: &mut World) -> (usize, mgpu_protocol::job::JobSpec) {
     let now = world.wall();
     let held: Vec<(String, String)> = (world.store.reservations.values())
         .filter(|r| r.holds_at(now))
@@ -92,7 +92,7 @@ pub fn submit_member(world: &mut World) {
     spec.on_timeout = OnTimeout::Fail;
     spec.time_limit_secs = Some(world.rng.between(2, 12));
     spec.reservation = Some(name);
-    super::workload::send_job(world, user, spec);
+    (user, spec)
 }
 
 impl World {

@@ -42,7 +42,10 @@ pub fn user_action(world: &mut World) {
         }),
         80..=83 => admin::release_one(world),
         84 => super::bookings::book_or_cancel(world),
-        85..=86 => super::bookings::submit_member(world),
+        85..=86 => {
+            let (user, spec) = super::bookings::member_job(world);
+            send_job(world, user, spec);
+        }
         _ => admin::administer(world),
     }
 }
@@ -152,7 +155,7 @@ fn submit_gang(world: &mut World) {
 }
 
 /// Submits `spec` as user `user` (0: alice, 1: bob).
-pub(super) fn send_job(world: &mut World, user: usize, spec: JobSpec) {
+fn send_job(world: &mut World, user: usize, spec: JobSpec) {
     let Some(id) = job_id(world) else {
         return;
     };

@@ -30,6 +30,8 @@ struct ListedSpec {
     array: Option<ArrayMember>,
     #[serde(default)]
     qos: Option<String>,
+    #[serde(default)]
+    reservation: Option<String>,
 }
 
 /// [`JobRecord`] with a [`ListedSpec`].
@@ -48,7 +50,7 @@ struct ListedRecord {
 
 impl JobRecord {
     /// Decodes a stored record for a listing. The spec keeps its command, name, GPUs, priority,
-    /// class (`qos`), directory and array membership; everything else (environment, setup, placement
+    /// class (`qos`), directory, array membership and reservation; everything else (environment, setup, placement
     /// constraints, dependencies, limits) is left at [`JobSpec::new`]'s defaults. Such a record
     /// is for showing only: never write it back, and never compare specs with it (`--dedup`
     /// needs the whole record).
@@ -62,6 +64,7 @@ impl JobRecord {
             workdir,
             array,
             qos,
+            reservation,
         } = listed.spec;
         let mut spec = JobSpec::new(command, workdir);
         spec.name = name;
@@ -69,6 +72,7 @@ impl JobRecord {
         spec.priority = priority;
         spec.array = array;
         spec.qos = qos;
+        spec.reservation = reservation;
         Ok(JobRecord {
             id: listed.id,
             user: listed.user,

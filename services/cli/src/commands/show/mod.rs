@@ -181,6 +181,9 @@ fn request_lines(spec: &JobSpec, lines: &mut Vec<Line>) {
     if let Some(qos) = &spec.qos {
         lines.push(("qos", qos.clone()));
     }
+    if let Some(reservation) = &spec.reservation {
+        lines.push(("reservation", reservation.clone()));
+    }
     if let Some(signal) = &spec.signal {
         lines.push(("signal", signal_text(signal)));
     }
@@ -535,8 +538,10 @@ mod tests {
         });
         record.spec.qos = Some("scavenger".into());
         record.spec.signal = mgpu_protocol::stop::StopSignal::parse("USR1@300").ok();
+        record.spec.reservation = Some("deadline".into());
         let text = shown(&record);
         assert!(text.contains("\nqos:            scavenger\n"), "{text}");
+        assert!(text.contains("\nreservation:    deadline\n"), "{text}");
         assert!(
             text.contains(
                 "\npreempted:      attempt 1 by 4f2a1b2c3d (bob) after 1.50 GPU-hours; it left \

@@ -114,6 +114,12 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "NAME")]
     pub qos: Option<String>,
 
+    /// Run in reservation NAME (`mgpu reserve`, `mgpu reservations`): on its GPUs, inside its
+    /// window. Its owner and the users it names may; the job needs a --time-limit that ends
+    /// before the window closes, else it is refused.
+    #[arg(long, value_name = "NAME")]
+    pub reservation: Option<String>,
+
     /// Warn the job before it is stopped: SIG (USR1, USR2, HUP, INT, QUIT, ALRM, TERM, URG or
     /// its number) goes to all its processes SECONDS before SIGTERM, and the file named by
     /// $MGPU_STOP_FILE says why (`preempted`, `time_limit`, …). Default: USR1, at the class's
@@ -193,7 +199,7 @@ pub struct SubmitArgs {
         "gpus", "gpu_ids", "mem", "name", "priority", "conda", "array", "profile",
         "interactive", "json", "command", "nodes", "gpus_per_node", "nodelist", "exclude",
         "node_gpu_ids", "distributed", "cpus", "mem_host", "pty", "gpu_type", "constraint",
-        "qos", "signal",
+        "qos", "signal", "reservation",
     ])]
     pub file: Option<PathBuf>,
 

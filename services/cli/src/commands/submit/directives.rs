@@ -235,11 +235,12 @@ mod tests {
     #[test]
     fn qos_and_signal_are_directives_too() {
         let args = merged(
-            &["--qos scavenger --signal USR1@300"],
+            &["--qos scavenger --signal USR1@300 --reservation deadline"],
             &["--signal", "USR2@60"],
         );
         let Ok(args) = args else { panic!("{args:?}") };
         assert_eq!(args.qos.as_deref(), Some("scavenger"));
+        assert_eq!(args.reservation.as_deref(), Some("deadline"));
         assert_eq!(
             args.signal.map(|s| s.to_string()).as_deref(),
             Some("USR2@60")

@@ -78,6 +78,7 @@ pub fn from_args(args: &SubmitArgs, profiles: &mut LazyProfiles) -> Result<JobSp
     spec.gpu_types = gpu_types(args)?;
     spec.constraint = args.constraint.clone();
     spec.qos = args.qos.clone();
+    spec.reservation = args.reservation.clone();
     spec.signal = args.signal;
     // The spec's own message says what is wrong and which option to change.
     spec.validate().map_err(plain)?;
@@ -177,6 +178,7 @@ pub fn from_draft(
     spec.gpu_types = draft.gpu_types;
     spec.constraint = draft.constraint;
     spec.qos = draft.qos;
+    spec.reservation = draft.reservation;
     spec.signal = draft.signal;
     spec.mem_mib = draft.mem_mib;
     spec.cpus = draft.cpus;
@@ -380,6 +382,20 @@ mod tests {
         );
         let badly_named = err(&["--workdir", "/", "--qos", "no way", "--", "x"]);
         assert!(badly_named.contains("--qos"), "{badly_named}");
+    }
+
+    #[test]
+    fn the_reservation_reaches_the_spec_and_a_bad_name_is_refused() {
+        let spec = spec_of(&["--workdir", "/", "--reservation", "deadline", "--", "x"]);
+        assert_eq!(
+            spec.and_then(|s| s.reservation),
+            Some("deadline".to_owned())
+        );
+        let err = submit_args(&["--workdir", "/", "--reservation", "a.b", "--", "x"])
+            .and_then(|a| from_args(&a, &mut LazyProfiles::preloaded(None)).err())
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--reservation"), "{err}");
     }
 
     #[test]
