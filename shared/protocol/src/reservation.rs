@@ -122,7 +122,7 @@ impl ReservationRequest {
         }
         if ask.duration_secs == 0 || ask.duration_secs > MAX_WINDOW_SECS {
             return Err(InvalidInput::new(
-                "a reservation lasts from a minute to a year".to_owned(),
+                "a reservation lasts some time, at most a year".to_owned(),
             ));
         }
         for node in &ask.nodelist {
