@@ -12,6 +12,7 @@
 //! - [`signing`]: request signatures put on and read off message headers.
 //! - [`error`]: the typed errors of this crate.
 
+pub mod cluster_records;
 pub mod connect;
 pub mod error;
 pub mod job_env;

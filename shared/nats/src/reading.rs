@@ -1,9 +1,10 @@
 //! Reading a stream's messages through short-lived ordered consumers: the last message of
 //! every subject (the latest records of a KV bucket, each node's last heartbeat), or every
-//! message since a time (history). Every reader here tries again where a NATS cluster that
+//! message since a time (history); a KV bucket looked up through an election, and whether a
+//! message is a deletion. Every reader here tries again where a NATS cluster that
 //! lost a server fails a request for a moment, and starts over where it loses its consumer.
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer, kv, stream};
 use futures::StreamExt;
 
 use crate::error::StateError;
@@ -375,6 +376,35 @@ async fn nothing_after(stream: &stream::Stream, sequence: u64) -> bool {
             true
         }
     }
+}
+
+/// Header JetStream's KV layer puts on deletions.
+const KV_OPERATION: &str = "KV-Operation";
+
+/// A KV bucket, asked again while its stream elects a leader and cannot answer.
+pub(crate) async fn bucket(js: &jetstream::Context, name: &str) -> Result<kv::Store, StateError> {
+    let mut tries = 0;
+    loop {
+        match js.get_key_value(name).await {
+            Ok(store) => return Ok(store),
+            Err(err) => {
+                let text = err.to_string();
+                tries += 1;
+                if tries >= READER_TRIES || !text.contains("timed out") {
+                    return Err(stream_lookup_error(text));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+pub(crate) fn is_deletion(message: &jetstream::Message) -> bool {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(KV_OPERATION))
+        .is_some_and(|op| op.as_str() != "PUT")
 }
 
 #[cfg(test)]

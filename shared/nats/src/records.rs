@@ -1,13 +1,14 @@
 //! Reading mgpu's state straight from JetStream: job records from the `mgpu-jobs` bucket and
-//! node heartbeats from `MGPU_NODES`. The CLI uses this, so `mgpu queue` answers while the
+//! node heartbeats from `MGPU_NODES` (the cluster bucket's readers are `cluster_records.rs`'s,
+//! named here too). The CLI uses this, so `mgpu queue` answers while the
 //! scheduler is down.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use async_nats::jetstream::{self, kv, stream};
 
 use crate::error::StateError;
-use crate::reading::{self, READER_TRIES};
+use crate::reading::{self, bucket, is_deletion};
 // The readers the records are read with, for callers that read other streams the same way.
 pub use crate::reading::{
     Delivery, create_reader, for_each_last_per_subject, for_each_since, last_per_subject,
@@ -15,43 +16,18 @@ pub use crate::reading::{
 };
 use mgpu_protocol::ids::{JobId, is_job_id_prefix};
 use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
-use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat};
-use mgpu_protocol::priority::{Policy, UsageBook};
+use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::subjects;
 use mgpu_protocol::submit::SubmitRequest;
 
-/// Header JetStream's KV layer puts on deletions.
-const KV_OPERATION: &str = "KV-Operation";
+// The cluster bucket's readers, under the names callers have always used.
+pub use crate::cluster_records::{
+    ClusterState, cluster_bucket, cluster_state, node_admin, plan, reservations, usage,
+};
 
 /// The job records bucket.
 pub async fn jobs_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
     bucket(js, subjects::JOBS_BUCKET).await
-}
-
-/// A KV bucket, asked again while its stream elects a leader and cannot answer.
-async fn bucket(js: &jetstream::Context, name: &str) -> Result<kv::Store, StateError> {
-    let mut tries = 0;
-    loop {
-        match js.get_key_value(name).await {
-            Ok(store) => return Ok(store),
-            Err(err) => {
-                let text = err.to_string();
-                tries += 1;
-                if tries >= READER_TRIES || !text.contains("timed out") {
-                    return Err(stream_lookup_error(text));
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            }
-        }
-    }
-}
-
-fn is_deletion(message: &jetstream::Message) -> bool {
-    message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(KV_OPERATION))
-        .is_some_and(|op| op.as_str() != "PUT")
 }
 
 /// The job id a record's subject (`$KV.mgpu-jobs.<id>`) names. Called for every record a
@@ -423,164 +399,6 @@ pub async fn list_nodes(js: &jetstream::Context) -> Result<Vec<NodeHeartbeat>, S
         .collect();
     nodes.sort_by(|a: &NodeHeartbeat, b| a.node.cmp(&b.node));
     Ok(nodes)
-}
-
-/// The cluster bucket (node administration, policy, usage).
-pub async fn cluster_bucket(js: &jetstream::Context) -> Result<kv::Store, StateError> {
-    bucket(js, subjects::CLUSTER_BUCKET).await
-}
-
-/// Reads one JSON value from the cluster bucket; None when the key was never written.
-async fn cluster_value<T: serde::de::DeserializeOwned>(
-    js: &jetstream::Context,
-    key: &str,
-) -> Result<Option<T>, StateError> {
-    let bucket = cluster_bucket(js).await?;
-    match bucket.get(key).await.map_err(StateError::jetstream)? {
-        Some(bytes) => {
-            serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|error| StateError::Corrupt {
-                    key: key.to_owned(),
-                    error,
-                })
-        }
-        None => Ok(None),
-    }
-}
-
-/// When the scheduler expects waiting jobs to start (empty where it never said, or said what
-/// this version cannot read).
-pub async fn plan(
-    js: &jetstream::Context,
-) -> Result<mgpu_protocol::plan::PlanSnapshot, StateError> {
-    Ok(cluster_value(js, subjects::PLAN_KEY)
-        .await
-        .unwrap_or_default()
-        .unwrap_or_default())
-}
-
-/// Users' decayed GPU usage, for fair share.
-pub async fn usage(js: &jetstream::Context) -> Result<UsageBook, StateError> {
-    Ok(cluster_value(js, subjects::USAGE_KEY)
-        .await?
-        .unwrap_or_default())
-}
-
-/// Drained nodes and paused GPUs, by node name.
-pub async fn node_admin(
-    js: &jetstream::Context,
-) -> Result<BTreeMap<String, NodeAdmin>, StateError> {
-    let prefix = format!("$KV.{}.{NODE_ADMIN_PREFIX}", subjects::CLUSTER_BUCKET);
-    let messages = last_per_subject(
-        js,
-        subjects::CLUSTER_BUCKET_STREAM,
-        &format!("{prefix}*"),
-        false,
-    )
-    .await?;
-    Ok(messages
-        .iter()
-        .filter(|m| !is_deletion(m))
-        .filter_map(|m| node_admin_entry(m.subject.as_str().strip_prefix(&prefix)?, m))
-        .collect())
-}
-
-/// How the cluster bucket's keys of node administration begin (`node.<name>`).
-const NODE_ADMIN_PREFIX: &str = "node.";
-
-/// One node's admin marks; a malformed entry is left out, as if the node had none.
-fn node_admin_entry(node: &str, message: &jetstream::Message) -> Option<(String, NodeAdmin)> {
-    let admin = serde_json::from_slice(&message.payload).ok()?;
-    Some((node.to_owned(), admin))
-}
-
-/// What the cluster bucket holds, read at once: [`policy`], [`usage`], [`node_admin`] and the
-/// expected starts.
-#[derive(Debug, Default)]
-pub struct ClusterState {
-    /// None where the scheduler never wrote one.
-    pub policy: Option<Policy>,
-    /// None where the scheduler never wrote one.
-    pub usage: Option<UsageBook>,
-    pub node_admin: BTreeMap<String, NodeAdmin>,
-    /// The expected starts of waiting jobs; empty where the scheduler never wrote them, or
-    /// wrote what this version cannot read (a listing goes on without them).
-    pub plan: mgpu_protocol::plan::PlanSnapshot,
-    /// Reservations kept (booked, and those over for a few days), by name.
-    pub reservations: BTreeMap<String, mgpu_protocol::reservation::Reservation>,
-}
-
-/// The whole cluster bucket in one read: one consumer, where reading its three parts apart
-/// takes three lookups and three reads, on every `mgpu queue` and `mgpu nodes`.
-pub async fn cluster_state(js: &jetstream::Context) -> Result<ClusterState, StateError> {
-    let prefix = format!("$KV.{}.", subjects::CLUSTER_BUCKET);
-    let filter = format!("{prefix}>");
-    let messages = last_per_subject(js, subjects::CLUSTER_BUCKET_STREAM, &filter, false).await?;
-    let mut state = ClusterState::default();
-    for message in messages.iter().filter(|m| !is_deletion(m)) {
-        let Some(key) = message.subject.as_str().strip_prefix(&prefix) else {
-            continue;
-        };
-        let corrupt = |error| StateError::Corrupt {
-            key: key.to_owned(),
-            error,
-        };
-        if key == subjects::POLICY_KEY {
-            state.policy = Some(serde_json::from_slice(&message.payload).map_err(corrupt)?);
-        } else if key == subjects::USAGE_KEY {
-            state.usage = Some(serde_json::from_slice(&message.payload).map_err(corrupt)?);
-        } else if key == subjects::PLAN_KEY {
-            state.plan = serde_json::from_slice(&message.payload).unwrap_or_default();
-        } else if let Some(node) = key.strip_prefix(NODE_ADMIN_PREFIX)
-            && let Some((node, admin)) = node_admin_entry(node, message)
-        {
-            state.node_admin.insert(node, admin);
-        } else if key.starts_with(subjects::RESERVATION_KEY_PREFIX)
-            && let Some(reservation) = reservation_entry(message)
-        {
-            state
-                .reservations
-                .insert(reservation.name.clone(), reservation);
-        }
-    }
-    Ok(state)
-}
-
-/// Every reservation the cluster bucket keeps (the scheduler loads them when it starts).
-pub async fn reservations(
-    js: &jetstream::Context,
-) -> Result<Vec<mgpu_protocol::reservation::Reservation>, StateError> {
-    let prefix = format!(
-        "$KV.{}.{}",
-        subjects::CLUSTER_BUCKET,
-        subjects::RESERVATION_KEY_PREFIX
-    );
-    let messages = last_per_subject(
-        js,
-        subjects::CLUSTER_BUCKET_STREAM,
-        &format!("{prefix}*"),
-        false,
-    )
-    .await?;
-    Ok(messages
-        .iter()
-        .filter(|m| !is_deletion(m))
-        .filter_map(reservation_entry)
-        .collect())
-}
-
-/// One reservation's record; a malformed one is left out (and logged), as if never booked.
-fn reservation_entry(
-    message: &jetstream::Message,
-) -> Option<mgpu_protocol::reservation::Reservation> {
-    match serde_json::from_slice(&message.payload) {
-        Ok(reservation) => Some(reservation),
-        Err(err) => {
-            tracing::warn!(subject = %message.subject, "an unreadable reservation: {err}");
-            None
-        }
-    }
 }
 
 #[cfg(test)]

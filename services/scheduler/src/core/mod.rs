@@ -79,6 +79,7 @@ use fast_hash::FastHash;
 use owner_gpus::OwnerGpus;
 pub use owner_gpus::{TypeCaps, type_caps_impossible_reason};
 pub use queued::{Dependencies, QueuedJob};
+use queued::{QueueKey, before_room};
 use reservation::{ReleaseTimes, Reservation, ReservedGpus};
 use shape::{Shape, Unplaceable};
 use waiters::Waiters;
@@ -181,52 +182,6 @@ pub enum Decision {
         job: JobId,
         window: String,
     },
-}
-
-/// A queued job's place in line as integers: effective priority (highest first), then queue
-/// time; the id breaks ties (see `queue_order` in the tests).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct QueueKey {
-    priority: std::cmp::Reverse<i64>,
-    queued_secs: i64,
-    queued_nanos: u32,
-}
-
-impl QueueKey {
-    fn of(job: &QueuedJob) -> Self {
-        QueueKey {
-            priority: std::cmp::Reverse(job.effective_priority),
-            queued_secs: job.queued_at.timestamp(),
-            queued_nanos: job.queued_at.timestamp_subsec_nanos(),
-        }
-    }
-}
-
-/// Why `job` waits (`Ok`) or can never run (`Err`, the reason) before its room is looked at:
-/// a hold, its node's fence, its dependencies, its array's `%N`; None when none of them
-/// keeps it.
-fn before_room(
-    job: &QueuedJob,
-    array_running: &HashMap<JobId, u32>,
-    now: Timestamp,
-) -> Option<Result<WaitReason, String>> {
-    if job.held {
-        return Some(Ok(WaitReason::Held));
-    }
-    if job.not_before.is_some_and(|t| t > now) {
-        return Some(Ok(WaitReason::Fencing));
-    }
-    match &job.dependencies {
-        Dependencies::Met => {}
-        Dependencies::Waiting => return Some(Ok(WaitReason::Dependency)),
-        Dependencies::Broken(reason) => return Some(Err(reason.clone())),
-    }
-    match &job.array {
-        Some((array, Some(limit))) if array_running.get(array).copied().unwrap_or(0) >= *limit => {
-            Some(Ok(WaitReason::ArrayLimit))
-        }
-        _ => None,
-    }
 }
 
 /// Scheduling settings the core needs.
@@ -597,20 +552,8 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     decisions.extend(by_class);
     let reclaims = idle_reclaim::reclaim(&capacity, &running, &waiting, settings, now, &decisions);
     decisions.extend(reclaims);
-    if !windows.is_empty() {
-        let stopped: std::collections::HashSet<JobId> = decisions
-            .iter()
-            .filter_map(|d| match d {
-                Decision::Preempt { job, .. } | Decision::Reclaim { job, .. } => Some(job.clone()),
-                _ => None,
-            })
-            .collect();
-        let vacate = windows.to_vacate(&capacity, &running);
-        decisions.extend(vacate.into_iter().filter(|d| match d {
-            Decision::Vacate { job, .. } => !stopped.contains(job),
-            _ => true,
-        }));
-    }
+    let vacate = windows.to_vacate(&capacity, &running, &decisions);
+    decisions.extend(vacate);
     let estimates = match to_date.is_empty() {
         true => Vec::new(),
         false => {

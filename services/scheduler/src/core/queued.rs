@@ -1,5 +1,6 @@
 //! A queued job as the core sees it: what it needs (GPUs, their types, memory, cores, nodes
-//! and their features, pins), its place in line, and which nodes and GPUs it may use.
+//! and their features, pins), its place in line (and the key a pass sorts by), which nodes
+//! and GPUs it may use, and the reasons it waits before its room is looked at.
 
 use std::time::Duration;
 
@@ -7,6 +8,8 @@ use mgpu_protocol::Timestamp;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::gpu_type::Constraint;
 use mgpu_protocol::ids::JobId;
+use std::collections::HashMap;
+
 use mgpu_protocol::job::{NodeGpuIds, WaitReason};
 
 /// Whether a queued job's `--after` / `--after-any` are met.
@@ -148,5 +151,51 @@ impl QueuedJob {
                 .allowed_gpus
                 .as_ref()
                 .is_none_or(|allowed| allowed.contains(&index))
+    }
+}
+
+/// A queued job's place in line as integers: effective priority (highest first), then queue
+/// time; the id breaks ties (see `queue_order` in the tests).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct QueueKey {
+    priority: std::cmp::Reverse<i64>,
+    queued_secs: i64,
+    queued_nanos: u32,
+}
+
+impl QueueKey {
+    pub(super) fn of(job: &QueuedJob) -> Self {
+        QueueKey {
+            priority: std::cmp::Reverse(job.effective_priority),
+            queued_secs: job.queued_at.timestamp(),
+            queued_nanos: job.queued_at.timestamp_subsec_nanos(),
+        }
+    }
+}
+
+/// Why `job` waits (`Ok`) or can never run (`Err`, the reason) before its room is looked at:
+/// a hold, its node's fence, its dependencies, its array's `%N`; None when none of them
+/// keeps it.
+pub(super) fn before_room(
+    job: &QueuedJob,
+    array_running: &HashMap<JobId, u32>,
+    now: Timestamp,
+) -> Option<Result<WaitReason, String>> {
+    if job.held {
+        return Some(Ok(WaitReason::Held));
+    }
+    if job.not_before.is_some_and(|t| t > now) {
+        return Some(Ok(WaitReason::Fencing));
+    }
+    match &job.dependencies {
+        Dependencies::Met => {}
+        Dependencies::Waiting => return Some(Ok(WaitReason::Dependency)),
+        Dependencies::Broken(reason) => return Some(Err(reason.clone())),
+    }
+    match &job.array {
+        Some((array, Some(limit))) if array_running.get(array).copied().unwrap_or(0) >= *limit => {
+            Some(Ok(WaitReason::ArrayLimit))
+        }
+        _ => None,
     }
 }

@@ -202,11 +202,27 @@ impl<'a> WindowIndex<'a> {
     }
 
     /// The running jobs to stop because a window opened on their GPUs: preemptible jobs not
-    /// of it, not already stopping, that ran their class's minimum.
-    pub fn to_vacate(&self, capacity: &Capacity, running: &[&RunningJob]) -> Vec<Decision> {
+    /// of it, not already stopping (nor by one of the pass's `decided` stops), that ran their
+    /// class's minimum.
+    pub fn to_vacate(
+        &self,
+        capacity: &Capacity,
+        running: &[&RunningJob],
+        decided: &[Decision],
+    ) -> Vec<Decision> {
+        if self.windows.is_empty() {
+            return Vec::new();
+        }
+        let stopped: std::collections::HashSet<&JobId> = (decided.iter())
+            .filter_map(|d| match d {
+                Decision::Preempt { job, .. } | Decision::Reclaim { job, .. } => Some(job),
+                _ => None,
+            })
+            .collect();
         let mut stops: Vec<(JobId, String)> = Vec::new();
         for job in running {
-            if job.stopping || job.preemptible_from.is_none_or(|from| from > self.now) {
+            let unstoppable = job.preemptible_from.is_none_or(|from| from > self.now);
+            if job.stopping || unstoppable || stopped.contains(&job.id) {
                 continue;
             }
             let opened = job.placement.ranks().find_map(|(_, node, shares)| {
