@@ -7,6 +7,7 @@ use mgpu_protocol::job::{JobSpec, JobState, WaitReason};
 use mgpu_protocol::priority::Policy;
 use mgpu_protocol::request::Request;
 use mgpu_protocol::reservation::{BookingAsk, ReservationRequest, ReservationVerdict, Standing};
+use mgpu_protocol::why::CauseKind;
 
 use super::messages::{Command, Identity, Input};
 use super::tests::{Rig, alice, beat, one_gpu, root, t0, tick};
@@ -144,6 +145,23 @@ fn jobs_of_a_reservation_are_checked_at_submission_and_run_in_its_window() {
     rig.pass(t0());
     assert_eq!(waits(&rig, &member), Some(WaitReason::ReservationWindow));
     assert_eq!(waits(&rig, &other), Some(WaitReason::Reserved));
+    // `mgpu why` names the window it waits for, and the booking in the other's way.
+    for (job, words) in [
+        (&member, "whose window opens at"),
+        (&other, "booked by paper (alice"),
+    ] {
+        let answer = rig
+            .machine
+            .explain(job, &alice().key, t0())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let said = answer
+            .causes
+            .iter()
+            .find(|c| c.kind == CauseKind::Reservation)
+            .map(|c| c.text.clone())
+            .unwrap_or_default();
+        assert!(said.contains(words), "{:#?}", answer.causes);
+    }
     let later = t0() + minutes(11);
     rig.feed(later, Input::Heartbeat(Box::new(beat("node1", later, &[]))));
     rig.pass(later);
