@@ -227,8 +227,10 @@ pub(crate) fn request_view(
         gpu_types: spec.gpu_types.clone(),
         qos: spec.qos.clone(),
         may_preempt: class.may_preempt,
-        preemptible: class.preemptible && !spec.no_requeue,
-        min_runtime: std::time::Duration::from_secs(class.min_runtime_secs),
+        preemptible: class.preemptible,
+        // A `--no-requeue` job is never stopped to run again: not preemptible for a window.
+        stoppable_after: (class.preemptible && !spec.no_requeue)
+            .then(|| std::time::Duration::from_secs(class.min_runtime_secs)),
         reservation: spec.reservation.clone(),
         // Checked at submit: a record that does not parse selects nothing rather than all.
         constraint: spec

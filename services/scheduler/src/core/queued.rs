@@ -70,8 +70,9 @@ pub struct QueuedJob {
     /// Its class is preemptible: a job past its time slice does not yield to it when it may
     /// preempt it back at once.
     pub preemptible: bool,
-    /// How long its class lets it run before it may be stopped (preemptible classes).
-    pub min_runtime: Duration,
+    /// How long it runs at least before it may be preempted (its class's `min_runtime`);
+    /// None: never preempted (its class is not preemptible, or it is `--no-requeue`).
+    pub stoppable_after: Option<Duration>,
     /// The reservation it runs in (`--reservation`); None: none.
     pub reservation: Option<String>,
 }
@@ -107,7 +108,7 @@ impl QueuedJob {
             qos: None,
             may_preempt: false,
             preemptible: false,
-            min_runtime: Duration::ZERO,
+            stoppable_after: None,
             reservation: None,
         }
     }

@@ -31,7 +31,7 @@ pub(super) struct Shape<'a> {
     type_capped_owner: Option<&'a str>,
     /// Reservations' windows treat members, preemptible jobs and others apart.
     reservation: Option<&'a str>,
-    preemptible: bool,
+    stoppable_after: Option<Duration>,
 }
 
 impl<'a> Shape<'a> {
@@ -52,7 +52,7 @@ impl<'a> Shape<'a> {
             constraint: job.constraint.as_ref(),
             type_capped_owner: type_capped.then_some(job.owner.as_str()),
             reservation: job.reservation.as_deref(),
-            preemptible: job.preemptible,
+            stoppable_after: job.stoppable_after,
         }
     }
 

@@ -126,9 +126,9 @@ impl<'a> WindowIndex<'a> {
             limit: job
                 .time_limit
                 .and_then(|l| chrono::Duration::from_std(l).ok()),
-            preemptible: job.preemptible.then(|| {
-                chrono::Duration::from_std(job.min_runtime).unwrap_or(chrono::TimeDelta::MAX)
-            }),
+            preemptible: job
+                .stoppable_after
+                .map(|least| chrono::Duration::from_std(least).unwrap_or(chrono::TimeDelta::MAX)),
         }
     }
 

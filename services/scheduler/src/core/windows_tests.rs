@@ -144,7 +144,7 @@ fn a_preemptible_job_starts_before_a_window_if_it_runs_its_minimum_and_leaves_wh
     let before = with_windows(vec![window("paper", 30, 90)]);
     let mut scavenger = job(1, GpuAmount::ONE);
     scavenger.preemptible = true;
-    scavenger.min_runtime = Duration::from_secs(10 * 60);
+    scavenger.stoppable_after = Some(Duration::from_secs(10 * 60));
     let decisions = plan(
         &nodes,
         &[] as &[RunningJob],
@@ -154,7 +154,7 @@ fn a_preemptible_job_starts_before_a_window_if_it_runs_its_minimum_and_leaves_wh
     );
     assert_eq!(started(&decisions).len(), 1, "{decisions:?}");
     // Its minimum would run past the window's start: it waits.
-    scavenger.min_runtime = Duration::from_secs(40 * 60);
+    scavenger.stoppable_after = Some(Duration::from_secs(40 * 60));
     let decisions = plan(&nodes, &[] as &[RunningJob], &[scavenger], &before, t0());
     assert!(started(&decisions).is_empty(), "{decisions:?}");
     // Once the window is open, a preemptible job on its GPUs is stopped for it; one not
@@ -245,6 +245,7 @@ proptest! {
                 let mut queued = job(n as u32 + 1, GpuAmount::whole(gpus));
                 queued.time_limit = limit.map(|m| Duration::from_secs(m * 60));
                 queued.preemptible = preemptible && !in_window;
+                queued.stoppable_after = queued.preemptible.then_some(Duration::ZERO);
                 if in_window && !names.is_empty() {
                     queued.reservation = Some(names[n % names.len()].clone());
                 }

@@ -286,6 +286,10 @@ impl SchedulerState {
     /// down nodes reported, records long over dropped.
     pub(crate) fn reservation_upkeep(&mut self, now: Timestamp) {
         let since = self.bookings.looked_at.replace(now).unwrap_or(now);
+        if self.bookings.kept.is_empty() {
+            // Most clusters book nothing: no node table built, no job looked at, every tick.
+            return;
+        }
         let edge = |at: Timestamp| since < at && at <= now;
         if (self.bookings.kept.values())
             .any(|r| r.standing == Standing::Booked && (edge(r.start) || edge(r.end)))
