@@ -271,9 +271,6 @@ fn notices_reach_webhooks_and_mail_signed_and_an_array_once() {
 }
 
 #[test]
-#[ignore = "flaky in a full run: right after the nats_cluster stories, some notices of the burst \
-            were still undelivered 180 s after mgpu-notify's restart (3 of 4 full runs; it passes \
-            alone); an open defect of the notify service, run it with --ignored"]
 fn killed_during_a_burst_nothing_is_lost_or_doubled_and_a_storm_is_summarised() {
     let cluster = Cluster::start(&[]);
     let out = cluster.dir.path().join("hooks.jsonl");

@@ -181,8 +181,15 @@ impl Deliverer {
         notice: &Notice,
         sequence: u64,
     ) -> Tally {
-        let entries = self.destinations.of(&self.js, owner).await;
         let mut tally = Tally::default();
+        let entries = match self.destinations.of(&self.js, owner).await {
+            Ok(entries) => entries,
+            Err(err) => {
+                tracing::warn!(notice = id, "{err}; will retry");
+                tally.retry = true;
+                return tally;
+            }
+        };
         for (dest_id, destination) in &entries.destinations {
             let key = format!("{owner}.{dest_id}");
             let mark = format!("{key}.{id}");
@@ -269,7 +276,14 @@ impl Deliverer {
                 continue;
             };
             self.throttle.record(&key, now);
-            let secret = self.destinations.of(&self.js, &held.owner).await.secret;
+            let secret = match self.destinations.of(&self.js, &held.owner).await {
+                Ok(entries) => entries.secret,
+                Err(err) => {
+                    tracing::warn!("a summary waits: {err}");
+                    self.held.insert(key, held);
+                    continue;
+                }
+            };
             let outgoing = summary_of(&held);
             let sent = self
                 .send(&held.destination, secret.as_deref(), &outgoing)

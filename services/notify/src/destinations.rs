@@ -73,15 +73,16 @@ impl Destinations {
         }
     }
 
-    /// `user`'s entries; read from the bucket when none are known yet.
-    pub async fn of(&self, js: &jetstream::Context, user: &str) -> UserEntries {
+    /// `user`'s entries; read from the bucket when none are known yet. An error when that
+    /// read fails: "no destinations" would have the notice acknowledged, and lost.
+    pub async fn of(&self, js: &jetstream::Context, user: &str) -> Result<UserEntries, String> {
         let known = self
             .users
             .read()
             .ok()
             .and_then(|users| users.get(user).cloned());
         if let Some(entries) = known.filter(|e| !e.destinations.is_empty()) {
-            return entries;
+            return Ok(entries);
         }
         let filter = notify::user_entries(user);
         let read =
@@ -104,12 +105,13 @@ impl Destinations {
                     self.apply(&key, operation, &message.payload);
                 }
             }
-            Err(err) => tracing::warn!(user, "reading destinations: {err}"),
+            Err(err) => return Err(format!("reading {user}'s destinations: {err}")),
         }
-        self.users
+        Ok(self
+            .users
             .read()
             .ok()
             .and_then(|users| users.get(user).cloned())
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
 }
