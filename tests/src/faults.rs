@@ -136,37 +136,43 @@ impl Cluster {
     /// Every event of a job on `jobs.<id>.events`, oldest first, as JSON (`event` names it:
     /// `started`, `exited`, `queued`, `finished`…; `attempt` and `source` say whose).
     pub fn job_events(&self, id: &str) -> Vec<Value> {
+        self.stream_json(subjects::EVENTS_STREAM, &format!("jobs.{id}.events"))
+    }
+
+    /// Every message `stream` holds on `subject`, oldest first, as JSON (null where a payload
+    /// is not), read with admin credentials.
+    pub fn stream_json(&self, stream: &str, subject: &str) -> Vec<Value> {
         use futures::StreamExt;
-        let subject = format!("jobs.{id}.events");
+        let (stream, subject) = (stream.to_owned(), subject.to_owned());
         self.with_nats(&self.admin_creds(), |client| async move {
             let js = async_nats::jetstream::new(client);
             let stream = js
-                .get_stream(subjects::EVENTS_STREAM)
+                .get_stream(&stream)
                 .await
-                .unwrap_or_else(|e| panic!("stream {}: {e}", subjects::EVENTS_STREAM));
+                .unwrap_or_else(|e| panic!("stream {stream}: {e}"));
             let consumer = stream
                 .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                    filter_subject: subject,
+                    filter_subject: subject.clone(),
                     deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
                     ..Default::default()
                 })
                 .await
-                .unwrap_or_else(|e| panic!("reading events: {e}"));
+                .unwrap_or_else(|e| panic!("reading {subject}: {e}"));
             let mut pending = consumer.cached_info().num_pending;
             let mut messages = consumer
                 .messages()
                 .await
-                .unwrap_or_else(|e| panic!("reading events: {e}"));
-            let mut events = Vec::new();
+                .unwrap_or_else(|e| panic!("reading {subject}: {e}"));
+            let mut read = Vec::new();
             while pending > 0 {
                 let next = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
                 let Ok(Some(Ok(message))) = next else {
-                    panic!("an event of the job could not be read");
+                    panic!("a message on {subject} could not be read");
                 };
                 pending = message.info().map(|i| i.pending).unwrap_or(0);
-                events.push(serde_json::from_slice(&message.payload).unwrap_or(Value::Null));
+                read.push(serde_json::from_slice(&message.payload).unwrap_or(Value::Null));
             }
-            events
+            read
         })
     }
 

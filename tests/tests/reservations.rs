@@ -118,38 +118,8 @@ fn public_key(creds: &Path) -> String {
 /// Every notice sent to the user whose key is `key` (`users.<key>.notices`), oldest first,
 /// read from the `MGPU_NOTICES` stream with admin credentials.
 fn notices_to(cluster: &Cluster, key: &str) -> Vec<Value> {
-    use futures::StreamExt;
     let subject = mgpu_protocol::subjects::notices(key);
-    cluster.with_nats(&cluster.admin_creds(), |client| async move {
-        let js = async_nats::jetstream::new(client);
-        let stream = js
-            .get_stream(mgpu_protocol::notify::NOTICES_STREAM)
-            .await
-            .unwrap_or_else(|e| panic!("stream {}: {e}", mgpu_protocol::notify::NOTICES_STREAM));
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                filter_subject: subject,
-                deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("reading notices: {e}"));
-        let mut pending = consumer.cached_info().num_pending;
-        let mut messages = consumer
-            .messages()
-            .await
-            .unwrap_or_else(|e| panic!("reading notices: {e}"));
-        let mut notices = Vec::new();
-        while pending > 0 {
-            let next = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
-            let Ok(Some(Ok(message))) = next else {
-                panic!("a notice could not be read");
-            };
-            pending = message.info().map(|i| i.pending).unwrap_or(0);
-            notices.push(serde_json::from_slice(&message.payload).unwrap_or(Value::Null));
-        }
-        notices
-    })
+    cluster.stream_json(mgpu_protocol::notify::NOTICES_STREAM, &subject)
 }
 
 /// The notices of `kind` about reservation `name` sent to `key`.
