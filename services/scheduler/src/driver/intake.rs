@@ -62,6 +62,9 @@ impl Driver {
                 Step::CarryOut(admitted) => Input::Request(Box::new(admitted)),
             };
             self.feed(input).await;
+            // Between two steps of a burst (seconds each where every write is flushed to
+            // disk), the nodes' latest heartbeats: a tick after it must not find them stale.
+            self.take_heartbeats().await;
         }
         // What the machine did not acknowledge is delivered again by JetStream.
         self.held.clear();

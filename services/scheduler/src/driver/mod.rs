@@ -14,6 +14,8 @@
 //! - this file: loading, the event loop, carrying commands out.
 //! - [`intake`]: requests, reports and heartbeats read into inputs (signatures, nonces,
 //!   environments kept apart, dependencies in history).
+//! - [`heartbeat_inbox`]: heartbeats read by a task of their own, the latest of each node
+//!   kept until the loop takes them (a loop held up by a burst never reads stale ones).
 //! - [`store`]: record writes (compare-and-set, pipelined, retried), history, the cluster
 //!   bucket.
 //! - [`outbox`]: the machine's commands carried out: assignments, control messages, events
@@ -21,6 +23,7 @@
 //! - [`replica`]: the lease, the status micro service, the metrics endpoint.
 
 mod background;
+mod heartbeat_inbox;
 mod intake;
 pub(crate) mod outbox;
 pub mod replica;
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use async_nats::jetstream::{self, consumer};
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use tokio::sync::{mpsc, watch};
 
 use mgpu_nats::pull::Pull;
@@ -46,6 +49,7 @@ use crate::machine::SchedulerState;
 use crate::machine::messages::{ACK_WAIT, Input, Loaded, Tick, Token};
 use crate::passes::{Counts, PassStats};
 use crate::status::Status;
+use heartbeat_inbox::HeartbeatInbox;
 use outbox::Outbox;
 use replica::{GaugeRequests, SchedulerMetrics};
 use store::RecordStore;
@@ -77,12 +81,15 @@ pub struct Driver {
     next_token: Token,
     /// The origin of the monotonic clock the machine's ticks read.
     started: Instant,
+    /// The nodes' latest heartbeats, waiting to be handled.
+    heartbeats: HeartbeatInbox,
 }
 
-/// What wakes the loop: heartbeats (plain subscription), agents' reports and requests
+/// What wakes the loop: heartbeats (their own reader), agents' reports and requests
 /// (durable pulls), metrics scrapes.
 struct Inputs {
-    heartbeats: async_nats::Subscriber,
+    /// Reads the heartbeats into [`Driver::heartbeats`] while the loop runs.
+    _heartbeat_reader: heartbeat_inbox::Reader,
     events: Pull,
     requests: Pull,
     gauge_requests: GaugeRequests,
@@ -112,7 +119,10 @@ pub async fn run(
         .flush()
         .await
         .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
+    // Read from now on, while the state loads (a long while for a big queue).
+    let (heartbeats, heartbeat_reader) = HeartbeatInbox::follow(heartbeats);
     let (mut driver, status) = Driver::load(&client, policy, (principals, limits), metrics).await?;
+    driver.heartbeats = heartbeats;
     let (queued, running, total) = driver.machine.counts();
     tracing::info!(jobs = total, queued, running, "state loaded");
     let service_client = client.clone();
@@ -126,7 +136,7 @@ pub async fn run(
         }
     });
     let mut inputs = driver
-        .open_inputs(heartbeats, (gauge_requests, why_asked))
+        .open_inputs(heartbeat_reader, (gauge_requests, why_asked))
         .await?;
     // Queued jobs depending on jobs already in history learn how those ended.
     let queued: Vec<_> = driver.machine.queued_specs().into_iter().cloned().collect();
@@ -202,16 +212,17 @@ impl Driver {
             held: HashMap::new(),
             next_token: 1,
             started: Instant::now(),
+            heartbeats: HeartbeatInbox::default(),
         };
         Ok((driver, status_rx))
     }
 
     /// Handles the agents' reports written while no scheduler was active (only then is it
     /// known which assignments never reached their node), sends those again, and opens the
-    /// requests; `heartbeats` is the subscription made before the state was loaded.
+    /// requests; `heartbeat_reader` reads the subscription made before the state was loaded.
     async fn open_inputs(
         &mut self,
-        heartbeats: async_nats::Subscriber,
+        heartbeat_reader: heartbeat_inbox::Reader,
         (gauge_requests, why_asks): (GaugeRequests, mpsc::Receiver<replica::WhyAsk>),
     ) -> Result<Inputs> {
         let events_consumer = durable_consumer(
@@ -251,7 +262,7 @@ impl Driver {
             .await
             .map_err(|e| anyhow!("consuming requests: {e}"))?;
         Ok(Inputs {
-            heartbeats,
+            _heartbeat_reader: heartbeat_reader,
             events,
             requests,
             gauge_requests,
@@ -286,7 +297,7 @@ impl Driver {
                     return;
                 }
                 _ = liveness.tick() => {
-                    self.drain_heartbeats(&mut inputs.heartbeats).await;
+                    self.take_heartbeats().await;
                     self.tick().await;
                 }
                 // A running job's time slice ends: the pass decides whether to preempt it.
@@ -304,10 +315,7 @@ impl Driver {
                         self.on_event_message(message).await;
                     }
                 }
-                Some(message) = inputs.heartbeats.next() => {
-                    self.on_heartbeat(&message.subject, &message.payload).await;
-                    self.drain_heartbeats(&mut inputs.heartbeats).await;
-                }
+                () = self.heartbeats.arrived() => self.take_heartbeats().await,
                 // A scrape: counted between two inputs, nothing changes.
                 Some(reply) = inputs.gauge_requests.recv() => {
                     let _ = reply.send(self.machine.gauges(now()));
@@ -323,10 +331,17 @@ impl Driver {
         }
     }
 
-    /// Handles the heartbeats already waiting.
-    async fn drain_heartbeats(&mut self, heartbeats: &mut async_nats::Subscriber) {
-        while let Some(Some(message)) = heartbeats.next().now_or_never() {
-            self.on_heartbeat(&message.subject, &message.payload).await;
+    /// Handles the heartbeats waiting, each node's latest.
+    async fn take_heartbeats(&mut self) {
+        let (beats, superseded) = self.heartbeats.take();
+        if superseded > 0 {
+            tracing::debug!(
+                superseded,
+                "heartbeats replaced by newer ones before the loop took them"
+            );
+        }
+        for (subject, payload) in beats {
+            self.on_heartbeat(&subject, &payload).await;
         }
     }
 
