@@ -136,7 +136,8 @@ impl<'a> Timeline<'a> {
         let mut dated = Vec::new();
         for job in jobs.iter().copied().filter(|job| !job.gpus.is_zero()) {
             let typed = dates.owner_gpus.has_type_caps(&job.owner);
-            let shape = Shape::of(job, typed).placement_only(!dates.windows.is_empty());
+            let windows = !dates.windows.is_empty();
+            let shape = Shape::of(job, typed, windows).placement_only(windows);
             let offers = match self.offers.entry(shape) {
                 Entry::Occupied(known) => known.into_mut(),
                 Entry::Vacant(new) => new.insert(Offers::of(

@@ -327,7 +327,8 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let mut unplaceable: HashMap<Shape<'_>, Unplaceable, FastHash> = HashMap::default();
 
     for job in ordered {
-        let shape = Shape::of(job, owner_gpus.has_type_caps(&job.owner));
+        let typed = owner_gpus.has_type_caps(&job.owner);
+        let shape = Shape::of(job, typed, !windows.is_empty());
         // Waiting for the reason already recorded is no news: no decision, so a pass over a
         // long queue that changes nothing hands back almost nothing.
         let wait = |reason| {

@@ -29,13 +29,14 @@ pub(super) struct Shape<'a> {
     constraint: Option<&'a Constraint>,
     /// The owner, only where they have caps per GPU type: what fits depends on them then.
     type_capped_owner: Option<&'a str>,
-    /// Reservations' windows treat members, preemptible jobs and others apart.
-    reservation: Option<&'a str>,
-    stoppable_after: Option<Duration>,
+    /// Where reservations' windows are to be minded: its reservation and how soon it may be
+    /// preempted (they treat members, preemptible jobs and others apart); None otherwise, so
+    /// that a cluster without reservations hashes nothing more.
+    windows: Option<(Option<&'a str>, Option<Duration>)>,
 }
 
 impl<'a> Shape<'a> {
-    pub(super) fn of(job: &'a QueuedJob, type_capped: bool) -> Self {
+    pub(super) fn of(job: &'a QueuedJob, type_capped: bool, windows: bool) -> Self {
         Shape {
             gpus: job.gpus,
             gpu_ids: job.gpu_ids.as_deref(),
@@ -51,8 +52,7 @@ impl<'a> Shape<'a> {
             gpu_types: &job.gpu_types,
             constraint: job.constraint.as_ref(),
             type_capped_owner: type_capped.then_some(job.owner.as_str()),
-            reservation: job.reservation.as_deref(),
-            stoppable_after: job.stoppable_after,
+            windows: windows.then_some((job.reservation.as_deref(), job.stoppable_after)),
         }
     }
 

@@ -84,6 +84,7 @@ impl<'a> WindowIndex<'a> {
     }
 
     /// No window to mind: the pass goes as if reservations did not exist.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.windows.is_empty()
     }
@@ -116,7 +117,16 @@ impl<'a> WindowIndex<'a> {
     }
 
     /// How `job` stands to the windows.
+    #[inline]
     pub fn guest(&self, job: &QueuedJob) -> Guest {
+        if self.windows.is_empty() {
+            // Nothing to stand to: no conversion per job of a long queue.
+            return Guest {
+                member_of: None,
+                limit: None,
+                preemptible: None,
+            };
+        }
         let member_of = match self.membership(job) {
             Membership::Member(n) => Some(n),
             _ => None,
@@ -147,6 +157,7 @@ impl<'a> WindowIndex<'a> {
     }
 
     /// Whether `guest` must keep off GPU `index` of the node at `position` if it started now.
+    #[inline]
     pub fn blocks_now(&self, guest: &Guest, position: usize, index: u32) -> bool {
         if self.windows.is_empty() {
             return false;
@@ -166,6 +177,7 @@ impl<'a> WindowIndex<'a> {
     /// From when the GPU, free from `release` on (None: not before a job without a time
     /// limit ends), could take `guest`: outside other windows, before one only if it is gone
     /// when that opens; a member only inside its own. None: never.
+    #[inline]
     pub fn usable_from(
         &self,
         guest: &Guest,
