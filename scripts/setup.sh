@@ -105,6 +105,21 @@ if ! /usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 && ! python3 -c 'impo
   fi
 fi
 
+# task-spooler (Debian package, the `tsp` command): `scripts/bench.sh` runs the same drain and
+# listing with it in the same sitting, so each run prints mgpu's ratio to it.
+if ! command -v tsp >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    say "installing task-spooler (Debian package) for the benchmark's comparison"
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q task-spooler >&2 \
+      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
+           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q task-spooler >&2; } \
+      || say "task-spooler could not be installed: the benchmark skips its comparison"
+  else
+    say "task-spooler is missing and there is no apt-get: the benchmark skips its comparison"
+  fi
+fi
+
 if [ "$build" = 1 ]; then
   command -v cargo >/dev/null 2>&1 || { echo "setup.sh: cargo not found; install Rust from rustup.rs" >&2; exit 1; }
   say "building ($profile)"

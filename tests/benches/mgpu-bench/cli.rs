@@ -8,6 +8,10 @@
 //! 3. `drain_rate`: one-GPU `true` jobs submitted by the CLI loop of 1 to one agent with 8
 //!    declared GPUs, from the first submit to the latest `ended_at` once all succeeded.
 //!
+//! 5. `queue_vs_tsp` and `drain_vs_tsp`: `tsp -l` with as many waiting, and task-spooler's
+//!    drain of as many `true` jobs on 8 slots, run in the same sitting (`tsp.rs`): mgpu's
+//!    ratio to it (the targets: a listing at most 2× `tsp -l`, a drain at least half of it).
+//!
 //! 2 and 3 run twice: with the agent's default containment (a cgroup per job where it may
 //! make cgroups) and with `--cgroup off` (`*_uncontained`); each reports the containment it
 //! ran under and the CPU the agent side spent per job (the agent, and the guards and jobs it
@@ -136,6 +140,7 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
         },
     )?;
 
+    let mut queue_median = None;
     for (scenario, args) in [
         ("queue_latency", vec!["queue"]),
         ("queue_json_latency", vec!["queue", "--json"]),
@@ -163,6 +168,9 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
             .zip(cpu_after)
             .map(|(before, after)| round3(after - before));
         let summary = summarize(&samples)?;
+        if scenario == "queue_latency" {
+            queue_median = Some(summary.median);
+        }
         ctx.report(
             scenario,
             summary.median,
@@ -178,6 +186,37 @@ fn submit_and_queue(ctx: &Run, sizes: &Sizes) -> Result<()> {
             json!({"jobs_waiting": waiting, "scheduler_cpu_ms_meanwhile": scheduler_cpu_ms}),
         );
     }
+    if let Some(mgpu) = queue_median {
+        queue_against_tsp(ctx, mgpu, waiting, sizes.queue_samples)?;
+    }
+    Ok(())
+}
+
+/// `queue_vs_tsp`: `mgpu queue`'s median against `tsp -l`'s with as many jobs waiting.
+fn queue_against_tsp(ctx: &Run, mgpu_ms: f64, waiting: usize, samples: usize) -> Result<()> {
+    progress(&format!(
+        "(5) {samples} x `tsp -l` with {waiting} jobs waiting"
+    ));
+    let Some((tsp, tsp_waiting)) = crate::tsp::list_latency(waiting, samples)? else {
+        return Ok(());
+    };
+    let summary = summarize(&tsp)?;
+    ctx.report(
+        "queue_vs_tsp",
+        mgpu_ms / summary.median,
+        "x tsp -l",
+        Target::AtMost(2.0),
+        true,
+        Some("mgpu queue at most 2x tsp -l (median)".into()),
+        &summary,
+        "ms per tsp -l process",
+        json!({
+            "jobs_waiting": waiting,
+            "tsp_jobs_waiting": tsp_waiting,
+            "mgpu_queue_median_ms": round3(mgpu_ms),
+            "tsp_list_median_ms": round3(summary.median),
+        }),
+    );
     Ok(())
 }
 
@@ -197,8 +236,31 @@ fn latency_and_drain(ctx: &Run, sizes: &Sizes) -> Result<()> {
         let marks = cluster.dir.path().join("marks");
         std::fs::create_dir_all(&marks).with_context(|| format!("creating {}", marks.display()))?;
         submit_to_start(ctx, &cluster, &marks, sizes.latency_samples, &setup)?;
-        drain(ctx, &cluster, sizes.drain_jobs, &setup)?;
+        let rate = drain(ctx, &cluster, sizes.drain_jobs, &setup)?;
+        if contained {
+            drain_against_tsp(ctx, rate, sizes.drain_jobs)?;
+        }
     }
+    Ok(())
+}
+
+/// `drain_vs_tsp`: mgpu's drain rate (contained) against task-spooler's of as many jobs.
+fn drain_against_tsp(ctx: &Run, mgpu_rate: f64, jobs: usize) -> Result<()> {
+    progress(&format!("(5) drain: {jobs} x `tsp true` on 8 slots"));
+    let Some(tsp_rate) = crate::tsp::drain_rate(jobs)? else {
+        return Ok(());
+    };
+    ctx.report(
+        "drain_vs_tsp",
+        mgpu_rate / tsp_rate,
+        "x tsp",
+        Target::AtLeast(0.5),
+        true,
+        Some("mgpu's drain at least half of task-spooler's".into()),
+        &summarize(&[tsp_rate])?,
+        "tsp jobs/s",
+        json!({"jobs": jobs, "mgpu_jobs_per_s": round3(mgpu_rate), "tsp_jobs_per_s": round3(tsp_rate)}),
+    );
     Ok(())
 }
 
@@ -298,7 +360,8 @@ fn one_submit_to_start(cluster: &Cluster, marks: &Path, i: usize) -> Result<f64>
 
 /// Scenario 3: `jobs` one-GPU `true` jobs submitted by the CLI loop, from the first submit to
 /// the latest `ended_at` once all succeeded.
-fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Result<()> {
+/// Scenario 3 on `cluster`; its rate in jobs per second.
+fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Result<f64> {
     progress(&format!(
         "(3) drain: {jobs} x `mgpu submit -- true` to 8 GPUs"
     ));
@@ -330,7 +393,7 @@ fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Resu
             "agent_cpu_ms_per_job": round3(agent_cpu_ms / ids.len().max(1) as f64),
         }),
     );
-    Ok(())
+    Ok(rate)
 }
 
 /// Waits until every job in `ids` succeeded (an error as soon as one did not); returns the

@@ -23,6 +23,7 @@ mod queue;
 mod recovery;
 mod scale;
 mod top;
+mod tsp;
 
 use std::path::Path;
 use std::process::Command;

@@ -64,8 +64,9 @@ pub fn run(ctx: &Run) -> Result<()> {
         .first()
         .ok_or_else(|| anyhow!("no scheduler"))?;
     let measured = measure_on(&cluster, &sizes)?;
+    let declared_offline = offline_warnings(&cluster);
     report_submit_rate(ctx, &sizes, &measured)?;
-    report_passes(ctx, &sizes, &measured)?;
+    report_passes(ctx, &sizes, &measured, declared_offline)?;
     report_memory(ctx, &sizes, pid)
 }
 
@@ -117,8 +118,25 @@ fn report_submit_rate(ctx: &Run, sizes: &Sizes, measured: &Measured) -> Result<(
     Ok(())
 }
 
-/// Reports `scheduling_pass`: the passes of the steady window, whole and by phase.
-fn report_passes(ctx: &Run, sizes: &Sizes, measured: &Measured) -> Result<()> {
+/// How often the scheduler declared a node offline: the simulated fleet heartbeats on time
+/// throughout (its own task, its own connection), so each is a healthy node wrongly taken
+/// for dead, and its jobs requeued. It must be 0.
+fn offline_warnings(cluster: &Cluster) -> usize {
+    std::fs::read_to_string(cluster.log_path("scheduler"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("node offline"))
+        .count()
+}
+
+/// Reports `scheduling_pass`: the passes of the steady window, whole and by phase, and the
+/// nodes declared offline over the whole run.
+fn report_passes(
+    ctx: &Run,
+    sizes: &Sizes,
+    measured: &Measured,
+    declared_offline: usize,
+) -> Result<()> {
     let passes = &measured.passes;
     let total: Vec<f64> = passes.iter().map(|p| p.total_ms).collect();
     let plan: Vec<f64> = passes.iter().map(|p| p.plan_ms).collect();
@@ -147,6 +165,7 @@ fn report_passes(ctx: &Run, sizes: &Sizes, measured: &Measured) -> Result<()> {
             "plan_ms": {"median": round3(plan_summary.median), "p99": round3(plan_summary.p99), "max": round3(plan_summary.max)},
             "view_ms": {"median": round3(view_summary.median), "p99": round3(view_summary.p99), "max": round3(view_summary.max)},
             "jobs_ended_in_window": measured.ended_in_window,
+            "nodes_declared_offline": declared_offline,
             "window_s": sizes.steady.as_secs(),
         }),
     );
