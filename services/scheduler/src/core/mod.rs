@@ -371,7 +371,11 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 });
                 continue;
             }
-            Membership::NotYet => {
+            Membership::NotYet(_) => {
+                // Dated with the others once the pass decided: from the window's start.
+                if to_date.len() < settings.max_start_estimates {
+                    to_date.push(job);
+                }
                 decisions.extend(wait(WaitReason::ReservationWindow));
                 continue;
             }

@@ -52,8 +52,8 @@ pub(super) enum Membership {
     Member(usize),
     /// Its reservation is over, cancelled or unknown, or it would outlast the window.
     Refused(String),
-    /// Its window has not opened.
-    NotYet,
+    /// Its window (at this place in the list) has not opened.
+    NotYet(usize),
 }
 
 impl<'a> WindowIndex<'a> {
@@ -111,7 +111,7 @@ impl<'a> WindowIndex<'a> {
             ));
         }
         if window.start > self.now {
-            return Membership::NotYet;
+            return Membership::NotYet(n);
         }
         Membership::Member(n)
     }
@@ -128,8 +128,8 @@ impl<'a> WindowIndex<'a> {
             };
         }
         let member_of = match self.membership(job) {
-            Membership::Member(n) => Some(n),
-            _ => None,
+            Membership::Member(n) | Membership::NotYet(n) => Some(n),
+            Membership::None | Membership::Refused(_) => None,
         };
         Guest {
             member_of,

@@ -182,6 +182,23 @@ fn a_preemptible_job_starts_before_a_window_if_it_runs_its_minimum_and_leaves_wh
 }
 
 #[test]
+fn a_job_of_a_window_not_open_yet_is_dated_at_its_start() {
+    // GPUs 2 and 3 are free now: a member is dated on the window's, when it opens.
+    let nodes = [node("n1", 4, 80_000)];
+    let settings = with_windows(vec![window("paper", 30, 90)]);
+    let queue = [member(1, 1, 20, "paper")];
+    let planned = plan_with_estimates(&nodes, &[] as &[RunningJob], &queue, &settings, t0());
+    let estimate = planned.estimates.first().map(|e| (e.at, e.gpus.clone()));
+    let on_window = |gpus: &Vec<(String, u32)>| gpus.iter().all(|(_, i)| *i < 2);
+    assert!(
+        estimate
+            .as_ref()
+            .is_some_and(|(at, gpus)| *at == Some(t0() + minutes(30)) && on_window(gpus)),
+        "{planned:?}"
+    );
+}
+
+#[test]
 fn a_job_waiting_for_booked_gpus_is_dated_after_the_window() {
     let nodes = [node("n1", 2, 80_000)];
     let settings = with_windows(vec![window("paper", 30, 90)]);
