@@ -84,7 +84,9 @@ impl SchedulerState {
                 self.on_node_admin(now, request, identity, (token, order));
             }
             Request::Reserve(request) => {
-                self.on_reservation_request(now, request, identity, (token, verdict_to));
+                let redelivered = order.is_some_and(|o| o.redelivered);
+                let delivery = (token, verdict_to, redelivered);
+                self.on_reservation_request(now, request, identity, delivery);
             }
         }
     }

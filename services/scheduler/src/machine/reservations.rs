@@ -82,14 +82,34 @@ impl Bookings {
 }
 
 impl SchedulerState {
-    /// A booking or a cancel: decided, then stored, then answered and audited.
+    /// A booking or a cancel: decided, then stored, then answered and audited. A booking
+    /// delivered again after it was stored (its acknowledgement lost) is answered as booked
+    /// again, not refused for its own name.
     pub(crate) fn on_reservation_request(
         &mut self,
         now: Timestamp,
         request: ReservationRequest,
         identity: Identity,
-        (token, verdict_to): (Token, Option<String>),
+        (token, verdict_to, redelivered): (Token, Option<String>, bool),
     ) {
+        if let ReservationRequest::Book(ask) = &request
+            && redelivered
+            && let Some(kept) = self
+                .bookings
+                .kept
+                .get(&ask.name)
+                .filter(|r| booked_as(r, ask, &identity))
+        {
+            let kept = kept.clone();
+            let said = format!(
+                "booking of reservation {} delivered again: already stored",
+                kept.name
+            );
+            self.out.push(Command::log(LogLevel::Debug, None, said));
+            self.answer(verdict_to, &ask.name, Ok(kept));
+            self.ack(Some(token), None);
+            return;
+        }
         let decided = match &request {
             ReservationRequest::Book(ask) => {
                 let known: Vec<&Reservation> = self.bookings.kept.values().collect();
@@ -453,6 +473,21 @@ impl SchedulerState {
         });
         self.bookings.put(reservation);
     }
+}
+
+/// Whether `kept` is what `ask` by `who` booked: its owner, window, GPUs and members.
+fn booked_as(
+    kept: &Reservation,
+    ask: &mgpu_protocol::reservation::BookingAsk,
+    who: &Identity,
+) -> bool {
+    let length = i64::try_from(ask.duration_secs).unwrap_or(i64::MAX / 1000);
+    kept.owner == who.name
+        && kept.start >= ask.start
+        && kept.end - kept.start == chrono::Duration::seconds(length)
+        && kept.gpus.len() == ask.gpus as usize
+        && kept.users == ask.users
+        && kept.group == ask.group
 }
 
 /// A booking in words, for the log and the audit trail.

@@ -119,6 +119,34 @@ fn a_booking_is_answered_once_stored_and_one_in_its_way_is_refused_naming_it() {
 }
 
 #[test]
+fn a_booking_delivered_again_after_it_was_stored_is_answered_as_booked() {
+    let mut rig = Rig::new(Policy::default());
+    let book = || ReservationRequest::Book(ask("paper", 10, 60));
+    let (first, _) = reserve(&mut rig, alice(), book(), t0());
+    assert!(first.as_ref().is_some_and(|v| v.accepted));
+    let mut again = rig.request(alice(), Request::Reserve(book()));
+    again.verdict_to = Some("_INBOX.U.verdict".into());
+    if let Some(order) = &mut again.order {
+        order.redelivered = true;
+    }
+    let commands = rig.feed(t0(), Input::Request(Box::new(again)));
+    let verdict = commands.iter().find_map(|c| match c {
+        Command::ReservationVerdict { verdict, .. } => Some(verdict.clone()),
+        _ => None,
+    });
+    assert_eq!(verdict, first, "{commands:?}");
+    assert!(
+        !commands
+            .iter()
+            .any(|c| matches!(c, Command::Audit(_) | Command::StoreReservation { .. })),
+        "{commands:?}"
+    );
+    // The same booking sent anew (not a redelivery) is another booking of a taken name.
+    let (verdict, _) = reserve(&mut rig, alice(), book(), t0());
+    assert!(verdict.is_some_and(|v| !v.accepted));
+}
+
+#[test]
 fn jobs_of_a_reservation_are_checked_at_submission_and_run_in_its_window() {
     let mut rig = Rig::new(Policy::default());
     let (verdict, _) = reserve(
