@@ -429,32 +429,7 @@ impl World {
                 None
             }
             Command::Notice { notice, .. } => {
-                match notice.kind {
-                    mgpu_protocol::idle::NoticeKind::IdleWarning { .. } => {
-                        self.ledger.idle_warnings += 1;
-                    }
-                    mgpu_protocol::idle::NoticeKind::IdleReclaimed { .. } => {
-                        self.ledger.idle_reclaims += 1;
-                    }
-                    // The other kinds are mgpu-notify's, never the machine's.
-                    _ => {}
-                }
-                let Some(job) = notice.job.clone() else {
-                    // A reservation's notice: counted by the reservation checks.
-                    self.ledger.reservation_notices += 1;
-                    return None;
-                };
-                let attempt = self.store.record(&job).map(|r| r.attempt);
-                let really_idle = attempt.and_then(|attempt| {
-                    let key = (job.clone(), attempt);
-                    self.agents
-                        .iter()
-                        .find_map(|agent| agent.processes.get(&key).map(|p| p.idle))
-                });
-                let records = &self.store;
-                let broken =
-                    super::idle_checks::notice_sent(&notice, |id| records.record(id), really_idle);
-                self.ledger.broken.extend(broken);
+                self.check_notice(&notice);
                 None
             }
             Command::Event(_) | Command::Audit(_) | Command::Count(_) => None,

@@ -58,6 +58,33 @@ pub fn kill_sent(
         .then(|| format!("the idle policy stopped {short}, whose owner said --idle-ok"))
 }
 
+impl super::world::World {
+    /// A notice the machine published: counted, and an idle one checked against what its
+    /// job really does (a reservation's notice has no job: counted only).
+    pub(super) fn check_notice(&mut self, notice: &Notice) {
+        match notice.kind {
+            NoticeKind::IdleWarning { .. } => self.ledger.idle_warnings += 1,
+            NoticeKind::IdleReclaimed { .. } => self.ledger.idle_reclaims += 1,
+            // The other job kinds are mgpu-notify's, never the machine's.
+            _ => {}
+        }
+        let Some(job) = notice.job.clone() else {
+            self.ledger.reservation_notices += 1;
+            return;
+        };
+        let attempt = self.store.record(&job).map(|r| r.attempt);
+        let really_idle = attempt.and_then(|attempt| {
+            let key = (job.clone(), attempt);
+            self.agents
+                .iter()
+                .find_map(|agent| agent.processes.get(&key).map(|p| p.idle))
+        });
+        let records = &self.store;
+        let broken = notice_sent(notice, |id| records.record(id), really_idle);
+        self.ledger.broken.extend(broken);
+    }
+}
+
 /// What publishing `notice` breaks: a warning about a job that works, or a reclaim for a
 /// job that does not wait. `record_of` finds a job's record; `really_idle` whether a job's
 /// current process sits idle (None: not known to any agent).
