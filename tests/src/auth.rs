@@ -158,9 +158,7 @@ impl Cluster {
     pub async fn connect(&self, urls: &str, creds: &Path) -> async_nats::Client {
         let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
         // The inbox every mgpu client uses (users may subscribe to theirs only).
-        let public_key = nkeys::KeyPair::from_seed(&seed)
-            .map(|pair| pair.public_key())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let public_key = public_key_of(creds);
         let mut options = async_nats::ConnectOptions::with_nkey(seed)
             .custom_inbox_prefix(mgpu_protocol::principals::inbox_prefix(&public_key));
         if let Some(ca) = &self.ca {
@@ -236,4 +234,12 @@ impl Cluster {
             records::node_admin(&js).await.unwrap_or_default()
         })
     }
+}
+
+/// The public key of a principal's seed file (`users.<key>.notices`, its inbox, its history).
+pub fn public_key_of(creds: &Path) -> String {
+    let seed = read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
+    nkeys::KeyPair::from_seed(&seed)
+        .map(|pair| pair.public_key())
+        .unwrap_or_else(|e| panic!("{e}"))
 }

@@ -78,6 +78,14 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The audit records, as `mgpu admin audit --json` prints them.
+    pub fn audit_records(&self) -> Vec<Value> {
+        self.mgpu_ok_with(&self.admin_creds(), &["admin", "audit", "--json"])
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
     /// Submits a shell command line and returns the job id.
     pub fn submit(&self, extra: &[&str], command: &str) -> String {
         self.submit_as(&self.user_creds("alice"), extra, command).0

@@ -48,6 +48,7 @@ mod logs;
 mod nats_cluster;
 mod terminal;
 
+pub use auth::public_key_of;
 pub use faults::process_running;
 pub use logs::without_colours;
 pub use terminal::{PaneExit, Terminal};

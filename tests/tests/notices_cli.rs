@@ -72,14 +72,6 @@ impl Drop for Following {
     }
 }
 
-/// The public key of a principal's seed file.
-fn public_key(creds: &Path) -> String {
-    let seed = mgpu_nats::connect::read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
-    nkeys::KeyPair::from_seed(&seed)
-        .map(|pair| pair.public_key())
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// An idle warning about a job, as the scheduler's policy would send it.
 fn idle_warning() -> Notice {
     let now = mgpu_protocol::now();
@@ -141,8 +133,8 @@ fn a_user_follows_her_own_notices_and_no_one_else_s() {
     let cluster = Cluster::server_only(&[]);
     let alice_creds = cluster.user_creds("alice");
     let bob_creds = cluster.user_creds("bob");
-    let alice_key = public_key(&alice_creds);
-    let bob_key = public_key(&bob_creds);
+    let alice_key = mgpu_tests::public_key_of(&alice_creds);
+    let bob_key = mgpu_tests::public_key_of(&bob_creds);
 
     // Alice hears the scheduler's notice to her, as one JSON line that reads back.
     let alice = Following::start(&cluster, &alice_creds, &["notices", "--json"]);
@@ -170,7 +162,7 @@ fn a_user_follows_her_own_notices_and_no_one_else_s() {
 #[test]
 fn only_admins_follow_another_user_s_notices() {
     let cluster = Cluster::server_only(&[]);
-    let alice_key = public_key(&cluster.user_creds("alice"));
+    let alice_key = mgpu_tests::public_key_of(&cluster.user_creds("alice"));
 
     // Bob names alice by her key: the server refuses his subscription, and he is told why.
     let refused = Following::start(

@@ -184,7 +184,7 @@ fn notices_reach_webhooks_and_mail_signed_and_an_array_once() {
         Some(0),
         "{bobs}"
     );
-    let alice_key = key_of(&cluster.user_creds("alice"));
+    let alice_key = mgpu_tests::public_key_of(&cluster.user_creds("alice"));
     let stolen = cluster.with_nats(&bob, |client| async move {
         let js = async_nats::jetstream::new(client);
         let kv = js.get_key_value("mgpu-notify").await.ok()?;
@@ -359,11 +359,4 @@ fn mails(dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn key_of(creds: &Path) -> String {
-    let seed = mgpu_nats::connect::read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
-    nkeys::KeyPair::from_seed(&seed)
-        .map(|pair| pair.public_key())
-        .unwrap_or_else(|e| panic!("{e}"))
 }

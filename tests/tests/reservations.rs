@@ -98,23 +98,6 @@ fn wait_listed_as(cluster: &Cluster, name: &str, state: &str, timeout: Duration)
     }
 }
 
-/// The audit records, as `mgpu admin audit --json` prints them.
-fn audit(cluster: &Cluster) -> Vec<Value> {
-    cluster
-        .mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"])
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
-}
-
-/// The public key of a principal's seed file.
-fn public_key(creds: &Path) -> String {
-    let seed = mgpu_nats::connect::read_seed(creds).unwrap_or_else(|e| panic!("{e}"));
-    nkeys::KeyPair::from_seed(&seed)
-        .map(|pair| pair.public_key())
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// Every notice sent to the user whose key is `key` (`users.<key>.notices`), oldest first,
 /// read from the `MGPU_NOTICES` stream with admin credentials.
 fn notices_to(cluster: &Cluster, key: &str) -> Vec<Value> {
@@ -239,7 +222,7 @@ fn a_booked_gpu_takes_only_its_members_jobs_inside_the_window_until_cancelled() 
 
     // The booking and the refusal are in the audit trail.
     let records = wait_for("the booking in the audit trail", T, || {
-        let records = audit(&cluster);
+        let records = cluster.audit_records();
         records
             .iter()
             .any(|r| {
@@ -444,7 +427,7 @@ fn a_window_nobody_uses_is_released_and_its_owner_told() {
     cluster.wait_state(&job, "running", T);
 
     // Its owner is told, in a notice about the reservation (no job).
-    let alice_key = public_key(&alice);
+    let alice_key = mgpu_tests::public_key_of(&alice);
     let notices = wait_for("alice's reservation_released notice", T, || {
         let notices = notices_of(&cluster, &alice_key, "reservation_released", "unused");
         (!notices.is_empty()).then_some(notices)
@@ -487,8 +470,8 @@ fn a_down_node_holding_a_booking_is_reported_to_its_owner_and_the_admins() {
     );
 
     cluster.kill_agent("node002");
-    let alice_key = public_key(&alice);
-    let admin_key = public_key(&cluster.admin_creds());
+    let alice_key = mgpu_tests::public_key_of(&alice);
+    let admin_key = mgpu_tests::public_key_of(&cluster.admin_creds());
     for (who, key) in [("alice", &alice_key), ("the admin", &admin_key)] {
         let notices = wait_for(&format!("{who}'s reservation_at_risk notice"), T, || {
             let notices = notices_of(&cluster, key, "reservation_at_risk", "demo");

@@ -61,21 +61,12 @@ fn signed_by(
     headers
 }
 
-/// The audit records, as `mgpu admin audit --json` prints them.
-fn audit(cluster: &Cluster) -> Vec<Value> {
-    cluster
-        .mgpu_ok_with(&cluster.admin_creds(), &["admin", "audit", "--json"])
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect()
-}
-
 fn refused_in_audit(cluster: &Cluster, action: &str, target: &str, detail: &str) -> Value {
     wait_for(
         &format!("a refused {action} of {target} in the audit"),
         T,
         || {
-            audit(cluster).into_iter().find(|r| {
+            cluster.audit_records().into_iter().find(|r| {
                 r["action"] == action
                     && r["target"] == target
                     && r["accepted"] == false
@@ -624,7 +615,7 @@ fn users_added_and_removed_while_the_server_runs_take_effect_without_dropping_co
     let job = cluster.finished_as(&id, "succeeded", T);
     assert_eq!(job["user"], "carol");
     wait_for("the addition in the audit trail", T, || {
-        audit(&cluster).into_iter().find(|r| {
+        cluster.audit_records().into_iter().find(|r| {
             r["action"] == "admin" && r["detail"] == "added user carol" && r["by"] == "admin"
         })
     });

@@ -65,22 +65,14 @@ pub fn load(idle: Option<&toml::Value>) -> Result<Option<IdlePolicy>> {
 pub fn printable(policy: &IdlePolicy, written: Option<&toml::Value>) -> Vec<mgpu_config::Setting> {
     use toml::Value;
     let duration = |secs: u64| Value::String(format_duration(std::time::Duration::from_secs(secs)));
-    [
+    let values = [
         ("after", duration(policy.after_secs)),
         ("min_util", Value::Integer(i64::from(policy.min_util_pct))),
         ("grace", duration(policy.grace_secs)),
         ("action", Value::String(policy.action.as_str().to_owned())),
-    ]
-    .into_iter()
-    .map(|(key, value)| mgpu_config::Setting {
-        key: key.to_owned(),
-        value: Some(value),
-        source: match written.and_then(|w| w.get(key)).is_some() {
-            true => mgpu_config::Source::File,
-            false => mgpu_config::Source::Default,
-        },
-    })
-    .collect()
+    ];
+    let values = values.into_iter().map(|(key, value)| (key, Some(value)));
+    mgpu_config::section_settings(values, written.and_then(toml::Value::as_table))
 }
 
 #[cfg(test)]

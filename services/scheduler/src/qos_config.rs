@@ -92,7 +92,7 @@ fn settings_of(class: &QosClass, written: Option<&toml::Table>) -> Vec<mgpu_conf
     use toml::Value;
     let duration = |secs: u64| Value::String(format_duration(std::time::Duration::from_secs(secs)));
     let names = |list: &[String]| Value::Array(list.iter().cloned().map(Value::String).collect());
-    [
+    let values = [
         ("priority", Value::Integer(i64::from(class.priority))),
         ("preemptible", Value::Boolean(class.preemptible)),
         ("may_preempt", Value::Boolean(class.may_preempt)),
@@ -103,15 +103,8 @@ fn settings_of(class: &QosClass, written: Option<&toml::Table>) -> Vec<mgpu_conf
         ("allowed_groups", names(&class.allowed_groups)),
     ]
     .into_iter()
-    .map(|(key, value)| mgpu_config::Setting {
-        key: key.to_owned(),
-        value: Some(value),
-        source: match written.is_some_and(|table| table.contains_key(key)) {
-            true => mgpu_config::Source::File,
-            false => mgpu_config::Source::Default,
-        },
-    })
-    .collect()
+    .map(|(key, value)| (key, Some(value)));
+    mgpu_config::section_settings(values, written)
 }
 
 fn class_of(name: &str, section: &toml::Value) -> Result<QosClass> {

@@ -86,7 +86,7 @@ pub fn printable(
             std::time::Duration::from_secs(secs),
         )))
     };
-    [
+    let values = [
         (
             "max_gpus",
             policy.max_gpus.map(|n| Value::Integer(i64::from(n))),
@@ -102,17 +102,8 @@ pub fn printable(
             "release_unused_after",
             duration(policy.release_unused_after_secs),
         ),
-    ]
-    .into_iter()
-    .map(|(key, value)| mgpu_config::Setting {
-        key: key.to_owned(),
-        value,
-        source: match written.and_then(|w| w.get(key)).is_some() {
-            true => mgpu_config::Source::File,
-            false => mgpu_config::Source::Default,
-        },
-    })
-    .collect()
+    ];
+    mgpu_config::section_settings(values, written.and_then(toml::Value::as_table))
 }
 
 #[cfg(test)]

@@ -27,4 +27,4 @@ pub mod print;
 
 pub use file::{Error, Legacy, Loaded, Service, load_from, load_or_exit};
 pub use logging::LogFormat;
-pub use print::{Setting, Settings, Source};
+pub use print::{Setting, Settings, Source, section_settings};

@@ -45,6 +45,26 @@ pub struct Setting {
     pub source: Source,
 }
 
+/// A section's settings (`[idle]`, `[qos.<name>]`…) as `--print-config` shows them: each key
+/// with its value in force, from the file where `written` (the section as the file has it)
+/// names the key, else the default.
+pub fn section_settings<'a>(
+    values: impl IntoIterator<Item = (&'a str, Option<toml::Value>)>,
+    written: Option<&toml::Table>,
+) -> Vec<Setting> {
+    values
+        .into_iter()
+        .map(|(key, value)| Setting {
+            key: key.to_owned(),
+            value,
+            source: match written.is_some_and(|table| table.contains_key(key)) {
+                true => Source::File,
+                false => Source::Default,
+            },
+        })
+        .collect()
+}
+
 /// A service's settings: the flags' (top-level keys), then the sections the service adds.
 #[derive(Clone, Debug, Default)]
 pub struct Settings {

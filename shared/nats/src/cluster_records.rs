@@ -59,19 +59,24 @@ pub async fn usage(js: &jetstream::Context) -> Result<UsageBook, StateError> {
 pub async fn node_admin(
     js: &jetstream::Context,
 ) -> Result<BTreeMap<String, NodeAdmin>, StateError> {
-    let prefix = format!("$KV.{}.{NODE_ADMIN_PREFIX}", subjects::CLUSTER_BUCKET);
-    let messages = last_per_subject(
-        js,
-        subjects::CLUSTER_BUCKET_STREAM,
-        &format!("{prefix}*"),
-        false,
-    )
-    .await?;
+    let (prefix, messages) = keys_under(js, NODE_ADMIN_PREFIX).await?;
     Ok(messages
         .iter()
-        .filter(|m| !is_deletion(m))
         .filter_map(|m| node_admin_entry(m.subject.as_str().strip_prefix(&prefix)?, m))
         .collect())
+}
+
+/// The latest value of every cluster-bucket key that starts with `key_prefix` (deletions left
+/// out), with the subject prefix those keys' messages carry.
+async fn keys_under(
+    js: &jetstream::Context,
+    key_prefix: &str,
+) -> Result<(String, Vec<jetstream::Message>), StateError> {
+    let prefix = format!("$KV.{}.{key_prefix}", subjects::CLUSTER_BUCKET);
+    let filter = format!("{prefix}*");
+    let messages = last_per_subject(js, subjects::CLUSTER_BUCKET_STREAM, &filter, false).await?;
+    let kept = messages.into_iter().filter(|m| !is_deletion(m)).collect();
+    Ok((prefix, kept))
 }
 
 /// How the cluster bucket's keys of node administration begin (`node.<name>`).
@@ -139,23 +144,8 @@ pub async fn cluster_state(js: &jetstream::Context) -> Result<ClusterState, Stat
 pub async fn reservations(
     js: &jetstream::Context,
 ) -> Result<Vec<mgpu_protocol::reservation::Reservation>, StateError> {
-    let prefix = format!(
-        "$KV.{}.{}",
-        subjects::CLUSTER_BUCKET,
-        subjects::RESERVATION_KEY_PREFIX
-    );
-    let messages = last_per_subject(
-        js,
-        subjects::CLUSTER_BUCKET_STREAM,
-        &format!("{prefix}*"),
-        false,
-    )
-    .await?;
-    Ok(messages
-        .iter()
-        .filter(|m| !is_deletion(m))
-        .filter_map(reservation_entry)
-        .collect())
+    let (_, messages) = keys_under(js, subjects::RESERVATION_KEY_PREFIX).await?;
+    Ok(messages.iter().filter_map(reservation_entry).collect())
 }
 
 /// One reservation's record; a malformed one is left out (and logged), as if never booked.
