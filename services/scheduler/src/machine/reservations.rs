@@ -110,23 +110,7 @@ impl SchedulerState {
             self.ack(Some(token), None);
             return;
         }
-        let decided = match &request {
-            ReservationRequest::Book(ask) => {
-                let known: Vec<&Reservation> = self.bookings.kept.values().collect();
-                let asker = Asker {
-                    name: &identity.name,
-                    admin: identity.admin,
-                };
-                let nodes = self.bookable_nodes(now);
-                self.unknown_members(ask.users.iter(), ask.group.as_deref())
-                    .map_or(Ok(()), Err)
-                    .and_then(|()| {
-                        let policy = &self.policy.reservations;
-                        booking::book(ask, asker, &known, &nodes, policy, now)
-                    })
-            }
-            ReservationRequest::Cancel { name } => self.cancelled(name, &identity, now),
-        };
+        let decided = self.decide_reservation(&request, &identity, now);
         let name = request.name().to_owned();
         let reservation = match decided {
             Ok(reservation) => reservation,
@@ -157,6 +141,29 @@ impl SchedulerState {
             verdict_to,
         };
         self.pending.insert(op, pending);
+    }
+
+    /// The reservation as `request` by `identity` leaves it, or why not.
+    fn decide_reservation(
+        &self,
+        request: &ReservationRequest,
+        identity: &Identity,
+        now: Timestamp,
+    ) -> Result<Reservation, String> {
+        let ask = match request {
+            ReservationRequest::Book(ask) => ask,
+            ReservationRequest::Cancel { name } => return self.cancelled(name, identity, now),
+        };
+        if let Some(unknown) = self.unknown_members(ask.users.iter(), ask.group.as_deref()) {
+            return Err(unknown);
+        }
+        let known: Vec<&Reservation> = self.bookings.kept.values().collect();
+        let asker = Asker {
+            name: &identity.name,
+            admin: identity.admin,
+        };
+        let nodes = self.bookable_nodes(now);
+        booking::book(ask, asker, &known, &nodes, &self.policy.reservations, now)
     }
 
     /// A booking or cancel was stored (or not: the request is delivered again).
