@@ -21,7 +21,8 @@
 //! and heartbeats read into inputs; `store.rs`: record writes, history, the cluster bucket,
 //! nonces; `outbox.rs`: the commands carried out; `replica.rs`: the lease, the status micro
 //! service, the metrics endpoint) and `main.rs` (settings, streams, acting while the lease is
-//! held). [`identity`] reads the principals file; everything else here is pure, and nothing
+//! held). What they share with other programs (publishing off the hot path, the latest
+//! heartbeat of each node, retries through elections) is in `mgpu-nats`. [`identity`] reads the principals file; everything else here is pure, and nothing
 //! outside the driver imports it.
 
 pub mod booking;

@@ -14,16 +14,15 @@
 //! - this file: loading, the event loop, carrying commands out.
 //! - [`intake`]: requests, reports and heartbeats read into inputs (signatures, nonces,
 //!   environments kept apart, dependencies in history).
-//! - [`heartbeat_inbox`]: heartbeats read by a task of their own, the latest of each node
-//!   kept until the loop takes them (a loop held up by a burst never reads stale ones).
+//!   Heartbeats are read by a task of their own, the latest of each node kept until the loop
+//!   takes them ([`mgpu_nats::latest_per_subject`]: a loop held up by a burst never reads
+//!   stale ones).
 //! - [`store`]: record writes (compare-and-set, pipelined, retried), history, the cluster
 //!   bucket.
 //! - [`outbox`]: the machine's commands carried out: assignments, control messages, events
 //!   and audit records sent, acknowledgements, stores, answers fed back.
 //! - [`replica`]: the lease, the status micro service, the metrics endpoint.
 
-mod background;
-mod heartbeat_inbox;
 mod intake;
 pub(crate) mod outbox;
 pub mod replica;
@@ -49,7 +48,7 @@ use crate::machine::SchedulerState;
 use crate::machine::messages::{ACK_WAIT, Input, Loaded, Tick, Token};
 use crate::passes::{Counts, PassStats};
 use crate::status::Status;
-use heartbeat_inbox::HeartbeatInbox;
+use mgpu_nats::latest_per_subject::{self, LatestPerSubject};
 use outbox::Outbox;
 use replica::{GaugeRequests, SchedulerMetrics};
 use store::RecordStore;
@@ -82,14 +81,14 @@ pub struct Driver {
     /// The origin of the monotonic clock the machine's ticks read.
     started: Instant,
     /// The nodes' latest heartbeats, waiting to be handled.
-    heartbeats: HeartbeatInbox,
+    heartbeats: LatestPerSubject,
 }
 
 /// What wakes the loop: heartbeats (their own reader), agents' reports and requests
 /// (durable pulls), metrics scrapes.
 struct Inputs {
     /// Reads the heartbeats into [`Driver::heartbeats`] while the loop runs.
-    _heartbeat_reader: heartbeat_inbox::Reader,
+    _heartbeat_reader: latest_per_subject::Reader,
     events: Pull,
     requests: Pull,
     gauge_requests: GaugeRequests,
@@ -120,7 +119,7 @@ pub async fn run(
         .await
         .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
     // Read from now on, while the state loads (a long while for a big queue).
-    let (heartbeats, heartbeat_reader) = HeartbeatInbox::follow(heartbeats);
+    let (heartbeats, heartbeat_reader) = LatestPerSubject::follow(heartbeats, "heartbeats");
     let (mut driver, status) = Driver::load(&client, policy, (principals, limits), metrics).await?;
     driver.heartbeats = heartbeats;
     let (queued, running, total) = driver.machine.counts();
@@ -212,7 +211,7 @@ impl Driver {
             held: HashMap::new(),
             next_token: 1,
             started: Instant::now(),
-            heartbeats: HeartbeatInbox::default(),
+            heartbeats: LatestPerSubject::default(),
         };
         Ok((driver, status_rx))
     }
@@ -222,7 +221,7 @@ impl Driver {
     /// requests; `heartbeat_reader` reads the subscription made before the state was loaded.
     async fn open_inputs(
         &mut self,
-        heartbeat_reader: heartbeat_inbox::Reader,
+        heartbeat_reader: latest_per_subject::Reader,
         (gauge_requests, why_asks): (GaugeRequests, mpsc::Receiver<replica::WhyAsk>),
     ) -> Result<Inputs> {
         let events_consumer = durable_consumer(

@@ -13,15 +13,16 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 
+use mgpu_nats::background_publish::BackgroundPublisher;
 use mgpu_nats::job_env;
+use mgpu_nats::retry::Retry;
 use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::audit::AuditRecord;
 use mgpu_protocol::event::JobEvent;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::{now, subjects};
 
-use super::background::BackgroundPublisher;
-use super::store::{Retry, Write};
+use super::store::{WRITE_RETRY_FOR, Write};
 use super::{Driver, intake};
 use crate::machine::Command;
 use crate::machine::messages::{Count, Input, LogLevel, LogLine, RankAssignment};
@@ -268,7 +269,7 @@ pub(crate) struct Outbox {
 impl Outbox {
     pub(crate) fn new(js: jetstream::Context) -> Self {
         Outbox {
-            background: BackgroundPublisher::start(js.clone()),
+            background: BackgroundPublisher::start(js.clone(), WRITE_RETRY_FOR),
             js,
         }
     }
@@ -283,7 +284,7 @@ impl Outbox {
 
     /// Publishes to a stream until JetStream stored it, retrying while NATS cannot answer (a
     /// server lost, a stream electing its leader) for up to
-    /// [`super::store::WRITE_RETRY_FOR`]. Callers whose message may be stored twice give it
+    /// [`WRITE_RETRY_FOR`]. Callers whose message may be stored twice give it
     /// a `Nats-Msg-Id`.
     async fn publish_stored(
         &self,
@@ -291,7 +292,7 @@ impl Outbox {
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<()> {
-        let mut retry = Retry::new();
+        let mut retry = Retry::new(WRITE_RETRY_FOR);
         loop {
             let stored = async {
                 self.js

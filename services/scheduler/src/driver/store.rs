@@ -8,7 +8,7 @@
 //! copied and sent again after a restart is refused as replayed).
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use async_nats::HeaderMap;
@@ -17,6 +17,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 
 use mgpu_nats::records;
+use mgpu_nats::retry::Retry;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::NodeAdmin;
@@ -184,7 +185,7 @@ impl RecordStore {
                 };
             }
         };
-        let mut retry = Retry::new();
+        let mut retry = Retry::new(WRITE_RETRY_FOR);
         let mut unanswered = false;
         loop {
             if std::mem::take(&mut unanswered) {
@@ -425,30 +426,4 @@ pub(crate) async fn recall_nonces(js: &jetstream::Context) -> Result<Vec<SeenNon
         .iter()
         .filter_map(|message| serde_json::from_slice(&message.payload).ok())
         .collect())
-}
-
-/// Backoff between tries of one write, until [`WRITE_RETRY_FOR`] has passed.
-pub(crate) struct Retry {
-    deadline: Instant,
-    delay: Duration,
-}
-
-impl Retry {
-    pub(crate) fn new() -> Self {
-        Retry {
-            deadline: Instant::now() + WRITE_RETRY_FOR,
-            delay: Duration::from_millis(100),
-        }
-    }
-
-    /// Waits before the next try, or gives up with `what` when the time is over.
-    pub(crate) async fn wait(&mut self, what: &str) -> Result<()> {
-        if Instant::now() + self.delay > self.deadline {
-            return Err(anyhow!("{what} (gave up after {WRITE_RETRY_FOR:?})"));
-        }
-        tracing::warn!("{what}; retrying in {:?}", self.delay);
-        tokio::time::sleep(self.delay).await;
-        self.delay = (self.delay * 2).min(Duration::from_secs(2));
-        Ok(())
-    }
 }

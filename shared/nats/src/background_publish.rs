@@ -2,14 +2,16 @@
 //! they are for watchers and for the audit trail, the job record in KV is the truth, so a
 //! pass never waits for them. Yet each must be stored: one that meets an election (the
 //! stream's leader lost with its server) is published again, under the same message id,
-//! until JetStream stores it or [`super::store::WRITE_RETRY_FOR`] has passed.
+//! until JetStream stores it or the publisher's retry time has passed.
+
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::store::Retry;
+use crate::retry::Retry;
 
 /// Acknowledgements the background publisher awaits at once: well under async-nats's 5 000,
 /// and enough to keep the server busy.
@@ -22,7 +24,7 @@ const BACKGROUND_IN_FLIGHT: usize = 1_024;
 /// the order made, except one retried through an election, which lands after those that
 /// were stored meanwhile (each carries its own time).
 #[derive(Clone)]
-pub(crate) struct BackgroundPublisher {
+pub struct BackgroundPublisher {
     queue: tokio::sync::mpsc::UnboundedSender<Pending>,
 }
 
@@ -34,15 +36,16 @@ struct Pending {
 }
 
 impl BackgroundPublisher {
-    /// Starts the publishing task; it ends once every clone is dropped and the queue is empty.
-    pub(crate) fn start(js: jetstream::Context) -> Self {
+    /// Starts the publishing task, which retries a message for up to `retry_for`; it ends
+    /// once every clone is dropped and the queue is empty.
+    pub fn start(js: jetstream::Context, retry_for: Duration) -> Self {
         let (queue, pending) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(publish_pending(js, pending));
+        tokio::spawn(publish_pending(js, pending, retry_for));
         BackgroundPublisher { queue }
     }
 
     /// Queues `payload` for `subject`; a failure is logged as `what`.
-    pub(crate) fn publish(&self, subject: String, payload: Vec<u8>, what: &'static str) {
+    pub fn publish(&self, subject: String, payload: Vec<u8>, what: &'static str) {
         let pending = Pending {
             subject,
             payload: payload.into(),
@@ -57,8 +60,9 @@ impl BackgroundPublisher {
 async fn publish_pending(
     js: jetstream::Context,
     mut pending: tokio::sync::mpsc::UnboundedReceiver<Pending>,
+    retry_for: Duration,
 ) {
-    // Message ids unique to this process: a retry whose first try was stored after all is
+    // Message ids unique to this publisher: a retry whose first try was stored after all is
     // dropped by the stream's duplicate window.
     let prefix = uuid::Uuid::new_v4().simple().to_string();
     let mut sent: u64 = 0;
@@ -87,7 +91,7 @@ async fn publish_pending(
                         },
                         Err(err) => err.to_string(),
                     };
-                    store_after_all(&js, message, headers, failure).await;
+                    store_after_all(&js, message, headers, failure, retry_for).await;
                 });
             }
         }
@@ -101,8 +105,9 @@ async fn store_after_all(
     message: Pending,
     headers: HeaderMap,
     failure: String,
+    retry_for: Duration,
 ) {
-    let mut retry = Retry::new();
+    let mut retry = Retry::new(retry_for);
     let mut failure = failure;
     loop {
         if let Err(err) = retry

@@ -1,12 +1,13 @@
-//! Heartbeats as they arrive, read off their subscription by a task of its own and kept as
-//! the latest of each node until the event loop takes them.
+//! Messages where only the latest of each subject matters (the scheduler's heartbeats), read
+//! off their subscription by a task of their own and kept as the latest of each subject until
+//! the reader's event loop takes them.
 //!
-//! The loop handles one input at a time, and a burst of submissions written with
+//! The scheduler's loop handles one input at a time, and a burst of submissions written with
 //! `sync_interval: always` can keep it from the heartbeats for seconds. Left in the
 //! subscription, they piled up past its capacity and NATS dropped the newest (a slow
 //! consumer): once the loop came back it read only stale beats, and declared healthy nodes
 //! offline by the hundred. Here a node's beat replaces its previous one at once, so what waits
-//! is bounded by the number of nodes, and what the loop reads is each node's latest.
+//! is bounded by the number of subjects, and what the loop reads is each one's latest.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,9 +16,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::Notify;
 
-/// The latest heartbeat of each subject, waiting for the loop.
+/// The latest message of each subject, waiting for the loop.
 #[derive(Clone, Default)]
-pub(crate) struct HeartbeatInbox {
+pub struct LatestPerSubject {
     waiting: Arc<Mutex<Waiting>>,
     arrived: Arc<Notify>,
 }
@@ -25,12 +26,12 @@ pub(crate) struct HeartbeatInbox {
 #[derive(Default)]
 struct Waiting {
     latest: HashMap<String, Bytes>,
-    /// Beats replaced by a newer one of the same node before the loop took them.
+    /// Messages replaced by a newer one of the same subject before the loop took them.
     superseded: u64,
 }
 
-/// Ends the reading task when the loop that takes the beats is gone.
-pub(crate) struct Reader(tokio::task::JoinHandle<()>);
+/// Ends the reading task when the loop that takes the messages is gone.
+pub struct Reader(tokio::task::JoinHandle<()>);
 
 impl Drop for Reader {
     fn drop(&mut self) {
@@ -38,21 +39,25 @@ impl Drop for Reader {
     }
 }
 
-impl HeartbeatInbox {
-    /// Reads `subscription` into a new inbox from now on.
-    pub fn follow(mut subscription: async_nats::Subscriber) -> (HeartbeatInbox, Reader) {
-        let inbox = HeartbeatInbox::default();
+impl LatestPerSubject {
+    /// Reads `subscription` into a new inbox from now on; `what` names its messages in the
+    /// log line of a subscription that ends.
+    pub fn follow(
+        mut subscription: async_nats::Subscriber,
+        what: &'static str,
+    ) -> (LatestPerSubject, Reader) {
+        let inbox = LatestPerSubject::default();
         let filled = inbox.clone();
         let task = tokio::spawn(async move {
             while let Some(message) = subscription.next().await {
                 filled.put(message.subject.as_str(), message.payload);
             }
-            tracing::error!("the heartbeat subscription ended");
+            tracing::error!("the subscription to {what} ended");
         });
         (inbox, Reader(task))
     }
 
-    /// A beat arrived on `subject`: it replaces the one waiting there, if any.
+    /// A message arrived on `subject`: it replaces the one waiting there, if any.
     fn put(&self, subject: &str, payload: Bytes) {
         if let Ok(mut waiting) = self.waiting.lock()
             && waiting.latest.insert(subject.to_owned(), payload).is_some()
@@ -62,19 +67,21 @@ impl HeartbeatInbox {
         self.arrived.notify_one();
     }
 
-    /// Waits until a beat arrived since the last [`HeartbeatInbox::take`] (at once if one did).
+    /// Waits until a message arrived since the last [`LatestPerSubject::take`] (at once if
+    /// one did).
     pub async fn arrived(&self) {
         self.arrived.notified().await;
     }
 
-    /// The waiting beats, in subject order, and how many were superseded since the last take.
+    /// The waiting messages, in subject order, and how many were superseded since the last
+    /// take.
     pub fn take(&self) -> (Vec<(String, Bytes)>, u64) {
         let Ok(mut waiting) = self.waiting.lock() else {
             return (Vec::new(), 0);
         };
-        let mut beats: Vec<(String, Bytes)> = waiting.latest.drain().collect();
-        beats.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        (beats, std::mem::take(&mut waiting.superseded))
+        let mut latest: Vec<(String, Bytes)> = waiting.latest.drain().collect();
+        latest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        (latest, std::mem::take(&mut waiting.superseded))
     }
 }
 
@@ -84,7 +91,7 @@ mod tests {
 
     #[test]
     fn each_node_keeps_only_its_latest_beat_until_taken() {
-        let inbox = HeartbeatInbox::default();
+        let inbox = LatestPerSubject::default();
         for beat in 0..1_000u32 {
             for node in ["nodes.heartbeat.b", "nodes.heartbeat.a"] {
                 inbox.put(node, Bytes::from(beat.to_string()));
@@ -104,7 +111,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_beat_put_before_the_wait_still_wakes_it() {
-        let inbox = HeartbeatInbox::default();
+        let inbox = LatestPerSubject::default();
         inbox.put("nodes.heartbeat.a", Bytes::from("1"));
         let woke = tokio::time::timeout(std::time::Duration::from_secs(1), inbox.arrived()).await;
         assert!(woke.is_ok(), "the loop would sleep with a beat waiting");
