@@ -79,7 +79,7 @@ impl QueueViews {
     fn refresh_one(&mut self, id: JobId, sources: &Sources<'_>, now: Timestamp) {
         match sources.jobs.get(&id).map(|record| (record, &record.state)) {
             Some((record, JobState::Running(run))) => {
-                let view = running_job(sources.policy, record, run);
+                let view = running_job(sources, record, run, now);
                 self.running.insert(id.clone(), view);
             }
             _ => {
@@ -156,6 +156,23 @@ impl QueueViews {
             {
                 cached.view.dependencies = dependencies(sources.jobs, &record.spec);
             }
+        }
+        // Usage decays: a job with a time slice is ranked, were it requeued, as of now. Jobs
+        // without one never yield, so they are left alone.
+        for running in self.running.values_mut() {
+            if running.slice_end.is_none() {
+                continue;
+            }
+            let Some(record) = sources.jobs.get(&running.id) else {
+                continue;
+            };
+            let hours = *gpu_hours.entry(record.user.clone()).or_insert_with(|| {
+                sources
+                    .usage
+                    .gpu_hours(&record.user, now, policy.half_life_secs)
+            });
+            running.priority_if_requeued =
+                effective_priority_after(base_priority(&record.spec, policy), 0, hours, policy);
         }
     }
 }
@@ -240,7 +257,8 @@ pub(crate) fn request_view(
     }
 }
 
-fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
+fn running_job(sources: &Sources<'_>, record: &JobRecord, run: &Run, now: Timestamp) -> RunningJob {
+    let policy = sources.policy;
     let ends = run_ends(policy, record, run);
     let class = policy.qos.of_job(record.spec.qos.as_deref());
     let started_at = run.started_at.unwrap_or(run.assigned_at);
@@ -265,6 +283,14 @@ fn running_job(policy: &Policy, record: &JobRecord, run: &Run) -> RunningJob {
         may_preempt: class.may_preempt,
         reclaimable_from: reclaimable_from(record, run),
         reservation: record.spec.reservation.clone(),
+        priority_if_requeued: effective_priority_after(
+            base_priority(&record.spec, policy),
+            0,
+            sources
+                .usage
+                .gpu_hours(&record.user, now, policy.half_life_secs),
+            policy,
+        ),
     }
 }
 

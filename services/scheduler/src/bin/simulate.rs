@@ -104,7 +104,7 @@ fn main() -> ExitCode {
     let mut preferred_type_waits = 0u64;
     let (mut refusals, mut plans, mut dated) = (0u64, 0u64, 0u64);
     let (mut bookings, mut bookings_refused) = (0u64, 0u64);
-    let (mut member_starts, mut reservation_notices) = (0u64, 0u64);
+    let (mut member_starts, mut reservation_notices, mut slice_yields) = (0u64, 0u64, 0u64);
     for seed in seeds {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -125,6 +125,7 @@ fn main() -> ExitCode {
         bookings_refused += outcome.bookings_refused;
         member_starts += outcome.member_starts;
         reservation_notices += outcome.reservation_notices;
+        slice_yields += outcome.slice_yields;
         if outcome.violation.is_some() {
             violations += 1;
             report_failure(&outcome, &options, &args.without);
@@ -154,6 +155,7 @@ fn main() -> ExitCode {
             "bookings_refused": bookings_refused,
             "member_starts": member_starts,
             "reservation_notices": reservation_notices,
+            "slice_yields": slice_yields,
             "steps_per_second": per_second,
             "violations": violations,
         })

@@ -148,6 +148,11 @@ pub struct RunningJob {
     pub reclaimable_from: Option<Timestamp>,
     /// The reservation it runs in; None: none.
     pub reservation: Option<String>,
+    /// Its effective priority were it put back in the queue now (its own and its class's
+    /// priority, no age, its owner's usage): at its slice's end it yields only to a waiter
+    /// ranked at least as high, since one ranked lower would see it start again at once in
+    /// the room it just left.
+    pub priority_if_requeued: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -483,6 +488,7 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
                 may_preempt: job.may_preempt,
                 reclaimable_from: None,
                 reservation: job.reservation.clone(),
+                priority_if_requeued: job.effective_priority,
             });
             decisions.push(Decision::Start {
                 job: job.id.clone(),
@@ -550,6 +556,8 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
     let waiting = Waiters {
         jobs: &waiting_for_room,
         reservations: &reservations,
+        owner_gpus: &owner_gpus,
+        windows: &windows,
     };
     let slices = preemption::slices_over(&capacity, &running, &waiting, settings, now);
     let by_class = preemption::by_class(&capacity, &running, &waiting, settings, now, &slices);

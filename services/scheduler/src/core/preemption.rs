@@ -100,8 +100,10 @@ fn candidates<'a>(
 }
 
 /// Running jobs past their time slice that yield: each one whose GPUs (and cores, memory)
-/// would let a waiting job start that cannot start now, reservations for jobs ahead of it
-/// kept. A job nobody could use the room of keeps running, however many others wait.
+/// would let a waiting job start that cannot start now and that ranks at least as high as
+/// the yielding job would once requeued, reservations for jobs ahead of it kept. A job
+/// nobody could use the room of keeps running, however many others wait; so does one whose
+/// only takers rank below it (requeued, it would take its room back at once).
 pub(super) fn slices_over(
     capacity: &Capacity,
     running: &[&RunningJob],
@@ -127,6 +129,7 @@ pub(super) fn slices_over(
             // Yielding to a job it may preempt back would only swap them, forever.
             blocked
                 .iter()
+                .filter(|(waiter, _)| waiter.effective_priority >= job.priority_if_requeued)
                 .filter(|(waiter, _)| !may_take_back(job, waiter))
                 .any(|&waiter| waiting.could_start(waiter, &freed, settings, now))
         })

@@ -257,3 +257,40 @@ fn a_job_waits_for_a_preferred_type_only_while_one_is_on_its_way_and_not_for_lon
         Some("a")
     );
 }
+
+#[test]
+fn a_job_past_its_slice_does_not_yield_a_gpu_type_the_waiters_owner_is_capped_off() {
+    let nodes = [typed("h", 2, "h100", &[])];
+    let mut caps = TypeCaps::new();
+    caps.insert(
+        "alice".into(),
+        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
+    );
+    let settings = CoreSettings {
+        gpu_type_caps: std::sync::Arc::new(caps),
+        ..super::tests::settings()
+    };
+    let mut alices = super::tests::running(1, "h", &[0], None);
+    alices.owner = "alice".into();
+    let mut over = super::tests::running(2, "h", &[1], None);
+    over.owner = "bob".into();
+    over.slice_end = Some(super::tests::t0() - chrono::Duration::seconds(1));
+    let mut alice = super::tests::job(3, GpuAmount::ONE);
+    alice.owner = "alice".into();
+    let yields = |queue: &[QueuedJob]| {
+        plan(
+            &nodes,
+            &[&alices, &over],
+            queue,
+            &settings,
+            super::tests::t0(),
+        )
+        .iter()
+        .any(|d| matches!(d, Decision::Preempt { job, .. } if *job == over.id))
+    };
+    // Alice holds her one H100: the H100 it frees is no room for her job.
+    assert!(!yields(std::slice::from_ref(&alice)));
+    let mut carol = super::tests::job(4, GpuAmount::ONE);
+    carol.owner = "carol".into();
+    assert!(yields(&[alice, carol]));
+}

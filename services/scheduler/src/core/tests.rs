@@ -75,6 +75,7 @@ pub(super) fn running(n: u32, node: &str, gpus: &[u32], ends_in: Option<i64>) ->
         may_preempt: false,
         reclaimable_from: None,
         reservation: None,
+        priority_if_requeued: i64::MIN,
     }
 }
 
@@ -333,6 +334,35 @@ fn over_slice_jobs_are_preempted_only_when_someone_waits() {
 }
 
 #[test]
+fn a_job_past_its_slice_does_not_yield_to_a_waiter_ranked_below_it_once_requeued() {
+    let nodes = [node("n1", 1, 24_000)];
+    let mut over = running(1, "n1", &[0], None);
+    over.slice_end = Some(t0() - chrono::Duration::seconds(1));
+    over.priority_if_requeued = 5_000_000;
+    let mut lower = job(1, GpuAmount::ONE);
+    lower.effective_priority = 4_999_999;
+    let decisions = run(&nodes, std::slice::from_ref(&over), &[lower]);
+    // Requeued, it would come first and take its GPU back at once: it keeps running.
+    assert!(
+        !decisions
+            .iter()
+            .any(|d| matches!(d, Decision::Preempt { .. })),
+        "{decisions:?}"
+    );
+    let mut equal = job(2, GpuAmount::ONE);
+    equal.effective_priority = 5_000_000;
+    let decisions = run(&nodes, std::slice::from_ref(&over), &[equal]);
+    // Ranked as high, it waited longer: it comes first once the job is requeued.
+    assert!(
+        decisions.contains(&Decision::Preempt {
+            job: over.id.clone(),
+            for_job: None
+        }),
+        "{decisions:?}"
+    );
+}
+
+#[test]
 fn impossible_requests_are_rejected_and_no_nodes_means_waiting() {
     let nodes = [node("n1", 2, 24_000)];
     let decisions = run(&nodes, &[], &[job(1, GpuAmount::whole(3))]);
@@ -483,7 +513,7 @@ proptest! {
         // the jobs ahead of it started: re-planning it alone on that remainder starts nothing.
         let mut remaining = holding.clone();
         for (job_id, placement) in started(&decisions) {
-            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None, started_at: t0(), qos: None, preemptible_from: None, stopping: false, may_preempt: false, reclaimable_from: None, reservation: None });
+            remaining.push(RunningJob { id: job_id.clone(), owner: String::new(), placement: placement.clone(), expected_end: None, slice_end: None, array_id: None, started_at: t0(), qos: None, preemptible_from: None, stopping: false, may_preempt: false, reclaimable_from: None, reservation: None, priority_if_requeued: i64::MIN });
         }
         for job in &queue {
             if reason_of(&decisions, &job.id) == Some(WaitReason::Resources) {

@@ -166,10 +166,15 @@ pub(super) fn node_lost(
         return Transition::default();
     };
     let mut effects: Vec<Effect> = usage_of(current, at).into_iter().collect();
+    let out_of_attempts = current.attempt >= limits.max_attempts;
+    let ends = run.cancel_requested_by.is_some() || current.spec.no_requeue || out_of_attempts;
     // The job's processes on its other nodes stop with it (fencing would, a heartbeat
     // later): every launched rank of a job over several nodes, even when only one rank runs
-    // a process (not `--distributed`) and the node lost held none.
-    if run.placement.node_count() >= 2 {
+    // a process (not `--distributed`) and the node lost held none. A job that ends here gets
+    // the kill on the lost node too: its assignment may still wait in that node's stream
+    // (the purge failed and the node came back before it was asked again), and an ended job
+    // must not run on; the kill stored behind it stops it at once.
+    if run.placement.node_count() >= 2 || ends {
         effects.push(Effect::Kill(Kill {
             attempt: current.attempt,
             placement: run.placement.clone(),
@@ -180,7 +185,6 @@ pub(super) fn node_lost(
             best_effort: true,
         }));
     }
-    let out_of_attempts = current.attempt >= limits.max_attempts;
     let ending = |reason: String| Ending {
         placement: Some(run.placement.clone()),
         started_at: run.started_at,

@@ -1122,6 +1122,34 @@ fn a_job_lost_at_its_last_attempt_ends_node_failed() {
         vec![("node_failed", None, Some(reason))]
     );
     assert_eq!(usages(&transition), vec![("alice", 60.0, at(60))]);
+    // Its assignment may still wait on the lost node's stream: a kill follows it there
+    // (simulator seed 30671: the purge failed, the node came back, the ended job started).
+    assert_eq!(
+        kills(&transition),
+        vec![&Kill {
+            attempt: 3,
+            placement: on("node001"),
+            except: None,
+            reason: "node001 stopped answering".into(),
+            requeue: false,
+            warning: None,
+            best_effort: true,
+        }]
+    );
+    let requeued = running(on("node001"));
+    let transition = step(
+        &requeued,
+        Input::NodeLost {
+            why: "gone".into(),
+            at: at(60),
+            not_before: None,
+        },
+        61,
+    );
+    assert!(
+        kills(&transition).is_empty(),
+        "a requeued job's stale attempt is the heartbeats' to find"
+    );
 
     let lost = exit(Exit {
         exit_code: 137,

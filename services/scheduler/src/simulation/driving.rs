@@ -462,6 +462,9 @@ impl World {
         {
             self.ledger
                 .settled(before.map(|(_, attempt)| attempt), &stored.record, self.now);
+            let broken =
+                (self.ledger.slices).stored(&stored.record, &self.store.records, &self.agents);
+            self.ledger.broken.extend(broken);
             let wall = self.wall();
             let broken = super::preemption_checks::stored(&stored.record, &self.policy.qos, wall);
             self.ledger.broken.extend(broken);

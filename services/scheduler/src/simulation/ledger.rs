@@ -71,6 +71,8 @@ pub struct Ledger {
     /// Jobs started in a reservation.
     pub member_starts: u64,
     pub window_checked: std::collections::HashSet<(JobId, u32)>,
+    /// Time slices' yields checked (`slice_checks.rs`).
+    pub slices: super::slice_checks::SliceYields,
 }
 
 impl Ledger {

@@ -41,6 +41,7 @@ pub mod preemption_checks;
 pub mod rng;
 #[cfg(test)]
 mod scenarios;
+mod slice_checks;
 pub mod store;
 pub mod streams;
 mod verdict_checks;
@@ -128,6 +129,8 @@ pub struct Outcome {
     /// Jobs started in a reservation, and notices about reservations (released, at risk).
     pub member_starts: u64,
     pub reservation_notices: u64,
+    /// Jobs that yielded at their time slice's end, each checked (`slice_checks.rs`).
+    pub slice_yields: u64,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
@@ -212,6 +215,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         bookings_refused: world.ledger.bookings_refused,
         member_starts: world.ledger.member_starts,
         reservation_notices: world.ledger.reservation_notices,
+        slice_yields: world.ledger.slices.yields,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
 }
