@@ -35,29 +35,50 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Starts `mgpu-notify` with `notify_section` as its config file's `[notify]`.
+/// What `mgpu-notify` logs once its consumers exist: a notice stored before that is never
+/// delivered (the notices consumer starts with those stored from its creation on).
+const READY_LINE: &str = "mgpu-notify delivering notices";
+
+/// Starts `mgpu-notify` with `notify_section` as its config file's `[notify]`, and waits
+/// until it is ready: a story that published before then would lose its notices to the
+/// consumer's start (a loaded machine starts the service late).
 fn start_notify(cluster: &Cluster, notify_section: &str) -> Process {
     let config = cluster.dir.path().join("notify.toml");
     std::fs::write(&config, format!("[notify]\n{notify_section}"))
         .unwrap_or_else(|e| panic!("{e}"));
+    // Under logs/, where the harness prints every log when a story fails.
+    let log_path = cluster.dir.path().join("logs/notify.log");
+    let ready_lines = || {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .matches(READY_LINE)
+            .count()
+    };
+    let ready_before = ready_lines();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        // Under logs/, where the harness prints every log when a story fails.
-        .open(cluster.dir.path().join("logs/notify.log"))
+        .open(&log_path)
         .unwrap_or_else(|e| panic!("{e}"));
     let child = Command::new(bin_dir().join("mgpu-notify"))
         .env("MGPU_SERVER", cluster.server_url())
         .env("MGPU_CREDS", cluster.creds(Role::Notify, "notify"))
         .env("MGPU_NOTIFY_CONFIG", &config)
         .env_remove("MGPU_LOG_FORMAT")
-        .env("RUST_LOG", "info,mgpu_notify=debug")
+        .env("RUST_LOG", "info,mgpu_notify=debug,async_nats=debug")
         .args(["--time80-interval", "1s"])
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("starting mgpu-notify: {e}"));
-    Process(child)
+    let mut process = Process(child);
+    wait_for("mgpu-notify to be ready", T, || {
+        if let Ok(Some(status)) = process.0.try_wait() {
+            panic!("mgpu-notify exited before it was ready: {status}");
+        }
+        (ready_lines() > ready_before).then_some(())
+    });
+    process
 }
 
 /// The receiver on a free port, appending to `out`; `hold` = (path, nth request) to hold.
@@ -271,10 +292,6 @@ fn notices_reach_webhooks_and_mail_signed_and_an_array_once() {
 }
 
 #[test]
-#[ignore = "flaky in a full run: the notices the killed mgpu-notify had taken were never \
-            delivered by the one started after it (its log shows no delivery in 180 s, where \
-            passing runs deliver them 19 s after the restart, once the ack wait ran out); an \
-            open defect of the notify service, run it with --ignored"]
 fn killed_during_a_burst_nothing_is_lost_or_doubled_and_a_storm_is_summarised() {
     let cluster = Cluster::start(&[]);
     let out = cluster.dir.path().join("hooks.jsonl");

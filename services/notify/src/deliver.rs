@@ -123,6 +123,7 @@ impl Deliverer {
             .info()
             .map(|i| (i.stream_sequence, i.delivered))
             .unwrap_or((0, 1));
+        tracing::debug!(sequence, delivered, "a notice to deliver");
         let Some((owner, id, notice)) = parse(&message, sequence) else {
             return acknowledge(&message, AckKind::Ack).await;
         };
@@ -221,6 +222,7 @@ impl Deliverer {
             let sent = self
                 .send(destination, entries.secret.as_deref(), &outgoing)
                 .await;
+            tracing::debug!(notice = id, destination = dest_id, ok = sent.is_ok(), "sent");
             if self.settle(&mark, dest_id, sent).await {
                 tally.retry = true;
             }
