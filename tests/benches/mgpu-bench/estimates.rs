@@ -183,6 +183,7 @@ fn running(id: JobId, node: &str, gpus: &[u32], started: Timestamp, limit: Durat
         may_preempt: false,
         reclaimable_from: None,
         reservation: None,
+        priority_if_requeued: 0,
     }
 }
 
