@@ -1,7 +1,9 @@
 //! `mgpu-simulate`: runs the scheduler's deterministic simulation over many seeds (or replays
 //! one), and prints, as its last line, one JSON object: seeds, jobs, faults, steps, steps per
-//! second and violations. A failing seed is printed with the broken invariant, the fault
-//! kinds it still fails with, and the trace up to the failure; `--seed S` replays it exactly.
+//! second and violations. A failing seed is printed with the broken invariant, how many faults
+//! it had and how many of them the shortest failing run found keeps (fault kinds turned off,
+//! then single faults suppressed), that run's trace, and the command that replays it exactly
+//! (`--seed S` with its `--without` kinds, its `--skip-faults` list and `--no-shrink`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -40,6 +42,17 @@ struct Args {
     /// need while it is being fixed.
     #[arg(long, value_enum, value_name = "FAULT")]
     without: Vec<Fault>,
+    /// Let these faults of the seed not happen, by their ordinal (the run's Nth fault, as its
+    /// trace numbers them: `fault #N: …`), e.g. `--skip-faults 3,7,12`. Each is drawn as
+    /// before, so the run is the same up to the first one skipped; after it, ordinals may
+    /// denote other faults. A failing seed's replay command lists those its shrinking found.
+    #[arg(long, value_delimiter = ',', value_name = "N,...", requires = "seed")]
+    skip_faults: Vec<u64>,
+    /// Print a failing seed's own trace, without shrinking it first. A failure's replay
+    /// command has it: the run it replays is the shrunk one, and shrinking that again could
+    /// find another run and print another trace.
+    #[arg(long)]
+    no_shrink: bool,
 }
 
 /// The fault kinds a run draws.
@@ -91,6 +104,10 @@ fn main() -> ExitCode {
     if !args.without.is_empty() {
         println!("faults not drawn: {:?}", args.without);
     }
+    options.skip_faults.extend(&args.skip_faults);
+    if !options.skip_faults.is_empty() {
+        println!("faults skipped: {:?}", options.skip_faults);
+    }
     let began = Instant::now();
     let deadline = args
         .minutes
@@ -128,7 +145,7 @@ fn main() -> ExitCode {
         slice_yields += outcome.slice_yields;
         if outcome.violation.is_some() {
             violations += 1;
-            report_failure(&outcome, &options, &args.without);
+            report_failure(&outcome, &options, !args.no_shrink);
         }
     }
     let seconds = began.elapsed().as_secs_f64();
@@ -167,29 +184,78 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints a failing seed: the invariant, the fault kinds it still fails with, the trace.
-fn report_failure(outcome: &Outcome, options: &Options, without: &[Fault]) {
+/// How many faults of the shortest failing run a report lists by name.
+const FAULTS_LISTED: usize = 20;
+
+/// Prints a failing seed: the invariant; how many faults it had, and how many the shortest
+/// failing run found keeps (`simulation::shrink`; unless `shrink` is false, when the run is
+/// shown as it is), with their ordinals; that run's violation and trace; and the command that
+/// replays that run exactly.
+fn report_failure(outcome: &Outcome, options: &Options, shrink: bool) {
     let Some((violation, _)) = &outcome.violation else {
         return;
     };
     println!("seed {} broke an invariant: {violation}", outcome.seed);
-    let smallest = simulation::shrink(outcome.seed, options);
-    let rerun = simulation::run(outcome.seed, &smallest);
-    let (violation, trace) = rerun
-        .violation
-        .unwrap_or_else(|| (violation.clone(), Vec::new()));
-    println!("  still fails with only these faults: {smallest:?}");
-    println!("  {violation}");
+    let (smallest, shown) = if shrink {
+        let shrunk = simulation::shrink(outcome.seed, options);
+        let rerun = simulation::run(outcome.seed, &shrunk.options);
+        println!(
+            "  shrunk in {} runs: the failing run had {} faults, \
+             the shortest failing run found keeps {}",
+            shrunk.runs,
+            outcome.fault_log.len(),
+            rerun.fault_log.len()
+        );
+        (shrunk.options, rerun)
+    } else {
+        println!("  not shrunk: {} faults", outcome.fault_log.len());
+        (options.clone(), outcome.clone())
+    };
+    for (ordinal, what) in shown.fault_log.iter().take(FAULTS_LISTED) {
+        println!("    #{ordinal}: {what}");
+    }
+    let Some((shown_violation, trace)) = &shown.violation else {
+        // Shrinking keeps only options whose run failed, and runs replay exactly.
+        println!("  the shrunk run did not fail again: {smallest:?}");
+        return;
+    };
+    if simulation::violation_kind(shown_violation) != simulation::violation_kind(violation) {
+        println!("  (it breaks another invariant: shrinking went wrong)");
+    }
+    println!("  {shown_violation}");
     for line in trace {
         println!("    {line}");
     }
-    let without: String = without
-        .iter()
-        .filter_map(clap::ValueEnum::to_possible_value)
-        .map(|value| format!(" --without {}", value.get_name()))
-        .collect();
-    println!(
-        "  replay: scripts/simulate.sh --seed {} --active-secs {}{without}",
-        outcome.seed, options.active_secs
+    println!("  replay: {}", replay_command(outcome.seed, &smallest));
+}
+
+/// `scripts/simulate.sh` with what makes `seed`'s run under `options` again and prints it as
+/// it is: its active seconds, the fault kinds turned off, the faults skipped, and how its
+/// trace is printed.
+fn replay_command(seed: u64, options: &Options) -> String {
+    let mut command = format!(
+        "scripts/simulate.sh --seed {seed} --active-secs {}",
+        options.active_secs
     );
+    let mut probe = options.clone();
+    for fault in <Fault as clap::ValueEnum>::value_variants() {
+        if *fault.knob(&mut probe) == 0
+            && let Some(value) = clap::ValueEnum::to_possible_value(fault)
+        {
+            command.push_str(&format!(" --without {}", value.get_name()));
+        }
+    }
+    if !options.skip_faults.is_empty() {
+        let skipped: Vec<String> = options.skip_faults.iter().map(u64::to_string).collect();
+        command.push_str(&format!(" --skip-faults {}", skipped.join(",")));
+    }
+    if options.trace_logs {
+        command.push_str(" --trace-logs");
+    }
+    if options.trace_lines != Options::default().trace_lines {
+        command.push_str(&format!(" --trace-lines {}", options.trace_lines));
+    }
+    // That run is already the shortest found: shown as it is, its trace is this one.
+    command.push_str(" --no-shrink");
+    command
 }

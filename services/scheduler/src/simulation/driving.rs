@@ -366,9 +366,10 @@ impl World {
             }
             Command::Ack { token, .. } => {
                 let (source, index) = self.scheduler.as_mut()?.held.remove(&token)?;
-                if !self.quiet && self.rng.chance(self.options.ack_lost) {
-                    // The acknowledgement is lost: the message comes again.
-                    self.faults += 1;
+                if self.chance_of_fault(self.options.ack_lost, |_| {
+                    "an acknowledgement is lost".into()
+                }) {
+                    // The message comes again.
                     self.redeliver_later(source, index);
                 } else if source == Source::Report {
                     self.reports.ack(index);
@@ -394,7 +395,9 @@ impl World {
                 None
             }
             Command::PurgeAssignments { node } => {
-                let purged = self.quiet || !self.rng.chance(self.options.write_failure);
+                let purged = !self.chance_of_uncounted_fault(self.options.write_failure, |_| {
+                    format!("purge of {node}'s assignments fails")
+                });
                 if purged {
                     self.purge_assignments(&node);
                 }
@@ -442,9 +445,9 @@ impl World {
         record: mgpu_protocol::job::JobRecord,
         expected: Option<u64>,
     ) -> WriteOutcome {
-        if !self.quiet && self.rng.chance(self.options.write_failure) {
-            self.faults += 1;
-            self.note(format!("write of {} fails", record.id.short()));
+        if self.chance_of_fault(self.options.write_failure, |_| {
+            format!("write of {} fails", record.id.short())
+        }) {
             return WriteOutcome::Failed {
                 error: "store unavailable".into(),
             };
@@ -552,8 +555,9 @@ impl World {
         self.msg_ids.insert(msg_id.to_owned(), self.now);
         let delay = self.in_stream_order(node);
         self.at(delay, Event::ToNode(node, message.clone()));
-        if !self.quiet && self.rng.chance(self.options.duplicate) {
-            self.faults += 1;
+        if self.chance_of_fault(self.options.duplicate, |w| {
+            format!("an assignment to {} comes twice", w.agents[node].name)
+        }) {
             let again = self.delay() + 500;
             self.at(again, Event::ToNode(node, message));
         }
@@ -569,8 +573,7 @@ impl World {
 
     /// A delivery delay: mostly short, now and then long (which reorders messages).
     pub(super) fn delay(&mut self) -> u64 {
-        if !self.quiet && self.rng.chance(self.options.delay) {
-            self.faults += 1;
+        if self.chance_of_fault(self.options.delay, |_| "a message is delayed".into()) {
             self.rng.between(500, 4_000)
         } else {
             self.rng.between(1, 30)

@@ -12,9 +12,15 @@
 //! thing, step for step (every collection whose order reaches a decision is ordered). The
 //! invariants are checked as things happen ([`ledger`]) and after every step ([`checks`]); a
 //! run ends with a quiet period (no faults, no new work, holds released, drains and pauses
-//! resumed, limits restored) after which every job must have ended. A failing seed is
-//! reported with the shortest trace found: [`shrink`] turns fault kinds off one at a time,
-//! keeping each off while the failure stays.
+//! resumed, limits restored) after which every job must have ended.
+//!
+//! Every fault a run draws is numbered in draw order (fault #1, #2, …; the trace shows each one
+//! that happens as `fault #N: what`), and [`Options::skip_faults`] suppresses single faults by
+//! number. A failing seed is reported with the shortest failing run found: [`shrink`] turns
+//! fault kinds off one at a time, then suppresses single faults by delta debugging, keeping
+//! each step while the run still breaks the same invariant; its options replay that run
+//! exactly (`mgpu-simulate --skip-faults`). Suppressing a fault moves every draw after it, so
+//! a shrunk run's faults are not all causes of the failure.
 //!
 //! # Layout
 //! - [`world`]: the cluster's state, clock and events; [`driving`]: the simulator's part of
@@ -22,7 +28,7 @@
 //! - [`store`]; [`streams`]; [`agents`].
 //! - [`workload`]: what users do; [`admin`]: what the admin does; [`faults`]: what goes
 //!   wrong; [`ledger`] and [`checks`]: the invariants.
-//! - [`rng`]: the one source of chance.
+//! - [`rng`]: the one source of chance; [`shrinking`]: the shortest failing run of a seed.
 //! - `scenarios` (tests): each part on a cluster built by hand.
 
 pub mod admin;
@@ -41,6 +47,7 @@ pub mod preemption_checks;
 pub mod rng;
 #[cfg(test)]
 mod scenarios;
+pub mod shrinking;
 mod slice_checks;
 pub mod store;
 pub mod streams;
@@ -48,6 +55,9 @@ mod verdict_checks;
 pub mod workload;
 pub mod world;
 
+use std::collections::BTreeSet;
+
+pub use shrinking::{Shrunk, shrink, violation_kind};
 use world::World;
 
 /// How often things go wrong, per mille, and how long a run lasts.
@@ -76,6 +86,11 @@ pub struct Options {
     pub trace_logs: bool,
     /// How many of the last trace lines a failing seed prints.
     pub trace_lines: usize,
+    /// Faults that do not happen, by ordinal: the run's Nth fault (numbered in draw order,
+    /// suppressed ones included) is suppressed when N is here. Its draw is made all the same,
+    /// so the run is the same up to it; what follows may differ, and later ordinals may then
+    /// be other faults. Shrinking fills it; `mgpu-simulate --skip-faults` replays it.
+    pub skip_faults: BTreeSet<u64>,
 }
 
 impl Default for Options {
@@ -96,6 +111,7 @@ impl Default for Options {
             replay: 20,
             trace_logs: false,
             trace_lines: 200,
+            skip_faults: BTreeSet::new(),
         }
     }
 }
@@ -131,6 +147,8 @@ pub struct Outcome {
     pub reservation_notices: u64,
     /// Jobs that yielded at their time slice's end, each checked (`slice_checks.rs`).
     pub slice_yields: u64,
+    /// Every fault that took effect: its ordinal and what it was (as traced).
+    pub fault_log: Vec<(u64, String)>,
     /// The invariant broken, with the simulated time, and the trace up to it.
     pub violation: Option<(String, Vec<String>)>,
 }
@@ -216,65 +234,9 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         member_starts: world.ledger.member_starts,
         reservation_notices: world.ledger.reservation_notices,
         slice_yields: world.ledger.slices.yields,
+        fault_log: world.fault_log,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
-}
-
-/// The options with as few fault kinds as still break the same invariant on `seed`: each
-/// kind is turned off in turn and kept off when the run still fails the same way (another
-/// broken invariant is another bug, and its trace would not explain this one). The seed's
-/// trace under those options is the shortest found.
-pub fn shrink(seed: u64, options: &Options) -> Options {
-    let mut smallest = options.clone();
-    let Some((first, _)) = run(seed, options).violation else {
-        return smallest;
-    };
-    let kind = violation_kind(&first);
-    let knobs: [fn(&mut Options) -> &mut u64; 11] = [
-        |o| &mut o.node_crash,
-        |o| &mut o.partition,
-        |o| &mut o.scheduler_crash,
-        |o| &mut o.other_writer,
-        |o| &mut o.clock_step,
-        |o| &mut o.write_failure,
-        |o| &mut o.ack_lost,
-        |o| &mut o.duplicate,
-        |o| &mut o.delay,
-        |o| &mut o.heartbeat_drop,
-        |o| &mut o.replay,
-    ];
-    for knob in knobs {
-        let mut trial = smallest.clone();
-        if *knob(&mut trial) == 0 {
-            continue;
-        }
-        *knob(&mut trial) = 0;
-        let same = run(seed, &trial)
-            .violation
-            .is_some_and(|(broken, _)| violation_kind(&broken) == kind);
-        if same {
-            smallest = trial;
-        }
-    }
-    smallest
-}
-
-/// A broken invariant without its time, ids and counts: `job 7dd0… runs attempts [1] and 2
-/// at once` and `job 65a1… runs attempts [3] and 4 at once` are the same kind.
-pub fn violation_kind(violation: &str) -> String {
-    let without_time = match violation.split_once(" ms: ") {
-        Some((at, rest)) if at.starts_with("at ") => rest,
-        _ => violation,
-    };
-    without_time
-        .split_whitespace()
-        .take(6)
-        .map(|word| match word.chars().any(|c| c.is_ascii_digit()) {
-            true => "#",
-            false => word,
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 #[cfg(test)]
@@ -297,14 +259,5 @@ mod tests {
             (again.jobs, again.faults, again.steps)
         );
         assert!(first.jobs > 0 && first.faults > 0, "{first:?}");
-    }
-
-    #[test]
-    fn violations_of_one_invariant_are_one_kind() {
-        let one = violation_kind("at 40103 ms: job 65810132a2 runs attempts [1] and 2 at once");
-        let other = violation_kind("at 9 ms: job bcf335f50d runs attempts [3] and 4 at once");
-        assert_eq!(one, other);
-        let liveness = violation_kind("liveness: 1 jobs never ended after the quiet period: x");
-        assert_ne!(one, liveness);
     }
 }

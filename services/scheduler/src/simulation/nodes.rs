@@ -191,9 +191,10 @@ impl World {
             .heartbeats
             .insert(beat.node.clone(), beat.clone());
         self.agents[node].last_stored = self.now;
-        if !self.quiet && self.rng.chance(self.options.heartbeat_drop) {
+        if self.chance_of_fault(self.options.heartbeat_drop, |_| {
+            format!("a heartbeat of {} is dropped", beat.node)
+        }) {
             // Stored, but the scheduler's subscription missed it.
-            self.faults += 1;
             return;
         }
         let delay = self.rng.between(1, 200);

@@ -102,7 +102,12 @@ pub struct World {
     pub paused: BTreeSet<(String, u32)>,
     pub held_jobs: BTreeSet<JobId>,
     pub ledger: Ledger,
+    /// Faults that took effect (a failed purge of a node's assignments is not counted).
     pub faults: u64,
+    /// The ordinal the latest fault got, suppressed or not (decided in faults.rs).
+    pub fault_ordinal: u64,
+    /// Every fault that took effect: its ordinal and what it was.
+    pub fault_log: Vec<(u64, String)>,
     pub partitions: u64,
     pub steps: u64,
     /// When the slice timer is set for, if it is.
@@ -201,6 +206,8 @@ impl World {
             held_jobs: BTreeSet::new(),
             ledger,
             faults: 0,
+            fault_ordinal: 0,
+            fault_log: Vec::new(),
             partitions: 0,
             steps: 0,
             slice_timer: None,
