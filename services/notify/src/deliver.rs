@@ -222,7 +222,12 @@ impl Deliverer {
             let sent = self
                 .send(destination, entries.secret.as_deref(), &outgoing)
                 .await;
-            tracing::debug!(notice = id, destination = dest_id, ok = sent.is_ok(), "sent");
+            tracing::debug!(
+                notice = id,
+                destination = dest_id,
+                ok = sent.is_ok(),
+                "sent"
+            );
             if self.settle(&mark, dest_id, sent).await {
                 tally.retry = true;
             }
