@@ -121,7 +121,8 @@ fn main() -> ExitCode {
     let mut preferred_type_waits = 0u64;
     let (mut refusals, mut plans, mut dated) = (0u64, 0u64, 0u64);
     let (mut bookings, mut bookings_refused) = (0u64, 0u64);
-    let (mut member_starts, mut reservation_notices, mut slice_yields) = (0u64, 0u64, 0u64);
+    let (mut member_starts, mut reservation_notices) = (0u64, 0u64);
+    let (mut slice_yields, mut priority_checks) = (0u64, 0u64);
     for seed in seeds {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -143,6 +144,7 @@ fn main() -> ExitCode {
         member_starts += outcome.member_starts;
         reservation_notices += outcome.reservation_notices;
         slice_yields += outcome.slice_yields;
+        priority_checks += outcome.priority_checks;
         if outcome.violation.is_some() {
             violations += 1;
             report_failure(&outcome, &options, !args.no_shrink);
@@ -173,6 +175,7 @@ fn main() -> ExitCode {
             "member_starts": member_starts,
             "reservation_notices": reservation_notices,
             "slice_yields": slice_yields,
+            "priority_checks": priority_checks,
             "steps_per_second": per_second,
             "violations": violations,
         })

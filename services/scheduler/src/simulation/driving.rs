@@ -320,6 +320,7 @@ impl World {
                 }
             }
         }
+        super::priority_checks::settle(self);
     }
 
     fn carry_out_one(&mut self, command: Command) -> Option<Input> {
@@ -506,6 +507,7 @@ impl World {
                 self.ledger
                     .check_type_caps(&record, &self.store.records, type_of);
                 self.ledger.check_class_caps(&record, &self.store.records);
+                super::priority_checks::check_start(self, &record);
             }
         }
         outcome

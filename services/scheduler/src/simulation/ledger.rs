@@ -71,8 +71,10 @@ pub struct Ledger {
     /// Jobs started in a reservation.
     pub member_starts: u64,
     pub window_checked: std::collections::HashSet<(JobId, u32)>,
-    /// Time slices' yields checked (`slice_checks.rs`).
+    /// Time slices' yields checked (`slice_checks.rs`), and starts checked against
+    /// priorities (`priority_checks.rs`).
     pub slices: super::slice_checks::SliceYields,
+    pub priorities: super::priority_checks::Suspects,
 }
 
 impl Ledger {
@@ -94,9 +96,13 @@ impl Ledger {
         self.class_caps = limits.class_running_caps().into_iter().collect();
     }
 
-    /// The cap of `user` in force, in GPU units.
+    /// The cap of `user` in force, in GPU units; on GPUs of `gpu_type`.
     pub fn cap(&self, user: &str) -> Option<u64> {
         self.caps.get(user).copied()
+    }
+
+    pub fn type_cap(&self, user: &str, gpu_type: &str) -> Option<u64> {
+        self.type_caps.get(user)?.get(gpu_type).copied()
     }
 
     /// A node's administration was stored: its GPUs paused from this round on.

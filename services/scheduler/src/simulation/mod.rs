@@ -44,6 +44,7 @@ pub mod ledger;
 pub mod nodes;
 mod plan_checks;
 pub mod preemption_checks;
+mod priority_checks;
 pub mod rng;
 #[cfg(test)]
 mod scenarios;
@@ -147,6 +148,8 @@ pub struct Outcome {
     pub reservation_notices: u64,
     /// Jobs that yielded at their time slice's end, each checked (`slice_checks.rs`).
     pub slice_yields: u64,
+    /// Starts checked against priorities (`priority_checks.rs`).
+    pub priority_checks: u64,
     /// Every fault that took effect: its ordinal and what it was (as traced).
     pub fault_log: Vec<(u64, String)>,
     /// The invariant broken, with the simulated time, and the trace up to it.
@@ -234,6 +237,7 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
         member_starts: world.ledger.member_starts,
         reservation_notices: world.ledger.reservation_notices,
         slice_yields: world.ledger.slices.yields,
+        priority_checks: world.ledger.priorities.checked,
         fault_log: world.fault_log,
         violation: violation.map(|v| (v, world.trace.into_iter().collect())),
     }
