@@ -276,6 +276,9 @@ pub fn job_env_bucket_config(settings: &StreamSettings) -> kv::Config {
     }
 }
 
+/// The largest entry of the nonces' bucket: a few nonces of one batch of requests.
+pub const NONCE_VALUE_MAX: usize = 1024;
+
 /// The request nonces seen lately, so that a replay is known after a scheduler restart.
 pub fn nonce_bucket_config(settings: &StreamSettings) -> kv::Config {
     kv::Config {
@@ -283,7 +286,7 @@ pub fn nonce_bucket_config(settings: &StreamSettings) -> kv::Config {
         description: "request nonces the mgpu scheduler saw lately (replays are refused)".into(),
         history: 1,
         max_age: Duration::from_secs(subjects::NONCE_TTL_SECS),
-        max_value_size: 1024,
+        max_value_size: NONCE_VALUE_MAX as i32,
         num_replicas: settings.replicas.max(1),
         ..Default::default()
     }

@@ -18,6 +18,7 @@ use bytes::Bytes;
 
 use mgpu_nats::records;
 use mgpu_nats::retry::Retry;
+use mgpu_nats::streams::NONCE_VALUE_MAX;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::NodeAdmin;
@@ -391,25 +392,56 @@ impl RecordStore {
     }
 }
 
-/// Writes each nonce, pipelined; says for each whether JetStream stored it.
+/// Keeps the nonces of admitted requests, a few in each message (`batch.<the first nonce's
+/// key>`, as many as fit in one entry of the bucket): where every message is flushed to disk
+/// before it is acknowledged, one flush per request was a fifth of what recording a burst of
+/// submissions waited for. One result per nonce: a message not stored loses its nonces
+/// together.
 pub(crate) async fn remember_nonces(js: &jetstream::Context, seen: &[&SeenNonce]) -> Vec<bool> {
-    let mut acks = Vec::with_capacity(seen.len());
-    for nonce in seen {
-        let subject = format!("$KV.{}.{}", subjects::NONCE_BUCKET, nonce_key(&nonce.nonce));
-        let sent = match serde_json::to_vec(nonce) {
-            Ok(payload) => js.publish(subject, payload.into()).await.ok(),
-            Err(_) => None,
-        };
-        acks.push(sent);
+    let mut acks = Vec::new();
+    for (first, count, payload) in nonce_messages(seen) {
+        let subject = format!("$KV.{}.batch.{}", subjects::NONCE_BUCKET, nonce_key(first));
+        acks.push((count, js.publish(subject, payload.into()).await.ok()));
     }
-    let mut stored = Vec::with_capacity(acks.len());
-    for ack in acks {
-        stored.push(match ack {
+    let mut stored = Vec::with_capacity(seen.len());
+    for (count, ack) in acks {
+        let landed = match ack {
             Some(ack) => ack.await.is_ok(),
             None => false,
-        });
+        };
+        stored.extend(std::iter::repeat_n(landed, count));
     }
+    // A nonce too long to keep (no signer sends one) counts as not kept.
+    stored.resize(seen.len(), false);
     stored
+}
+
+/// `seen` cut into entries of the nonces' bucket, in order: each its first nonce, how many it
+/// holds and its payload (a JSON list no longer than [`NONCE_VALUE_MAX`]). Stops before a
+/// nonce that does not fit in an entry alone.
+fn nonce_messages<'a>(seen: &[&'a SeenNonce]) -> Vec<(&'a str, usize, Vec<u8>)> {
+    let mut messages = Vec::new();
+    let mut start = 0;
+    while start < seen.len() {
+        let mut end = start;
+        let mut payload = b"[]".to_vec();
+        while end < seen.len() {
+            let Ok(longer) = serde_json::to_vec(&seen[start..=end]) else {
+                break;
+            };
+            if longer.len() > NONCE_VALUE_MAX {
+                break;
+            }
+            payload = longer;
+            end += 1;
+        }
+        if end == start {
+            break;
+        }
+        messages.push((seen[start].nonce.as_str(), end - start, payload));
+        start = end;
+    }
+    messages
 }
 
 /// Every nonce still kept (those of the last [`subjects::NONCE_TTL_SECS`]).
@@ -424,6 +456,60 @@ pub(crate) async fn recall_nonces(js: &jetstream::Context) -> Result<Vec<SeenNon
     .context("reading the nonces of recent requests")?;
     Ok(messages
         .iter()
-        .filter_map(|message| serde_json::from_slice(&message.payload).ok())
+        .flat_map(|message| nonces_of(&message.payload))
         .collect())
+}
+
+/// The nonces one message keeps: a batch's, or one (as schedulers before batches kept them).
+fn nonces_of(payload: &[u8]) -> Vec<SeenNonce> {
+    serde_json::from_slice::<Vec<SeenNonce>>(payload)
+        .or_else(|_| serde_json::from_slice::<SeenNonce>(payload).map(|one| vec![one]))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_of_nonces_and_a_nonce_kept_alone_both_read_back() {
+        let at = mgpu_protocol::now();
+        let seen = |n: u64| SeenNonce {
+            nonce: format!("n{n}"),
+            signed_at: at,
+            sequence: Some(n),
+        };
+        let batch = serde_json::to_vec(&[seen(1), seen(2)]).unwrap_or_default();
+        assert_eq!(nonces_of(&batch), vec![seen(1), seen(2)]);
+        let alone = serde_json::to_vec(&seen(3)).unwrap_or_default();
+        assert_eq!(nonces_of(&alone), vec![seen(3)]);
+        assert!(nonces_of(b"not json").is_empty());
+    }
+
+    #[test]
+    fn nonces_are_kept_in_entries_the_bucket_accepts_each_once_in_order() {
+        let at = mgpu_protocol::now();
+        let seen: Vec<SeenNonce> = (0..100)
+            .map(|n| SeenNonce {
+                nonce: format!("{n:0>32}"),
+                signed_at: at,
+                sequence: Some(1_000_000 + n),
+            })
+            .collect();
+        let refs: Vec<&SeenNonce> = seen.iter().collect();
+        let messages = nonce_messages(&refs);
+        assert!(
+            messages.len() > 1 && messages.len() < 50,
+            "{}",
+            messages.len()
+        );
+        let mut read = Vec::new();
+        for (first, count, payload) in &messages {
+            assert!(payload.len() <= NONCE_VALUE_MAX);
+            let nonces = nonces_of(payload);
+            assert_eq!((nonces.len(), nonces[0].nonce.as_str()), (*count, *first));
+            read.extend(nonces);
+        }
+        assert_eq!(read, seen);
+    }
 }
