@@ -121,15 +121,7 @@ proptest! {
 #[test]
 fn a_cap_per_gpu_type_keeps_a_user_off_that_type_only() {
     let nodes = [typed("h", 2, "h100", &[]), typed("a", 2, "a100", &[])];
-    let mut caps = TypeCaps::new();
-    caps.insert(
-        "alice".into(),
-        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
-    );
-    let settings = CoreSettings {
-        gpu_type_caps: std::sync::Arc::new(caps),
-        ..super::tests::settings()
-    };
+    let settings = alice_capped_at_one_h100();
     let mut holding = super::tests::running(1, "h", &[0], None);
     holding.owner = "alice".into();
     let alice = |n| {
@@ -154,15 +146,7 @@ fn a_cap_per_gpu_type_keeps_a_user_off_that_type_only() {
 #[test]
 fn a_job_only_capped_types_would_take_waits_on_its_user_limit_and_spoils_no_one_elses_search() {
     let nodes = [typed("h", 2, "h100", &[])];
-    let mut caps = TypeCaps::new();
-    caps.insert(
-        "alice".into(),
-        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
-    );
-    let settings = CoreSettings {
-        gpu_type_caps: std::sync::Arc::new(caps),
-        ..super::tests::settings()
-    };
+    let settings = alice_capped_at_one_h100();
     let mut holding = super::tests::running(1, "h", &[0], None);
     holding.owner = "alice".into();
     // Two jobs of the same shape, naming no type: alice's may take no more H100s, bob's may.
@@ -187,15 +171,7 @@ fn a_job_only_capped_types_would_take_waits_on_its_user_limit_and_spoils_no_one_
 #[test]
 fn a_job_that_only_gpus_of_a_type_capped_below_it_could_hold_is_rejected_naming_the_cap() {
     let nodes = [typed("h", 4, "h100", &[]), typed("a", 1, "a100", &[])];
-    let mut caps = TypeCaps::new();
-    caps.insert(
-        "alice".into(),
-        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
-    );
-    let settings = CoreSettings {
-        gpu_type_caps: std::sync::Arc::new(caps),
-        ..super::tests::settings()
-    };
+    let settings = alice_capped_at_one_h100();
     let mut two = job(1, GpuAmount::whole(2));
     two.owner = "alice".into();
     let mut one = job(2, GpuAmount::whole(1));
@@ -261,15 +237,7 @@ fn a_job_waits_for_a_preferred_type_only_while_one_is_on_its_way_and_not_for_lon
 #[test]
 fn a_job_past_its_slice_does_not_yield_a_gpu_type_the_waiters_owner_is_capped_off() {
     let nodes = [typed("h", 2, "h100", &[])];
-    let mut caps = TypeCaps::new();
-    caps.insert(
-        "alice".into(),
-        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
-    );
-    let settings = CoreSettings {
-        gpu_type_caps: std::sync::Arc::new(caps),
-        ..super::tests::settings()
-    };
+    let settings = alice_capped_at_one_h100();
     let mut alices = super::tests::running(1, "h", &[0], None);
     alices.owner = "alice".into();
     let mut over = super::tests::running(2, "h", &[1], None);
@@ -293,4 +261,17 @@ fn a_job_past_its_slice_does_not_yield_a_gpu_type_the_waiters_owner_is_capped_of
     let mut carol = super::tests::job(4, GpuAmount::ONE);
     carol.owner = "carol".into();
     assert!(yields(&[alice, carol]));
+}
+
+/// Settings where alice may run one H100 at a time.
+fn alice_capped_at_one_h100() -> CoreSettings {
+    let mut caps = TypeCaps::new();
+    caps.insert(
+        "alice".into(),
+        [("h100".to_owned(), u64::from(GpuAmount::UNITS_PER_GPU))].into(),
+    );
+    CoreSettings {
+        gpu_type_caps: std::sync::Arc::new(caps),
+        ..super::tests::settings()
+    }
 }

@@ -320,7 +320,7 @@ impl World {
                 }
             }
         }
-        super::priority_checks::settle(self);
+        self.settle_priorities();
     }
 
     fn carry_out_one(&mut self, command: Command) -> Option<Input> {
@@ -507,7 +507,7 @@ impl World {
                 self.ledger
                     .check_type_caps(&record, &self.store.records, type_of);
                 self.ledger.check_class_caps(&record, &self.store.records);
-                super::priority_checks::check_start(self, &record);
+                self.check_priority(&record);
             }
         }
         outcome

@@ -176,43 +176,34 @@ pub struct Suspects {
     pub checked: u64,
 }
 
-/// The commands of the moment are carried out: a suspect whose job first in line still waits,
-/// with no fault since, breaks the invariant.
-pub fn settle(world: &mut super::world::World) {
-    let suspects = std::mem::take(&mut world.ledger.priorities.waiting);
-    for (first, faults, broken) in suspects {
-        let still_waits = world
-            .store
-            .records
-            .get(&first)
-            .is_some_and(|t| matches!(t.record.state, JobState::Queued(_)));
-        if still_waits && faults == world.faults {
-            world.ledger.broken.push(broken);
+impl Suspects {
+    /// A start was stored (`faults` so far): suspected when it passed over the job first in
+    /// line.
+    pub fn start_stored(
+        &mut self,
+        record: &JobRecord,
+        records: &BTreeMap<JobId, Tracked>,
+        context: &Context<'_>,
+        faults: u64,
+    ) {
+        self.checked += 1;
+        if let Some((first, broken)) = started(record, records, context) {
+            self.waiting.push((first, faults, broken));
         }
     }
-}
 
-/// Checks a start just stored in `world`'s bucket.
-pub fn check_start(world: &mut super::world::World, record: &JobRecord) {
-    let now = world.wall();
-    let ledger = &world.ledger;
-    let cap = |user: &str| ledger.cap(user);
-    let type_cap = |user: &str, gpu_type: &str| ledger.type_cap(user, gpu_type);
-    let context = Context {
-        agents: &world.agents,
-        reservations: &world.store.reservations,
-        cap: &cap,
-        type_cap: &type_cap,
-        now,
-    };
-    let suspect = started(record, &world.store.records, &context);
-    world.ledger.priorities.checked += 1;
-    if let Some((first, broken)) = suspect {
-        let faults = world.faults;
-        world
-            .ledger
-            .priorities
-            .waiting
-            .push((first, faults, broken));
+    /// The commands of the moment are carried out: what the suspects whose job first in line
+    /// still waits, with no fault since, break.
+    pub fn settle(&mut self, records: &BTreeMap<JobId, Tracked>, faults: u64) -> Vec<String> {
+        std::mem::take(&mut self.waiting)
+            .into_iter()
+            .filter(|(first, suspected_at, _)| {
+                let still_waits = records
+                    .get(first)
+                    .is_some_and(|t| matches!(t.record.state, JobState::Queued(_)));
+                still_waits && *suspected_at == faults
+            })
+            .map(|(_, _, broken)| broken)
+            .collect()
     }
 }

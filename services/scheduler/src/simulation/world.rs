@@ -19,6 +19,7 @@ use mgpu_protocol::report::AgentReport;
 use super::Options;
 use super::agents::{Attempt, NodeMessage, SimAgent};
 use super::ledger::Ledger;
+use super::priority_checks::Context;
 use super::rng::Rng;
 use super::store::SimStore;
 use super::streams::Stream;
@@ -374,4 +375,32 @@ pub fn sim_classes() -> mgpu_protocol::qos::QosClasses {
         ..mgpu_protocol::qos::QosClass::default()
     };
     mgpu_protocol::qos::QosClasses(BTreeMap::from([("scavenger".to_owned(), scavenger)]))
+}
+
+impl World {
+    /// A start was just stored: checked against priorities, once the moment's commands are
+    /// carried out ([`World::settle_priorities`]).
+    pub fn check_priority(&mut self, record: &mgpu_protocol::job::JobRecord) {
+        let now = self.wall();
+        let mut suspects = std::mem::take(&mut self.ledger.priorities);
+        let ledger = &self.ledger;
+        let cap = |user: &str| ledger.cap(user);
+        let type_cap = |user: &str, gpu_type: &str| ledger.type_cap(user, gpu_type);
+        let context = Context {
+            agents: &self.agents,
+            reservations: &self.store.reservations,
+            cap: &cap,
+            type_cap: &type_cap,
+            now,
+        };
+        suspects.start_stored(record, &self.store.records, &context, self.faults);
+        self.ledger.priorities = suspects;
+    }
+
+    /// The commands of the moment are carried out: the starts suspected of passing over a
+    /// job first in line are judged.
+    pub fn settle_priorities(&mut self) {
+        let broken = (self.ledger.priorities).settle(&self.store.records, self.faults);
+        self.ledger.broken.extend(broken);
+    }
 }
