@@ -284,6 +284,73 @@ fn containment_of(cluster: &Cluster) -> String {
         .unwrap_or_default()
 }
 
+/// CPU time of every process a drain runs, in ms: the nats-server, the schedulers, the agent
+/// with the guards and jobs it reaped, and the `mgpu` processes this benchmark ran and reaped.
+struct CpuSplit {
+    nats: f64,
+    scheduler: f64,
+    agent: f64,
+    cli: f64,
+}
+
+impl CpuSplit {
+    fn read(cluster: &Cluster, agent: u32) -> Result<Self> {
+        let nats = match cluster.nats_pid() {
+            Some(pid) => cpu_ms_with_children(pid)?,
+            None => 0.0,
+        };
+        let mut scheduler = 0.0;
+        for pid in cluster.scheduler_pids() {
+            scheduler += cpu_ms_with_children(pid)?;
+        }
+        Ok(CpuSplit {
+            nats,
+            scheduler,
+            agent: cpu_ms_with_children(agent)?,
+            cli: reaped_children_cpu_ms()?,
+        })
+    }
+
+    /// What each part spent since `before`, per job of `jobs`.
+    fn since(&self, before: &CpuSplit, jobs: usize) -> CpuSplit {
+        let per_job = |now: f64, then: f64| round3((now - then) / jobs.max(1) as f64);
+        CpuSplit {
+            nats: per_job(self.nats, before.nats),
+            scheduler: per_job(self.scheduler, before.scheduler),
+            agent: per_job(self.agent, before.agent),
+            cli: per_job(self.cli, before.cli),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "nats_server": self.nats,
+            "scheduler": self.scheduler,
+            "agent_guards_and_jobs": self.agent,
+            "cli": self.cli,
+            "total": round3(self.nats + self.scheduler + self.agent + self.cli),
+        })
+    }
+}
+
+/// CPU time of the processes this benchmark ran and reaped (the `mgpu` commands), in ms.
+fn reaped_children_cpu_ms() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("no command in /proc/self/stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // cutime and cstime: the 16th and 17th fields, the 14th and 15th after the command.
+    let ticks: u64 = fields
+        .get(13..15)
+        .context("short /proc/self/stat")?
+        .iter()
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .sum();
+    Ok(ticks as f64 * 10.0)
+}
+
 /// CPU time of `pid` and of the children it reaped (the guards and their jobs), in ms.
 fn cpu_ms_with_children(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -365,16 +432,20 @@ fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Resu
     progress(&format!(
         "(3) drain: {jobs} x `mgpu submit -- true` to 8 GPUs"
     ));
-    let cpu_before = cpu_ms_with_children(setup.agent)?;
+    let cpu_before = CpuSplit::read(cluster, setup.agent)?;
     let first_submit = chrono::Utc::now();
     let (ids, durations, submit_wall) = submit_loop(cluster, jobs)?;
+    // The submitting processes only: waiting below runs `mgpu` to look, which is not theirs.
+    let cli_after_submits = reaped_children_cpu_ms()?;
     let ids: HashSet<String> = ids.into_iter().collect();
     let last_end = wait_drained(cluster, &ids)?;
     let span = (last_end - first_submit)
         .to_std()
         .context("the last job ended before the first submit")?;
     let rate = ids.len() as f64 / span.as_secs_f64();
-    let agent_cpu_ms = cpu_ms_with_children(setup.agent)? - cpu_before;
+    let mut after = CpuSplit::read(cluster, setup.agent)?;
+    after.cli = cli_after_submits;
+    let cpu = after.since(&cpu_before, ids.len());
     ctx.report(
         &format!("drain_rate{}", setup.suffix),
         rate,
@@ -390,7 +461,8 @@ fn drain(ctx: &Run, cluster: &Cluster, jobs: usize, setup: &Containment) -> Resu
             "span_s": round3(span.as_secs_f64()),
             "submit_wall_s": round3(submit_wall.as_secs_f64()),
             "containment": setup.described,
-            "agent_cpu_ms_per_job": round3(agent_cpu_ms / ids.len().max(1) as f64),
+            "agent_cpu_ms_per_job": cpu.agent,
+            "cpu_ms_per_job": cpu.json(),
         }),
     );
     Ok(rate)
