@@ -382,6 +382,41 @@ fn a_sliced_job_yields_only_to_a_waiter_its_gpu_would_let_start() {
     }
 }
 
+/// A job past its time slice does not yield to a waiter ranked below it: requeued, it would come
+/// first and take its GPU straight back. A waiter ranked as high gets the GPU.
+#[test]
+fn a_sliced_job_does_not_yield_to_a_waiter_ranked_below_it() {
+    let cluster = Cluster::start(&node("1x24GiB"));
+    let sliced = cluster.submit(
+        &[
+            "--priority",
+            "5",
+            "--time-limit",
+            "1s",
+            "--on-timeout",
+            "requeue",
+        ],
+        "sleep 1000",
+    );
+    cluster.wait_state(&sliced, "running", T);
+    let lower = cluster.submit(&["--priority", "1"], "true");
+    cluster.wait_state(&lower, "queued", T);
+    std::thread::sleep(Duration::from_secs(3));
+    let still = cluster.show(&sliced);
+    assert_eq!(
+        (&still["state"], &still["attempt"]),
+        (&"running".into(), &1.into()),
+        "{still}"
+    );
+    let equal = cluster.submit(&["--priority", "5"], "true");
+    wait_for("the sliced job to be requeued", T, || {
+        (cluster.show(&sliced)["attempt"] == 2).then_some(())
+    });
+    cluster.finished_as(&equal, "succeeded", T);
+    // The lower one may have run already, while the requeued job waited to start again.
+    let _ = cluster.mgpu(&["cancel", &sliced, &lower]);
+}
+
 #[test]
 fn dependencies_wait_for_success_or_for_any_end() {
     let cluster = Cluster::start(&node("2x24GiB"));

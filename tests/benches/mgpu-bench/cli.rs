@@ -335,36 +335,27 @@ impl CpuSplit {
 
 /// CPU time of the processes this benchmark ran and reaped (the `mgpu` commands), in ms.
 fn reaped_children_cpu_ms() -> Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
-    let after = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("no command in /proc/self/stat")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // cutime and cstime: the 16th and 17th fields, the 14th and 15th after the command.
-    let ticks: u64 = fields
-        .get(13..15)
-        .context("short /proc/self/stat")?
-        .iter()
-        .map(|field| field.parse::<u64>().unwrap_or(0))
-        .sum();
-    Ok(ticks as f64 * 10.0)
+    stat_cpu_ms("self", 13..15)
 }
 
 /// CPU time of `pid` and of the children it reaped (the guards and their jobs), in ms.
 fn cpu_ms_with_children(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // Fields after the command (which may hold spaces) in parentheses: utime is the 14th
-    // field, stime, cutime and cstime follow.
+    stat_cpu_ms(&pid.to_string(), 11..15)
+}
+
+/// The CPU times in `/proc/<pid>/stat` at `fields` (counted after the command, which may
+/// hold spaces, in parentheses: 11 utime, 12 stime, 13 cutime, 14 cstime), summed, in ms.
+fn stat_cpu_ms(pid: &str, fields: std::ops::Range<usize>) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let after = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest)
-        .context("no command in /proc/PID/stat")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields
-        .get(11..15)
-        .context("short /proc/PID/stat")?
+        .with_context(|| format!("no command in {path}"))?;
+    let all: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = all
+        .get(fields)
+        .with_context(|| format!("short {path}"))?
         .iter()
         .map(|field| field.parse::<u64>().unwrap_or(0))
         .sum();
