@@ -191,6 +191,16 @@ impl RecordStore {
         loop {
             if std::mem::take(&mut unanswered) {
                 match self.read_back(id, &payload).await {
+                    // Creating, and nothing is stored: the earlier try did not land (a server
+                    // lost, a stream electing its leader). Nothing changed: try again.
+                    Ok(WriteOutcome::Changed { stored: None }) if expected.is_none() => {
+                        let what = format!("job {id} not stored yet");
+                        if let Err(gave_up) = retry.wait(&what).await {
+                            return WriteOutcome::Failed {
+                                error: format!("{gave_up:#}"),
+                            };
+                        }
+                    }
                     Ok(outcome) => return outcome,
                     Err(err) => {
                         if let Err(gave_up) = retry.wait(&format!("{err:#}")).await {

@@ -243,6 +243,30 @@ fn a_submission_is_written_first_and_acknowledged_only_once_stored() {
 }
 
 #[test]
+fn a_submission_whose_record_is_not_found_after_an_unanswered_write_is_not_acknowledged() {
+    let mut rig = Rig::new(Policy::default());
+    let id = JobId::random();
+    let request = Request::Submit(Box::new(SubmitRequest {
+        id: id.clone(),
+        user: "alice".into(),
+        spec: one_gpu(),
+    }));
+    let admitted = rig.request(alice(), request);
+    let commands = rig.machine.handle(t0(), Input::Submissions(vec![admitted]));
+    let [Command::Write { op, .. }] = commands.as_slice() else {
+        panic!("{commands:?}");
+    };
+    // Nothing under its id (the write never landed, through an election): acknowledging it
+    // would lose the job; JetStream must deliver it again.
+    let outcome = WriteOutcome::Changed { stored: None };
+    let after = rig
+        .machine
+        .handle(t0(), Input::Written { op: *op, outcome });
+    assert_eq!(acks(&after), 0, "{after:?}");
+    assert!(rig.machine.job(&id).is_none());
+}
+
+#[test]
 fn a_record_changed_under_the_scheduler_is_decided_again_from_what_is_stored() {
     let mut rig = Rig::new(Policy::default());
     let id = rig.submit(one_gpu());

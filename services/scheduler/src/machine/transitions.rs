@@ -284,6 +284,15 @@ impl SchedulerState {
                 self.after_submit(at, &id, effects, &identity, counted);
                 self.ack(token, Some(&id));
             }
+            WriteOutcome::Changed { stored: None } => {
+                // Nothing stored under its id: not recorded, so not acknowledged either;
+                // JetStream delivers it again.
+                self.out.push(Command::log(
+                    LogLevel::Warn,
+                    Some(&id),
+                    "submission not stored; handled again when delivered again",
+                ));
+            }
             WriteOutcome::Changed { stored } => {
                 // A redelivered submission: recorded before, its effects went out then.
                 self.take_stored(&id, stored);
