@@ -138,9 +138,11 @@ fn a_killed_agents_guard_stops_the_escaped_processes_too() {
 /// where the process has one, else v2's `cgroup.freeze`.
 fn freeze_cgroup_of(pid: i32, frozen: bool) {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    // In the root freezer cgroup (a hybrid host's v2 job): contained by v2.
     let v1 = cgroups.lines().find_map(|line| {
         line.split_once(":freezer:")
             .map(|(_, path)| path.to_owned())
+            .filter(|path| path != "/")
     });
     let (file, value, settled) = match v1 {
         Some(path) => (
@@ -179,12 +181,13 @@ fn freeze_cgroup_of(pid: i32, frozen: bool) {
 /// frozen: a merely stopped guard is woken by the kernel's SIGCONT to a newly orphaned process
 /// group when its agent dies): the escaped processes outlive both, and the restarted agent
 /// empties the cgroup its predecessor left before it reports the attempt lost.
-#[test]
-fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
-    if !can_contain() {
+fn a_restarted_agent_empties_the_cgroup_its_predecessor_left(version: &str) {
+    if !can_contain() || !has_hierarchy(version) {
         return;
     }
-    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
+    let mut cluster =
+        Cluster::start(&[NodeSpec::new("node001", "1x24GiB").agent_args(&["--cgroup", version])]);
+    let first_agent = cluster.agent_pid("node001");
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let job = cluster.submit(&["--no-requeue"], &escaping_job(dir.path(), false));
     let escaped = [
@@ -205,6 +208,7 @@ fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
         (!process_running(guard)).then_some(())
     });
     assert!(escaped.iter().all(|pid| process_running(*pid)));
+    let parent = cgroup_parent(escaped[0]);
     cluster.start_agent("node001");
     cluster.finished_as(&job, "node_failed", T);
     for pid in escaped {
@@ -213,6 +217,159 @@ fn a_restarted_agent_empties_the_cgroup_its_predecessor_left() {
             "process {pid} outlived its agent's restart"
         );
     }
+    // The guards its predecessor kept waiting died with it; their cgroups are removed too.
+    wait_for("the predecessor's pooled cgroups to be removed", T, || {
+        pooled_cgroups(&parent, first_agent)
+            .is_empty()
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_restarted_agent_empties_the_v1_cgroup_its_predecessor_left() {
+    a_restarted_agent_empties_the_cgroup_its_predecessor_left("v1");
+}
+
+/// On v2 the job's cgroup is a pooled one, which keeps its name: the state file tells the
+/// successor which it is.
+#[test]
+fn a_restarted_agent_empties_the_v2_cgroup_its_predecessor_left() {
+    a_restarted_agent_empties_the_cgroup_its_predecessor_left("v2");
+}
+
+/// Whether this machine has the hierarchy `--cgroup version` asks for (v1: a freezer).
+fn has_hierarchy(version: &str) -> bool {
+    let found = match version {
+        "v1" => Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists(),
+        _ => {
+            Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+                || Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists()
+        }
+    };
+    if !found {
+        eprintln!("skipped: no cgroup {version} hierarchy on this machine");
+    }
+    found
+}
+
+/// The cgroup `pid` is in, as a directory: v1's freezer one where it is in one below the
+/// root, else v2's.
+fn cgroup_dir(pid: i32) -> std::path::PathBuf {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v1 = cgroups.lines().find_map(|line| {
+        line.split_once(":freezer:")
+            .filter(|(_, path)| *path != "/")
+            .map(|(_, path)| format!("/sys/fs/cgroup/freezer{path}"))
+    });
+    v1.unwrap_or_else(|| {
+        let path = cgroups
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .unwrap_or("/");
+        let mount = if Path::new("/sys/fs/cgroup/unified").is_dir() {
+            "/sys/fs/cgroup/unified"
+        } else {
+            "/sys/fs/cgroup"
+        };
+        format!("{mount}{path}")
+    })
+    .into()
+}
+
+/// The directory the cgroup of `pid` (a job's process) was made in: its node's.
+fn cgroup_parent(pid: i32) -> std::path::PathBuf {
+    let dir = cgroup_dir(pid);
+    dir.parent()
+        .unwrap_or_else(|| panic!("{} has no parent", dir.display()))
+        .to_owned()
+}
+
+/// The names of the pooled cgroups agent `agent` made in `parent` (`pool-<pid>-<n>`).
+fn pooled_cgroups(parent: &Path, agent: u32) -> Vec<String> {
+    let prefix = format!("pool-{agent}-");
+    let mut names: Vec<String> = std::fs::read_dir(parent)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The story under `--cgroup version`: the agent keeps guards waiting in cgroups of their own;
+/// a job takes one (the pool makes another: `pool-<agent>-5` after the first four), runs in
+/// that cgroup (renamed after the job on v1; v2 cannot rename), and is contained as any other;
+/// a stopped agent leaves no pooled cgroup behind.
+fn a_job_starts_under_a_waiting_guard(version: &str) {
+    if !can_contain() || !has_hierarchy(version) {
+        return;
+    }
+    let cluster =
+        Cluster::start(&[NodeSpec::new("node001", "1x24GiB").agent_args(&["--cgroup", version])]);
+    let agent = cluster.agent_pid("node001");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let job = cluster.submit(&[], &escaping_job(dir.path(), false));
+    let escaped = pid_in(&dir.path().join("setsid.pid"));
+    let (own, parent) = (cgroup_dir(escaped), cgroup_parent(escaped));
+    let name = own.file_name().map(|n| n.to_string_lossy().into_owned());
+    let expected = if version == "v1" {
+        format!("job-{job}-1")
+    } else {
+        format!("pool-{agent}-")
+    };
+    assert!(
+        name.as_deref().is_some_and(|n| n.starts_with(&expected)),
+        "the job runs in {}",
+        own.display()
+    );
+    wait_for(
+        "the pool to make a guard in place of the one taken",
+        T,
+        || {
+            pooled_cgroups(&parent, agent)
+                .contains(&format!("pool-{agent}-5"))
+                .then_some(())
+        },
+    );
+    for pooled in pooled_cgroups(&parent, agent) {
+        if Some(&pooled) == name.as_ref() {
+            continue;
+        }
+        let procs = wait_for("a guard to wait in each pooled cgroup", T, || {
+            let procs = std::fs::read_to_string(parent.join(&pooled).join("cgroup.procs")).ok()?;
+            (procs.lines().count() == 1).then_some(procs)
+        });
+        let guard: i32 = procs.trim().parse().unwrap_or_else(|e| panic!("{e}"));
+        let cmdline = std::fs::read(format!("/proc/{guard}/cmdline")).unwrap_or_default();
+        assert!(
+            String::from_utf8_lossy(&cmdline).contains("--pooled"),
+            "{pooled} holds {guard}: {cmdline:?}"
+        );
+    }
+    cluster.mgpu_ok(&["cancel", &job]);
+    cluster.finished_as(&job, "cancelled", T);
+    assert!(!process_running(escaped), "the job's process outlived it");
+    wait_for("the job's cgroup to be removed", T, || {
+        (!own.exists()).then_some(())
+    });
+    cluster.signal_agent("node001", nix::sys::signal::Signal::SIGTERM);
+    wait_for("the stopped agent to remove its pooled cgroups", T, || {
+        pooled_cgroups(&parent, agent).is_empty().then_some(())
+    });
+}
+
+#[test]
+fn a_job_starts_under_a_waiting_guard_in_a_v1_cgroup() {
+    a_job_starts_under_a_waiting_guard("v1");
+}
+
+#[test]
+fn a_job_starts_under_a_waiting_guard_in_a_v2_cgroup() {
+    a_job_starts_under_a_waiting_guard("v2");
 }
 
 #[test]

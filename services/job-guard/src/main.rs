@@ -39,6 +39,7 @@ compile_error!(
 );
 
 mod cgroup;
+mod pooled;
 mod sys;
 
 use core::arch::global_asm;
@@ -191,6 +192,11 @@ fn fail_with(reason: &[u8], detail: &[u8]) -> i32 {
 /// # Safety
 /// As for [`entry`].
 unsafe fn guard(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> i32 {
+    // SAFETY: index 1 is below argc where checked.
+    if argc == 4 && unsafe { arg(argv, 1) }.to_bytes() == mgpu_guard_rules::pooled::FLAG {
+        // SAFETY: indices 2 and 3 are below argc; this is the process's only thread.
+        return unsafe { pooled::wait_for_job(arg(argv, 2).to_bytes(), arg(argv, 3).to_bytes()) };
+    }
     // SAFETY: as the caller promised.
     let settings = match unsafe { Settings::parse(argc, argv) } {
         Ok(settings) => settings,

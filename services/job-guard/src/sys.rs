@@ -16,6 +16,8 @@ pub const ENOTDIR: isize = 20;
 const SYS_READ: usize = 0;
 const SYS_WRITE: usize = 1;
 const SYS_CLOSE: usize = 3;
+const SYS_DUP2: usize = 33;
+const SYS_CHDIR: usize = 80;
 const SYS_FSTAT: usize = 5;
 const SYS_IOCTL: usize = 16;
 const SYS_RT_SIGACTION: usize = 13;
@@ -110,6 +112,20 @@ pub fn read(fd: i32, buffer: &mut [u8]) -> isize {
 
 pub fn close(fd: i32) -> isize {
     plain(SYS_CLOSE, fd as usize, 0, 0)
+}
+
+/// Makes `to` a copy of `from` (inherited across exec whatever `from`'s flag).
+pub fn dup2(from: i32, to: i32) -> isize {
+    plain(SYS_DUP2, from as usize, to as usize, 0)
+}
+
+/// Enters the NUL-terminated directory `path`: 0, or `-errno`.
+pub fn chdir(path: &[u8]) -> isize {
+    if path.last() != Some(&0) {
+        return -ENOENT;
+    }
+    // SAFETY: `path` is NUL-terminated.
+    unsafe { syscall6(SYS_CHDIR, [path.as_ptr() as usize, 0, 0, 0, 0, 0]) }
 }
 
 pub fn exit(code: i32) -> ! {

@@ -177,6 +177,13 @@ pub struct Args {
     )]
     pub cgroup: crate::cgroup::CgroupChoice,
 
+    /// Guards kept waiting, each in a cgroup of its own, for the next jobs: a contained job
+    /// that takes one starts without waiting for its move into a cgroup (which can take
+    /// about 10 ms). 0 turns the pool off. Only `mgpu-job-guard` is pooled.
+    #[arg(long, env = "MGPU_GUARD_POOL", value_name = "N", default_value_t = crate::guard_pool::DEFAULT_SIZE,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub guard_pool: u16,
+
     /// CPU cores the scheduler may hand out here (jobs' `--cpus` count against them). Default:
     /// the cores this agent may run on. Jobs are pinned to cores this agent may run on.
     #[arg(long, env = "MGPU_NODE_CPUS", value_name = "N",

@@ -18,7 +18,7 @@ use mgpu_protocol::report::{Exit, ReportKind};
 use mgpu_protocol::stop::StopSignal;
 use mgpu_protocol::{output, subjects};
 use nix::sys::signal::Signal;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -30,8 +30,9 @@ use crate::guard::{GuardFence, GuardProgram};
 use crate::host::JobHost;
 use crate::hostfile::write_hostfile;
 use crate::input::{InputForwarder, JobInput};
-use crate::job_command::{GuardSetup, JobParts, guarded_command};
+use crate::job_command::GuardSetup;
 use crate::job_io::{ConnectedIo, JobIo};
+use crate::job_launch::{Launched, Launcher, Parts, launch};
 use crate::output::{OutputPipeline, OutputSummary, output_headers, restart_line};
 use crate::report::Reporter;
 use crate::run_as::RunAsPolicy;
@@ -68,6 +69,8 @@ pub struct JobContext {
     pub containment: Containment,
     /// The host's cores, memory and GPU device minors the jobs' cgroups are set up from.
     pub host: Arc<JobHost>,
+    /// Guards waiting in cgroups for the next jobs; None where none are kept.
+    pub pool: Option<Arc<crate::guard_pool::GuardPool>>,
 }
 
 /// A spawned job attempt, recorded in the running table; [`StartedJob::supervise`] sees it
@@ -137,29 +140,26 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         environment_and_hostfile(assignment, &key, node, &gpus, stop_file.path()).await?;
     let (cpus, mem_host_mib) = (assignment.placement.cpus, assignment.placement.mem_host_mib);
     let limits = ctx.host.limits_for(&key, &gpus, cpus, mem_host_mib);
-    let cgroup = ctx.containment.create(&key, &limits).map_err(|err| {
-        ctx.host.cores.release(&key);
-        format!("{err} on {node}")
-    })?;
     let launched = crate::batch_script::launched_spec(spec, script.as_ref());
-    let parts = JobParts {
+    let parts = Parts {
         spec: &launched,
         gpus: &gpus,
-        environment,
+        environment: &environment,
         account,
-        cgroup: cgroup.as_ref(),
         io: &io,
     };
-    let guard = GuardSetup {
-        program: &ctx.guard,
-        kill_grace: ctx.kill_grace,
-        fence: ctx.guard_fence.as_ref(),
+    let launcher = Launcher {
+        node,
+        containment: &ctx.containment,
+        pool: ctx.pool.as_ref(),
+        guard: GuardSetup {
+            program: &ctx.guard,
+            kill_grace: ctx.kill_grace,
+            fence: ctx.guard_fence.as_ref(),
+        },
+        host: &ctx.host,
     };
-    let command = guarded_command(&guard, parts).map_err(|err| {
-        ctx.host.cores.release(&key);
-        format!("cannot set up the job's terminal on {node}: {err}")
-    })?;
-    let mut child = spawn(ctx, &key, command, &spec.workdir, cgroup.clone()).await?;
+    let Launched { mut child, cgroup } = launch(&launcher, &key, &limits, parts).await?;
     let (pid, streams) = connect(&mut child, io, &key, node).inspect_err(|_| {
         ctx.host.cores.release(&key);
     })?;
@@ -173,7 +173,7 @@ pub async fn start(ctx: &JobContext, assignment: &Assignment) -> Result<StartedJ
         .started(&key, &assignment.user, &gpus, cgroup.as_ref());
     // On disk before the assignment is acknowledged: if this agent is SIGKILLed from here on,
     // the next one finds the process and stops it.
-    ctx.state.record(recorded(&key, pid)).await;
+    ctx.state.record(recorded(&key, pid, cgroup.as_ref())).await;
     info!(job = %key.job_id, attempt = key.attempt, pid, rank, ?gpus, "job started");
     Ok(StartedJob {
         ctx: ctx.clone(),
@@ -256,30 +256,6 @@ fn carry_streams(
     (output, input)
 }
 
-/// Starts the guard; a cgroup made for a job that could not start is removed again.
-async fn spawn(
-    ctx: &JobContext,
-    key: &AttemptKey,
-    mut command: Command,
-    workdir: &str,
-    cgroup: Option<JobCgroup>,
-) -> Result<Child, String> {
-    match command.spawn() {
-        Ok(child) => Ok(child),
-        Err(err) => {
-            if let Some(cgroup) = cgroup {
-                let _ = cgroup.kill_all().await;
-            }
-            ctx.host.cores.release(key);
-            Err(format!(
-                "cannot start the job's guard {} in {workdir} on {}: {err}",
-                ctx.guard.program().0.display(),
-                ctx.node
-            ))
-        }
-    }
-}
-
 /// The subscription an interactive job's standard input arrives on.
 async fn subscribe_input(ctx: &JobContext, key: &AttemptKey) -> Result<Subscriber, String> {
     ctx.client
@@ -327,7 +303,7 @@ fn connect(
 }
 
 /// The state file's entry for a process just started.
-fn recorded(key: &AttemptKey, pid: u32) -> RecordedAttempt {
+fn recorded(key: &AttemptKey, pid: u32, cgroup: Option<&JobCgroup>) -> RecordedAttempt {
     RecordedAttempt {
         job_id: key.job_id.clone(),
         attempt: key.attempt,
@@ -335,6 +311,8 @@ fn recorded(key: &AttemptKey, pid: u32) -> RecordedAttempt {
         started_at: mgpu_protocol::now(),
         boot_id: state_file::boot_id(),
         start_ticks: state_file::start_ticks(pid),
+        // A pooled cgroup on v2 keeps its name: a successor must know it.
+        cgroup: cgroup.filter(|c| c.is_pooled()).and_then(JobCgroup::name),
     }
 }
 

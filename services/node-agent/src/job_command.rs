@@ -28,9 +28,11 @@ pub struct GuardSetup<'a> {
 pub struct JobParts<'a> {
     pub spec: &'a JobSpec,
     pub gpus: &'a [u32],
-    pub environment: BTreeMap<String, String>,
+    pub environment: &'a BTreeMap<String, String>,
     pub account: Option<Account>,
     pub cgroup: Option<&'a JobCgroup>,
+    /// The guard is in `cgroup` already (a pooled guard, `guard_pool.rs`).
+    pub cgroup_joined: bool,
     pub io: &'a JobIo,
 }
 
@@ -46,6 +48,7 @@ pub fn guarded_command(guard: &GuardSetup<'_>, parts: JobParts<'_>) -> std::io::
         environment,
         account,
         cgroup,
+        cgroup_joined,
         io,
     } = parts;
     let (program, program_args) = launch(spec, gpus).into_program(shell_program());
@@ -55,7 +58,7 @@ pub fn guarded_command(guard: &GuardSetup<'_>, parts: JobParts<'_>) -> std::io::
     // still empties the cgroup when it stops the job without the agent.
     let guard_procs = cgroup.map(|cgroup| {
         let list = cgroup.guard_argument();
-        if join_before_switch {
+        if join_before_switch || cgroup_joined {
             format!("@{list}")
         } else {
             list

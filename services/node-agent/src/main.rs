@@ -46,6 +46,7 @@ mod gpu_samples;
 mod gpu_spec;
 mod gpu_type;
 mod guard;
+mod guard_pool;
 mod heartbeat;
 mod holdings;
 mod host;
@@ -55,6 +56,7 @@ mod input;
 mod job;
 mod job_command;
 mod job_io;
+mod job_launch;
 mod launch;
 mod lease;
 mod metrics;
@@ -204,7 +206,10 @@ async fn run(args: Args, node: String) -> anyhow::Result<()> {
     identity.cpus = Some(host.resources.cpus);
     identity.mem_host_mib = Some(host.resources.mem_mib);
     let guards = Guards::set_up(&args, &identity, &run_as, &state_dir)?;
+    let taken: Vec<String> = left.iter().filter_map(|a| a.cgroup.clone()).collect();
+    let pool = guard_pool::GuardPool::start(args.guard_pool, &guards.program, &containment, &taken);
     let memory = Memory {
+        pool,
         state,
         left,
         guards,
@@ -380,6 +385,7 @@ struct Memory {
     run_as: run_as::RunAsPolicy,
     containment: cgroup::Containment,
     host: Arc<host::JobHost>,
+    pool: Option<Arc<guard_pool::GuardPool>>,
     /// This agent, the node-name lease it took at start (None: not yet), and the copies of
     /// the lease bucket it makes if it must.
     lease: (lease::Holder, Option<lease::NodeLease>, usize),
@@ -462,6 +468,7 @@ fn start_loops(
         run_as: memory.run_as,
         containment: memory.containment,
         host: memory.host,
+        pool: memory.pool.clone(),
     };
     let dispatcher = start_dispatcher(leftovers, ctx, shutdown);
     Agent {
@@ -474,6 +481,7 @@ fn start_loops(
         dispatcher,
         heartbeat,
         lease,
+        pool: memory.pool,
     }
 }
 
@@ -508,6 +516,8 @@ struct Agent {
     heartbeat: JoinHandle<()>,
     /// Renews the node-name lease; gives it up once heartbeats stop.
     lease: JoinHandle<()>,
+    /// Guards waiting for jobs: ended with the agent.
+    pool: Option<Arc<guard_pool::GuardPool>>,
 }
 
 impl Agent {
@@ -547,6 +557,9 @@ impl Agent {
             jobs.shutdown().await;
         }
 
+        if let Some(pool) = &self.pool {
+            pool.close().await;
+        }
         self.stop_heartbeats.fire();
         if let Err(err) = self.heartbeat.await {
             error!("the heartbeat loop failed: {err}");

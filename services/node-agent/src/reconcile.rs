@@ -124,7 +124,11 @@ pub async fn settle(leftovers: Leftovers, ctx: &JobContext) {
         let key = attempt.key();
         // What left the attempt's process group is still in its cgroup: emptied before the
         // attempt is reported ended.
-        if let Err(err) = ctx.containment.empty_left_over(&key).await {
+        if let Err(err) = ctx
+            .containment
+            .empty_left_over(&key, attempt.cgroup.as_deref())
+            .await
+        {
             warn!(job = %key.job_id, attempt = key.attempt, "emptying a previous agent's job cgroup: {err}");
         }
         let (exit_code, signal) = fate.exit();
@@ -319,6 +323,7 @@ mod tests {
             started_at: mgpu_protocol::now(),
             boot_id: state_file::boot_id(),
             start_ticks: state_file::start_ticks(pid),
+            cgroup: None,
         }
     }
 

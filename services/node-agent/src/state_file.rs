@@ -51,6 +51,10 @@ pub struct RecordedAttempt {
     /// by an unrelated process is not taken for the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_ticks: Option<u64>,
+    /// Its cgroup's name where that is not the attempt's own: a pooled cgroup on v2, which
+    /// cannot be renamed (`cgroup/pooled.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 impl RecordedAttempt {
@@ -361,6 +365,7 @@ mod tests {
             started_at: mgpu_protocol::now(),
             boot_id: Some("boot".into()),
             start_ticks: Some(77),
+            cgroup: None,
         }
     }
 

@@ -16,6 +16,7 @@
 //! - [`args`]: the guard's command line, which the agent writes (`guard.rs` there) and both
 //!   guards read ([`Arguments`]).
 //! - [`signal`] and [`exit`]: the signal numbers and exit codes both guards use.
+//! - [`pooled`]: the message that starts a job under a guard the agent started ahead of it.
 //!
 //! `#![no_std]` and without allocation, so that the static guard, which starts in
 //! microseconds, can use it; the tests use the standard library.
@@ -28,6 +29,7 @@ extern crate std;
 pub mod args;
 pub mod exit;
 pub mod machine;
+pub mod pooled;
 pub mod signal;
 
 pub use args::{ArgumentError, Arguments, Cgroup, Fence};

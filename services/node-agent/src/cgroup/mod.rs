@@ -13,10 +13,12 @@
 //! The agent makes the job's cgroup and writes its limits before it starts the job's guard;
 //! the guard (or, for the built-in guard, the agent between fork and exec) moves itself into
 //! it before it starts the job, so the job's first instruction already runs inside (see
-//! `guard.rs`). Killing and measuring a made cgroup is `job_cgroup.rs`.
+//! `guard.rs`). Killing and measuring a made cgroup is `job_cgroup.rs`; cgroups made ahead of
+//! their jobs, for guards waiting in the pool, are `pooled.rs`.
 
 mod device_filter;
 mod job_cgroup;
+mod pooled;
 mod v1;
 mod v2;
 
@@ -205,10 +207,14 @@ impl Containment {
         }
     }
 
-    /// Empties and removes the cgroup an earlier agent made for `key`, if there is one.
-    pub async fn empty_left_over(&self, key: &AttemptKey) -> Result<(), String> {
-        // Pinned or not, it is unknown: a directory that is not there is skipped.
-        let Some(cgroup) = self.cgroup_of(key, true) else {
+    /// Empties and removes the cgroup an earlier agent made for `key`, if there is one: the
+    /// one it `recorded`, if it named one (a pooled cgroup on v2), else the attempt's.
+    pub async fn empty_left_over(
+        &self,
+        key: &AttemptKey,
+        recorded: Option<&str>,
+    ) -> Result<(), String> {
+        let Some(cgroup) = self.attempt_cgroup(key, recorded) else {
             return Ok(());
         };
         if !cgroup.dir.is_dir() {
