@@ -41,11 +41,35 @@ impl Driver {
                 Err(refused) => self.feed(*refused).await,
             }
         }
-        let admitted = self.keep_nonces(admitted).await;
+        // Both must be stored before a submission is acted on, and neither waits for the
+        // other: each is a write flushed to disk, and a start waits for both.
+        let environments = environments_of(&admitted);
+        let js = self.js.clone();
+        let puts = futures::future::join_all(
+            environments
+                .iter()
+                .map(|found| keep_env_apart(&js, found.as_ref())),
+        );
+        let (stored, admitted) = futures::join!(puts, self.keep_nonces(admitted));
+        // The nonces keep a prefix of the batch: the environments' results line up with it.
         let mut ready = Vec::with_capacity(admitted.len());
-        for (admitted, _) in admitted {
-            if let Some(admitted) = self.keep_env_apart(admitted).await {
-                ready.push(admitted);
+        for ((mut admitted, _), stored) in admitted.into_iter().zip(stored) {
+            match stored {
+                Ok(()) => {
+                    if let Request::Submit(request) = &mut admitted.request
+                        && !request.spec.env.is_empty()
+                    {
+                        request.spec.env.clear();
+                        request.spec.private_env = true;
+                    }
+                    ready.push(admitted);
+                }
+                Err(err) => {
+                    // Its environment would otherwise be in a record every user reads: not
+                    // recorded now, left unacknowledged, JetStream delivers it again.
+                    tracing::error!("keeping a submission's environment apart: {err}");
+                    self.held.remove(&admitted.token);
+                }
             }
         }
         let specs: Vec<_> = ready
@@ -188,27 +212,6 @@ impl Driver {
         admitted
     }
 
-    /// Moves an inline environment of a submission to the bucket, under its signer's key.
-    /// Should that fail, the submission is not recorded now (its environment would be in a
-    /// record every user reads): left unacknowledged, JetStream delivers it again.
-    async fn keep_env_apart(&mut self, mut admitted: Admitted) -> Option<Admitted> {
-        let Request::Submit(request) = &mut admitted.request else {
-            return Some(admitted);
-        };
-        if request.spec.env.is_empty() {
-            return Some(admitted);
-        }
-        let owner = &admitted.identity.key;
-        if let Err(err) = job_env::put(&self.js, owner, &request.id, &request.spec.env).await {
-            tracing::error!(job = %request.id, "keeping its environment apart: {err}");
-            self.held.remove(&admitted.token);
-            return None;
-        }
-        request.spec.env.clear();
-        request.spec.private_env = true;
-        Some(admitted)
-    }
-
     /// Looks up in history how the jobs that `specs` depend on ended, for those the machine
     /// does not know: `--after` a job that left the live bucket resolves as it would have.
     pub(super) async fn learn_archived<'a>(
@@ -325,6 +328,37 @@ impl Driver {
 /// the heartbeat says is used (one this release reads decodes strictly and says its protocol;
 /// only one that does not decode is read again for the version alone), then the beat,
 /// validated, and only for the node whose subject it came on.
+/// An inline environment of a submission, to be moved to the bucket under its signer's key:
+/// (owner, job, environment); None for other requests and submissions without one.
+type InlineEnvironment = Option<(String, JobId, job_env::Environment)>;
+
+fn environments_of(admitted: &[(Admitted, SeenNonce)]) -> Vec<InlineEnvironment> {
+    admitted
+        .iter()
+        .map(|(admitted, _)| match &admitted.request {
+            Request::Submit(request) if !request.spec.env.is_empty() => Some((
+                admitted.identity.key.clone(),
+                request.id.clone(),
+                request.spec.env.clone(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Stores an inline environment in its bucket (nothing to do without one).
+async fn keep_env_apart(
+    js: &jetstream::Context,
+    found: Option<&(String, JobId, job_env::Environment)>,
+) -> Result<(), String> {
+    let Some((owner, job, env)) = found else {
+        return Ok(());
+    };
+    job_env::put(js, owner, job, env)
+        .await
+        .map_err(|err| format!("job {job}: {err}"))
+}
+
 pub(crate) fn heartbeat_input(subject: &str, payload: &Bytes, now: Timestamp) -> Option<Input> {
     let strict = wire::decode::<NodeHeartbeat>("heartbeat", payload, wire::MAX_HEARTBEAT_BYTES);
     let protocol = match &strict {

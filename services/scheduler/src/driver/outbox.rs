@@ -5,7 +5,8 @@
 //! the machine's ([`crate::machine::assignment`], [`crate::machine::announce`]); this only
 //! sends, after fetching an environment kept apart for the assignment that needs it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 
 use anyhow::{Result, anyhow};
 use async_nats::HeaderMap;
@@ -20,6 +21,7 @@ use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::audit::AuditRecord;
 use mgpu_protocol::event::JobEvent;
 use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobState;
 use mgpu_protocol::{now, subjects};
 
 use super::store::{WRITE_RETRY_FOR, Write};
@@ -36,7 +38,29 @@ impl Driver {
     /// later commands about the same job: its request is delivered again, the repair timer
     /// sends it again.
     pub(super) async fn carry_out(&mut self, mut commands: Vec<Command>) {
+        loop {
+            let deferred = self.carry_out_rounds(commands).await;
+            if deferred.is_empty() {
+                break;
+            }
+            // The bookkeeping stores a round put off, now that its jobs are on their way.
+            let mut results = Vec::new();
+            for command in deferred {
+                results.extend(self.carry_out_one(command, &mut HashSet::new()).await);
+            }
+            commands = results
+                .into_iter()
+                .flat_map(|result| self.machine.handle(now(), result))
+                .collect();
+        }
+        self.outbox.forget_prefetched();
+    }
+
+    /// [`Driver::carry_out`] but for the bookkeeping stores (the usage book, the plan), which
+    /// are handed back: a start must not wait for them (each is a write flushed to disk).
+    async fn carry_out_rounds(&mut self, mut commands: Vec<Command>) -> Vec<Command> {
         let mut failed: HashSet<JobId> = HashSet::new();
+        let mut deferred = Vec::new();
         while !commands.is_empty() {
             let mut results = Vec::new();
             let mut writes = Vec::new();
@@ -52,16 +76,22 @@ impl Driver {
                         op,
                         record,
                         expected,
-                    } => writes.push(Write {
-                        op,
-                        record,
-                        expected,
-                    }),
+                    } => {
+                        self.outbox.prefetch_environment(&record);
+                        writes.push(Write {
+                            op,
+                            record,
+                            expected,
+                        });
+                    }
                     Command::Assign {
                         job,
                         env_owner,
                         ranks,
                     } => assigns.push((job, env_owner, ranks)),
+                    bookkeeping @ (Command::SaveUsage(_) | Command::SavePlan(_)) => {
+                        deferred.push(bookkeeping);
+                    }
                     other => {
                         // Writes and assignments gathered so far go first, in order.
                         results.extend(self.store.write_all(std::mem::take(&mut writes)).await);
@@ -77,6 +107,7 @@ impl Driver {
                 commands.extend(self.machine.handle(now(), result));
             }
         }
+        deferred
     }
 
     /// Sends assignments, many at once; the jobs whose sending failed.
@@ -264,14 +295,74 @@ pub(crate) struct Outbox {
     js: jetstream::Context,
     /// Where job events and audit records go out, off the hot path.
     background: BackgroundPublisher,
+    /// Environments kept apart, fetched while the records of the jobs about to start them
+    /// are written (see [`Outbox::prefetch_environment`]).
+    prefetched: Mutex<HashMap<JobId, Prefetch>>,
 }
+
+/// An environment being fetched.
+type Prefetch = tokio::task::JoinHandle<Result<Option<job_env::Environment>, String>>;
 
 impl Outbox {
     pub(crate) fn new(js: jetstream::Context) -> Self {
         Outbox {
             background: BackgroundPublisher::start(js.clone(), WRITE_RETRY_FOR),
             js,
+            prefetched: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Starts fetching the environment kept apart of a job whose record is written as
+    /// starting (running, not started yet), so its assignment need not wait for the fetch
+    /// after the write.
+    fn prefetch_environment(&self, record: &mgpu_protocol::job::JobRecord) {
+        let JobState::Running(run) = &record.state else {
+            return;
+        };
+        if !record.spec.private_env || run.started_at.is_some() || run.pid.is_some() {
+            return;
+        }
+        let Ok(mut prefetched) = self.prefetched.lock() else {
+            return;
+        };
+        let (client, owner, job) = (
+            self.js.client(),
+            subjects::history_owner(record).to_owned(),
+            record.id.clone(),
+        );
+        prefetched.entry(record.id.clone()).or_insert_with(|| {
+            tokio::spawn(async move {
+                job_env::get(&client, &owner, &job)
+                    .await
+                    .map_err(|err| err.to_string())
+            })
+        });
+    }
+
+    /// Drops what was fetched for assignments that were not sent.
+    fn forget_prefetched(&self) {
+        if let Ok(mut prefetched) = self.prefetched.lock() {
+            for (_, fetch) in prefetched.drain() {
+                fetch.abort();
+            }
+        }
+    }
+
+    /// The environment `owner` kept apart for `job`: fetched ahead, or now.
+    async fn environment(&self, owner: &str, job: &JobId) -> Result<Option<job_env::Environment>> {
+        let ahead = self
+            .prefetched
+            .lock()
+            .ok()
+            .and_then(|mut prefetched| prefetched.remove(job));
+        if let Some(Ok(Ok(found))) = match ahead {
+            Some(fetch) => Some(fetch.await),
+            None => None,
+        } {
+            return Ok(found);
+        }
+        // None fetched ahead, or that fetch failed: asked again.
+        Ok(job_env::get(&self.js.client(), owner, job).await?)
     }
 
     /// Sends a control message to `node`.
@@ -321,7 +412,7 @@ impl Outbox {
         mut ranks: Vec<RankAssignment>,
     ) -> Result<()> {
         if let Some(owner) = env_owner {
-            let env = job_env::get(&self.js.client(), owner, job).await?;
+            let env = self.environment(owner, job).await?;
             if env.is_none() {
                 tracing::warn!(job = %job, "its environment is gone; it runs without");
             }
