@@ -7,7 +7,8 @@
 //! `auth.conf`; it waits until the servers have formed the cluster and elected a JetStream
 //! meta leader, then starts the scheduler and the agents, every component given all the
 //! servers' URLs.
-//! [`Cluster::kill_nats_server`] SIGKILLs one of them; [`Cluster::stream_leaders`] says which
+//! [`Cluster::kill_nats_server`] SIGKILLs one of them ([`Cluster::restart_nats_server`] starts
+//! it again); [`Cluster::stream_leaders`] says which
 //! server leads which stream, so a story can kill the one whose loss hurts most.
 
 use std::collections::BTreeMap;
@@ -167,6 +168,31 @@ impl Cluster {
             .unwrap_or_else(|| panic!("{name} was already killed"));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// Starts a killed nats-server of the cluster again, with its configuration and JetStream
+    /// directory.
+    pub fn restart_nats_server(&mut self, name: &str) {
+        let conf = self.auth_dir.join(format!("{name}.conf"));
+        let child = spawn_server(self, name, &conf);
+        let servers = self
+            .nats_cluster
+            .as_mut()
+            .unwrap_or_else(|| panic!("not a NATS cluster"));
+        let index = servers
+            .members
+            .iter()
+            .position(|m| m.name == name)
+            .unwrap_or_else(|| panic!("no server {name}"));
+        assert!(servers.servers[index].is_none(), "{name} is running");
+        servers.servers[index] = Some(child);
+    }
+
+    /// The process id of a running nats-server of the cluster.
+    pub fn nats_server_pid(&self, name: &str) -> Option<u32> {
+        let servers = self.nats_cluster.as_ref()?;
+        let index = servers.members.iter().position(|m| m.name == name)?;
+        servers.servers.get(index)?.as_ref().map(Child::id)
     }
 
     /// The server leading each of mgpu's streams and buckets (by stream name), as far as the

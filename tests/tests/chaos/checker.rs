@@ -1,0 +1,467 @@
+//! What must hold once the faults stopped and the cluster settled, read from the jobs'
+//! records (`mgpu queue --all --json`, `mgpu show --json` for those moved to history), their
+//! output (`mgpu logs`), the ledgers their attempts wrote on their nodes, and the processes
+//! left on the machine. Every broken promise is one violation, named with its job.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::workload::{Cli, Job, Kind, Submitted};
+
+const TERMINAL: [&str; 5] = [
+    "succeeded",
+    "failed",
+    "cancelled",
+    "timed_out",
+    "node_failed",
+];
+
+/// The jobs as the cluster says they ended: record by id (None: found nowhere).
+pub struct Settled {
+    records: HashMap<String, Value>,
+    /// Ids of jobs running our script that no CLI was told of.
+    unacknowledged: Vec<String>,
+}
+
+/// The check's findings.
+pub struct Report {
+    pub attempts: usize,
+    pub violations: Vec<String>,
+    pub queue_answers_ms: Value,
+    /// What could not be checked, and how often.
+    pub unchecked: Value,
+}
+
+/// Waits (up to `within`) until every submitted job is in a terminal state.
+pub fn settle(cli: &Cli, submitted: &Submitted, within: Duration) -> Settled {
+    let deadline = Instant::now() + within;
+    let mut said = Instant::now();
+    loop {
+        let settled = read(cli, submitted);
+        let open = submitted
+            .jobs
+            .iter()
+            .filter(|job| !settled.records.get(&job.id).is_some_and(is_terminal))
+            .count();
+        if open == 0 || Instant::now() > deadline {
+            return settled;
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            eprintln!("chaos: settling, {open} job(s) not ended yet");
+            said = Instant::now();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn is_terminal(record: &Value) -> bool {
+    TERMINAL.contains(&state_of(record))
+}
+
+fn state_of(record: &Value) -> &str {
+    record["state"].as_str().unwrap_or_default()
+}
+
+/// Every job's record: the live ones listed at once, the others (moved to history) one by one.
+fn read(cli: &Cli, submitted: &Submitted) -> Settled {
+    let listed = cli
+        .json("admin", &["queue", "--all", "--json"])
+        .and_then(|v| v["jobs"].as_array().cloned())
+        .unwrap_or_default();
+    let ours: HashSet<&str> = submitted.jobs.iter().map(|j| j.id.as_str()).collect();
+    let mut records = HashMap::new();
+    let mut unacknowledged = Vec::new();
+    for record in listed {
+        let id = record["id"].as_str().unwrap_or_default().to_owned();
+        if !ours.contains(id.as_str()) {
+            if record.to_string().contains("chaos-line") {
+                unacknowledged.push(id);
+            }
+            continue;
+        }
+        records.insert(id, record);
+    }
+    for job in &submitted.jobs {
+        if !records.contains_key(&job.id)
+            && let Some(record) = cli.json("admin", &["show", "--json", &job.id])
+        {
+            records.insert(job.id.clone(), record);
+        }
+    }
+    Settled {
+        records,
+        unacknowledged,
+    }
+}
+
+/// One attempt as its ledger lines tell it.
+#[derive(Clone, Debug, Default)]
+struct Attempt {
+    node: String,
+    gpus: Vec<String>,
+    start: u128,
+    end: Option<u128>,
+}
+
+/// The ledgers: attempts by (job, attempt number).
+fn ledgers(dir: &Path) -> BTreeMap<(String, u32), Attempt> {
+    let mut attempts: BTreeMap<(String, u32), Attempt> = BTreeMap::new();
+    let files = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for line in files
+        .filter_map(|file| std::fs::read_to_string(file.path()).ok())
+        .flat_map(|text| text.lines().map(str::to_owned).collect::<Vec<_>>())
+    {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let [what, job, attempt, node, gpus, at] = words[..] else {
+            continue;
+        };
+        let (Ok(attempt), Ok(at)) = (attempt.parse::<u32>(), at.parse::<u128>()) else {
+            continue;
+        };
+        let entry = attempts.entry((job.to_owned(), attempt)).or_default();
+        if what == "start" {
+            entry.node = node.to_owned();
+            entry.gpus = gpus.split(',').map(str::to_owned).collect();
+            entry.start = at;
+        } else {
+            entry.end = Some(at);
+        }
+    }
+    attempts
+}
+
+/// Every check, over the settled cluster.
+pub fn check(cli: &Cli, submitted: &Submitted, dir: &Path, settled: Settled) -> Report {
+    let attempts = ledgers(dir);
+    let mut violations = Vec::new();
+    let mut unchecked: BTreeMap<&str, usize> = BTreeMap::new();
+    if settled.unacknowledged.len() > submitted.uncertain {
+        violations.push(format!(
+            "jobs nobody was told of: {:?} ({} submission(s) failed at the CLI)",
+            settled.unacknowledged, submitted.uncertain
+        ));
+    }
+    let by_job = group_by_job(&attempts);
+    for job in &submitted.jobs {
+        let Some(record) = settled.records.get(&job.id) else {
+            violations.push(format!("{}: lost (no record anywhere)", job.id));
+            continue;
+        };
+        if !is_terminal(record) {
+            violations.push(format!(
+                "{}: still {} after settling",
+                job.id,
+                state_of(record)
+            ));
+        }
+        let runs = by_job.get(job.id.as_str()).cloned().unwrap_or_default();
+        check_job(job, record, &runs, &mut violations);
+        check_dependency(job, &runs, &settled, &by_job, &mut violations);
+    }
+    check_gpus(&attempts, &mut violations, &mut unchecked);
+    check_arrays(submitted, &attempts, &mut violations, &mut unchecked);
+    check_output(cli, submitted, &settled, &by_job, &mut violations);
+    check_survivors(dir, &mut violations);
+    Report {
+        attempts: attempts.len(),
+        violations,
+        queue_answers_ms: queue_answers(cli),
+        unchecked: json!(unchecked),
+    }
+}
+
+/// Each job's attempts, by attempt number.
+fn group_by_job(
+    attempts: &BTreeMap<(String, u32), Attempt>,
+) -> HashMap<&str, BTreeMap<u32, Attempt>> {
+    let mut by_job: HashMap<&str, BTreeMap<u32, Attempt>> = HashMap::new();
+    for ((job, number), attempt) in attempts {
+        by_job
+            .entry(job.as_str())
+            .or_default()
+            .insert(*number, attempt.clone());
+    }
+    by_job
+}
+
+/// A job's end agrees with its ledger; a `--no-requeue` job ran at most once.
+fn check_job(
+    job: &Job,
+    record: &Value,
+    runs: &BTreeMap<u32, Attempt>,
+    violations: &mut Vec<String>,
+) {
+    let attempt = record["attempt"].as_u64().unwrap_or(1) as u32;
+    if state_of(record) == "succeeded" && runs.get(&attempt).and_then(|a| a.end).is_none() {
+        violations.push(format!(
+            "{}: succeeded, but its attempt {attempt} wrote no end in its ledger",
+            job.id
+        ));
+    }
+    if job.kind == Kind::NoRequeue && runs.len() > 1 {
+        violations.push(format!(
+            "{}: --no-requeue, yet it started {} times",
+            job.id,
+            runs.len()
+        ));
+    }
+}
+
+/// A job `--after` another started only after that one succeeded.
+fn check_dependency(
+    job: &Job,
+    runs: &BTreeMap<u32, Attempt>,
+    settled: &Settled,
+    by_job: &HashMap<&str, BTreeMap<u32, Attempt>>,
+    violations: &mut Vec<String>,
+) {
+    let Kind::Dependent { on } = &job.kind else {
+        return;
+    };
+    let Some(first) = runs.values().map(|a| a.start).min() else {
+        return;
+    };
+    let succeeded = settled
+        .records
+        .get(on)
+        .is_some_and(|r| state_of(r) == "succeeded");
+    let ended = by_job
+        .get(on.as_str())
+        .and_then(|runs| runs.values().filter_map(|a| a.end).max());
+    match ended {
+        Some(end) if succeeded && end <= first => {}
+        _ => violations.push(format!(
+            "{}: started before {on}, which it depends on, succeeded",
+            job.id
+        )),
+    }
+}
+
+/// When an attempt started and ended (ns), and which it was.
+type Span = (u128, u128, String);
+/// A moment an array's running count changed, and by how much.
+type Change = (u128, i32);
+
+/// No two attempts held a GPU at once (attempts without an end line are not checked: when
+/// their process died is not known).
+fn check_gpus(
+    attempts: &BTreeMap<(String, u32), Attempt>,
+    violations: &mut Vec<String>,
+    unchecked: &mut BTreeMap<&'static str, usize>,
+) {
+    let mut held: BTreeMap<(String, String), Vec<Span>> = BTreeMap::new();
+    for ((job, number), attempt) in attempts {
+        let Some(end) = attempt.end else {
+            *unchecked.entry("attempts_without_end").or_default() += 1;
+            continue;
+        };
+        for gpu in &attempt.gpus {
+            held.entry((attempt.node.clone(), gpu.clone()))
+                .or_default()
+                .push((attempt.start, end, format!("{job}#{number}")));
+        }
+    }
+    for ((node, gpu), mut spans) in held {
+        spans.sort();
+        for pair in spans.windows(2) {
+            if let [(_, first_end, first), (second_start, _, second)] = pair
+                && second_start < first_end
+            {
+                violations.push(format!(
+                    "{first} and {second} held GPU {gpu} of {node} at the same time"
+                ));
+            }
+        }
+    }
+}
+
+/// An array `%N` never ran more than N tasks at once.
+fn check_arrays(
+    submitted: &Submitted,
+    attempts: &BTreeMap<(String, u32), Attempt>,
+    violations: &mut Vec<String>,
+    unchecked: &mut BTreeMap<&'static str, usize>,
+) {
+    let mut arrays: BTreeMap<&str, (u32, Vec<Change>)> = BTreeMap::new();
+    for job in &submitted.jobs {
+        let Kind::ArrayTask { array, max_running } = &job.kind else {
+            continue;
+        };
+        let entry = arrays
+            .entry(array.as_str())
+            .or_insert((*max_running, Vec::new()));
+        for ((id, _), attempt) in attempts.range((job.id.clone(), 0)..(job.id.clone(), u32::MAX)) {
+            debug_assert_eq!(id, &job.id);
+            match attempt.end {
+                Some(end) => entry.1.extend([(attempt.start, 1), (end, -1)]),
+                None => *unchecked.entry("array_attempts_without_end").or_default() += 1,
+            }
+        }
+    }
+    for (array, (max_running, mut events)) in arrays {
+        // Ends before starts at the same instant.
+        events.sort_by_key(|(at, delta)| (*at, *delta));
+        let mut running = 0;
+        for (_, delta) in events {
+            running += delta;
+            if running > max_running as i32 {
+                violations.push(format!(
+                    "array {array}: {running} tasks ran at once, above its %{max_running}"
+                ));
+                break;
+            }
+        }
+    }
+}
+
+/// A succeeded job's output holds its numbered lines, in order; all of them once when it ran
+/// once.
+fn check_output(
+    cli: &Cli,
+    submitted: &Submitted,
+    settled: &Settled,
+    by_job: &HashMap<&str, BTreeMap<u32, Attempt>>,
+    violations: &mut Vec<String>,
+) {
+    for job in &submitted.jobs {
+        let succeeded = settled
+            .records
+            .get(&job.id)
+            .is_some_and(|r| state_of(r) == "succeeded");
+        if !succeeded {
+            continue;
+        }
+        let out = cli.run(job.user, &["logs", &job.id]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let numbers: Vec<u32> = text
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("chaos-line "))
+            .filter_map(|n| n.trim().parse().ok())
+            .collect();
+        let expected: Vec<u32> = (1..=job.lines).collect();
+        let last = numbers.get(numbers.len().saturating_sub(expected.len())..);
+        let ran_once = by_job
+            .get(job.id.as_str())
+            .is_some_and(|runs| runs.len() == 1);
+        if last != Some(&expected[..]) || (ran_once && numbers.len() != expected.len()) {
+            violations.push(format!(
+                "{}: its output's numbered lines are {numbers:?}, not 1 to {} in order",
+                job.id, job.lines
+            ));
+        }
+    }
+}
+
+/// No process of any job is left once every job ended.
+fn check_survivors(dir: &Path, violations: &mut Vec<String>) {
+    let marker = dir.display().to_string();
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == me || !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&marker) && cmdline.contains("chaos-line") {
+            violations.push(format!("process {name} of a job outlived it: {cmdline}"));
+        }
+    }
+}
+
+/// How long `mgpu queue` takes to answer now, five times: median and longest, in ms.
+fn queue_answers(cli: &Cli) -> Value {
+    let mut took: Vec<f64> = (0..5)
+        .map(|_| {
+            let began = Instant::now();
+            let _ = cli.run("alice", &["queue"]);
+            began.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    took.sort_by(f64::total_cmp);
+    json!({"p50": took[2].round(), "max": took[4].round()})
+}
+
+/// The checks above run on a made-up history with one of each violation, each of which must
+/// be found (so a campaign's "no violation" means something).
+pub fn self_check() -> Result<(), String> {
+    let attempt = |node: &str, gpus: &str, start: u128, end: Option<u128>| Attempt {
+        node: node.to_owned(),
+        gpus: gpus.split(',').map(str::to_owned).collect(),
+        start,
+        end,
+    };
+    let mut attempts = BTreeMap::new();
+    attempts.insert(("a".to_owned(), 1), attempt("n1", "0", 10, Some(20)));
+    attempts.insert(("b".to_owned(), 1), attempt("n1", "0,1", 15, Some(30)));
+    attempts.insert(("c".to_owned(), 1), attempt("n2", "0", 10, Some(20)));
+    attempts.insert(("c".to_owned(), 2), attempt("n2", "1", 30, Some(40)));
+    attempts.insert(("d".to_owned(), 1), attempt("n3", "0", 5, Some(12)));
+    attempts.insert(("e".to_owned(), 1), attempt("n3", "1", 11, Some(25)));
+    let mut violations = Vec::new();
+    let mut unchecked = BTreeMap::new();
+    check_gpus(&attempts, &mut violations, &mut unchecked);
+    let found = |violations: &[String], text: &str| violations.iter().any(|v| v.contains(text));
+    if !found(&violations, "a#1 and b#1 held GPU 0 of n1") || violations.len() != 1 {
+        return Err(format!("GPU overlap: {violations:?}"));
+    }
+    let job = |id: &str, kind: Kind| Job {
+        id: id.to_owned(),
+        user: "alice",
+        kind,
+        lines: 2,
+        cancel_asked: false,
+    };
+    let by_job = group_by_job(&attempts);
+    let mut violations = Vec::new();
+    let runs = |id: &str| by_job.get(id).cloned().unwrap_or_default();
+    check_job(
+        &job("c", Kind::NoRequeue),
+        &json!({"state": "succeeded", "attempt": 2}),
+        &runs("c"),
+        &mut violations,
+    );
+    check_job(
+        &job("a", Kind::Single),
+        &json!({"state": "succeeded", "attempt": 2}),
+        &runs("a"),
+        &mut violations,
+    );
+    if !found(&violations, "c: --no-requeue, yet it started 2 times")
+        || !found(&violations, "a: succeeded, but its attempt 2 wrote no end")
+    {
+        return Err(format!("job checks: {violations:?}"));
+    }
+    let settled = Settled {
+        records: [("d".to_owned(), json!({"state": "succeeded"}))].into(),
+        unacknowledged: Vec::new(),
+    };
+    let mut violations = Vec::new();
+    let dependent = job("e", Kind::Dependent { on: "d".to_owned() });
+    check_dependency(&dependent, &runs("e"), &settled, &by_job, &mut violations);
+    if !found(&violations, "e: started before d") {
+        return Err(format!("dependency: {violations:?}"));
+    }
+    let array = |id: &str| {
+        job(
+            id,
+            Kind::ArrayTask {
+                array: "x".to_owned(),
+                max_running: 1,
+            },
+        )
+    };
+    let submitted = Submitted {
+        jobs: vec![array("d"), array("e")],
+        uncertain: 0,
+    };
+    let mut violations = Vec::new();
+    check_arrays(&submitted, &attempts, &mut violations, &mut unchecked);
+    if !found(&violations, "array x: 2 tasks ran at once") {
+        return Err(format!("array: {violations:?}"));
+    }
+    Ok(())
+}

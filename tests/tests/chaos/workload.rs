@@ -1,0 +1,252 @@
+//! The campaign's workload, through the real CLI as alice and bob: single jobs, `--no-requeue`
+//! jobs, arrays with `%N`, jobs `--after` another, two-GPU jobs, and cancels. Every job runs
+//! the same script: a `start` line in its node's ledger (appended and flushed), numbered
+//! output lines, an `end` line. A submission whose CLI gave no id is counted as uncertain:
+//! it may or may not have been recorded.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mgpu_tests::{Cluster, bin_dir};
+use serde_json::Value;
+
+use crate::draw::Draw;
+
+/// What each kind of job is, for the checks that concern it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Single,
+    NoRequeue,
+    /// A task of array `array` run at most `max_running` at a time.
+    ArrayTask {
+        array: String,
+        max_running: u32,
+    },
+    /// Submitted `--after` the job `on`.
+    Dependent {
+        on: String,
+    },
+}
+
+/// One job the CLI gave an id for.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub id: String,
+    pub user: &'static str,
+    pub kind: Kind,
+    /// How many numbered lines it prints.
+    pub lines: u32,
+    /// A cancel was asked for (the CLI said so or not).
+    pub cancel_asked: bool,
+}
+
+/// Everything submitted.
+#[derive(Default)]
+pub struct Submitted {
+    pub jobs: Vec<Job>,
+    /// Submissions whose CLI failed: recorded or not, nobody was told an id.
+    pub uncertain: usize,
+}
+
+/// The `mgpu` CLI of the campaign's cluster, usable without the cluster (which the fault
+/// injector holds).
+#[derive(Clone)]
+pub struct Cli {
+    bin: PathBuf,
+    servers: String,
+    dir: PathBuf,
+    alice: PathBuf,
+    bob: PathBuf,
+    admin: PathBuf,
+}
+
+impl Cli {
+    pub fn of(cluster: &Cluster) -> Cli {
+        Cli {
+            bin: bin_dir().join("mgpu"),
+            servers: cluster.server_url(),
+            dir: cluster.dir.path().to_owned(),
+            alice: cluster.user_creds("alice"),
+            bob: cluster.user_creds("bob"),
+            admin: cluster.admin_creds(),
+        }
+    }
+
+    /// `mgpu ARGS` as `user` (`alice`, `bob` or `admin`).
+    pub fn run(&self, user: &str, args: &[&str]) -> Output {
+        let creds = match user {
+            "alice" => &self.alice,
+            "bob" => &self.bob,
+            _ => &self.admin,
+        };
+        Command::new(&self.bin)
+            .args(args)
+            .env("MGPU_SERVER", &self.servers)
+            .env("MGPU_CREDS", creds)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running mgpu: {e}"))
+    }
+
+    /// What `mgpu ARGS --json` printed, when it succeeded.
+    pub fn json(&self, user: &str, args: &[&str]) -> Option<Value> {
+        let out = self.run(user, args);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+}
+
+/// The script every job runs: its ledger lines around `lines` numbered lines, `pause`
+/// seconds apart.
+pub fn job_script(ledgers: &Path, lines: u32, pause: f64) -> String {
+    let ledger = ledgers.display();
+    format!(
+        "note() {{ echo \"$1 $MGPU_JOB_ID $MGPU_ATTEMPT $MGPU_NODE $MGPU_GPUS $(date +%s%N)\" \
+         | dd of={ledger}/$MGPU_NODE oflag=append conv=notrunc,fsync status=none; }}; \
+         note start; i=1; while [ $i -le {lines} ]; do echo \"chaos-line $i\"; sleep {pause}; \
+         i=$((i+1)); done; note end"
+    )
+}
+
+/// Submits and cancels until `until`; what was submitted.
+pub fn run(cli: &Cli, ledgers: &Path, seed: u64, until: Instant) -> Submitted {
+    let mut draw = Draw::new(seed, 1);
+    let mut submitted = Submitted::default();
+    while Instant::now() < until && !crate::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        let user = *draw.pick(&["alice", "bob"]);
+        match draw.between(1, 100) {
+            1..=40 => submit(
+                cli,
+                &mut submitted,
+                &mut draw,
+                user,
+                Kind::Single,
+                &[],
+                ledgers,
+            ),
+            41..=55 => submit(
+                cli,
+                &mut submitted,
+                &mut draw,
+                user,
+                Kind::NoRequeue,
+                &["--no-requeue"],
+                ledgers,
+            ),
+            56..=67 => submit_array(cli, &mut submitted, &mut draw, user, ledgers),
+            68..=80 => submit_dependent(cli, &mut submitted, &mut draw, user, ledgers),
+            81..=88 => submit(
+                cli,
+                &mut submitted,
+                &mut draw,
+                user,
+                Kind::Single,
+                &["--gpus", "2"],
+                ledgers,
+            ),
+            _ => cancel_one(cli, &mut submitted, &mut draw),
+        }
+        std::thread::sleep(Duration::from_millis(draw.between(100, 700)));
+    }
+    submitted
+}
+
+fn submit(
+    cli: &Cli,
+    submitted: &mut Submitted,
+    draw: &mut Draw,
+    user: &'static str,
+    kind: Kind,
+    flags: &[&str],
+    ledgers: &Path,
+) {
+    let lines = draw.between(2, 10) as u32;
+    let pause = draw.between(5, 40) as f64 / 100.0;
+    let script = job_script(ledgers, lines, pause);
+    let mut args = vec!["submit", "--json"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", &script]);
+    match cli
+        .json(user, &args)
+        .and_then(|v| v["id"].as_str().map(str::to_owned))
+    {
+        Some(id) => submitted.jobs.push(Job {
+            id,
+            user,
+            kind,
+            lines,
+            cancel_asked: false,
+        }),
+        None => submitted.uncertain += 1,
+    }
+}
+
+fn submit_array(
+    cli: &Cli,
+    submitted: &mut Submitted,
+    draw: &mut Draw,
+    user: &'static str,
+    ledgers: &Path,
+) {
+    let (tasks, max_running) = (draw.between(2, 5), draw.between(1, 2) as u32);
+    let lines = draw.between(2, 6) as u32;
+    let script = job_script(ledgers, lines, 0.2);
+    let spec = format!("1-{tasks}%{max_running}");
+    let args = ["submit", "--json", "--array", &spec, "--", &script];
+    let Some(answer) = cli.json(user, &args) else {
+        submitted.uncertain += tasks as usize;
+        return;
+    };
+    let array = answer["array_id"].as_str().unwrap_or_default().to_owned();
+    for id in answer["ids"].as_array().into_iter().flatten() {
+        if let Some(id) = id.as_str() {
+            submitted.jobs.push(Job {
+                id: id.to_owned(),
+                user,
+                kind: Kind::ArrayTask {
+                    array: array.clone(),
+                    max_running,
+                },
+                lines,
+                cancel_asked: false,
+            });
+        }
+    }
+}
+
+fn submit_dependent(
+    cli: &Cli,
+    submitted: &mut Submitted,
+    draw: &mut Draw,
+    user: &'static str,
+    ledgers: &Path,
+) {
+    let own: Vec<String> = submitted
+        .jobs
+        .iter()
+        .filter(|job| job.user == user)
+        .map(|job| job.id.clone())
+        .collect();
+    if own.is_empty() {
+        return submit(cli, submitted, draw, user, Kind::Single, &[], ledgers);
+    }
+    let on = draw.pick(&own).clone();
+    let kind = Kind::Dependent { on: on.clone() };
+    submit(cli, submitted, draw, user, kind, &["--after", &on], ledgers);
+}
+
+fn cancel_one(cli: &Cli, submitted: &mut Submitted, draw: &mut Draw) {
+    if submitted.jobs.is_empty() {
+        return;
+    }
+    let index = draw.between(0, submitted.jobs.len() as u64 - 1) as usize;
+    let job = &mut submitted.jobs[index];
+    job.cancel_asked = true;
+    // Its answer does not matter: a finished job cannot be cancelled, and a cancel lost to a
+    // fault leaves the job to end by itself. The checks allow either.
+    let _ = cli.run(job.user, &["cancel", &job.id]);
+}
