@@ -154,15 +154,7 @@ impl Cluster {
 
     /// SIGKILLs one nats-server of the cluster, by server name, and returns once it is dead.
     pub fn kill_nats_server(&mut self, name: &str) {
-        let servers = self
-            .nats_cluster
-            .as_mut()
-            .unwrap_or_else(|| panic!("not a NATS cluster"));
-        let index = servers
-            .members
-            .iter()
-            .position(|m| m.name == name)
-            .unwrap_or_else(|| panic!("no server {name}"));
+        let (servers, index) = self.member_mut(name);
         let mut child = servers.servers[index]
             .take()
             .unwrap_or_else(|| panic!("{name} was already killed"));
@@ -175,6 +167,13 @@ impl Cluster {
     pub fn restart_nats_server(&mut self, name: &str) {
         let conf = self.auth_dir.join(format!("{name}.conf"));
         let child = spawn_server(self, name, &conf);
+        let (servers, index) = self.member_mut(name);
+        assert!(servers.servers[index].is_none(), "{name} is running");
+        servers.servers[index] = Some(child);
+    }
+
+    /// The NATS cluster and the position of its member `name`.
+    fn member_mut(&mut self, name: &str) -> (&mut NatsCluster, usize) {
         let servers = self
             .nats_cluster
             .as_mut()
@@ -184,8 +183,7 @@ impl Cluster {
             .iter()
             .position(|m| m.name == name)
             .unwrap_or_else(|| panic!("no server {name}"));
-        assert!(servers.servers[index].is_none(), "{name} is running");
-        servers.servers[index] = Some(child);
+        (servers, index)
     }
 
     /// The process id of a running nats-server of the cluster.

@@ -111,11 +111,5 @@ fn read_all(buffer: &mut [u8]) -> Result<usize, &'static [u8]> {
 }
 
 fn pid(text: &[u8]) -> Option<i32> {
-    if text.is_empty() || text.len() > 9 {
-        return None;
-    }
-    text.iter().try_fold(0i32, |value, byte| {
-        byte.is_ascii_digit()
-            .then(|| value * 10 + i32::from(byte - b'0'))
-    })
+    mgpu_guard_rules::args::number(text).and_then(|n| i32::try_from(n).ok())
 }

@@ -150,7 +150,7 @@ impl<'a> Arguments<'a> {
 }
 
 /// A decimal number of milliseconds or a pid.
-fn number(text: &[u8]) -> Option<u64> {
+pub fn number(text: &[u8]) -> Option<u64> {
     core::str::from_utf8(text).ok()?.parse().ok()
 }
 

@@ -105,13 +105,7 @@ fn split_item(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 fn decimal(text: &[u8]) -> Option<usize> {
-    if text.is_empty() || text.len() > 9 {
-        return None;
-    }
-    text.iter().try_fold(0usize, |value, byte| {
-        byte.is_ascii_digit()
-            .then(|| value * 10 + usize::from(byte - b'0'))
-    })
+    crate::args::number(text).and_then(|n| usize::try_from(n).ok())
 }
 
 #[cfg(test)]
