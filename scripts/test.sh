@@ -27,7 +27,7 @@ target/debug/mgpu-simulate --seeds 60 --minutes 3
 step "cargo test (unit, property and end-to-end against a real nats-server)"
 export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo test --workspace -- "$@"
-# A second campaign with a seed nobody ran before (the first, seed 1, ran with cargo test):
+# One more campaign, with a seed nobody ran before (the kept seeds ran with cargo test):
 # printed first, and again with the command that reproduces any violation.
 if [ $# -eq 0 ] && [ "$(id -u)" = 0 ]; then
   step "fault campaign with a fresh seed (scripts/chaos.sh)"

@@ -6,7 +6,7 @@
 //! agent's saying why the attempt before it stopped ([`restart_line`]), published before
 //! anything the job writes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, context::PublishError};
@@ -22,6 +22,11 @@ use crate::running::AttemptKey;
 
 /// Publish acknowledgements awaited at once; with 64 KiB chunks that is 16 MiB on the wire.
 const ACKS_IN_FLIGHT: usize = 256;
+/// How long a chunk JetStream does not confirm is offered again before it counts as lost:
+/// longer than a stream takes to elect a new leader, or a paused server to come back.
+const RETRY_FOR: Duration = Duration::from_secs(30);
+/// The pause before a chunk is offered again.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Chunks queued between the readers and the publisher. When NATS is slower than the job, the
 /// queue fills, the readers stop reading and the job blocks on its full pipe: backpressure
 /// rather than unbounded memory.
@@ -38,7 +43,7 @@ pub struct OutputSummary {
     /// Sequence number the EOF message takes (one past the last chunk's).
     pub next_seq: u64,
     pub bytes: u64,
-    /// Chunks JetStream did not confirm (stream missing, NATS down).
+    /// Chunks JetStream did not confirm within [`RETRY_FOR`] (stream missing, NATS down).
     pub lost_chunks: u64,
 }
 
@@ -175,29 +180,74 @@ pub fn output_headers(stream: &str, seq: u64, attempt: u32, rank: u32) -> Header
     headers
 }
 
-type AckFuture = std::pin::Pin<
-    Box<
-        dyn Future<Output = Result<async_nats::jetstream::publish::PublishAck, PublishError>>
-            + Send,
-    >,
->;
+/// A chunk on its way to JetStream: its number, and since when JetStream has not confirmed it.
+struct Numbered {
+    seq: u64,
+    chunk: Chunk,
+    failing_since: Option<Instant>,
+}
 
-/// Counts chunks JetStream did not confirm; logs the first, the total comes at the end.
+/// One offer of a chunk to JetStream, and how it went.
+type Sending = std::pin::Pin<Box<dyn Future<Output = (Numbered, Result<(), PublishError>)> + Send>>;
+
+/// Where a job's chunks go, and under which headers.
+struct Destination {
+    js: jetstream::Context,
+    subject: String,
+    attempt: u32,
+    rank: u32,
+}
+
+impl Destination {
+    /// Offers `numbered` to JetStream after `pause`, until stored or refused.
+    fn send(&self, numbered: Numbered, pause: Duration) -> Sending {
+        let (js, subject) = (self.js.clone(), self.subject.clone());
+        let headers = output_headers(numbered.chunk.stream, numbered.seq, self.attempt, self.rank);
+        Box::pin(async move {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            let data = numbered.chunk.data.clone();
+            let stored = async { js.publish_with_headers(subject, headers, data).await?.await };
+            let stored = stored.await.map(|_| ());
+            (numbered, stored)
+        })
+    }
+}
+
+/// Counts chunks JetStream did not confirm in time; logs the first failure, the total comes
+/// at the end.
 struct Losses<'a> {
     key: &'a AttemptKey,
     subject: &'a str,
+    failures: u64,
     count: u64,
 }
 
 impl Losses<'_> {
-    fn record<T>(&mut self, result: Result<T, PublishError>) {
-        if let Err(err) = result {
-            self.count += 1;
-            if self.count == 1 {
-                warn!(job = %self.key.job_id, attempt = self.key.attempt, "job output is not being stored on {}: {err}", self.subject);
-            }
+    fn failed(&mut self, err: &PublishError) {
+        self.failures += 1;
+        if self.failures == 1 {
+            warn!(job = %self.key.job_id, attempt = self.key.attempt, "job output is not being stored on {} ({err}); offering it again for up to {RETRY_FOR:?}", self.subject);
         }
     }
+}
+
+/// What to do with an offer that came back: nothing once stored; offered again after a pause
+/// while JetStream has refused it for less than [`RETRY_FOR`]; counted lost after that.
+fn settle(
+    (mut numbered, stored): (Numbered, Result<(), PublishError>),
+    losses: &mut Losses<'_>,
+    destination: &Destination,
+) -> Option<Sending> {
+    let err = stored.err()?;
+    losses.failed(&err);
+    let since = *numbered.failing_since.get_or_insert_with(Instant::now);
+    if since.elapsed() >= RETRY_FOR {
+        losses.count += 1;
+        return None;
+    }
+    Some(destination.send(numbered, RETRY_PAUSE))
 }
 
 async fn publish_chunks(
@@ -206,25 +256,34 @@ async fn publish_chunks(
     rank: u32,
     mut rx: mpsc::Receiver<Chunk>,
 ) -> OutputSummary {
+    let destination = Destination {
+        js,
+        subject: subject.clone(),
+        attempt: key.attempt,
+        rank,
+    };
     let mut losses = Losses {
         key: &key,
         subject: &subject,
+        failures: 0,
         count: 0,
     };
-    let mut in_flight: FuturesUnordered<AckFuture> = FuturesUnordered::new();
+    let mut in_flight: FuturesUnordered<Sending> = FuturesUnordered::new();
     let mut last_seq: u64 = 0;
     let mut bytes: u64 = 0;
     loop {
+        // Offered again, a chunk keeps its place in the window: while JetStream is away the
+        // window fills, the job's pipe with it, and the job waits rather than losing output.
         while in_flight.len() >= ACKS_IN_FLIGHT {
-            if let Some(result) = in_flight.next().await {
-                losses.record(result);
+            if let Some(done) = in_flight.next().await {
+                in_flight.extend(settle(done, &mut losses, &destination));
             }
         }
         // Taking acknowledgements as they come keeps the window small while the job is quiet.
         let chunk = tokio::select! {
             biased;
-            Some(result) = in_flight.next(), if !in_flight.is_empty() => {
-                losses.record(result);
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                in_flight.extend(settle(done, &mut losses, &destination));
                 continue;
             }
             chunk = rx.recv() => chunk,
@@ -232,25 +291,23 @@ async fn publish_chunks(
         let Some(chunk) = chunk else { break };
         last_seq += 1;
         bytes += chunk.data.len() as u64;
-        let headers = output_headers(chunk.stream, last_seq, key.attempt, rank);
-        match js
-            .publish_with_headers(subject.clone(), headers, chunk.data)
-            .await
-        {
-            Ok(ack) => in_flight.push(ack.into_future()),
-            Err(err) => losses.record::<()>(Err(err)),
-        }
+        let numbered = Numbered {
+            seq: last_seq,
+            chunk,
+            failing_since: None,
+        };
+        in_flight.push(destination.send(numbered, Duration::ZERO));
     }
-    // Acknowledgements time out on their own (the context's 5 s), all at once since they run
-    // concurrently, so this flush is bounded even when NATS is gone.
-    while let Some(result) = in_flight.next().await {
-        losses.record(result);
+    // Each offer ends on its own (an acknowledgement times out after the context's 5 s, a
+    // chunk is offered for at most RETRY_FOR), so this flush is bounded even when NATS is gone.
+    while let Some(done) = in_flight.next().await {
+        in_flight.extend(settle(done, &mut losses, &destination));
     }
     let lost_chunks = losses.count;
     if lost_chunks > 0 {
         warn!(job = %key.job_id, attempt = key.attempt, "{lost_chunks} of {last_seq} output chunks of the job were not stored");
     } else {
-        debug!(job = %key.job_id, attempt = key.attempt, chunks = last_seq, bytes, "job output published");
+        debug!(job = %key.job_id, attempt = key.attempt, chunks = last_seq, bytes, offers_refused = losses.failures, "job output published");
     }
     OutputSummary {
         next_seq: last_seq + 1,

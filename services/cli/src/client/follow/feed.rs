@@ -14,7 +14,8 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use tokio::time::{Instant, Sleep};
 
-use super::output::{self, Chunk, Ends, OutputMessages};
+use super::ordered::Ordered;
+use super::output::{self, Chunk, Ends};
 use super::record::{self, RecordChanges};
 use crate::errors::plain;
 
@@ -35,7 +36,7 @@ pub enum Update {
 /// A job's output and record, followed.
 pub struct JobFeed {
     id: JobId,
-    output: OutputMessages,
+    output: Ordered,
     changes: RecordChanges,
     record: Option<JobRecord>,
     ends: Ends,
@@ -102,9 +103,7 @@ impl JobFeed {
             .ok_or_else(|| anyhow!("the job's output stream ended unexpectedly"))?
             .map_err(plain)
             .context("reading the job's output")?;
-        if message.info().is_ok_and(|info| info.pending == 0) {
-            self.caught_up = true;
-        }
+        self.caught_up |= self.output.caught_up();
         if let Chunk::Eof {
             attempt,
             rank,

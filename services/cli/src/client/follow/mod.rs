@@ -5,6 +5,8 @@
 //! ([`record`]), and `mgpu top`'s log pane ([`output`]).
 //!
 //! - [`output`]: where a job's output is, reading it, what each message is, writing it out;
+//!   `ordered`: its messages put back in the order each process wrote them (a chunk the agent
+//!   had to offer twice may be stored late, or twice);
 //! - [`record`]: watching one record or many; the exit status a finished record gives;
 //! - `feed`: a job's output and record read together, and the grace given late output: the
 //!   one loop both [`tail`] and [`follower`] follow a job with;
@@ -16,6 +18,7 @@
 mod feed;
 pub mod follower;
 pub mod input;
+mod ordered;
 pub mod output;
 pub mod raw_terminal;
 pub mod record;

@@ -12,6 +12,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::{output, subjects};
 
+use super::ordered::Ordered;
 use crate::client::session::{Session, refused};
 use crate::errors::{lookup, plain};
 
@@ -21,9 +22,10 @@ pub type Received = Result<jetstream::Message, consumer::pull::OrderedError>;
 /// A job's output messages, as they come from one ordered consumer or several merged.
 pub type OutputMessages = futures::stream::BoxStream<'static, Received>;
 
-/// The job's output messages, oldest first, and how many were stored when we started.
+/// The job's output messages, oldest first and in the order each process wrote them
+/// ([`Ordered`]), and how many were stored when we started.
 pub struct OutputFeed {
-    pub messages: OutputMessages,
+    pub messages: Ordered,
     /// Messages stored when the consumers were created: 0 means there is nothing to replay.
     pub initially_pending: u64,
 }
@@ -76,7 +78,7 @@ pub async fn open_output(js: &jetstream::Context, filters: &[String]) -> Result<
         futures::stream::select_all(feeds).boxed()
     };
     Ok(OutputFeed {
-        messages,
+        messages: Ordered::new(messages),
         initially_pending,
     })
 }

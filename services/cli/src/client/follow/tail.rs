@@ -31,8 +31,7 @@ pub async fn print_stored(session: &Session, subjects: &[String]) -> Result<()> 
     while let Some(message) = feed.messages.next().await {
         let message = message.map_err(plain).context("reading the job's output")?;
         out.write(&output::classify(&message))?;
-        let info = message.info().map_err(plain)?;
-        if info.pending == 0 {
+        if feed.messages.caught_up() {
             break;
         }
     }
