@@ -65,13 +65,14 @@ impl GuardPool {
         containment: &Containment,
         taken: &[String],
     ) -> Option<Arc<GuardPool>> {
+        // Also when this agent keeps none: an earlier one may have.
+        containment.remove_idle_pooled(taken);
         let GuardProgram::Slim(program) = program else {
             return None;
         };
         if size == 0 || !containment.enabled() {
             return None;
         }
-        containment.remove_idle_pooled(taken);
         let pool = Arc::new(GuardPool {
             program: program.clone(),
             containment: containment.clone(),

@@ -1,7 +1,8 @@
-//! One job attempt's life on this node: [`start`] checks and spawns it under its guard (the
-//! command from `job_command.rs`, the environment from `environment.rs`, the hostfile of a
-//! multi-node job from `hostfile.rs`, the stop file from `stop_notice.rs`) in its own process
-//! group and records it; then [`StartedJob::supervise`] reports its start, lets `stopping.rs`
+//! One job attempt's life on this node: [`start`] checks and spawns it under its guard in its
+//! cgroup (`job_launch.rs`: a pooled guard or a fresh one, with the command from
+//! `job_command.rs`; the environment from `environment.rs`, the hostfile of a multi-node job
+//! from `hostfile.rs`, the stop file from `stop_notice.rs`) in its own process group and
+//! records it; then [`StartedJob::supervise`] reports its start, lets `stopping.rs`
 //! warn and stop it when it must, flushes its output and reports how it ended.
 
 use std::collections::BTreeMap;
