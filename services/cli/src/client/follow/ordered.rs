@@ -17,7 +17,11 @@ use async_nats::jetstream;
 use futures::{Stream, StreamExt};
 use mgpu_protocol::output;
 
-use super::output::{OutputMessages, Received};
+/// One output message as an ordered consumer yields it.
+pub type Received = Result<jetstream::Message, jetstream::consumer::pull::OrderedError>;
+
+/// A job's output messages, as they come from one ordered consumer or several merged.
+pub type OutputMessages = futures::stream::BoxStream<'static, Received>;
 
 /// One process's numbering: the next number due, the chunks held back, and the numbers let go
 /// past without their chunk.

@@ -13,14 +13,9 @@ use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::{output, subjects};
 
 use super::ordered::Ordered;
+pub use super::ordered::{OutputMessages, Received};
 use crate::client::session::{Session, refused};
 use crate::errors::{lookup, plain};
-
-/// One output message as an ordered consumer yields it.
-pub type Received = Result<jetstream::Message, consumer::pull::OrderedError>;
-
-/// A job's output messages, as they come from one ordered consumer or several merged.
-pub type OutputMessages = futures::stream::BoxStream<'static, Received>;
 
 /// The job's output messages, oldest first and in the order each process wrote them
 /// ([`Ordered`]), and how many were stored when we started.
