@@ -317,8 +317,10 @@ fn check_arrays(
     }
 }
 
-/// A succeeded job's output holds its numbered lines, in order; all of them once when it ran
-/// once.
+/// A succeeded job's output holds its final attempt's numbered lines, in order (after the
+/// line that says the attempt starts); exactly them when it ran once. A line of an earlier
+/// attempt may come after: an agent frozen while its attempt ran sends the rest of that
+/// attempt's output once it is thawed, while the next attempt already runs elsewhere.
 fn check_output(
     cli: &Cli,
     submitted: &Submitted,
@@ -334,19 +336,30 @@ fn check_output(
         if !succeeded {
             continue;
         }
+        let attempt = settled
+            .records
+            .get(&job.id)
+            .and_then(|r| r["attempt"].as_u64());
         let out = cli.run(job.user, &["logs", &job.id]);
         let text = String::from_utf8_lossy(&out.stdout);
-        let numbers: Vec<u32> = text
+        let starts = format!("--- mgpu: attempt {} starts", attempt.unwrap_or(1));
+        let final_attempt = text.rfind(&starts).map_or(&text[..], |at| &text[at..]);
+        let numbers: Vec<u32> = final_attempt
             .lines()
             .filter_map(|line| line.trim().strip_prefix("chaos-line "))
             .filter_map(|n| n.trim().parse().ok())
             .collect();
         let expected: Vec<u32> = (1..=job.lines).collect();
-        let last = numbers.get(numbers.len().saturating_sub(expected.len())..);
+        let mut wanted = expected.iter().peekable();
+        for number in &numbers {
+            if wanted.peek() == Some(&number) {
+                wanted.next();
+            }
+        }
         let ran_once = by_job
             .get(job.id.as_str())
             .is_some_and(|runs| runs.len() == 1);
-        if last != Some(&expected[..]) || (ran_once && numbers.len() != expected.len()) {
+        if wanted.peek().is_some() || (ran_once && numbers != expected) {
             violations.push(format!(
                 "{}: its output's numbered lines are {numbers:?}, not 1 to {} in order",
                 job.id, job.lines
