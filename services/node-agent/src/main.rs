@@ -26,7 +26,9 @@
 //! - one job: `job` (start, supervise), `launch` (direct or through a shell), `script` (the
 //!   shell script), `batch_script` (a script captured at submit), `environment` (its
 //!   variables), `hostfile` (multi-node), `run_as` (whose account), `guard` (the guard it
-//!   starts under), `stopping` (time limit, kills), `output` and `input` (its streams);
+//!   starts under; `guard_setup`: which, chosen at start; `guard_pool`: guards waiting in
+//!   cgroups; `job_launch`: a pooled guard or a fresh one), `stopping` (time limit, kills),
+//!   `output` and `input` (its streams);
 //! - `builtin_guard`: this binary as a job's guard (`__mgpu-job-guard`), a driver of the
 //!   guard's rules (`mgpu-guard-rules`, which `mgpu-job-guard` drives too).
 
@@ -47,6 +49,7 @@ mod gpu_spec;
 mod gpu_type;
 mod guard;
 mod guard_pool;
+mod guard_setup;
 mod heartbeat;
 mod holdings;
 mod host;
@@ -89,6 +92,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::assignments::Dispatcher;
 use crate::cli::Args;
+use crate::guard_setup::Guards;
 use crate::heartbeat::{Heartbeater, Identity, Thresholds};
 use crate::job::JobContext;
 use crate::report::Reporter;
@@ -314,65 +318,6 @@ fn identity(args: &Args, node: String, address: String, run_as: &run_as::RunAsPo
         features: gpu_type::node_features(&args.features),
         fence_after: args.fence_after.resolve(args.heartbeat_interval),
         kill_grace: args.kill_grace,
-    }
-}
-
-/// The contact file the agent touches after every stored heartbeat, and the guard every job
-/// starts under with the fencing it is told to do.
-struct Guards {
-    contact: fence::Contact,
-    program: guard::GuardProgram,
-    fence: Option<guard::GuardFence>,
-}
-
-impl Guards {
-    fn set_up(
-        args: &Args,
-        identity: &Identity,
-        run_as: &run_as::RunAsPolicy,
-        state_dir: &std::path::Path,
-    ) -> anyhow::Result<Self> {
-        let contact_file = state_dir.join(format!("{}.contact", identity.node));
-        let contact = fence::Contact::with_file(&contact_file)
-            .with_context(|| format!("creating the contact file {}", contact_file.display()))?;
-        // The guards fence half an interval after this agent would, so the agent normally
-        // stops (and reports) its jobs itself; a guard acts when the agent is frozen.
-        let fence = identity.fence_after.map(|after| guard::GuardFence {
-            after: after.saturating_add(identity.interval / 2),
-            contact_file,
-        });
-        let agent_exe = std::env::current_exe().context("cannot find the agent's own binary")?;
-        let program = guard::GuardProgram::choose(args.job_guard.as_deref(), &agent_exe)
-            .map_err(anyhow::Error::msg)?;
-        match &program {
-            guard::GuardProgram::Slim(_) => {
-                info!(guard = program.describe(), "jobs start under their guard")
-            }
-            guard::GuardProgram::Builtin(_) => info!(
-                guard = program.describe(),
-                "jobs start under the built-in guard ({} not found beside this binary; each \
-                 job's start then costs about a millisecond more CPU)",
-                guard::SLIM_GUARD_NAME
-            ),
-        }
-        // A built-in guard runs as the job's account, which may not enter the state directory:
-        // it reads the contact file through a descriptor the agent keeps open.
-        let fence = match fence {
-            Some(fence) if run_as.as_owner && !program.switches_accounts() => {
-                let contact_file = guard::inheritable_contact(&fence.contact_file)
-                    .with_context(|| format!("opening {}", fence.contact_file.display()))?;
-                Some(guard::GuardFence {
-                    contact_file,
-                    ..fence
-                })
-            }
-            other => other,
-        };
-        Ok(Guards {
-            contact,
-            program,
-            fence,
-        })
     }
 }
 
