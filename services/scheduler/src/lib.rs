@@ -9,6 +9,7 @@
 //! - [`core`]: the scheduling function: which queued job runs where.
 //! - [`lifecycle`]: a job's lifecycle: `(record, input, now) -> (record, effects)`.
 //! - [`time_limits`]: a job's time limit and time slice, in one place.
+//! - [`lease`]: how long a renewal of the scheduler lease lets a replica act.
 //! - [`nodes`] (the node table), [`queue_view`] (the core's view of the queue, kept between
 //!   passes), [`liveness_memory`] (what the liveness checks remember), [`limits`] (`[limits]`
 //!   of the config file), [`config`] (the config file and its `[policy]`), [`metrics`] (the
@@ -31,6 +32,7 @@ pub mod core;
 pub mod driver;
 pub mod identity;
 pub mod idle_config;
+pub mod lease;
 pub mod lifecycle;
 pub mod limits;
 pub mod limits_file;

@@ -230,7 +230,7 @@ async fn run(
             client.clone(),
             policy.clone(),
             (principals.clone(), limits.clone()),
-            (shutdown_rx.clone(), lease.lost.clone()),
+            (shutdown_rx.clone(), lease.gate()),
             metrics.clone(),
         )
         .await;

@@ -41,6 +41,11 @@ impl Driver {
                 Err(refused) => self.feed(*refused).await,
             }
         }
+        if !admitted.is_empty() && !self.lease_confirmed().await {
+            // Left unacknowledged: the replica that took over gets them.
+            self.held.clear();
+            return;
+        }
         // Both must be stored before a submission is acted on, and neither waits for the
         // other: each is a write flushed to disk, and a start waits for both.
         let environments = environments_of(&admitted);
@@ -86,6 +91,9 @@ impl Driver {
                 Step::CarryOut(admitted) => Input::Request(Box::new(admitted)),
             };
             self.feed(input).await;
+            if self.stepped_down {
+                break;
+            }
             // Between two steps of a burst (seconds each where every write is flushed to
             // disk), the nodes' latest heartbeats: a tick after it must not find them stale.
             self.take_heartbeats().await;

@@ -87,6 +87,11 @@ pub struct Driver {
     started: Instant,
     /// The nodes' latest heartbeats, waiting to be handled.
     heartbeats: LatestPerSubject,
+    /// Asked before anything is written, acknowledged or sent: a replica stalled past its
+    /// lease must not act on what it held before a standby took over.
+    lease: replica::LeaseGate,
+    /// Set when the gate found the lease lost: the loop stops after the current input.
+    stepped_down: bool,
 }
 
 /// What wakes the loop: heartbeats (their own reader), agents' reports and requests
@@ -107,7 +112,7 @@ pub async fn run(
     client: async_nats::Client,
     policy: Policy,
     (principals, limits): (Principals, LimitsFile),
-    (shutdown, lease_lost): (watch::Receiver<bool>, watch::Receiver<bool>),
+    (shutdown, lease): (watch::Receiver<bool>, replica::LeaseGate),
     metrics: Arc<SchedulerMetrics>,
 ) -> Result<()> {
     // The metrics say this replica leads from here until this function returns.
@@ -125,7 +130,9 @@ pub async fn run(
         .map_err(|e| anyhow!("subscribing to heartbeats: {e}"))?;
     // Read from now on, while the state loads (a long while for a big queue).
     let (heartbeats, heartbeat_reader) = LatestPerSubject::follow(heartbeats, "heartbeats");
-    let (mut driver, status) = Driver::load(&client, policy, (principals, limits), metrics).await?;
+    let lease_lost = lease.lost();
+    let (mut driver, status) =
+        Driver::load(&client, policy, (principals, limits), (metrics, lease)).await?;
     driver.heartbeats = heartbeats;
     let (queued, running, total) = driver.machine.counts();
     tracing::info!(jobs = total, queued, running, "state loaded");
@@ -167,10 +174,10 @@ impl Driver {
         client: &async_nats::Client,
         policy: Policy,
         (principals, limits): (Principals, LimitsFile),
-        metrics: Arc<SchedulerMetrics>,
+        (metrics, lease): (Arc<SchedulerMetrics>, replica::LeaseGate),
     ) -> Result<(Self, watch::Receiver<Status>)> {
         let js = jetstream::new(client.clone());
-        let store = RecordStore::open(&js).await?;
+        let store = RecordStore::open(&js, lease.clone()).await?;
         let records = store.load().await.context("loading job records")?;
         let heartbeats = records::list_nodes(&js)
             .await
@@ -202,7 +209,7 @@ impl Driver {
         });
         let (status_tx, status_rx) = watch::channel(Status::default());
         let driver = Driver {
-            outbox: Outbox::new(js.clone()),
+            outbox: Outbox::new(js.clone(), lease.clone()),
             principals_seen: gate.principals.generation(),
             js,
             machine,
@@ -217,6 +224,8 @@ impl Driver {
             next_token: 1,
             started: Instant::now(),
             heartbeats: LatestPerSubject::default(),
+            lease,
+            stepped_down: false,
         };
         Ok((driver, status_rx))
     }
@@ -341,10 +350,23 @@ impl Driver {
                     let _ = ask.reply.send(self.machine.explain(&ask.job, &ask.asker, now()));
                 }
             };
-            if self.machine.pass_due() {
+            if self.machine.pass_due() && !self.stepped_down {
                 self.pass().await;
             }
+            if self.stepped_down {
+                tracing::error!("lost the scheduler lease while stalled: no longer active");
+                return;
+            }
         }
+    }
+
+    /// Whether this replica may still write, acknowledge and send (waiting for the lease to
+    /// be confirmed again after a stall); false once it is known lost, from then on.
+    async fn lease_confirmed(&mut self) -> bool {
+        if !self.stepped_down && !self.lease.confirmed().await {
+            self.stepped_down = true;
+        }
+        !self.stepped_down
     }
 
     /// Handles the heartbeats waiting, each node's latest.

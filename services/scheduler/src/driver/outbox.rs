@@ -24,16 +24,22 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobState;
 use mgpu_protocol::{now, subjects};
 
+use super::replica::LeaseGate;
 use super::store::{WRITE_RETRY_FOR, Write};
 use super::{Driver, intake};
 use crate::machine::Command;
 use crate::machine::messages::{Count, Input, LogLevel, LogLine, RankAssignment};
+
+/// An assignment to send: the job, whose environment it carries (if any), its ranks.
+type Assign = (JobId, Option<String>, Vec<RankAssignment>);
 
 /// Assignments awaiting JetStream's acknowledgement at once when a pass starts many jobs.
 const ASSIGNMENTS_IN_FLIGHT: usize = 256;
 
 impl Driver {
     /// Carries `commands` out in order, and those the results of their operations lead to.
+    /// Each write, assignment and acknowledgement waits for the lease to be confirmed; once
+    /// it is known lost, the rest is dropped (the replica that took over keeps the book).
     /// A required send that fails (an assignment, a kill that must get through) skips the
     /// later commands about the same job: its request is delivered again, the repair timer
     /// sends it again.
@@ -46,6 +52,9 @@ impl Driver {
             // The bookkeeping stores a round put off, now that its jobs are on their way.
             let mut results = Vec::new();
             for command in deferred {
+                if !self.lease_confirmed().await {
+                    return;
+                }
                 results.extend(self.carry_out_one(command, &mut HashSet::new()).await);
             }
             commands = results
@@ -94,14 +103,20 @@ impl Driver {
                     }
                     other => {
                         // Writes and assignments gathered so far go first, in order.
-                        results.extend(self.store.write_all(std::mem::take(&mut writes)).await);
-                        failed.extend(self.send_assignments(std::mem::take(&mut assigns)).await);
+                        let (writes, assigns) =
+                            (std::mem::take(&mut writes), std::mem::take(&mut assigns));
+                        if !self.flush(writes, assigns, &mut results, &mut failed).await
+                            || !self.lease_confirmed().await
+                        {
+                            return Vec::new();
+                        }
                         results.extend(self.carry_out_one(other, &mut failed).await);
                     }
                 }
             }
-            results.extend(self.store.write_all(writes).await);
-            failed.extend(self.send_assignments(assigns).await);
+            if !self.flush(writes, assigns, &mut results, &mut failed).await {
+                return Vec::new();
+            }
             commands = Vec::new();
             for result in results {
                 commands.extend(self.machine.handle(now(), result));
@@ -110,15 +125,33 @@ impl Driver {
         deferred
     }
 
+    /// The writes, then the assignments, each batch only while the lease is confirmed (the
+    /// writes' acknowledgements take milliseconds, in which the process may be stopped);
+    /// false once the lease is known lost.
+    async fn flush(
+        &mut self,
+        writes: Vec<Write>,
+        assigns: Vec<Assign>,
+        results: &mut Vec<Input>,
+        failed: &mut HashSet<JobId>,
+    ) -> bool {
+        if !writes.is_empty() {
+            if !self.lease_confirmed().await {
+                return false;
+            }
+            results.extend(self.store.write_all(writes).await);
+        }
+        if !assigns.is_empty() {
+            if !self.lease_confirmed().await {
+                return false;
+            }
+            failed.extend(self.send_assignments(assigns).await);
+        }
+        true
+    }
+
     /// Sends assignments, many at once; the jobs whose sending failed.
-    async fn send_assignments(
-        &self,
-        assigns: Vec<(
-            JobId,
-            Option<String>,
-            Vec<crate::machine::messages::RankAssignment>,
-        )>,
-    ) -> Vec<JobId> {
+    async fn send_assignments(&self, assigns: Vec<Assign>) -> Vec<JobId> {
         if assigns.is_empty() {
             return Vec::new();
         }
@@ -298,14 +331,17 @@ pub(crate) struct Outbox {
     /// Environments kept apart, fetched while the records of the jobs about to start them
     /// are written (see [`Outbox::prefetch_environment`]).
     prefetched: Mutex<HashMap<JobId, Prefetch>>,
+    /// Asked before each message to a node is sent, and before each retry.
+    lease: LeaseGate,
 }
 
 /// An environment being fetched.
 type Prefetch = tokio::task::JoinHandle<Result<Option<job_env::Environment>, String>>;
 
 impl Outbox {
-    pub(crate) fn new(js: jetstream::Context) -> Self {
+    pub(crate) fn new(js: jetstream::Context, lease: LeaseGate) -> Self {
         Outbox {
+            lease,
             background: BackgroundPublisher::start(js.clone(), WRITE_RETRY_FOR),
             js,
             prefetched: Mutex::new(HashMap::new()),
@@ -385,6 +421,9 @@ impl Outbox {
     ) -> Result<()> {
         let mut retry = Retry::new(WRITE_RETRY_FOR);
         loop {
+            if !self.lease.clone().confirmed().await {
+                return Err(anyhow!("this replica no longer holds the scheduler lease"));
+            }
             let stored = async {
                 self.js
                     .publish_with_headers(subject.clone(), headers.clone(), payload.clone())

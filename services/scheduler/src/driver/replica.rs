@@ -6,7 +6,9 @@
 //!   as soon as the key has expired. A replica that fails to renew because someone else holds
 //!   the key now stops acting at once; one whose key merely expired while NATS could not
 //!   answer (a server lost, the bucket electing a leader) takes it again if nobody else did,
-//!   and goes on.
+//!   and goes on. Each renewal tells the event loop until when it may act
+//!   ([`crate::lease`]); a replica that was stopped past that moment writes nothing until a
+//!   renewal succeeds again or it learns another replica holds the key ([`LeaseGate`]).
 //! - **The status micro service.** `$SRV.PING` / `$SRV.INFO` answer with `mgpu-scheduler`,
 //!   `mgpu.scheduler.status` with the pass statistics ([`crate::status`]), `$SRV.STATS` with
 //!   how many status requests were answered, refused and how long they took; registered
@@ -19,6 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use anyhow::{Result, anyhow};
 use async_nats::jetstream::{self, kv};
 use async_nats::service::ServiceExt;
@@ -29,6 +33,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use mgpu_protocol::subjects;
 
+use crate::lease::{self, may_act};
 use crate::metrics::{Gauges, Tally, render};
 use crate::status::Status;
 
@@ -43,7 +48,73 @@ const RETRY_EVERY: Duration = Duration::from_millis(500);
 pub struct Lease {
     /// Turns true when the lease is lost.
     pub lost: watch::Receiver<bool>,
+    /// Until when the last confirmed renewal lets this replica act.
+    acts_until: watch::Receiver<Instant>,
     renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Lease {
+    /// What the event loop checks before each write, acknowledgement or assignment.
+    pub fn gate(&self) -> LeaseGate {
+        LeaseGate {
+            acts_until: self.acts_until.clone(),
+            lost: self.lost.clone(),
+        }
+    }
+}
+
+/// Whether this replica may act now: its last confirmed renewal still covers this moment
+/// ([`crate::lease::may_act`]).
+#[derive(Clone)]
+pub struct LeaseGate {
+    acts_until: watch::Receiver<Instant>,
+    lost: watch::Receiver<bool>,
+}
+
+/// How often a replica waiting for its lease to be confirmed says so.
+const STILL_WAITING_EVERY: Duration = Duration::from_secs(5);
+
+impl LeaseGate {
+    /// Turns true when the lease is lost.
+    pub fn lost(&self) -> watch::Receiver<bool> {
+        self.lost.clone()
+    }
+
+    /// Whether the lease is confirmed now (not waiting).
+    pub fn current(&self) -> bool {
+        !*self.lost.borrow() && may_act(*self.acts_until.borrow(), Instant::now())
+    }
+
+    /// True at once while the lease is confirmed; otherwise waits until a renewal confirms it
+    /// again (true) or the lease is lost (false). Only a replica that was stopped, or could
+    /// not reach NATS, for longer than [`crate::lease::ACTS_FOR`] ever waits here.
+    pub async fn confirmed(&mut self) -> bool {
+        let mut announced = false;
+        loop {
+            if *self.lost.borrow() {
+                return false;
+            }
+            if may_act(*self.acts_until.borrow(), Instant::now()) {
+                if announced {
+                    tracing::info!("the scheduler lease is confirmed again: acting");
+                }
+                return true;
+            }
+            if !announced {
+                tracing::warn!(
+                    "the scheduler lease was last confirmed too long ago (this replica was stalled or cut off): acting again only once a renewal succeeds"
+                );
+                announced = true;
+            }
+            tokio::select! {
+                changed = self.acts_until.changed() => if changed.is_err() { return false },
+                changed = self.lost.changed() => if changed.is_err() { return false },
+                () = tokio::time::sleep(STILL_WAITING_EVERY) => {
+                    tracing::warn!("still waiting for the scheduler lease to be confirmed");
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Lease {
@@ -64,13 +135,15 @@ pub async fn acquire(
         .map_err(|e| anyhow!("opening the leader bucket: {e}"))?;
     let mut announced = false;
     loop {
+        let sent = Instant::now();
         match bucket
             .create(subjects::LEADER_KEY, holder.to_owned().into())
             .await
         {
             Ok(revision) => {
                 tracing::info!(holder, "holding the scheduler lease: active");
-                return Ok(Some(start_renewing(bucket, holder.to_owned(), revision)));
+                let renewing = start_renewing(bucket, holder.to_owned(), (revision, sent));
+                return Ok(Some(renewing));
             }
             Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {
                 if !announced {
@@ -94,19 +167,30 @@ pub async fn acquire(
     }
 }
 
-fn start_renewing(bucket: kv::Store, holder: String, mut revision: u64) -> Lease {
+/// Renews the lease taken at `revision` by a request sent at `sent`, every second.
+fn start_renewing(bucket: kv::Store, holder: String, (revision, sent): (u64, Instant)) -> Lease {
     let (lost_tx, lost) = watch::channel(false);
+    let (confirmed, acts_until) = watch::channel(lease::acts_until(sent));
+    let mut revision = revision;
     let renewer = tokio::spawn(async move {
         loop {
             tokio::time::sleep(RENEW_EVERY).await;
+            // Whatever answer comes, the key was stored no earlier than this.
+            let sent = Instant::now();
             match bucket
                 .update(subjects::LEADER_KEY, holder.clone().into(), revision)
                 .await
             {
-                Ok(next) => revision = next,
+                Ok(next) => {
+                    revision = next;
+                    confirmed.send_replace(lease::acts_until(sent));
+                }
                 Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                     match take_again(&bucket, &holder).await {
-                        Retaken::Held(next) => revision = next,
+                        Retaken::Held(next) => {
+                            revision = next;
+                            confirmed.send_replace(lease::acts_until(sent));
+                        }
                         Retaken::ByAnother => {
                             tracing::error!("the scheduler lease was taken over: stepping down");
                             let _ = lost_tx.send(true);
@@ -121,7 +205,11 @@ fn start_renewing(bucket: kv::Store, holder: String, mut revision: u64) -> Lease
             }
         }
     });
-    Lease { lost, renewer }
+    Lease {
+        lost,
+        acts_until,
+        renewer,
+    }
 }
 
 /// Who holds the lease after a renewal found the key changed or gone.

@@ -26,6 +26,7 @@ use mgpu_protocol::priority::UsageBook;
 use mgpu_protocol::signing::nonce_key;
 use mgpu_protocol::subjects;
 
+use super::replica::LeaseGate;
 use crate::identity::SeenNonce;
 use crate::machine::jobs::Tracked;
 use crate::machine::messages::{Input, OpId, WriteOutcome};
@@ -53,11 +54,18 @@ pub(crate) struct RecordStore {
     env_bucket: kv::Store,
     /// Node administration, policy and usage (`mgpu-cluster`).
     pub(crate) cluster: kv::Store,
+    /// Asked before each record is sent, and before each retry: a write sent after a stall
+    /// past the lease could create a record the replica that took over never learns of.
+    lease: LeaseGate,
 }
 
+/// Why a write was not sent.
+const NOT_LEADING: &str = "this replica no longer holds the scheduler lease";
+
 impl RecordStore {
-    pub(crate) async fn open(js: &jetstream::Context) -> Result<Self> {
+    pub(crate) async fn open(js: &jetstream::Context, lease: LeaseGate) -> Result<Self> {
         Ok(RecordStore {
+            lease,
             js: js.clone(),
             bucket: records::jobs_bucket(js).await?,
             env_bucket: js
@@ -143,6 +151,10 @@ impl RecordStore {
             {
                 outcomes[done] = ack.await.ok().map(|a| a.sequence);
             }
+            // Not sent: redone alone, which waits for the lease to be confirmed.
+            if !self.lease.current() {
+                continue;
+            }
             let Ok(payload) = serde_json::to_vec(write.record.as_ref()) else {
                 continue;
             };
@@ -189,6 +201,11 @@ impl RecordStore {
         let mut retry = Retry::new(WRITE_RETRY_FOR);
         let mut unanswered = false;
         loop {
+            if !self.lease.clone().confirmed().await {
+                return WriteOutcome::Failed {
+                    error: NOT_LEADING.to_owned(),
+                };
+            }
             if std::mem::take(&mut unanswered) {
                 match self.read_back(id, &payload).await {
                     // Creating, and nothing is stored: the earlier try did not land (a server

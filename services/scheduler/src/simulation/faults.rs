@@ -1,7 +1,8 @@
 //! The faults a run draws while it is not quiet: nodes that crash and come back, nodes cut off
 //! from NATS for a while (a network partition), the active scheduler dying and a standby
 //! taking over from the store, another writer changing a record under the scheduler, a copy
-//! of an earlier request published again (a replay), clock steps. (Lost and failed writes,
+//! of an earlier request published again (a replay), clock steps, the active scheduler
+//! stalled for a while (`stall.rs`). (Lost and failed writes,
 //! lost acknowledgements, delayed, reordered and duplicated messages and dropped heartbeats
 //! are drawn where they happen, in `driving.rs` and `nodes.rs`.)
 //!
@@ -20,6 +21,7 @@ enum Kind {
     Partition,
     SchedulerCrash,
     OtherWriter,
+    SchedulerStall,
     Replay,
     ClockStep,
 }
@@ -33,6 +35,7 @@ pub fn inject(world: &mut World) {
         Some(Kind::OtherWriter) => rewrite_record(world),
         Some(Kind::Replay) => replay_request(world),
         Some(Kind::ClockStep) => step_clock(world),
+        Some(Kind::SchedulerStall) => stall_scheduler(world),
         None => {}
     }
 }
@@ -63,6 +66,15 @@ fn crash_scheduler(world: &mut World) {
         && world.fault_happens("scheduler crashes; a standby takes over".into())
     {
         world.crash_scheduler();
+    }
+}
+
+fn stall_scheduler(world: &mut World) {
+    let stalled_for = world.rng.between(500, 8_000);
+    if world.scheduler.is_some()
+        && world.fault_happens(format!("the scheduler stalls for {stalled_for} ms"))
+    {
+        world.stall_scheduler(stalled_for);
     }
 }
 
@@ -107,6 +119,7 @@ fn draw_kind(world: &mut World) -> Option<Kind> {
         (o.other_writer, Kind::OtherWriter),
         (o.replay, Kind::Replay),
         (o.clock_step, Kind::ClockStep),
+        (o.scheduler_stall, Kind::SchedulerStall),
     ];
     let mut threshold = 0;
     kinds.into_iter().find_map(|(per_mille, kind)| {

@@ -5,7 +5,7 @@
 //! kill grace ends, fence themselves when cut off), a simulated bus (delayed, reordered and
 //! duplicated messages, lost acknowledgements, dropped heartbeats), node crashes and
 //! restarts, network partitions, scheduler crashes with a standby taking over from the store,
-//! clock steps, and users who submit (single jobs, arrays, multi-node jobs), cancel, hold and
+//! a scheduler stalled past its lease waking after a standby took over, clock steps, and users who submit (single jobs, arrays, multi-node jobs), cancel, hold and
 //! release, and an admin who drains nodes, pauses GPUs and edits the limits and principals.
 //!
 //! Everything is drawn from one seed: [`run`] with the same seed and options does the same
@@ -27,7 +27,7 @@
 //!   the driver; [`nodes`]: heartbeats, agents' messages, crashes and partitions.
 //! - [`store`]; [`streams`]; [`agents`].
 //! - [`workload`]: what users do; [`admin`]: what the admin does; [`faults`]: what goes
-//!   wrong; [`ledger`] and [`checks`]: the invariants.
+//!   wrong; [`stall`]: a scheduler stopped and woken; [`ledger`] and [`checks`]: the invariants.
 //! - [`rng`]: the one source of chance; [`shrinking`]: the shortest failing run of a seed.
 //! - `scenarios` (tests): each part on a cluster built by hand.
 
@@ -50,6 +50,7 @@ pub mod rng;
 mod scenarios;
 pub mod shrinking;
 mod slice_checks;
+pub mod stall;
 pub mod store;
 pub mod streams;
 mod verdict_checks;
@@ -73,6 +74,8 @@ pub struct Options {
     /// A node cut off from NATS for 0.5 to 25 s.
     pub partition: u64,
     pub scheduler_crash: u64,
+    /// The active scheduler stalled for 0.5 to 8 s (a standby takes over after 3 s).
+    pub scheduler_stall: u64,
     pub other_writer: u64,
     pub clock_step: u64,
     /// Per write, acknowledgement, message and heartbeat.
@@ -83,6 +86,9 @@ pub struct Options {
     pub heartbeat_drop: u64,
     /// Per fault draw: a copy of an earlier request published again (a replay).
     pub replay: u64,
+    /// Whether a stalled scheduler that wakes past its lease acts on what it pulls all the
+    /// same (the driver without its lease gate): only for the test that shows what follows.
+    pub acts_without_lease: bool,
     /// Whether the machine's log lines go into the trace.
     pub trace_logs: bool,
     /// How many of the last trace lines a failing seed prints.
@@ -102,6 +108,7 @@ impl Default for Options {
             node_crash: 60,
             partition: 50,
             scheduler_crash: 40,
+            scheduler_stall: 30,
             other_writer: 60,
             clock_step: 40,
             write_failure: 10,
@@ -110,6 +117,7 @@ impl Default for Options {
             delay: 50,
             heartbeat_drop: 5,
             replay: 20,
+            acts_without_lease: false,
             trace_logs: false,
             trace_lines: 200,
             skip_faults: BTreeSet::new(),

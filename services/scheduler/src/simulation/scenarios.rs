@@ -22,6 +22,7 @@ fn calm() -> Options {
         node_crash: 0,
         partition: 0,
         scheduler_crash: 0,
+        scheduler_stall: 0,
         other_writer: 0,
         clock_step: 0,
         write_failure: 0,
@@ -319,4 +320,78 @@ fn a_no_requeue_job_with_a_time_limit_runs_once_and_times_out() {
     assert!(step_until(&mut world, 90_000, |w| {
         state_of(w, &waiting).is_some_and(|s| s.is_finished())
     }));
+}
+
+/// A scheduler stalled past its lease (SIGSTOP), woken after a standby took over, pulls a
+/// submission the moment it wakes: `acts_without_lease` decides whether it may act on it.
+/// The job submitted then, and whether it ever finishes.
+fn submission_taken_by_a_woken_scheduler(acts_without_lease: bool) -> (World, JobId, bool) {
+    let mut world = cluster(&[1]);
+    world.options.acts_without_lease = acts_without_lease;
+    step_until(&mut world, 2_000, |_| false);
+    world.stall_scheduler(600_000);
+    let stall = world.stall_generation;
+    let stalled_at = world.now;
+    // A standby takes the key once it expired (3 s after the last renewal at most).
+    assert!(step_until(&mut world, stalled_at + 10_000, |w| w
+        .stalled
+        .as_ref()
+        .is_some_and(|s| s.superseded)));
+    let job = submit(&mut world, 0, 1, spec(1));
+    // The stalled one wakes just as the submission can be delivered, before the active one
+    // pulls it.
+    let available = world.requests.last_available();
+    step_until(&mut world, available - 1, |_| false);
+    world.now = available;
+    world.stalled_scheduler_wakes(stall);
+    let finished = step_until(&mut world, available + 60_000, |w| {
+        state_of(w, &job).is_some_and(|s| s.is_finished())
+    });
+    (world, job, finished)
+}
+
+#[test]
+fn a_scheduler_woken_past_its_lease_writes_nothing_and_the_active_one_runs_the_job() {
+    let (_, _, finished) = submission_taken_by_a_woken_scheduler(false);
+    assert!(finished);
+}
+
+/// What the fault campaign found before the driver had its lease gate: the woken replica
+/// records the submission, acknowledges it and starts it, and the active one never learns of
+/// the job.
+#[test]
+fn a_scheduler_that_acts_past_its_lease_loses_a_submission() {
+    let (world, job, finished) = submission_taken_by_a_woken_scheduler(true);
+    assert!(!finished);
+    // Recorded, acknowledged and sent to the node by the woken one; the node's reports are
+    // about a job the active one does not know, so the record says running for ever.
+    let state = state_of(&world, &job);
+    assert!(matches!(state, Some(JobState::Running(_))), "{state:?}");
+    assert!(world.requests.all_acked());
+    let active = world
+        .scheduler
+        .as_ref()
+        .map(|s| s.machine.job(&job).is_some());
+    assert_eq!(
+        active,
+        Some(false),
+        "the active scheduler never learns of it"
+    );
+}
+
+#[test]
+fn a_scheduler_stalled_within_its_lease_goes_on_and_runs_what_came_meanwhile() {
+    let mut world = cluster(&[1]);
+    step_until(&mut world, 2_000, |_| false);
+    world.stall_scheduler(1_500);
+    let job = submit(&mut world, 0, 1, spec(1));
+    assert!(step_until(&mut world, 60_000, |w| {
+        state_of(w, &job).is_some_and(|s| s.is_finished())
+    }));
+    assert!(world.stalled.is_none());
+    let starts = world
+        .trace
+        .iter()
+        .filter(|l| l.contains("scheduler active"));
+    assert_eq!(starts.count(), 1, "no standby took over");
 }

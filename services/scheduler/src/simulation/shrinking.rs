@@ -111,7 +111,7 @@ fn without_kinds<R: FnMut(u64, &Options) -> Outcome>(
     most: usize,
     trials: &mut Trials<R>,
 ) -> Options {
-    let knobs: [fn(&mut Options) -> &mut u64; 11] = [
+    let knobs: [fn(&mut Options) -> &mut u64; 12] = [
         |o| &mut o.node_crash,
         |o| &mut o.partition,
         |o| &mut o.scheduler_crash,
@@ -123,6 +123,7 @@ fn without_kinds<R: FnMut(u64, &Options) -> Outcome>(
         |o| &mut o.delay,
         |o| &mut o.heartbeat_drop,
         |o| &mut o.replay,
+        |o| &mut o.scheduler_stall,
     ];
     let mut smallest = options.clone();
     for knob in knobs {

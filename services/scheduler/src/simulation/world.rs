@@ -53,6 +53,10 @@ pub enum Event {
     ReportRetry(usize, u32, Box<AgentReport>),
     /// The driver's slice timer: a running job's time slice ends.
     SliceEnd,
+    /// A standby tries to take the lease of the scheduler stalled in that stall.
+    StandbyTakesOver(u64),
+    /// The scheduler stalled in that stall wakes.
+    SchedulerWakes(u64),
 }
 
 /// Which stream a held message came from.
@@ -69,6 +73,17 @@ pub struct SimScheduler {
     pub next_token: Token,
 }
 
+/// A scheduler stopped in its tracks (`stall.rs`).
+pub struct Stalled {
+    pub scheduler: SimScheduler,
+    /// Which stall this is: the events scheduled for an earlier one find another here.
+    pub generation: u64,
+    /// Until when its last renewal let it act (simulated monotonic milliseconds).
+    pub acts_until: std::time::Duration,
+    /// Whether a standby took the lease while it was stalled.
+    pub superseded: bool,
+}
+
 pub struct World {
     pub rng: Rng,
     pub options: Options,
@@ -80,6 +95,10 @@ pub struct World {
     pub events: BTreeMap<(u64, u64), Event>,
     pub store: SimStore,
     pub scheduler: Option<SimScheduler>,
+    /// A scheduler stopped in its tracks (a standby may have taken over meanwhile).
+    pub stalled: Option<Stalled>,
+    /// How many stalls there were: the events of each name theirs.
+    pub stall_generation: u64,
     pub agents: Vec<SimAgent>,
     pub requests: Stream<StoredRequest>,
     /// The active scheduler's gate (its nonces), and the next nonce a client signs with.
@@ -188,6 +207,8 @@ impl World {
             events: BTreeMap::new(),
             store: SimStore::default(),
             scheduler: None,
+            stalled: None,
+            stall_generation: 0,
             agents,
             requests: Stream::default(),
             gate: SimGate::default(),
@@ -312,6 +333,8 @@ impl World {
             Event::Reconciled(node, boot) => self.reconciled(node, boot),
             Event::ReportRetry(node, boot, report) => self.retry_report(node, boot, *report),
             Event::SliceEnd => self.slice_end(),
+            Event::StandbyTakesOver(stall) => self.standby_takes_over(stall),
+            Event::SchedulerWakes(stall) => self.stalled_scheduler_wakes(stall),
         }
     }
 
