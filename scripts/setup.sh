@@ -105,6 +105,21 @@ if ! /usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 && ! python3 -c 'impo
   fi
 fi
 
+# libfaketime (Debian package): the fault campaign (scripts/chaos.sh, part of scripts/test.sh)
+# steps an agent's wall clock by preloading it into that agent alone.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ "$(uname -m)" = x86_64 ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    say "installing libfaketime (Debian package) for the fault campaign's clock steps"
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfaketime >&2 \
+      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
+           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfaketime >&2; } \
+      || say "libfaketime could not be installed: the fault campaign steps no clocks"
+  else
+    say "libfaketime is missing and there is no apt-get: the fault campaign steps no clocks"
+  fi
+fi
+
 # task-spooler (Debian package, the `tsp` command): `scripts/bench.sh` runs the same drain and
 # listing with it in the same sitting, so each run prints mgpu's ratio to it.
 if ! command -v tsp >/dev/null 2>&1; then

@@ -43,9 +43,11 @@ use serde_json::Value;
 mod auth;
 mod cli;
 mod faults;
+pub mod host_faults;
 pub mod installed;
 mod logs;
 mod nats_cluster;
+pub mod netns;
 mod terminal;
 
 pub use auth::public_key_of;
@@ -130,6 +132,12 @@ pub struct Cluster {
     nats_cluster: Option<nats_cluster::NatsCluster>,
     /// The CA certificate when the server requires TLS ([`Cluster::start_tls`]).
     ca: Option<PathBuf>,
+    /// Set when each component runs in a network namespace of its own
+    /// ([`Cluster::start_in_namespaces`]).
+    net: Option<std::sync::Arc<netns::Net>>,
+    /// Where each agent's wall-clock offset file is, when agents' clocks can be stepped
+    /// ([`Cluster::step_agent_clock`]).
+    clocks: Option<PathBuf>,
 }
 
 /// Where the mgpu binaries are: the target directory of this test executable.
@@ -346,6 +354,31 @@ impl Cluster {
             cli_env: Vec::new(),
             nats_cluster: None,
             ca,
+            net: None,
+            clocks: None,
+        }
+    }
+
+    /// The network namespaces the components run in, when they do.
+    pub fn net(&self) -> Option<&std::sync::Arc<netns::Net>> {
+        self.net.as_ref()
+    }
+
+    /// Steps agent `name`'s wall clock to `offset_secs` from the kernel's (0: back in step);
+    /// false when agents' clocks cannot be stepped here.
+    pub fn step_agent_clock(&self, name: &str, offset_secs: i64) -> bool {
+        let Some(dir) = &self.clocks else {
+            return false;
+        };
+        host_faults::write_offset(&dir.join(format!("{name}.offset")), offset_secs);
+        true
+    }
+
+    /// Makes `command` run in component `name`'s network namespace, when components have
+    /// their own.
+    fn place(&self, name: &str, command: &mut Command) {
+        if let Some(net) = &self.net {
+            net.place(name, command);
         }
     }
 
@@ -392,6 +425,7 @@ impl Cluster {
     fn spawn_scheduler(&mut self, name: &str) {
         let mut command = Command::new(bin_dir().join("mgpu-scheduler"));
         self.set_ca_env(&mut command);
+        self.place(name, &mut command);
         let child = command
             .args(&self.scheduler_args)
             .env("MGPU_SCHEDULER_CONFIG", self.empty_config())
@@ -403,6 +437,9 @@ impl Cluster {
                 self.auth_dir.join(mgpu_protocol::principals::REGISTRY_FILE),
             )
             .env("RUST_LOG", "info")
+            .envs(self.clocks.as_ref().map_or_else(Vec::new, |dir| {
+                host_faults::fake_clock_env(&dir.join(format!("{name}.offset")))
+            }))
             .stdout(self.log(name))
             .stderr(self.log(name))
             .spawn()
@@ -463,6 +500,7 @@ impl Cluster {
             .unwrap_or_else(|| panic!("node {name} was not declared"));
         let mut command = Command::new(bin_dir().join("mgpu-node"));
         self.set_ca_env(&mut command);
+        self.place(name, &mut command);
         // No inventory declared: the agent reads the host's GPUs through NVML.
         let declared: &[&str] = if spec.gpus.is_empty() {
             &[]
@@ -528,5 +566,8 @@ impl Drop for Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // Before the directory goes: their JetStream disks are mounted in it.
+        self.nats_cluster.take();
+        self.net.take();
     }
 }

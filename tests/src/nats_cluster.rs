@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use mgpu_cli::setup::auth::{CLUSTER_NAME, ClusterMember, render_cluster_server_c
 use mgpu_protocol::subjects;
 
 use crate::auth::with_storage_limit;
-use crate::{Cluster, NodeSpec, free_port, nats_server_bin, wait_for};
+use crate::{Cluster, NodeSpec, free_port, host_faults, nats_server_bin, wait_for};
 
 /// Every stream mgpu keeps (buckets by their stream's name).
 pub const MGPU_STREAMS: [&str; 9] = [
@@ -47,6 +47,12 @@ pub struct NatsCluster {
     members: Vec<ClusterMember>,
     /// One per member, in the same order; None once killed.
     servers: Vec<Option<Child>>,
+    /// The address each member listens on, in the same order: 127.0.0.1, or its network
+    /// namespace's.
+    hosts: Vec<String>,
+    /// Whether each member's JetStream directory is a small disk of its own, unmounted once
+    /// the servers are gone.
+    small_disks: bool,
 }
 
 impl NatsCluster {
@@ -55,7 +61,8 @@ impl NatsCluster {
     pub fn urls(&self) -> String {
         self.members
             .iter()
-            .map(|m| format!("nats://127.0.0.1:{}", m.client_port))
+            .zip(&self.hosts)
+            .map(|(m, host)| format!("nats://{host}:{}", m.client_port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -69,8 +76,9 @@ impl NatsCluster {
     pub fn url_of(&self, name: &str) -> Option<String> {
         self.members
             .iter()
-            .find(|m| m.name == name)
-            .map(|m| format!("nats://127.0.0.1:{}", m.client_port))
+            .zip(&self.hosts)
+            .find(|(m, _)| m.name == name)
+            .map(|(m, host)| format!("nats://{host}:{}", m.client_port))
     }
 }
 
@@ -79,6 +87,11 @@ impl Drop for NatsCluster {
         for mut child in self.servers.iter_mut().filter_map(Option::take) {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if self.small_disks {
+            for member in &self.members {
+                host_faults::unmount_small_disk(&member.store_dir);
+            }
         }
     }
 }
@@ -91,7 +104,61 @@ impl Cluster {
         nodes: &[NodeSpec],
         scheduler_args: &[&str],
     ) -> Cluster {
+        Cluster::start_nats_cluster(Cluster::prepare(nodes, false), servers, scheduler_args)
+    }
+
+    /// Like [`Cluster::start_on_nats_cluster`], for the fault campaign: every server,
+    /// scheduler and agent in a network namespace of its own ([`crate::netns`]), so that
+    /// links can be cut; each server's JetStream directory on a small disk of its own, so
+    /// that it can be filled; each agent's wall clock steppable where libfaketime is
+    /// installed ([`crate::host_faults`]).
+    pub fn start_in_namespaces(
+        servers: usize,
+        nodes: &[NodeSpec],
+        scheduler_args: &[&str],
+    ) -> Cluster {
         let mut cluster = Cluster::prepare(nodes, false);
+        cluster.net = Some(std::sync::Arc::new(crate::netns::Net::create()));
+        host_faults::unmount_leftovers();
+        if host_faults::clocks_available() {
+            let clocks = cluster.dir.path().join("clocks");
+            std::fs::create_dir_all(&clocks).unwrap_or_else(|e| panic!("{e}"));
+            cluster.clocks = Some(clocks);
+        }
+        Cluster::start_nats_cluster(cluster, servers, scheduler_args)
+    }
+
+    /// Fills server `name`'s JetStream disk (a cluster started in namespaces); false when
+    /// its directory is not a disk of its own.
+    pub fn fill_jetstream_disk(&self, name: &str) -> bool {
+        let Some(dir) = self.small_disk_of(name) else {
+            return false;
+        };
+        host_faults::fill(&dir);
+        true
+    }
+
+    /// Empties server `name`'s JetStream disk again.
+    pub fn empty_jetstream_disk(&self, name: &str) {
+        if let Some(dir) = self.small_disk_of(name) {
+            host_faults::empty(&dir);
+        }
+    }
+
+    fn small_disk_of(&self, name: &str) -> Option<PathBuf> {
+        let servers = self.nats_cluster.as_ref()?;
+        if !servers.small_disks {
+            return None;
+        }
+        let member = servers.members.iter().find(|m| m.name == name)?;
+        Some(member.store_dir.clone())
+    }
+
+    fn start_nats_cluster(
+        mut cluster: Cluster,
+        servers: usize,
+        scheduler_args: &[&str],
+    ) -> Cluster {
         let members: Vec<ClusterMember> = (1..=servers)
             .map(|i| {
                 let name = format!("mgpu-test-{i}");
@@ -103,11 +170,22 @@ impl Cluster {
                 }
             })
             .collect();
+        let hosts: Vec<String> = members
+            .iter()
+            .map(|m| match &cluster.net {
+                Some(net) => net.ip_of(&m.name).to_string(),
+                None => "127.0.0.1".to_owned(),
+            })
+            .collect();
+        let small_disks = cluster.net.is_some();
         let mut children = Vec::new();
         for (index, member) in members.iter().enumerate() {
+            if small_disks {
+                host_faults::mount_small_disk(&member.store_dir);
+            }
             let conf = render_cluster_server_conf(CLUSTER_NAME, &members, index, None)
                 .unwrap_or_else(|| panic!("no member {index}"));
-            let conf = with_storage_limit(&conf, MEMBER_STORAGE);
+            let conf = on_hosts(&with_storage_limit(&conf, MEMBER_STORAGE), &members, &hosts);
             // Beside auth.conf, which every member includes by a relative path.
             let path = cluster.auth_dir.join(format!("{}.conf", member.name));
             std::fs::write(&path, conf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -117,20 +195,27 @@ impl Cluster {
         cluster.nats_cluster = Some(NatsCluster {
             members: members.clone(),
             servers: children,
+            hosts: hosts.clone(),
+            small_disks,
         });
-        for member in &members {
+        for (member, host) in members.iter().zip(&hosts) {
             wait_for(
                 &format!("{} to listen", member.name),
                 Duration::from_secs(10),
-                || TcpStream::connect(("127.0.0.1", member.client_port)).ok(),
+                || TcpStream::connect((host.as_str(), member.client_port)).ok(),
             );
         }
         cluster.wait_for_jetstream_cluster(servers);
         cluster.scheduler_args = scheduler_args.iter().map(|a| (*a).to_owned()).collect();
         cluster.start_scheduler();
-        let with_agents: Vec<&NodeSpec> = nodes.iter().filter(|n| n.agent).collect();
+        let with_agents: Vec<String> = cluster
+            .nodes
+            .iter()
+            .filter(|n| n.agent)
+            .map(|n| n.name.clone())
+            .collect();
         for node in &with_agents {
-            cluster.start_agent(&node.name);
+            cluster.start_agent(node);
         }
         cluster.wait_nodes_online(with_agents.len());
         cluster
@@ -281,8 +366,22 @@ impl Cluster {
     }
 }
 
+/// A member's configuration with each member's address where the generator wrote the
+/// loopback one (its ports are the member's own, so each replacement is unambiguous).
+fn on_hosts(conf: &str, members: &[ClusterMember], hosts: &[String]) -> String {
+    let mut conf = conf.to_owned();
+    for (member, host) in members.iter().zip(hosts) {
+        for port in [member.client_port, member.cluster_port] {
+            conf = conf.replace(&format!("127.0.0.1:{port}"), &format!("{host}:{port}"));
+        }
+    }
+    conf
+}
+
 fn spawn_server(cluster: &Cluster, name: &str, conf: &Path) -> Child {
-    Command::new(nats_server_bin())
+    let mut command = Command::new(nats_server_bin());
+    cluster.place(name, &mut command);
+    command
         .arg("-c")
         .arg(conf)
         .stdout(cluster.log(name))

@@ -316,9 +316,13 @@ fn lease_holder_name() -> String {
 }
 
 /// Whether creating the streams failed because JetStream is not ready yet: no meta leader
-/// (the request times out), or not every server known to it (no peers to place replicas on).
+/// (the request times out, or the server answers 503 "JetStream system temporarily
+/// unavailable", error code 10008, while the meta group elects one), or not every server
+/// known to it (no peers to place replicas on).
 fn is_cluster_still_forming(error: &str) -> bool {
-    error.contains("timed out") || error.contains("no suitable peers for placement")
+    error.contains("timed out")
+        || error.contains("temporarily unavailable")
+        || error.contains("no suitable peers for placement")
 }
 
 /// A scheduler given one URL of a cluster keeps one copy of everything (see
@@ -362,6 +366,10 @@ mod tests {
         ));
         assert!(is_cluster_still_forming(
             "creating stream MGPU_EVENTS: timed out"
+        ));
+        // Seen by the fault campaign: both replicas gave up while the meta group elected.
+        assert!(is_cluster_still_forming(
+            "JetStream: creating stream MGPU_AUDIT: jetstream error: JetStream system temporarily unavailable (code 503, error code 10008)"
         ));
         assert!(!is_cluster_still_forming(
             "creating stream MGPU_EVENTS: insufficient storage resources available"

@@ -97,6 +97,12 @@ fn read(cli: &Cli, submitted: &Submitted) -> Settled {
     }
 }
 
+/// Between a job's id and a rank above 0, in the ledgers' keys.
+const RANK_MARK: &str = "/rank";
+/// How long after its recorded end a job's attempt may be seen starting: an agent's clock may
+/// be stepped up to 30 s, and exits are dated by their agent.
+const AFTER_END_SLACK_NS: u128 = 31_000_000_000;
+
 /// One attempt as its ledger lines tell it.
 #[derive(Clone, Debug, Default)]
 struct Attempt {
@@ -115,13 +121,18 @@ fn ledgers(dir: &Path) -> BTreeMap<(String, u32), Attempt> {
         .flat_map(|text| text.lines().map(str::to_owned).collect::<Vec<_>>())
     {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let [what, job, attempt, node, gpus, at] = words[..] else {
+        let [what, job, attempt, node, gpus, at, rank] = words[..] else {
             continue;
         };
         let (Ok(attempt), Ok(at)) = (attempt.parse::<u32>(), at.parse::<u128>()) else {
             continue;
         };
-        let entry = attempts.entry((job.to_owned(), attempt)).or_default();
+        // A gang's other ranks apart from its first, which stands for the job.
+        let key = match rank {
+            "0" => job.to_owned(),
+            rank => format!("{job}{RANK_MARK}{rank}"),
+        };
+        let entry = attempts.entry((key, attempt)).or_default();
         if what == "start" {
             entry.node = node.to_owned();
             entry.gpus = gpus.split(',').map(str::to_owned).collect();
@@ -152,18 +163,32 @@ pub fn check(cli: &Cli, submitted: &Submitted, dir: &Path, settled: Settled) -> 
         };
         if !is_terminal(record) {
             violations.push(format!(
-                "{}: still {} after settling",
+                "{}: still {} after settling ({})",
                 job.id,
-                state_of(record)
+                state_of(record),
+                record["reason"].as_str().unwrap_or("no reason given")
             ));
         }
         let runs = by_job.get(job.id.as_str()).cloned().unwrap_or_default();
         check_job(job, record, &runs, &mut violations);
         check_dependency(job, &runs, &settled, &by_job, &mut violations);
     }
-    check_gpus(&attempts, &mut violations, &mut unchecked);
+    let shares: HashMap<&str, u32> = submitted
+        .jobs
+        .iter()
+        .map(|j| (j.id.as_str(), j.kind.share()))
+        .collect();
+    check_gpus(&attempts, &shares, &mut violations, &mut unchecked);
+    check_after_end(&attempts, &settled, &mut violations);
     check_arrays(submitted, &attempts, &mut violations, &mut unchecked);
-    check_output(cli, submitted, &settled, &by_job, &mut violations);
+    check_output(
+        cli,
+        submitted,
+        &settled,
+        &by_job,
+        &mut violations,
+        &mut unchecked,
+    );
     check_survivors(dir, &mut violations);
     Report {
         attempts: attempts.len(),
@@ -245,10 +270,12 @@ type Span = (u128, u128, String);
 /// A moment an array's running count changed, and by how much.
 type Change = (u128, i32);
 
-/// No two attempts held a GPU at once (attempts without an end line are not checked: when
-/// their process died is not known).
+/// No GPU was held beyond its whole at any moment: the shares of the attempts holding it
+/// (whole jobs 100, half-GPU jobs 50) never add up to more than 100. Attempts without an end
+/// line are not checked: when their process died is not known.
 fn check_gpus(
     attempts: &BTreeMap<(String, u32), Attempt>,
+    shares: &HashMap<&str, u32>,
     violations: &mut Vec<String>,
     unchecked: &mut BTreeMap<&'static str, usize>,
 ) {
@@ -264,16 +291,60 @@ fn check_gpus(
                 .push((attempt.start, end, format!("{job}#{number}")));
         }
     }
-    for ((node, gpu), mut spans) in held {
-        spans.sort();
-        for pair in spans.windows(2) {
-            if let [(_, first_end, first), (second_start, _, second)] = pair
-                && second_start < first_end
-            {
-                violations.push(format!(
-                    "{first} and {second} held GPU {gpu} of {node} at the same time"
-                ));
+    let share_of = |name: &str| {
+        let job = name.split(['#', '/']).next().unwrap_or_default();
+        shares.get(job).copied().unwrap_or(100)
+    };
+    for ((node, gpu), spans) in held {
+        // Ends before starts at the same instant.
+        let mut changes: Vec<(u128, bool, &str)> = spans
+            .iter()
+            .flat_map(|(start, end, name)| [(*start, true, name.as_str()), (*end, false, name)])
+            .collect();
+        changes.sort();
+        let mut holders: Vec<&str> = Vec::new();
+        for (_, starts, name) in changes {
+            if !starts {
+                holders.retain(|h| *h != name);
+                continue;
             }
+            holders.push(name);
+            let total: u32 = holders.iter().map(|h| share_of(h)).sum();
+            if total > 100 {
+                violations.push(format!(
+                    "{} held GPU {gpu} of {node} at the same time ({total} hundredths of it)",
+                    holders.join(" and ")
+                ));
+                break;
+            }
+        }
+    }
+}
+
+/// No attempt of a job started after the job's recorded end (within the slack of a stepped
+/// agent clock).
+fn check_after_end(
+    attempts: &BTreeMap<(String, u32), Attempt>,
+    settled: &Settled,
+    violations: &mut Vec<String>,
+) {
+    for ((key, number), attempt) in attempts {
+        let job = key.split(RANK_MARK).next().unwrap_or_default();
+        let ended = settled
+            .records
+            .get(job)
+            .filter(|r| is_terminal(r))
+            .and_then(|r| r["ended_at"].as_str())
+            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+            .and_then(|t| t.timestamp_nanos_opt());
+        let Some(ended) = ended.and_then(|ns| u128::try_from(ns).ok()) else {
+            continue;
+        };
+        if attempt.start > ended + AFTER_END_SLACK_NS {
+            violations.push(format!(
+                "{key}: attempt {number} started {:.1} s after the job's recorded end",
+                (attempt.start - ended) as f64 / 1e9
+            ));
         }
     }
 }
@@ -327,8 +398,14 @@ fn check_output(
     settled: &Settled,
     by_job: &HashMap<&str, BTreeMap<u32, Attempt>>,
     violations: &mut Vec<String>,
+    unchecked: &mut BTreeMap<&'static str, usize>,
 ) {
     for job in &submitted.jobs {
+        if job.kind == Kind::Gang {
+            // Its ranks' lines are tagged and interleaved: not checked.
+            *unchecked.entry("gang_outputs").or_default() += 1;
+            continue;
+        }
         let succeeded = settled
             .records
             .get(&job.id)
@@ -416,10 +493,46 @@ pub fn self_check() -> Result<(), String> {
     attempts.insert(("e".to_owned(), 1), attempt("n3", "1", 11, Some(25)));
     let mut violations = Vec::new();
     let mut unchecked = BTreeMap::new();
-    check_gpus(&attempts, &mut violations, &mut unchecked);
+    check_gpus(&attempts, &HashMap::new(), &mut violations, &mut unchecked);
     let found = |violations: &[String], text: &str| violations.iter().any(|v| v.contains(text));
     if !found(&violations, "a#1 and b#1 held GPU 0 of n1") || violations.len() != 1 {
         return Err(format!("GPU overlap: {violations:?}"));
+    }
+    // Two halves share a GPU; a third half is one too many.
+    let mut halves = BTreeMap::new();
+    halves.insert(("h1".to_owned(), 1), attempt("n4", "0", 10, Some(30)));
+    halves.insert(("h2".to_owned(), 1), attempt("n4", "0", 12, Some(20)));
+    let shares: HashMap<&str, u32> = [("h1", 50), ("h2", 50), ("h3", 50)].into();
+    let mut violations = Vec::new();
+    check_gpus(&halves, &shares, &mut violations, &mut unchecked);
+    if !violations.is_empty() {
+        return Err(format!("two half-GPU jobs on one GPU: {violations:?}"));
+    }
+    halves.insert(("h3".to_owned(), 1), attempt("n4", "0", 15, Some(25)));
+    check_gpus(&halves, &shares, &mut violations, &mut unchecked);
+    if !found(&violations, "h1#1 and h2#1 and h3#1 held GPU 0 of n4") {
+        return Err(format!("three half-GPU jobs on one GPU: {violations:?}"));
+    }
+    let settled = Settled {
+        records: [(
+            "a".to_owned(),
+            json!({"state": "cancelled", "ended_at": "1970-01-01T00:00:01Z"}),
+        )]
+        .into(),
+        unacknowledged: Vec::new(),
+    };
+    let mut late = BTreeMap::new();
+    late.insert(
+        ("a".to_owned(), 2),
+        attempt("n1", "0", 40_000_000_000, None),
+    );
+    let mut violations = Vec::new();
+    check_after_end(&late, &settled, &mut violations);
+    if !found(
+        &violations,
+        "a: attempt 2 started 39.0 s after the job's recorded end",
+    ) {
+        return Err(format!("an attempt after the end: {violations:?}"));
     }
     let job = |id: &str, kind: Kind| Job {
         id: id.to_owned(),

@@ -1,8 +1,12 @@
 //! The faults, drawn from the seed: SIGKILL of an agent, a scheduler or a nats-server (started
-//! again a few seconds later: a killed scheduler comes back as a new standby), and SIGSTOP of
-//! any of them, SIGCONT a few seconds later. At most one nats-server is down or paused at a
-//! time, so the JetStream cluster keeps its quorum; the other components may fail together.
-//! When the campaign ends, every fault is repaired at once.
+//! again a few seconds later: a killed scheduler comes back as a new standby); SIGSTOP of any
+//! of them, SIGCONT a few seconds later; one of them cut off from all others (its link down);
+//! the cluster split in two halves that each still talk among themselves (the machine, where
+//! the CLI runs, with one of them); an agent's wall clock stepped 2 to 30 s either way (and
+//! back); a nats-server's JetStream disk filled (then emptied, and the server restarted, as
+//! an operator would). At most one nats-server is hit at a time, and none during a split; the
+//! other components may fail together, and a split may leave the CLI's half without a
+//! JetStream quorum until it heals. When the campaign ends, every fault is repaired at once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,18 +29,33 @@ enum Target {
     Server(String),
 }
 
+/// What a fault did, so it can be undone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Done {
+    Killed,
+    Paused(u32),
+    Cut,
+    Split,
+    /// An agent's clock stepped by this many seconds.
+    ClockStepped(i64),
+    DiskFilled,
+}
+
 /// A fault in effect, and when it is repaired.
 struct Standing {
     target: Target,
-    paused: Option<u32>,
+    done: Done,
     until: Instant,
 }
 
-/// How many faults of each kind were injected.
+/// What was injected, by kind and by component.
 #[derive(Default)]
 pub struct Injected {
     kills: u32,
     pauses: u32,
+    partitions: u32,
+    clock_steps: u32,
+    disks_filled: u32,
     by_target: BTreeMap<&'static str, u32>,
 }
 
@@ -45,9 +64,9 @@ impl Injected {
         json!({
             "kill": self.kills,
             "pause": self.pauses,
-            "partition": 0,
-            "disk_full": 0,
-            "clock_step": 0,
+            "partition": self.partitions,
+            "disk_full": self.disks_filled,
+            "clock_step": self.clock_steps,
             "by_component": self.by_target,
         })
     }
@@ -89,58 +108,109 @@ fn lock(cluster: &Arc<Mutex<Cluster>>) -> std::sync::MutexGuard<'_, Cluster> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Draws one fault and injects it; None when the one drawn cannot be (its target is down).
+/// Draws one fault and injects it; None when the one drawn cannot be (its target is down,
+/// or it would take a JetStream quorum away).
 fn strike(
     cluster: &mut Cluster,
     draw: &mut Draw,
     standing: &[Standing],
     injected: &mut Injected,
 ) -> Option<Standing> {
-    let hit = |target: &Target| standing.iter().any(|s| &s.target == target);
     let server_hit = standing
         .iter()
         .any(|s| matches!(s.target, Target::Server(_)));
+    let split = standing.iter().any(|s| s.done == Done::Split);
     let schedulers = cluster.scheduler_names();
     let target = match draw.between(1, 10) {
         1..=5 => Target::Agent((*draw.pick(&NODES)).to_owned()),
         6..=8 if schedulers.is_empty() => return None,
         6..=8 => Target::Scheduler(draw.pick(&schedulers).clone()),
-        _ if server_hit => return None,
+        _ if server_hit || split => return None,
         _ => Target::Server(draw.pick(&cluster.nats_server_names()).clone()),
     };
-    if hit(&target) {
+    if standing.iter().any(|s| s.target == target) {
         return None;
     }
-    let pid = pid_of(cluster, &target)?;
-    let pause = draw.chance(40);
     let until = Instant::now() + Duration::from_millis(draw.between(1_000, 6_000));
-    let kind = match &target {
-        Target::Agent(_) => "agent",
-        Target::Scheduler(_) => "scheduler",
-        Target::Server(_) => "nats_server",
+    let done = match (draw.between(1, 100), &target) {
+        (1..=35, _) => Done::Killed,
+        (36..=60, _) => Done::Paused(pid_of(cluster, &target)?),
+        (61..=80, _) => Done::Cut,
+        (81..=92, Target::Agent(_)) => {
+            let step = draw.between(2, 30) as i64;
+            Done::ClockStepped(if draw.chance(50) { step } else { -step })
+        }
+        (81..=92, Target::Server(_)) => Done::DiskFilled,
+        (81..=92, Target::Scheduler(_)) => return None,
+        _ if split || server_hit => return None,
+        _ => Done::Split,
     };
-    *injected.by_target.entry(kind).or_default() += 1;
-    eprintln!("chaos: {} {target:?}", if pause { "pause" } else { "kill" });
-    if pause {
-        injected.pauses += 1;
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
-        return Some(Standing {
-            target,
-            paused: Some(pid),
-            until,
-        });
+    let kind = match (&target, done) {
+        (_, Done::Split) => "cluster_split",
+        (Target::Agent(_), _) => "agent",
+        (Target::Scheduler(_), _) => "scheduler",
+        (Target::Server(_), _) => "nats_server",
+    };
+    if !inflict(cluster, draw, &target, done) {
+        return None;
     }
-    injected.kills += 1;
-    match &target {
-        Target::Agent(name) => cluster.kill_agent(name),
-        Target::Scheduler(name) => cluster.kill_scheduler_named(name),
-        Target::Server(name) => cluster.kill_nats_server(name),
+    *injected.by_target.entry(kind).or_default() += 1;
+    match done {
+        Done::Killed => injected.kills += 1,
+        Done::Paused(_) => injected.pauses += 1,
+        Done::Cut | Done::Split => injected.partitions += 1,
+        Done::ClockStepped(_) => injected.clock_steps += 1,
+        Done::DiskFilled => injected.disks_filled += 1,
     }
     Some(Standing {
         target,
-        paused: None,
+        done,
         until,
     })
+}
+
+/// Does what `done` says to `target`; false when this cluster cannot (no namespaces, no
+/// libfaketime, no disk of its own).
+fn inflict(cluster: &mut Cluster, draw: &mut Draw, target: &Target, done: Done) -> bool {
+    eprintln!("chaos: {done:?} {target:?}");
+    match done {
+        Done::Killed => match target {
+            Target::Agent(name) => cluster.kill_agent(name),
+            Target::Scheduler(name) => cluster.kill_scheduler_named(name),
+            Target::Server(name) => cluster.kill_nats_server(name),
+        },
+        Done::Paused(pid) => {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+        }
+        Done::Cut => match cluster.net() {
+            Some(net) => net.cut(name_of(target)),
+            None => return false,
+        },
+        Done::Split => {
+            let Some(net) = cluster.net() else {
+                return false;
+            };
+            let names = net.names();
+            let mut half: Vec<String> = names.iter().filter(|_| draw.chance(50)).cloned().collect();
+            // Two halves, neither empty.
+            if half.is_empty() {
+                half.push(draw.pick(&names).clone());
+            } else if half.len() == names.len() {
+                half.pop();
+            }
+            eprintln!("chaos: split off {half:?}");
+            net.split(&half);
+        }
+        Done::ClockStepped(secs) => return cluster.step_agent_clock(name_of(target), secs),
+        Done::DiskFilled => return cluster.fill_jetstream_disk(name_of(target)),
+    }
+    true
+}
+
+fn name_of(target: &Target) -> &str {
+    match target {
+        Target::Agent(name) | Target::Scheduler(name) | Target::Server(name) => name,
+    }
 }
 
 fn pid_of(cluster: &Cluster, target: &Target) -> Option<u32> {
@@ -151,17 +221,40 @@ fn pid_of(cluster: &Cluster, target: &Target) -> Option<u32> {
     }
 }
 
-/// Thaws a paused component, or starts a killed one again.
+/// Thaws a paused component, starts a killed one again, heals a cut link, joins the halves,
+/// steps a clock back, empties a disk and restarts its server.
 fn repair(cluster: &mut Cluster, fault: Standing) {
-    if let Some(pid) = fault.paused {
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
-        return;
-    }
-    match &fault.target {
-        Target::Agent(name) => cluster.start_agent(name),
-        Target::Scheduler(_) => {
-            cluster.start_standby_scheduler();
+    let name = name_of(&fault.target);
+    match fault.done {
+        Done::Paused(pid) => {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
         }
-        Target::Server(name) => cluster.restart_nats_server(name),
+        Done::Cut => {
+            if let Some(net) = cluster.net() {
+                net.heal(name);
+            }
+        }
+        Done::Split => {
+            if let Some(net) = cluster.net() {
+                net.join();
+            }
+        }
+        Done::ClockStepped(_) => {
+            cluster.step_agent_clock(name, 0);
+        }
+        Done::DiskFilled => {
+            cluster.empty_jetstream_disk(name);
+            // A server whose writes failed for want of space turns JetStream off until it
+            // starts again.
+            cluster.kill_nats_server(name);
+            cluster.restart_nats_server(name);
+        }
+        Done::Killed => match &fault.target {
+            Target::Agent(name) => cluster.start_agent(name),
+            Target::Scheduler(_) => {
+                cluster.start_standby_scheduler();
+            }
+            Target::Server(name) => cluster.restart_nats_server(name),
+        },
     }
 }

@@ -159,6 +159,29 @@ fn main() {
     }
 }
 
+/// Copies a failed campaign's logs (every component's) and ledgers to
+/// `target/chaos/seed-S-UNIXTIME/`, which outlives the campaign; its path.
+fn keep_evidence(cluster: &Cluster, ledgers: &std::path::Path, seed: u64) -> String {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let kept = mgpu_tests::bin_dir()
+        .join("../chaos")
+        .join(format!("seed-{seed}-{stamp}"));
+    for (from, to) in [
+        (cluster.dir.path().join("logs"), kept.join("logs")),
+        (ledgers.to_owned(), kept.join("ledgers")),
+    ] {
+        let _ = std::fs::create_dir_all(&to);
+        for entry in std::fs::read_dir(&from).into_iter().flatten().flatten() {
+            let _ = std::fs::copy(entry.path(), to.join(entry.file_name()));
+        }
+    }
+    eprintln!("chaos: the logs and ledgers are kept in {}", kept.display());
+    kept.display().to_string()
+}
+
 /// One campaign: the cluster up, the workload and the faults together for `length`, the
 /// faults repaired, the settling, the check. Its summary.
 fn campaign(seed: u64, length: Duration) -> serde_json::Value {
@@ -167,7 +190,7 @@ fn campaign(seed: u64, length: Duration) -> serde_json::Value {
         .iter()
         .map(|name| NodeSpec::new(name, "2x24GiB"))
         .collect();
-    let mut cluster = Cluster::start_on_nats_cluster(3, &nodes, &[]);
+    let mut cluster = Cluster::start_in_namespaces(3, &nodes, &[]);
     cluster.start_standby_scheduler();
     let ledgers = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cli = workload::Cli::of(&cluster);
@@ -195,10 +218,13 @@ fn campaign(seed: u64, length: Duration) -> serde_json::Value {
     let cluster = cluster
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let kept =
+        (!report.violations.is_empty()).then(|| keep_evidence(&cluster, ledgers.path(), seed));
     for node in NODES {
         cluster.signal_agent(node, nix::sys::signal::Signal::SIGTERM);
     }
     json!({
+        "kept": kept,
         "seed": seed,
         "seconds": length.as_secs(),
         "jobs": submitted.jobs.len(),

@@ -1,8 +1,11 @@
 //! The campaign's workload, through the real CLI as alice and bob: single jobs, `--no-requeue`
-//! jobs, arrays with `%N`, jobs `--after` another, two-GPU jobs, and cancels. Every job runs
-//! the same script: a `start` line in its node's ledger (appended and flushed), numbered
-//! output lines, an `end` line. A submission whose CLI gave no id is counted as uncertain:
-//! it may or may not have been recorded.
+//! jobs, arrays with `%N`, jobs `--after` another, two-GPU jobs, half-GPU jobs, gangs over two
+//! nodes (`--distributed`), jobs with a hard time limit, cancels, holds released a few seconds
+//! later, and (as the admin) nodes drained and resumed a few seconds later. Every job runs the
+//! same script: a `start` line in its node's ledger (appended and flushed), numbered output
+//! lines, an `end` line. A submission whose CLI gave no id is counted as uncertain: it may or
+//! may not have been recorded. When the workload ends, every hold is released and every node
+//! resumed, so that every job can end.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -27,6 +30,28 @@ pub enum Kind {
     Dependent {
         on: String,
     },
+    /// Half a GPU (`--gpus 0.5`): two may share one.
+    HalfGpu,
+    /// One GPU on each of two nodes, the script run once per node (`--distributed`).
+    Gang,
+    /// Stopped at 3 s (`--time-limit 3 --on-timeout fail`) if it runs that long.
+    TimeLimited,
+}
+
+impl Kind {
+    /// The share of each of its GPUs it holds, in hundredths.
+    pub fn share(&self) -> u32 {
+        match self {
+            Kind::HalfGpu => 50,
+            _ => 100,
+        }
+    }
+}
+
+/// Something the workload undoes a few seconds later, and at its end.
+enum Undo {
+    Release { user: &'static str, job: String },
+    Resume { node: &'static str },
 }
 
 /// One job the CLI gave an id for.
@@ -105,54 +130,109 @@ impl Cli {
 pub fn job_script(ledgers: &Path, lines: u32, pause: f64) -> String {
     let ledger = ledgers.display();
     format!(
-        "note() {{ echo \"$1 $MGPU_JOB_ID $MGPU_ATTEMPT $MGPU_NODE $MGPU_GPUS $(date +%s%N)\" \
+        "note() {{ echo \"$1 $MGPU_JOB_ID $MGPU_ATTEMPT $MGPU_NODE $MGPU_GPUS $(date +%s%N) \
+         ${{MGPU_NODE_RANK:-0}}\" \
          | dd of={ledger}/$MGPU_NODE oflag=append conv=notrunc,fsync status=none; }}; \
          note start; i=1; while [ $i -le {lines} ]; do echo \"chaos-line $i\"; sleep {pause}; \
          i=$((i+1)); done; note end"
     )
 }
 
-/// Submits and cancels until `until`; what was submitted.
+/// Submits, cancels, holds and drains until `until`; what was submitted. A hold or a drain
+/// runs on a thread of its own (its command may wait for a stalled scheduler's answer) and is
+/// undone a few seconds later; every one is undone before this returns.
 pub fn run(cli: &Cli, ledgers: &Path, seed: u64, until: Instant) -> Submitted {
     let mut draw = Draw::new(seed, 1);
     let mut submitted = Submitted::default();
+    let mut undoing: Vec<std::thread::JoinHandle<()>> = Vec::new();
     while Instant::now() < until && !crate::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
         let user = *draw.pick(&["alice", "bob"]);
+        let mut job = |kind: Kind, flags: &[&str], draw: &mut Draw| {
+            submit(cli, &mut submitted, draw, user, kind, flags, ledgers)
+        };
         match draw.between(1, 100) {
-            1..=40 => submit(
-                cli,
-                &mut submitted,
+            1..=30 => job(Kind::Single, &[], &mut draw),
+            31..=40 => job(Kind::NoRequeue, &["--no-requeue"], &mut draw),
+            41..=50 => submit_array(cli, &mut submitted, &mut draw, user, ledgers),
+            51..=60 => submit_dependent(cli, &mut submitted, &mut draw, user, ledgers),
+            61..=66 => job(Kind::Single, &["--gpus", "2"], &mut draw),
+            67..=72 => job(Kind::HalfGpu, &["--gpus", "0.5"], &mut draw),
+            73..=77 => job(
+                Kind::Gang,
+                &["--nodes", "2", "--gpus", "1", "--distributed"],
                 &mut draw,
-                user,
-                Kind::Single,
-                &[],
-                ledgers,
             ),
-            41..=55 => submit(
-                cli,
-                &mut submitted,
+            78..=82 => job(
+                Kind::TimeLimited,
+                &["--time-limit", "3", "--on-timeout", "fail"],
                 &mut draw,
-                user,
-                Kind::NoRequeue,
-                &["--no-requeue"],
-                ledgers,
             ),
-            56..=67 => submit_array(cli, &mut submitted, &mut draw, user, ledgers),
-            68..=80 => submit_dependent(cli, &mut submitted, &mut draw, user, ledgers),
-            81..=88 => submit(
-                cli,
-                &mut submitted,
-                &mut draw,
-                user,
-                Kind::Single,
-                &["--gpus", "2"],
-                ledgers,
-            ),
+            83..=88 => {
+                let own: Vec<&Job> = submitted.jobs.iter().filter(|j| j.user == user).collect();
+                if !own.is_empty() {
+                    let job = draw.pick(&own).id.clone();
+                    let hold = vec!["hold".to_owned(), job.clone()];
+                    let later = Duration::from_millis(draw.between(1_000, 6_000));
+                    let undo = Undo::Release { user, job };
+                    undoing.push(do_then_undo(cli, user, hold, later, undo));
+                }
+            }
+            89..=91 => {
+                let node = *draw.pick(&crate::NODES);
+                let drain = ["node", "drain", node, "--reason", "chaos"].map(str::to_owned);
+                let later = Duration::from_millis(draw.between(2_000, 8_000));
+                let undo = Undo::Resume { node };
+                undoing.push(do_then_undo(cli, "admin", drain.to_vec(), later, undo));
+            }
             _ => cancel_one(cli, &mut submitted, &mut draw),
         }
         std::thread::sleep(Duration::from_millis(draw.between(100, 700)));
     }
+    for thread in undoing {
+        let _ = thread.join();
+    }
     submitted
+}
+
+/// On a thread: `mgpu ARGS` as `user`, then `undo` after `later`.
+fn do_then_undo(
+    cli: &Cli,
+    user: &'static str,
+    args: Vec<String>,
+    later: Duration,
+    undo: Undo,
+) -> std::thread::JoinHandle<()> {
+    let cli = cli.clone();
+    std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let _ = cli.run(user, &args);
+        std::thread::sleep(later);
+        undo_one(&cli, undo);
+    })
+}
+
+/// Releases a hold or resumes a node, retrying through faults: a job left held or a node left
+/// drained would never let its jobs end.
+fn undo_one(cli: &Cli, what: Undo) {
+    let args: Vec<&str> = match &what {
+        Undo::Release { job, .. } => vec!["release", job],
+        Undo::Resume { node } => vec!["node", "resume", node],
+    };
+    let user = match &what {
+        Undo::Release { user, .. } => user,
+        Undo::Resume { .. } => "admin",
+    };
+    for _ in 0..30 {
+        let out = cli.run(user, &args);
+        let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        // Done, or nothing to undo (the job had started or ended, so the hold was refused).
+        if out.status.success() || said.contains("is running") || said.contains("already finished")
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("chaos: could not undo `mgpu {}`", args.join(" "));
 }
 
 fn submit(
