@@ -35,19 +35,25 @@ pub struct Report {
     pub unchecked: Value,
 }
 
-/// Waits (up to `within`) until every submitted job is in a terminal state.
-pub fn settle(cli: &Cli, submitted: &Submitted, within: Duration) -> Settled {
+/// Waits (up to `within`) until every submitted job is in a terminal state. Meanwhile it
+/// releases held jobs and resumes drained nodes, as their users would: a hold or drain whose
+/// command timed out while the scheduler was unreachable is stored all the same, and may take
+/// effect after the workload undid it.
+pub fn settle(cli: &Cli, submitted: &Submitted, within: Duration) -> (Settled, usize) {
     let deadline = Instant::now() + within;
     let mut said = Instant::now();
+    let mut undone = 0;
     loop {
+        undone += undo_late_holds_and_drains(cli, submitted);
         let settled = read(cli, submitted);
         let open = submitted
             .jobs
             .iter()
             .filter(|job| !settled.records.get(&job.id).is_some_and(is_terminal))
             .count();
-        if open == 0 || Instant::now() > deadline {
-            return settled;
+        let interrupted = crate::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
+        if open == 0 || Instant::now() > deadline || interrupted {
+            return (settled, undone);
         }
         if said.elapsed() > Duration::from_secs(10) {
             eprintln!("chaos: settling, {open} job(s) not ended yet");
@@ -55,6 +61,35 @@ pub fn settle(cli: &Cli, submitted: &Submitted, within: Duration) -> Settled {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// Releases the campaign's held jobs and resumes its drained nodes; how many.
+fn undo_late_holds_and_drains(cli: &Cli, submitted: &Submitted) -> usize {
+    let mut undone = 0;
+    let held = cli
+        .json("admin", &["queue", "--json"])
+        .and_then(|v| v["jobs"].as_array().cloned())
+        .unwrap_or_default();
+    for record in held.iter().filter(|r| r["held_by"].is_string()) {
+        let id = record["id"].as_str().unwrap_or_default();
+        if let Some(job) = submitted.jobs.iter().find(|j| j.id == id) {
+            let _ = cli.run(job.user, &["release", id]);
+            undone += 1;
+        }
+    }
+    let nodes = cli
+        .json("admin", &["nodes", "--json"])
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default();
+    for node in nodes {
+        let state = node["state"].as_str().unwrap_or_default();
+        if state == "drained" || state == "draining" {
+            let name = node["node"].as_str().unwrap_or_default();
+            let _ = cli.run("admin", &["node", "resume", name]);
+            undone += 1;
+        }
+    }
+    undone
 }
 
 fn is_terminal(record: &Value) -> bool {

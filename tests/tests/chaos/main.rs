@@ -212,8 +212,11 @@ fn campaign(seed: u64, length: Duration) -> serde_json::Value {
     }
 
     let settle_began = Instant::now();
-    let settled = checker::settle(&cli, &submitted, SETTLE_WITHIN);
+    let (settled, undone_late) = checker::settle(&cli, &submitted, SETTLE_WITHIN);
     let settle_s = settle_began.elapsed().as_secs_f64();
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return json!({"seed": seed, "interrupted": true});
+    }
     let report = checker::check(&cli, &submitted, ledgers.path(), settled);
     let cluster = cluster
         .lock()
@@ -235,5 +238,6 @@ fn campaign(seed: u64, length: Duration) -> serde_json::Value {
         "settle_s": (settle_s * 10.0).round() / 10.0,
         "queue_answers_ms": report.queue_answers_ms,
         "unchecked": report.unchecked,
+        "holds_and_drains_undone_late": undone_late,
     })
 }
