@@ -19,8 +19,8 @@ use mgpu_protocol::subjects;
 
 use crate::{Cluster, NodeSpec, free_port};
 
-/// Keys for the scheduler, `admin`, users `alice` and `bob`, and each node in `nodes`, and the
-/// registry naming them, in `auth_dir`.
+/// Keys for the scheduler, `admin`, users `alice` and `bob`, the viewer `wall`, and each node
+/// in `nodes`, and the registry naming them, in `auth_dir`.
 pub(crate) fn write_principals(auth_dir: &Path, nodes: &[NodeSpec]) {
     let mut registry = Registry::default();
     let add = |registry: &mut Registry, role, name: &str| {
@@ -33,6 +33,7 @@ pub(crate) fn write_principals(auth_dir: &Path, nodes: &[NodeSpec]) {
     add(&mut registry, Role::Admin, "admin");
     add(&mut registry, Role::User, "alice");
     add(&mut registry, Role::User, "bob");
+    add(&mut registry, Role::Viewer, "wall");
     for node in nodes {
         add(&mut registry, Role::Node, &node.name);
     }

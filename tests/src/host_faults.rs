@@ -93,17 +93,17 @@ fn leftover_mounts() -> Vec<PathBuf> {
         .collect()
 }
 
-/// Fills the disk mounted on `dir` with one file, to its last block.
+/// Fills the disk mounted on `dir` with one file, to its last block: written a MiB at a time
+/// until the disk says it is full (one `fallocate` of the free space can itself fail on the
+/// blocks the file's own bookkeeping takes).
 pub fn fill(dir: &Path) {
-    let free = nix::sys::statvfs::statvfs(dir)
-        .map(|s| s.blocks_available() * s.fragment_size())
-        .unwrap_or_else(|e| panic!("statvfs {}: {e}", dir.display()));
-    if free == 0 {
+    use std::io::Write;
+    let Ok(mut file) = std::fs::File::create(dir.join(FILLER)) else {
         return;
-    }
-    run(Command::new("fallocate")
-        .args(["-l", &free.to_string()])
-        .arg(dir.join(FILLER)));
+    };
+    let chunk = vec![0u8; 1 << 20];
+    while file.write_all(&chunk).is_ok() {}
+    let _ = file.sync_all();
 }
 
 /// Removes what [`fill`] wrote.

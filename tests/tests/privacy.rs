@@ -2,7 +2,8 @@
 //! the real server's permissions: bob looks for alice's environment everywhere a user can
 //! look (her job's record in KV, her submission, the environments' bucket, `mgpu show`) and
 //! finds nothing of it, while her job gets it and she still sees it; a node cannot make its
-//! assignment consumer take another node's assignments.
+//! assignment consumer take another node's assignments; a wall screen's viewer reads what it
+//! shows and nothing else.
 
 use std::time::Duration;
 
@@ -405,4 +406,93 @@ fn an_environment_sent_inline_is_put_apart_by_the_scheduler() {
     );
     let (own, _) = show_as(&cluster, &cluster.user_creds("alice"), id.as_str());
     assert_eq!(own["record"]["spec"]["env"]["OLD_TOKEN"], secret.as_str());
+}
+
+/// A wall screen's principal (`mgpu admin add-user wall --role viewer`), tried as an
+/// attacker: it reads the nodes, the queue and public output, and the server refuses it
+/// every request, every environment, private output and history.
+#[test]
+fn a_viewer_reads_the_nodes_the_queue_and_public_output_and_the_server_refuses_it_the_rest() {
+    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "2x24GiB")]);
+    let wall = cluster.creds(Role::Viewer, "wall");
+    let secret = format!("wandb-{}", JobId::random());
+    cluster.set_cli_env("WANDB_API_KEY", &secret);
+    let public = cluster.submit(&[], "echo public-words; sleep 60");
+    let private = cluster.submit(&["--private"], "echo private-words");
+    cluster.wait_state(&public, "running", T);
+    cluster.finished_as(&private, "succeeded", T);
+
+    // What a wall shows.
+    let nodes = cluster.mgpu_ok_with(&wall, &["nodes", "--json"]);
+    assert!(nodes.contains("node001"), "{nodes}");
+    let queue = cluster.mgpu_ok_with(&wall, &["queue", "--json"]);
+    assert!(queue.contains(&public), "{queue}");
+    assert!(!queue.contains(&secret), "{queue}");
+    wait_for("the public output", T, || {
+        let logs = cluster.mgpu_ok_with(&wall, &["logs", &public]);
+        logs.contains("public-words").then_some(())
+    });
+
+    // Private output: refused by the CLI, and by the server under any filter.
+    let refused = cluster.mgpu_with(&wall, &["logs", &private], None);
+    assert!(!refused.status.success());
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("private-words"));
+    let alice_key = cluster.show(&public)["record"]["user_key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let private_job: JobId = private.parse().unwrap_or_else(|e| panic!("{e}"));
+    let output = subjects::OUTPUT_STREAM;
+    let history = subjects::HISTORY_STREAM;
+    let consumers = [
+        (output, subjects::private_output(&alice_key, &private_job)),
+        (output, subjects::ALL_PRIVATE_OUTPUT.to_owned()),
+        (history, subjects::history(&alice_key, &private_job)),
+        (history, ">".to_owned()),
+    ];
+    for (stream, filter) in consumers {
+        let name = format!("wall-{}", JobId::random());
+        let body = serde_json::json!({
+            "stream_name": stream,
+            "config": {"name": name, "filter_subject": filter, "deliver_policy": "all"},
+        })
+        .to_string();
+        let subject = format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}");
+        let answered = request_as(&cluster, &wall, subject, body).map(answer_text);
+        assert!(
+            answered.is_none(),
+            "the viewer made a consumer on {stream} {filter}: {answered:?}"
+        );
+    }
+
+    // The environment: not in the record, not in the environments' bucket.
+    let job: JobId = public.parse().unwrap_or_else(|e| panic!("{e}"));
+    let stolen = direct_get_as(
+        &cluster,
+        &wall,
+        mgpu_nats::job_env::get_subject(&alice_key, &job),
+    );
+    assert!(
+        stolen.is_empty(),
+        "the viewer read an environment: {stolen:?}"
+    );
+    let shown = cluster.mgpu_ok_with(&wall, &["show", &public, "--json"]);
+    assert!(!shown.contains(&secret), "{shown}");
+
+    // No request: its submit and its cancel are refused by the server, and change nothing.
+    let submitted = cluster.mgpu_with(&wall, &["submit", "--", "echo wall-job"], None);
+    assert!(!submitted.status.success());
+    let said = String::from_utf8_lossy(&submitted.stderr).to_lowercase();
+    assert!(
+        said.contains("permission") || said.contains("credentials may not allow"),
+        "{said}"
+    );
+    let cancelled = cluster.mgpu_with(&wall, &["cancel", &public], None);
+    assert!(!cancelled.status.success());
+    assert_eq!(cluster.state(&public), "running");
+    let all = cluster.all_jobs();
+    assert!(
+        !all.iter().any(|j| j.to_string().contains("wall-job")),
+        "{all:?}"
+    );
 }

@@ -20,6 +20,9 @@ pub enum Role {
     Admin,
     /// The `mgpu-notify` service: reads job events and notices, sends them on.
     Notify,
+    /// Reads what a wall screen shows (nodes, GPUs, the queue, public output) and nothing
+    /// else: no request, no environment, no private output, no history.
+    Viewer,
 }
 
 impl Role {
@@ -30,6 +33,7 @@ impl Role {
             Role::User => "user",
             Role::Admin => "admin",
             Role::Notify => "notify",
+            Role::Viewer => "viewer",
         }
     }
 }

@@ -225,6 +225,7 @@ pub fn check(cli: &Cli, submitted: &Submitted, dir: &Path, settled: Settled) -> 
         &mut unchecked,
     );
     check_survivors(dir, &mut violations);
+    check_cgroups(submitted, &mut violations);
     Report {
         attempts: attempts.len(),
         violations,
@@ -493,6 +494,40 @@ fn check_survivors(dir: &Path, violations: &mut Vec<String>) {
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains(&marker) && cmdline.contains("chaos-line") {
             violations.push(format!("process {name} of a job outlived it: {cmdline}"));
+        }
+    }
+}
+
+/// No cgroup of any of the campaign's jobs still holds a process once every job ended (the
+/// agents' `mgpu/<node>/job-<id>-<attempt>` under every controller mounted).
+fn check_cgroups(submitted: &Submitted, violations: &mut Vec<String>) {
+    let ours: HashSet<&str> = submitted.jobs.iter().map(|j| j.id.as_str()).collect();
+    let controllers = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten();
+    for controller in controllers {
+        for node in crate::NODES {
+            let dir = controller.path().join("mgpu").join(node);
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let job = name
+                    .strip_prefix("job-")
+                    .and_then(|rest| rest.split('-').next())
+                    .unwrap_or_default();
+                if !ours.contains(job) {
+                    continue;
+                }
+                let procs =
+                    std::fs::read_to_string(entry.path().join("cgroup.procs")).unwrap_or_default();
+                if !procs.trim().is_empty() {
+                    violations.push(format!(
+                        "cgroup {} still holds processes {}",
+                        entry.path().display(),
+                        procs.split_whitespace().collect::<Vec<_>>().join(",")
+                    ));
+                }
+            }
         }
     }
 }

@@ -126,6 +126,61 @@ pub fn permissions(role: Role, name: &str, public_key: &str) -> Permissions {
             subscribe: vec![format!("{}.>", inbox_prefix(public_key))],
             deny_publish: Vec::new(),
         },
+        Role::Viewer => viewer_permissions(public_key),
+    }
+}
+
+/// A viewer (a wall screen) reads the nodes, their heartbeats and administration, the job
+/// records, job events, public output and the scheduler's status; it publishes no request,
+/// reads no environment, no private output and no history.
+fn viewer_permissions(public_key: &str) -> Permissions {
+    let mut publish = strings(&[
+        "$JS.API.INFO",
+        "$JS.FC.>",
+        "$SRV.PING",
+        "$SRV.PING.>",
+        "$SRV.INFO",
+        "$SRV.INFO.>",
+        subjects::SCHEDULER_STATUS,
+        // Pending submissions, shown as queued while the scheduler has not recorded them, as
+        // users read them (`mgpu submit` keeps a job's environment apart before it sends it).
+        "$JS.API.STREAM.INFO.MGPU_REQUESTS",
+        "$JS.API.DIRECT.GET.MGPU_REQUESTS",
+        "$JS.API.DIRECT.GET.MGPU_REQUESTS.>",
+    ]);
+    for stream in [
+        subjects::JOBS_BUCKET_STREAM,
+        subjects::CLUSTER_BUCKET_STREAM,
+        subjects::EVENTS_STREAM,
+        subjects::NODES_STREAM,
+    ] {
+        publish.extend(stream_reader_subjects(stream));
+    }
+    let output = subjects::OUTPUT_STREAM;
+    publish.extend([
+        format!("$JS.API.STREAM.INFO.{output}"),
+        format!(
+            "$JS.API.CONSUMER.CREATE.{output}.*.{}",
+            subjects::ALL_OUTPUT
+        ),
+        format!("$JS.API.CONSUMER.INFO.{output}.*"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{output}.*"),
+    ]);
+    let events = subjects::EVENTS_STREAM;
+    let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
+    Permissions {
+        publish,
+        subscribe: vec![
+            format!("{}.>", inbox_prefix(public_key)),
+            subjects::ALL_OUTPUT.to_owned(),
+            subjects::ALL_EVENTS.to_owned(),
+            subjects::ALL_HEARTBEATS.to_owned(),
+        ],
+        deny_publish: vec![
+            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
+            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
+            format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
+        ],
     }
 }
 

@@ -191,6 +191,9 @@ fn start_renewing(bucket: kv::Store, holder: String, (revision, sent): (u64, Ins
                             revision = next;
                             confirmed.send_replace(lease::acts_until(sent));
                         }
+                        // Stored by an earlier renewal whose answer was lost, at a moment not
+                        // known: the next renewal, at this revision, confirms the lease.
+                        Retaken::Found(next) => revision = next,
                         Retaken::ByAnother => {
                             tracing::error!("the scheduler lease was taken over: stepping down");
                             let _ = lost_tx.send(true);
@@ -214,8 +217,10 @@ fn start_renewing(bucket: kv::Store, holder: String, (revision, sent): (u64, Ins
 
 /// Who holds the lease after a renewal found the key changed or gone.
 enum Retaken {
-    /// This replica, at this revision.
+    /// This replica, at this revision, created just now.
     Held(u64),
+    /// This replica, at this revision, written by an earlier renewal whose answer was lost.
+    Found(u64),
     /// Another replica.
     ByAnother,
     /// NATS did not answer.
@@ -249,7 +254,7 @@ async fn take_again(bucket: &kv::Store, holder: &str) -> Retaken {
             if entry.operation == kv::Operation::Put
                 && entry.value.as_ref() == holder.as_bytes() =>
         {
-            Retaken::Held(entry.revision)
+            Retaken::Found(entry.revision)
         }
         Ok(Some(entry)) if entry.operation == kv::Operation::Put => Retaken::ByAnother,
         // Gone again in between: the next renewal finds out.

@@ -1,6 +1,7 @@
-//! `mgpu admin add-user NAME [--admin] [--unix-user ACCOUNT] [--group GROUP] [--out PATH]`: a
-//! user who may submit jobs, or an administrator, with the Unix account their jobs run as and
-//! the group whose limits apply to them. Run again for an existing user, it changes those.
+//! `mgpu admin add-user NAME [--role user|admin|viewer] [--unix-user ACCOUNT] [--group GROUP]
+//! [--out PATH]`: a user who may submit jobs, an administrator, or a viewer that only reads (a
+//! wall screen), with the Unix account their jobs run as and the group whose limits apply to
+//! them. Run again for an existing user, it changes those.
 
 use std::path::{Path, PathBuf};
 
@@ -18,8 +19,14 @@ pub struct AddUserArgs {
     /// The user's login name (what `mgpu` finds in $USER).
     pub name: String,
 
-    /// Make the principal an administrator, allowed everything.
-    #[arg(long)]
+    /// What the principal may do: `user` (submit and manage their own jobs), `admin`
+    /// (everything), or `viewer` (read nodes, GPUs, the queue and public output; nothing
+    /// else: for a wall screen).
+    #[arg(long, value_enum, default_value_t = AddedRole::User)]
+    pub role: AddedRole,
+
+    /// The same as `--role admin`.
+    #[arg(long, conflicts_with = "role")]
     pub admin: bool,
 
     /// Also copy the key to this file (mode 0600), to hand to the user.
@@ -37,8 +44,25 @@ pub struct AddUserArgs {
     pub group: Option<String>,
 }
 
+/// The roles a person's principal may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AddedRole {
+    User,
+    Admin,
+    Viewer,
+}
+
 pub async fn run(connection: &ConnectionArgs, dir: &Path, args: &AddUserArgs) -> Result<()> {
-    let role = if args.admin { Role::Admin } else { Role::User };
+    let role = match (args.admin, args.role) {
+        (true, _) | (_, AddedRole::Admin) => Role::Admin,
+        (false, AddedRole::User) => Role::User,
+        (false, AddedRole::Viewer) => Role::Viewer,
+    };
+    if role == Role::Viewer && (args.unix_user.is_some() || args.group.is_some()) {
+        return Err(anyhow!(
+            "a viewer runs no jobs: --unix-user and --group are for users and admins"
+        ));
+    }
     if let Some(group) = &args.group {
         check_group_name(group)?;
     }

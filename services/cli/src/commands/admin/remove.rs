@@ -36,7 +36,7 @@ fn remove(dir: &Path, args: &RemoveArgs) -> Result<()> {
             && if args.node {
                 p.role == Role::Node
             } else {
-                matches!(p.role, Role::User | Role::Admin)
+                matches!(p.role, Role::User | Role::Admin | Role::Viewer)
             }
     };
     let Some(index) = registry.principals.iter().position(matches) else {
