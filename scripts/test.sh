@@ -29,6 +29,6 @@ export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
 cargo test --workspace -- "$@"
 # Only for a whole run: arguments filter the tests above.
 if [ $# -eq 0 ] && [ "${MGPU_CHAOS:-1}" != 0 ]; then
-  step "fault campaign: 60 s, a fresh seed (docs/reliability.md)"
-  scripts/chaos.sh --seconds 60 --seed fresh
+  step "fault campaign: 45 s, a fresh seed (docs/reliability.md)"
+  scripts/chaos.sh --seconds 45 --seed fresh
 fi
