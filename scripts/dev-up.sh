@@ -170,4 +170,6 @@ if [ "${online:-0}" -lt "$nodes" ]; then
   exit 1
 fi
 say "cluster up at $server ($servers nats-server(s)${MGPU_CA:+, TLS}) with $nodes node(s) and $schedulers scheduler(s)"
+ws_scheme=ws; [ -n "${MGPU_CA:-}" ] && ws_scheme=wss
+say "browsers (WebSocket, the same keys): $ws_scheme://127.0.0.1:$((port + 58))"
 say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

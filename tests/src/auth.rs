@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mgpu_cli::setup::auth::{
-    Registry, RegistryFiles, Role, SYNC_INTERVAL_LINE, render_server_conf,
+    Registry, RegistryFiles, Role, SYNC_INTERVAL_LINE, render_server_conf, render_websocket_block,
 };
 use mgpu_cli::setup::tls::{ensure_certificates, server_hosts};
 use mgpu_nats::connect::read_seed;
@@ -42,23 +42,32 @@ pub(crate) fn write_principals(auth_dir: &Path, nodes: &[NodeSpec]) {
         .unwrap_or_else(|e| panic!("saving auth: {e}"));
 }
 
-/// A single-server configuration (`<auth_dir>/server.conf`) on a free port, keeping JetStream
+/// A single-server configuration (`<auth_dir>/server.conf`) on a free port (and its
+/// WebSocket listener on another, as `mgpu admin init` writes it), keeping JetStream
 /// in `jetstream`; with `tls`, certificates made as `mgpu admin init --tls` makes them and a
 /// server that requires TLS. Returns the port and the CA certificate clients must trust.
 pub(crate) fn write_server_conf(
     auth_dir: &Path,
     jetstream: &Path,
     tls: bool,
-) -> (u16, Option<PathBuf>) {
+) -> ((u16, u16), Option<PathBuf>) {
     let certificates = tls.then(|| {
         ensure_certificates(auth_dir, &server_hosts(&[]))
             .unwrap_or_else(|e| panic!("making certificates: {e}"))
     });
     let tls_files = certificates.as_ref().map(|c| &c.files);
-    let port = free_port();
-    let conf = render_server_conf(port, jetstream, "mgpu-test", tls_files);
+    let (port, websocket_port) = (free_port(), free_port());
+    let mut conf = render_server_conf(port, jetstream, "mgpu-test", tls_files);
+    conf.push_str(&render_websocket_block(
+        "127.0.0.1",
+        websocket_port,
+        tls_files,
+    ));
     std::fs::write(auth_dir.join("server.conf"), conf).unwrap_or_else(|e| panic!("{e}"));
-    (port, tls_files.map(|files| files.ca_file.clone()))
+    (
+        (port, websocket_port),
+        tls_files.map(|files| files.ca_file.clone()),
+    )
 }
 
 /// Takes `sync_interval: always` out of `<auth_dir>/server.conf`, leaving nats-server's

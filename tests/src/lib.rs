@@ -117,6 +117,9 @@ pub enum JetStreamSync {
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// The single server's WebSocket port (`ws://127.0.0.1:PORT`; `wss://` with TLS); unused
+    /// on a NATS cluster.
+    pub websocket_port: u16,
     auth_dir: PathBuf,
     nats: Option<Child>,
     /// Running scheduler replicas by name (`scheduler`, `scheduler-2`, …), oldest first.
@@ -340,11 +343,13 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let auth_dir = dir.path().join("auth");
         auth::write_principals(&auth_dir, nodes);
-        let (port, ca) = auth::write_server_conf(&auth_dir, &dir.path().join("jetstream"), tls);
+        let ((port, websocket_port), ca) =
+            auth::write_server_conf(&auth_dir, &dir.path().join("jetstream"), tls);
         std::fs::create_dir_all(dir.path().join("logs")).unwrap_or_else(|e| panic!("{e}"));
         Cluster {
             dir,
             port,
+            websocket_port,
             auth_dir,
             nats: None,
             schedulers: Vec::new(),

@@ -290,7 +290,7 @@ async fn ensure_streams(
                 tries += 1;
                 if tries == 1 || tries.is_multiple_of(10) {
                     tracing::warn!(
-                        "creating streams: {err}; the NATS cluster may still be forming, retrying"
+                        "creating streams: {err}; JetStream is not ready (the NATS cluster forming, electing a leader, or a server out of disk): retrying"
                     );
                 }
                 tokio::select! {
@@ -317,12 +317,17 @@ fn lease_holder_name() -> String {
 
 /// Whether creating the streams failed because JetStream is not ready yet: no meta leader
 /// (the request times out, or the server answers 503 "JetStream system temporarily
-/// unavailable", error code 10008, while the meta group elects one), or not every server
-/// known to it (no peers to place replicas on).
+/// unavailable", error code 10008, while the meta group elects one), not every server known
+/// to it (no peers to place replicas on), or a server whose disk filled up and turned
+/// JetStream off until it restarts ("insufficient storage resources available", 10047: a
+/// replica cannot be placed; seen by the fault campaign, seed 103, where every scheduler
+/// replica gave up on it and no job ended). A lasting shortage is reported after the
+/// retries, as before.
 fn is_cluster_still_forming(error: &str) -> bool {
     error.contains("timed out")
         || error.contains("temporarily unavailable")
         || error.contains("no suitable peers for placement")
+        || error.contains("insufficient storage resources")
 }
 
 /// A scheduler given one URL of a cluster keeps one copy of everything (see
@@ -371,8 +376,11 @@ mod tests {
         assert!(is_cluster_still_forming(
             "JetStream: creating stream MGPU_AUDIT: jetstream error: JetStream system temporarily unavailable (code 503, error code 10008)"
         ));
+        assert!(is_cluster_still_forming(
+            "JetStream: creating stream MGPU_REQUESTS: jetstream error: insufficient storage resources available (code 500, error code 10047)"
+        ));
         assert!(!is_cluster_still_forming(
-            "creating stream MGPU_EVENTS: insufficient storage resources available"
+            "creating stream MGPU_EVENTS: stream name already in use with a different configuration"
         ));
     }
 }

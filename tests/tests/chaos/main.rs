@@ -33,9 +33,10 @@ use serde_json::json;
 /// The seeds `cargo test` runs, each kept because it once found a broken promise
 /// (docs/reliability.md): 11, output lost while a server was down (a 9-minute campaign); 1
 /// and 11, a scheduler thawed after a standby took over acting on its old lease; 7, both
-/// schedulers giving up at start on JetStream's 503; 31, a hold applied after its release.
+/// schedulers giving up at start on JetStream's 503; 31, a hold applied after its release;
+/// 103, every scheduler giving up on "insufficient storage" while a server's disk was full.
 /// The draws have changed since the first two were found (new faults, new actions).
-const KEPT_SEEDS: [u64; 4] = [1, 7, 11, 31];
+const KEPT_SEEDS: [u64; 5] = [1, 7, 11, 31, 103];
 /// How long `cargo test`'s campaigns inject faults, each.
 const SHORT_CAMPAIGN: Duration = Duration::from_secs(30);
 /// The longest the cluster may take to settle once the faults stopped.

@@ -131,19 +131,38 @@ pub fn permissions(role: Role, name: &str, public_key: &str) -> Permissions {
 }
 
 /// A viewer (a wall screen) reads the nodes, their heartbeats and administration, the job
-/// records, job events, public output and the scheduler's status; it publishes no request,
-/// reads no environment, no private output and no history.
+/// records, job events, pending submissions, public output and the scheduler's status; it
+/// publishes no request, reads no environment, no private output and no history.
 fn viewer_permissions(public_key: &str) -> Permissions {
     let mut publish = strings(&[
-        "$JS.API.INFO",
-        "$JS.FC.>",
         "$SRV.PING",
         "$SRV.PING.>",
         "$SRV.INFO",
         "$SRV.INFO.>",
         subjects::SCHEDULER_STATUS,
-        // Pending submissions, shown as queued while the scheduler has not recorded them, as
-        // users read them (`mgpu submit` keeps a job's environment apart before it sends it).
+    ]);
+    publish.extend(shared_reads());
+    Permissions {
+        publish,
+        subscribe: vec![
+            format!("{}.>", inbox_prefix(public_key)),
+            subjects::ALL_OUTPUT.to_owned(),
+            subjects::ALL_EVENTS.to_owned(),
+            subjects::ALL_HEARTBEATS.to_owned(),
+        ],
+        deny_publish: schedulers_consumer(),
+    }
+}
+
+/// What users and viewers both read: stream info, ephemeral consumers and direct gets on the
+/// job records, the cluster bucket, job events and heartbeats; pending submissions (shown as
+/// queued while the scheduler has not recorded them; `mgpu submit` keeps a job's environment
+/// apart before it sends it); public output through consumers that name their filter in the
+/// request's subject (no direct gets, whose requests do not); flow control.
+fn shared_reads() -> Vec<String> {
+    let mut publish = strings(&[
+        "$JS.API.INFO",
+        "$JS.FC.>",
         "$JS.API.STREAM.INFO.MGPU_REQUESTS",
         "$JS.API.DIRECT.GET.MGPU_REQUESTS",
         "$JS.API.DIRECT.GET.MGPU_REQUESTS.>",
@@ -166,22 +185,18 @@ fn viewer_permissions(public_key: &str) -> Permissions {
         format!("$JS.API.CONSUMER.INFO.{output}.*"),
         format!("$JS.API.CONSUMER.MSG.NEXT.{output}.*"),
     ]);
+    publish
+}
+
+/// The scheduler's durable consumer of reports, which no reader may create, change or drain.
+fn schedulers_consumer() -> Vec<String> {
     let events = subjects::EVENTS_STREAM;
     let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
-    Permissions {
-        publish,
-        subscribe: vec![
-            format!("{}.>", inbox_prefix(public_key)),
-            subjects::ALL_OUTPUT.to_owned(),
-            subjects::ALL_EVENTS.to_owned(),
-            subjects::ALL_HEARTBEATS.to_owned(),
-        ],
-        deny_publish: vec![
-            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
-            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
-            format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
-        ],
-    }
+    vec![
+        format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
+        format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
+    ]
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -278,38 +293,15 @@ fn user_permissions(public_key: &str) -> Permissions {
         subjects::ALL_RELEASES,
         subjects::RESERVATION_REQUESTS,
         "jobs.*.input",
-        "$JS.API.INFO",
-        "$JS.FC.>",
         "$SRV.>",
         subjects::SCHEDULER_STATUS,
         subjects::SCHEDULER_WHY,
-        // Pending submissions, so `mgpu queue` lists them while the scheduler is down.
-        "$JS.API.STREAM.INFO.MGPU_REQUESTS",
-        "$JS.API.DIRECT.GET.MGPU_REQUESTS",
-        "$JS.API.DIRECT.GET.MGPU_REQUESTS.>",
     ]);
-    for stream in [
-        subjects::JOBS_BUCKET_STREAM,
-        subjects::CLUSTER_BUCKET_STREAM,
-        subjects::EVENTS_STREAM,
-        subjects::NODES_STREAM,
-    ] {
-        publish.extend(stream_reader_subjects(stream));
-    }
-    // Output: public jobs' and the user's own private jobs', through consumers that name their
-    // filter (no direct gets, whose requests do not).
+    publish.extend(shared_reads());
+    // Output: also the user's own private jobs', through a consumer that names its filter.
     let output = subjects::OUTPUT_STREAM;
     let own_output = subjects::private_outputs_of(public_key);
-    publish.extend([
-        format!("$JS.API.STREAM.INFO.{output}"),
-        format!(
-            "$JS.API.CONSUMER.CREATE.{output}.*.{}",
-            subjects::ALL_OUTPUT
-        ),
-        format!("$JS.API.CONSUMER.CREATE.{output}.*.{own_output}"),
-        format!("$JS.API.CONSUMER.INFO.{output}.*"),
-        format!("$JS.API.CONSUMER.MSG.NEXT.{output}.*"),
-    ]);
+    publish.push(format!("$JS.API.CONSUMER.CREATE.{output}.*.{own_output}"));
     // History: the user's own subjects only (a consumer names its filter when it is created,
     // and no direct get is allowed, since its request does not).
     let history = subjects::HISTORY_STREAM;
@@ -330,9 +322,6 @@ fn user_permissions(public_key: &str) -> Permissions {
         env_keys,
     ]);
     publish.extend(super::notify_access::user_publish(public_key));
-    // The scheduler's durable consumer of reports is not a user's to change or drain.
-    let events = subjects::EVENTS_STREAM;
-    let scheduler = subjects::SCHEDULER_EVENTS_CONSUMER;
     Permissions {
         publish,
         subscribe: vec![
@@ -343,14 +332,10 @@ fn user_permissions(public_key: &str) -> Permissions {
             subjects::ALL_EVENTS.to_owned(),
             subjects::ALL_HEARTBEATS.to_owned(),
         ],
-        deny_publish: vec![
-            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}"),
-            format!("$JS.API.CONSUMER.CREATE.{events}.{scheduler}.>"),
-            format!("$JS.API.CONSUMER.MSG.NEXT.{events}.{scheduler}"),
-        ]
-        .into_iter()
-        .chain(super::notify_access::user_deny_publish())
-        .collect(),
+        deny_publish: schedulers_consumer()
+            .into_iter()
+            .chain(super::notify_access::user_deny_publish())
+            .collect(),
     }
 }
 
@@ -403,6 +388,24 @@ pub fn render_server_conf(
             .unwrap_or_default(),
         jetstream = render_jetstream_block(store_dir),
         auth = AUTH_CONF_FILE,
+    )
+}
+
+/// How far above a server's client port its WebSocket port is by default (4222 → 4280).
+pub const WEBSOCKET_PORT_OFFSET: u16 = 58;
+
+/// The `websocket` block: browsers (the web dashboard) connect on `host:port` with the same
+/// nkeys and permissions as every other client. With the cluster's TLS files they must use
+/// TLS (`wss://`); without, plain `ws://` (meant for loopback).
+pub fn render_websocket_block(host: &str, port: u16, tls: Option<&TlsFiles>) -> String {
+    let security = match tls {
+        Some(files) => render_tls_block(files, "  ", false),
+        None => "  no_tls: true\n".to_owned(),
+    };
+    format!(
+        "# The web dashboard's browsers: WebSocket, the same nkeys and permissions.\n\
+         websocket {{\n  listen: {listen}\n{security}}}\n",
+        listen = json!(format!("{host}:{port}")),
     )
 }
 
@@ -619,6 +622,27 @@ mod tests {
                 render_cluster_server_conf(CLUSTER_NAME, &members, index, None).unwrap_or_default();
             assert_eq!(conf.matches(SYNC_INTERVAL_LINE).count(), 1, "{conf}");
         }
+    }
+
+    #[test]
+    fn browsers_get_a_websocket_listener_with_tls_where_the_server_has_it() {
+        let plain = render_websocket_block("127.0.0.1", 4280, None);
+        assert!(plain.contains("websocket {\n  listen: \"127.0.0.1:4280\"\n  no_tls: true\n}"));
+        let files = TlsFiles {
+            ca_file: "/d/ca.pem".into(),
+            cert_file: "/d/server-cert.pem".into(),
+            key_file: "/d/server-key.pem".into(),
+        };
+        let secure = render_websocket_block("0.0.0.0", 443, Some(&files));
+        assert!(
+            secure.contains("listen: \"0.0.0.0:443\"\n  tls {"),
+            "{secure}"
+        );
+        assert!(
+            secure.contains("cert_file: \"/d/server-cert.pem\""),
+            "{secure}"
+        );
+        assert!(!secure.contains("no_tls"), "{secure}");
     }
 
     #[test]

@@ -48,6 +48,29 @@ pub struct InitArgs {
     /// certificate (localhost, 127.0.0.1, ::1 and this host's name are always in it). Repeatable.
     #[arg(long, value_name = "NAME", requires = "tls")]
     pub tls_host: Vec<String>,
+
+    /// Port browsers (the web dashboard) connect to over WebSocket, 127.0.0.1 only, with the
+    /// same keys and permissions (TLS with --tls); with --servers N, the first of N
+    /// consecutive ports. Default: --port + 58 (4280).
+    #[arg(long, value_name = "PORT", conflicts_with = "no_websocket")]
+    pub websocket_port: Option<u16>,
+
+    /// No WebSocket listener.
+    #[arg(long)]
+    pub no_websocket: bool,
+}
+
+impl InitArgs {
+    /// The WebSocket port of server `index` (0 for the first), if any.
+    fn websocket_port(&self, index: usize) -> Option<u16> {
+        if self.no_websocket {
+            return None;
+        }
+        let first = self
+            .websocket_port
+            .unwrap_or_else(|| self.port.saturating_add(auth::WEBSOCKET_PORT_OFFSET));
+        first.checked_add(u16::try_from(index).ok()?)
+    }
 }
 
 pub fn run(dir: &Path, args: &InitArgs) -> Result<()> {
@@ -179,11 +202,10 @@ fn write_server_confs(
 ) -> Result<Vec<(PathBuf, PathBuf)>> {
     if args.servers <= 1 {
         let conf = dir.join("server.conf");
-        files::write_atomically(
-            &conf,
-            &auth::render_server_conf(args.port, store_dir, &args.server_name, tls),
-        )
-        .with_context(|| format!("cannot write {}", conf.display()))?;
+        let mut text = auth::render_server_conf(args.port, store_dir, &args.server_name, tls);
+        text.push_str(&websocket_block(args, 0, tls));
+        files::write_atomically(&conf, &text)
+            .with_context(|| format!("cannot write {}", conf.display()))?;
         return Ok(vec![(conf, store_dir.to_path_buf())]);
     }
     let members = auth::local_cluster(
@@ -195,12 +217,20 @@ fn write_server_confs(
     );
     let mut written = Vec::new();
     for (index, member) in members.iter().enumerate() {
-        let text = auth::render_cluster_server_conf(auth::CLUSTER_NAME, &members, index, tls)
+        let mut text = auth::render_cluster_server_conf(auth::CLUSTER_NAME, &members, index, tls)
             .ok_or_else(|| anyhow!("no cluster member {index}"))?;
+        text.push_str(&websocket_block(args, index, tls));
         let conf = dir.join(auth::cluster_conf_file_name(index));
         files::write_atomically(&conf, &text)
             .with_context(|| format!("cannot write {}", conf.display()))?;
         written.push((conf, member.store_dir.clone()));
     }
     Ok(written)
+}
+
+/// Server `index`'s `websocket` block, or nothing with --no-websocket.
+fn websocket_block(args: &InitArgs, index: usize, tls: Option<&tls::TlsFiles>) -> String {
+    args.websocket_port(index)
+        .map(|port| auth::render_websocket_block("127.0.0.1", port, tls))
+        .unwrap_or_default()
 }

@@ -20,7 +20,7 @@ use serde_json::json;
 
 use crate::setup::auth::{
     AUTH_CONF_FILE, CLUSTER_NAME, KEYS_DIR, REGISTRY_FILE, Registry, RegistryFiles, Role,
-    render_jetstream_block,
+    render_jetstream_block, render_websocket_block,
 };
 use crate::setup::tls::{self, TlsFiles, render_tls_block};
 
@@ -351,6 +351,10 @@ fn render_server_conf(site: &Site, index: usize, me: &Server) -> String {
             tls = render_tls_block(&tls_files, "  ", true),
         ));
     }
+    if me.websocket_port != 0 {
+        let tls = site.tls.then_some(&tls_files);
+        text.push_str(&render_websocket_block("0.0.0.0", me.websocket_port, tls));
+    }
     text.push_str(&format!("include \"{AUTH_CONF_FILE}\"\n"));
     text
 }
@@ -384,6 +388,10 @@ mod tests {
         assert!(conf.contains("  sync_interval: always\n"), "{conf}");
         assert!(conf.contains("    verify: true\n"), "{conf}");
         assert!(conf.contains("\"/etc/mgpu/tls/server-key.pem\""), "{conf}");
+        assert!(
+            conf.contains("websocket {\n  listen: \"0.0.0.0:4280\"\n  tls {"),
+            "{conf}"
+        );
         assert!(conf.ends_with("include \"auth.conf\"\n"), "{conf}");
         assert_eq!(
             site.server_urls(),

@@ -76,6 +76,9 @@ pub struct Server {
     pub cluster_port: u16,
     #[serde(default = "default_store_dir")]
     pub store_dir: PathBuf,
+    /// Where browsers (the web dashboard) connect over WebSocket; 0 for none.
+    #[serde(default = "default_websocket_port")]
+    pub websocket_port: u16,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -124,6 +127,10 @@ fn default_port() -> u16 {
 
 fn default_cluster_port() -> u16 {
     6222
+}
+
+fn default_websocket_port() -> u16 {
+    4280
 }
 
 fn default_store_dir() -> PathBuf {
