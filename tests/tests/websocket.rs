@@ -1,60 +1,42 @@
 //! The WebSocket listener every generated server configuration carries (the web dashboard's
-//! transport; `mgpu admin init`, `mgpu admin site`, the packaged examples): the same keys and
-//! the same permissions as the client port. The real CLI given a `ws://` URL works as alice,
-//! reads as the viewer and is refused its submission there, and an unknown key is turned away.
+//! transport; `mgpu admin init`, `mgpu admin site`, the packaged examples): a browser's
+//! upgrade is accepted and the server greets it as NATS does, asking for the same nkey
+//! authentication as on the client port (`auth_required`, a nonce to sign).
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
-use mgpu_protocol::principals::Role;
 use mgpu_tests::{Cluster, NodeSpec};
-use serde_json::Value;
-
-const T: Duration = Duration::from_secs(30);
 
 #[test]
-fn over_websocket_alice_submits_and_reads_the_viewer_only_reads_and_strangers_are_refused() {
+fn a_browser_upgrade_is_greeted_by_nats_asking_for_an_nkey() {
     let cluster = Cluster::start(&[NodeSpec::new("node001", "1x24GiB")]);
-    let ws = format!("ws://127.0.0.1:{}", cluster.websocket_port);
-    let alice = cluster.user_creds("alice");
-
-    let out = cluster.mgpu_ok_with(
-        &alice,
-        &[
-            "--server",
-            &ws,
-            "submit",
-            "--json",
-            "--",
-            "echo over-websocket",
-        ],
+    let port = cluster.websocket_port;
+    let mut stream =
+        TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| panic!("connecting: {e}"));
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let upgrade = format!(
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\n\r\n"
     );
-    let submitted: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let id = submitted["id"].as_str().unwrap_or_default().to_owned();
-    cluster.finished_as(&id, "succeeded", T);
-    let logs = cluster.mgpu_ok_with(&alice, &["--server", &ws, "logs", &id]);
-    assert!(logs.contains("over-websocket"), "{logs}");
-
-    // The viewer reads over WebSocket what it reads anywhere, and no more.
-    let wall = cluster.creds(Role::Viewer, "wall");
-    let nodes = cluster.mgpu_ok_with(&wall, &["--server", &ws, "nodes", "--json"]);
-    assert!(nodes.contains("node001"), "{nodes}");
-    let queue = cluster.mgpu_ok_with(&wall, &["--server", &ws, "queue", "--json"]);
-    assert!(queue.starts_with('{'), "{queue}");
-    let refused = cluster.mgpu_with(&wall, &["--server", &ws, "submit", "--", "echo no"], None);
-    assert!(!refused.status.success());
-
-    // A key the server does not know.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let stranger = dir.path().join("stranger.nk");
-    let seed = nkeys::KeyPair::new_user()
-        .seed()
-        .unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(&stranger, format!("{seed}\n")).unwrap_or_else(|e| panic!("{e}"));
-    let out = cluster.mgpu_with(&stranger, &["--server", &ws, "queue"], None);
-    let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
-    assert!(!out.status.success(), "{said}");
-    assert!(
-        said.contains("authentication") || said.contains("authoriz"),
-        "{said}"
-    );
+    stream
+        .write_all(upgrade.as_bytes())
+        .unwrap_or_else(|e| panic!("upgrading: {e}"));
+    let mut read = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !String::from_utf8_lossy(&read).contains("\"nonce\"") {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => read.extend_from_slice(&chunk[..n]),
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&read);
+    assert!(text.starts_with("HTTP/1.1 101"), "{text}");
+    assert!(text.contains("INFO {"), "{text}");
+    assert!(text.contains("\"auth_required\":true"), "{text}");
+    assert!(text.contains("\"nonce\""), "{text}");
 }
