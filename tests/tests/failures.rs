@@ -381,9 +381,10 @@ fn an_agent_restarted_under_its_running_job_stops_the_orphan_and_the_job_runs_on
     assert!(cluster.state_file_attempts("node001").is_empty());
 }
 
-#[test]
-fn a_standby_scheduler_takes_over_when_the_active_one_is_killed() {
-    let mut cluster = start(&[NodeSpec::new("node001", "2x24GiB")], &[]);
+/// A cluster with one node of `gpus`, its scheduler holding the lease, and a standby
+/// replica standing by: the cluster, the active replica's lease holder, the standby's name.
+fn with_standby(gpus: &str) -> (Cluster, String, String) {
+    let mut cluster = start(&[NodeSpec::new("node001", gpus)], &[]);
     let first = wait_for("the scheduler to hold the lease", T, || {
         cluster.scheduler_lease()
     });
@@ -393,6 +394,12 @@ fn a_standby_scheduler_takes_over_when_the_active_one_is_killed() {
         let log = std::fs::read_to_string(&standby_log).unwrap_or_default();
         log.contains("standing by").then_some(())
     });
+    (cluster, first, standby)
+}
+
+#[test]
+fn a_standby_scheduler_takes_over_when_the_active_one_is_killed() {
+    let (mut cluster, first, standby) = with_standby("2x24GiB");
     assert_eq!(cluster.scheduler_lease().as_deref(), Some(first.as_str()));
 
     let long = cluster.submit(&[], "sleep 6");
@@ -452,16 +459,7 @@ fn a_standby_scheduler_takes_over_when_the_active_one_is_killed() {
 /// `a_scheduler_that_acts_past_its_lease_loses_a_submission`, and the fault campaign's.
 #[test]
 fn a_scheduler_thawed_after_a_standby_took_over_records_nothing_and_every_job_runs() {
-    let mut cluster = start(&[NodeSpec::new("node001", "4x24GiB")], &[]);
-    let first = wait_for("the scheduler to hold the lease", T, || {
-        cluster.scheduler_lease()
-    });
-    let standby = cluster.start_standby_scheduler();
-    let standby_log = cluster.dir.path().join(format!("logs/{standby}.log"));
-    wait_for("the second scheduler to stand by", T, || {
-        let log = std::fs::read_to_string(&standby_log).unwrap_or_default();
-        log.contains("standing by").then_some(())
-    });
+    let (cluster, first, _standby) = with_standby("4x24GiB");
     let frozen = nix::unistd::Pid::from_raw(cluster.scheduler_pid("scheduler") as i32);
     nix::sys::signal::kill(frozen, Signal::SIGSTOP).unwrap_or_else(|e| panic!("SIGSTOP: {e}"));
     wait_for("the standby to take the lease", T, || {
