@@ -21,7 +21,7 @@
 
 use std::os::fd::{IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use nix::fcntl::{FcntlArg, FdFlag};
 
@@ -33,6 +33,26 @@ pub const GUARD_ARG: &str = "__mgpu-job-guard";
 pub struct GuardFence {
     pub after: Duration,
     pub contact_file: PathBuf,
+}
+
+impl GuardFence {
+    /// Whether the guards fence now: the contact file is `after` old or older (read as the
+    /// guard reads it). A job that ends then was stopped by its guard, or would have been, and
+    /// the scheduler may already count it lost with its node: it is reported `lost`, as one
+    /// the agent's own fence stopped, whichever of the two fences came first.
+    pub fn lapsed(&self) -> bool {
+        let age = std::fs::metadata(&self.contact_file)
+            .and_then(|meta| meta.modified())
+            .ok()
+            .map(|stored| SystemTime::now().duration_since(stored).unwrap_or_default());
+        contact_lapsed(age, self.after)
+    }
+}
+
+/// [`GuardFence::lapsed`]'s rule: a contact `age` (None: unreadable, then not counted as
+/// fenced: the exit is reported as it was seen) of `after` or more.
+fn contact_lapsed(age: Option<Duration>, after: Duration) -> bool {
+    age.is_some_and(|age| age >= after)
 }
 
 /// Opens `contact` for reading as a descriptor that every guard inherits (no close-on-exec),
@@ -180,6 +200,25 @@ mod tests {
         let mut relative = "../".repeat(ups);
         relative.push_str(&path.display().to_string()[1..]);
         relative
+    }
+
+    #[test]
+    fn a_contact_as_old_as_the_fence_has_lapsed() {
+        let after = Duration::from_secs(3);
+        assert!(!contact_lapsed(Some(Duration::from_millis(2_999)), after));
+        assert!(contact_lapsed(Some(after), after));
+        assert!(!contact_lapsed(None, after));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let contact_file = dir.path().join("contact");
+        let file = std::fs::File::create(&contact_file).unwrap_or_else(|e| panic!("{e}"));
+        let fence = GuardFence {
+            after,
+            contact_file,
+        };
+        assert!(!fence.lapsed());
+        file.set_modified(SystemTime::now() - Duration::from_secs(4))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(fence.lapsed());
     }
 
     #[test]

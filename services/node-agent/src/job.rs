@@ -40,7 +40,7 @@ use crate::run_as::RunAsPolicy;
 use crate::running::{AttemptKey, RunningTable, StopRequests};
 use crate::state_file::{self, RecordedAttempt, StateFile};
 use crate::stop_notice::StopFile;
-use crate::stop_state::limit_warning;
+use crate::stop_state::{Stopped, limit_warning};
 use crate::stopping::{Ending, Notice, Watch, exit_code_of, signal_group};
 
 /// How long output may keep flowing after the job's process group is dead: only a process
@@ -351,7 +351,14 @@ impl StartedJob {
                 cgroup: cgroup.as_ref(),
             },
         };
-        let ending = watch.until_exit(&mut child, &mut stop_requests).await;
+        let mut ending = watch.until_exit(&mut child, &mut stop_requests).await;
+        // The guard's fence beats the agent's own by up to its look interval, and its SIGTERM
+        // ends the job before the agent's stop request names a reason.
+        if ending.stopped == Stopped::default()
+            && ctx.guard_fence.as_ref().is_some_and(GuardFence::lapsed)
+        {
+            ending.stopped.lost = true;
+        }
         drop(stop_file);
 
         // Background processes the job left behind would keep its output pipes open forever.

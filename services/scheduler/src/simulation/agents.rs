@@ -7,7 +7,9 @@
 //!   first reason given is the one reported, whatever ends the process (`stopping.rs`);
 //! - self-fencing (`fence.rs`): every `--fence-after / 4` (50 ms to 1 s) the agent looks at
 //!   when its last stored heartbeat was taken, and past `--fence-after` it stops every job,
-//!   which is reported `lost`;
+//!   which is reported `lost`; each job's guard looks at the same time on its own, so every
+//!   process alive `--fence-after` after the last stored heartbeat is stopped right then, and
+//!   reported `lost` too (`guard.rs`, `GuardFence::lapsed`);
 //! - an attempt stays in the running table, so in heartbeats, until its exit report is stored
 //!   (`job.rs`); a report is retried until JetStream stores it (`report.rs`), so a node cut off
 //!   keeps its reports until it heals, and its stream keeps what is sent to it;
@@ -318,20 +320,50 @@ impl SimAgent {
     }
 
     /// The fence watch looks: with no heartbeat stored for `--fence-after`, every job is
-    /// stopped. How many were.
+    /// stopped. How many were (by their guards, at the fence's time, or by the agent now).
     pub fn fence(&mut self, now: u64, rng: &mut Rng) -> usize {
+        let by_guards = self.guards_fence(now, rng);
         if !self.up || now.saturating_sub(self.last_stored) < self.fence_after_ms {
-            return 0;
+            return by_guards;
         }
         let keys: Vec<Attempt> = self.processes.keys().cloned().collect();
+        by_guards
+            + keys
+                .iter()
+                .filter(|key| self.stop(key, StopWhy::Fenced, now, rng))
+                .count()
+    }
+
+    /// The job guards' fence, caught up to `now`: each guard watches the contact file itself,
+    /// so a process alive `--fence-after` after the last stored heartbeat (or started later,
+    /// with no heartbeat stored since) is stopped at that moment, before the agent's own look.
+    /// Applied whenever the agent is looked at, so that moment is never missed. How many.
+    fn guards_fence(&mut self, now: u64, rng: &mut Rng) -> usize {
+        let fence_at = self.last_stored + self.fence_after_ms;
+        if !self.up || now < fence_at {
+            return 0;
+        }
+        let keys: Vec<(Attempt, u64)> = self
+            .processes
+            .iter()
+            .map(|(key, process)| (key.clone(), fence_at.max(process.started_at)))
+            .collect();
         keys.iter()
-            .filter(|key| self.stop(key, StopWhy::Fenced, now, rng))
+            .filter(|(key, at)| self.stop(key, StopWhy::Fenced, *at, rng))
             .count()
+    }
+
+    /// JetStream stored a heartbeat taken `now`: the fence counts from it (the guards' fence
+    /// caught up first, as they saw the contact file before it was touched).
+    pub fn heartbeat_stored(&mut self, now: u64, rng: &mut Rng) {
+        self.guards_fence(now, rng);
+        self.last_stored = now;
     }
 
     /// The processes gone by `now` (hard time limits reached first), with how they ended,
     /// taken off the node; their attempts stay in the table until reported.
     pub fn ended(&mut self, now: u64, rng: &mut Rng) -> Vec<(JobId, u32, Exit)> {
+        self.guards_fence(now, rng);
         let timed_out: Vec<(Attempt, u64)> = self
             .processes
             .iter()
@@ -470,6 +502,30 @@ mod tests {
         let ended = agent.ended(4_100, &mut rng);
         assert_eq!(ended.len(), 2);
         assert!(ended.iter().all(|(_, _, exit)| exit.lost));
+    }
+
+    #[test]
+    fn the_guards_stop_a_job_at_the_fence_time_though_the_agent_looks_later() {
+        let mut rng = Rng::new(3);
+        let mut agent = SimAgent::new("n".into(), 1, 3_000, 1_500);
+        agent.assign(&job(1), 1, None, 0, &mut rng);
+        if let Some(p) = agent.processes.values_mut().next() {
+            // It would end by itself, with success, between the fence and the agent's look.
+            p.ends_at = 3_500;
+            p.exit_code = 0;
+        }
+        agent.last_stored = 0;
+        let ended = agent.ended(4_000, &mut rng);
+        assert_eq!(ended.len(), 1);
+        let exit = &ended[0].2;
+        assert!(exit.lost, "its guard stopped it at 3 000 ms: {exit:?}");
+        // A heartbeat stored late still lets the guards' fence catch up first.
+        agent.assign(&job(2), 1, None, 4_000, &mut rng);
+        if let Some(p) = agent.processes.values_mut().next() {
+            p.ends_at = 100_000;
+        }
+        agent.heartbeat_stored(4_050, &mut rng);
+        assert!(agent.processes.values().all(|p| p.stopping.is_some()));
     }
 
     #[test]

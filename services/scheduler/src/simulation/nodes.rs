@@ -190,7 +190,8 @@ impl World {
         self.store
             .heartbeats
             .insert(beat.node.clone(), beat.clone());
-        self.agents[node].last_stored = self.now;
+        let now = self.now;
+        self.agents[node].heartbeat_stored(now, &mut self.rng);
         if self.chance_of_fault(self.options.heartbeat_drop, |_| {
             format!("a heartbeat of {} is dropped", beat.node)
         }) {
