@@ -9,6 +9,8 @@
 # - tmux (the Debian package) when missing: the terminal stories run `mgpu` inside it.
 # - prometheus (the Debian package, with promtool) when missing: the metrics stories scrape
 #   the services with a real Prometheus.
+# - Node.js, npm and Chromium (Debian packages) when missing; builds the web page
+#   (services/web/dist, `npm ci` and esbuild) that `mgpu web` compiles in.
 # - builds the workspace (debug, or release with --release), the `mgpu` CLI statically linked,
 #   and the job guard `mgpu-job-guard` (services/job-guard; Linux x86_64).
 set -euo pipefail
@@ -23,7 +25,7 @@ for arg in "$@"; do
   case "$arg" in
     --release) profile=release ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -133,6 +135,35 @@ if ! command -v tsp >/dev/null 2>&1; then
   else
     say "task-spooler is missing and there is no apt-get: the benchmark skips its comparison"
   fi
+fi
+
+# Node.js and npm (Debian packages): they build the web dashboard (services/web, whose lock
+# file pins the NATS JavaScript client and the bundler) that `mgpu web` compiles into the
+# binary; Chromium (Debian package): the dashboard's browser story drives it headless.
+for wanted in node:nodejs npm:npm chromium:chromium; do
+  command -v "${wanted%%:*}" >/dev/null 2>&1 && continue
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    say "installing ${wanted#*:} (Debian package) for the web dashboard"
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${wanted#*:}" >&2 \
+      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
+           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${wanted#*:}" >&2; } \
+      || say "${wanted#*:} could not be installed"
+  else
+    say "${wanted%%:*} is missing and there is no apt-get: install ${wanted#*:} for the web dashboard"
+  fi
+done
+if command -v npm >/dev/null 2>&1; then
+  # npm ci only when the lock file changed since the last install.
+  if [ ! -f services/web/node_modules/.package-lock.json ] \
+      || [ services/web/package-lock.json -nt services/web/node_modules/.package-lock.json ]; then
+    say "installing the web page's packages (npm ci)"
+    (cd services/web && npm ci --no-audit --no-fund --loglevel=error >&2)
+  fi
+  say "building the web page (services/web/dist)"
+  (cd services/web && npm run --silent build >&2)
+else
+  say "no npm: mgpu is built without its web page (mgpu web will say so)"
 fi
 
 if [ "$build" = 1 ]; then

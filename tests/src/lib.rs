@@ -169,7 +169,7 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)

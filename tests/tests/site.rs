@@ -22,11 +22,14 @@ use mgpu_tests::{bin_dir, nats_server_bin, wait_for};
 /// The site's head: its host name is an address here, so the URLs written for it work.
 const HEAD: &str = "127.0.0.1";
 
-fn site_toml(tls: bool, port: u16, jetstream: &Path, users: &[&str]) -> String {
+/// The site description, its WebSocket listener on `websocket` (both stories run at once, so
+/// neither may take the default 4280).
+fn site_toml(tls: bool, port: u16, websocket: u16, jetstream: &Path, users: &[&str]) -> String {
     let users: Vec<String> = users.iter().map(|u| format!("{u:?}")).collect();
     format!(
         "tls = {tls}\nusers = [{users}]\nadmins = [\"root-admin\"]\n\n\
-         [[server]]\nname = \"mgpu-site\"\nhost = \"{HEAD}\"\nport = {port}\nstore_dir = {store:?}\n\n\
+         [[server]]\nname = \"mgpu-site\"\nhost = \"{HEAD}\"\nport = {port}\nstore_dir = {store:?}\n\
+         websocket_port = {websocket}\n\n\
          [[node]]\nname = \"gpu01\"\ngpus = \"1x24GiB\"\n\n\
          [[node]]\nname = \"gpu02\"\nhost = \"gpu02.lab\"\ngpus = \"1x24GiB\"\n",
         users = users.join(", "),
@@ -233,11 +236,12 @@ fn site_story(tls: bool) {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("{e}"));
+    let websocket = mgpu_tests::free_port();
     let description = tmp.path().join("site.toml");
     let jetstream = tmp.path().join("jetstream");
     std::fs::write(
         &description,
-        site_toml(tls, port, &jetstream, &["alice", "bob"]),
+        site_toml(tls, port, websocket, &jetstream, &["alice", "bob"]),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let out = tmp.path().join("site");
@@ -314,7 +318,7 @@ fn site_story(tls: bool) {
     // A third user: only that user's files and those naming every principal change.
     std::fs::write(
         &description,
-        site_toml(tls, port, &jetstream, &["alice", "bob", "carol"]),
+        site_toml(tls, port, websocket, &jetstream, &["alice", "bob", "carol"]),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let before: Vec<PathBuf> = keys.keys().cloned().collect();

@@ -10,7 +10,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use crate::client::session::ConnectionArgs;
 use crate::commands::{
     admin, attach, cancel, completions, history, hold, logs, node_admin, nodes, notices, notify,
-    queue, report, reservations, reserve, show, submit, top, wait, why,
+    queue, report, reservations, reserve, show, submit, top, wait, web, why,
 };
 
 /// Submit, watch and manage GPU jobs on an mgpu cluster.
@@ -75,6 +75,7 @@ impl Cli {
             Command::Wait(args) => wait::run(connection, args).await,
             Command::Notices(args) => notices::run(connection, args).await,
             Command::Notify(args) => notify::run(connection, args).await,
+            Command::Web(args) => web::run(connection, args).await,
             Command::Completions(args) => {
                 completions::run_completions(connection, args, Cli::command()).await
             }
@@ -150,6 +151,9 @@ enum Command {
     /// Where your notices go (chat, webhook, e-mail): `mgpu notify add slack URL`, `list`,
     /// `test`; `mgpu submit --notify end,fail` asks for them.
     Notify(notify::NotifyArgs),
+    /// Serve the web dashboard (a live view of the cluster in the browser):
+    /// `mgpu web`, then open http://127.0.0.1:8080/.
+    Web(web::WebArgs),
     /// Print a shell completion script: `source <(mgpu completions bash)`.
     Completions(completions::CompletionsArgs),
     /// Write man pages for mgpu and every subcommand.

@@ -32,7 +32,9 @@
 //!   scheduler's notices, followed live), `attach`, `cancel`, `hold` (and release), `node_admin`
 //!   (`node` and `gpu`), `reserve` (book or cancel a reservation) and `reservations` (list
 //!   them), `completions` (and `man`), `top/` (the command's I/O; `screen/`, its
-//!   pure model and drawing), and `admin/`, one file per subcommand (`init`, `add_user`,
+//!   pure model and drawing), `web/` (the dashboard's page, embedded by `build.rs` as
+//!   `assets`, served by `site`, pointed at the WebSocket URL from `websocket`), and
+//!   `admin/`, one file per subcommand (`init`, `add_user`,
 //!   `add_node`, `list`, `remove`, `audit`, `setup`, `site/`) with the registry's files
 //!   (`registry`) and the reload and audit record after a change (`announce`).
 //! - `model/`: the jobs-and-nodes read model: the cluster bucket (`cluster`), jobs, nodes and

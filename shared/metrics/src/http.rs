@@ -5,6 +5,11 @@
 //!
 //! The endpoint is read-only and says nothing a NATS client of the cluster could not read,
 //! but it is not authenticated: bind it to an address only the monitoring network reaches.
+//!
+//! The connection handling underneath is public for other tiny read-only servers (`mgpu
+//! web` serves the dashboard with it): [`serve_with`] accepts, bounds and times out the
+//! connections, [`request_line`] reads what a request asks for, and [`response_with`] writes
+//! the answer.
 
 use std::future::Future;
 use std::io::{Error, ErrorKind};
@@ -54,47 +59,70 @@ where
     Fut: Future<Output = String> + Send + 'static,
 {
     let render = Arc::new(render);
+    serve_with(listener, "metrics endpoint", move |head| {
+        let render = Arc::clone(&render);
+        async move {
+            match route(&head) {
+                Route::Metrics { head_only } => {
+                    response(200, CONTENT_TYPE, &render().await, head_only)
+                }
+                Route::NotFound => response(404, "text/plain", "not found: try /metrics\n", false),
+                Route::MethodNotAllowed => {
+                    response(405, "text/plain", "only GET and HEAD\n", false)
+                }
+                Route::BadRequest => response(400, "text/plain", "bad request\n", false),
+            }
+        }
+    })
+    .await;
+}
+
+/// Serves connections on `listener` until the task is dropped: one request each, whose head
+/// (at most 8 KiB, sent within 10 s) `answer` turns into the complete response; the
+/// connection closes after it. At most 16 are answered at once; more are closed at once.
+/// `name` says whose connections they are in the log.
+pub async fn serve_with<F, Fut>(listener: TcpListener, name: &'static str, answer: F)
+where
+    F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Vec<u8>> + Send + 'static,
+{
+    let answer = Arc::new(answer);
     let slots = Arc::new(Semaphore::new(CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(err) => {
                 // Out of file descriptors, say: wait rather than spin.
-                tracing::warn!(%err, "metrics endpoint: accepting a connection");
+                tracing::warn!(%err, "{name}: accepting a connection");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::debug!(%peer, "metrics endpoint: too many connections, closing one");
+            tracing::debug!(%peer, "{name}: too many connections, closing one");
             continue;
         };
-        let render = Arc::clone(&render);
+        let answer = Arc::clone(&answer);
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(err) = answer(stream, render.as_ref()).await {
-                tracing::debug!(%peer, %err, "metrics endpoint: a request failed");
+            if let Err(err) = reply(stream, answer.as_ref()).await {
+                tracing::debug!(%peer, %err, "{name}: a request failed");
             }
         });
     }
 }
 
-/// Reads one request and answers it.
-async fn answer<F, Fut>(mut stream: TcpStream, render: &F) -> std::io::Result<()>
+/// Reads one request and answers it with what `answer` makes of its head.
+async fn reply<F, Fut>(mut stream: TcpStream, answer: &F) -> std::io::Result<()>
 where
-    F: Fn() -> Fut,
-    Fut: Future<Output = String>,
+    F: Fn(Vec<u8>) -> Fut,
+    Fut: Future<Output = Vec<u8>>,
 {
     let head = tokio::time::timeout(READ_WITHIN, read_head(&mut stream))
         .await
         .map_err(|_| Error::new(ErrorKind::TimedOut, "no request within 10 s"))??;
-    let reply = match route(&head) {
-        Route::Metrics { head_only } => response(200, CONTENT_TYPE, &render().await, head_only),
-        Route::NotFound => response(404, "text/plain", "not found: try /metrics\n", false),
-        Route::MethodNotAllowed => response(405, "text/plain", "only GET and HEAD\n", false),
-        Route::BadRequest => response(400, "text/plain", "bad request\n", false),
-    };
-    stream.write_all(&reply).await?;
+    let response = answer(head).await;
+    stream.write_all(&response).await?;
     stream.shutdown().await
 }
 
@@ -119,23 +147,9 @@ fn ends_head(head: &[u8]) -> bool {
 
 /// What the request line asks for: `GET /metrics HTTP/1.1` (a query string is ignored).
 pub fn route(head: &[u8]) -> Route {
-    if !ends_head(head) {
-        return Route::BadRequest;
-    }
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    let Ok(line) = std::str::from_utf8(line) else {
+    let Some((method, path)) = request_line(head) else {
         return Route::BadRequest;
     };
-    let mut parts = line.trim_end_matches('\r').split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Route::BadRequest;
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Route::BadRequest;
-    }
-    let path = target.split('?').next().unwrap_or_default();
     match (method, path == PATH) {
         ("GET", true) => Route::Metrics { head_only: false },
         ("HEAD", true) => Route::Metrics { head_only: true },
@@ -144,8 +158,43 @@ pub fn route(head: &[u8]) -> Route {
     }
 }
 
+/// The method and the path (its query string dropped) of a complete HTTP/1.x request head:
+/// `GET /metrics?x=1 HTTP/1.1` is `("GET", "/metrics")`. None for anything else (a head cut
+/// short, not text, another protocol): a bad request.
+pub fn request_line(head: &[u8]) -> Option<(&str, &str)> {
+    if !ends_head(head) {
+        return None;
+    }
+    let line = head.split(|b| *b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let mut parts = line.trim_end_matches('\r').split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    if !version.starts_with("HTTP/1.") || method.is_empty() {
+        return None;
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    Some((method, path))
+}
+
 /// A complete response; the connection closes after it.
 pub fn response(status: u16, content_type: &str, body: &str, head_only: bool) -> Vec<u8> {
+    response_with(status, content_type, &[], body.as_bytes(), head_only)
+}
+
+/// A complete response with `headers` besides the content type, length and `Connection:
+/// close` (and `Allow: GET, HEAD` on a 405: these servers answer nothing else). With
+/// `head_only` (a HEAD request) the body is left out but its length still said.
+pub fn response_with(
+    status: u16,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    head_only: bool,
+) -> Vec<u8> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -153,19 +202,20 @@ pub fn response(status: u16, content_type: &str, body: &str, head_only: bool) ->
         405 => "Method Not Allowed",
         _ => "Error",
     };
-    let allow = if status == 405 {
-        "Allow: GET, HEAD\r\n"
-    } else {
-        ""
-    };
-    let mut reply = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         {allow}Connection: close\r\n\r\n",
+    let mut head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n",
         body.len()
-    )
-    .into_bytes();
+    );
+    if status == 405 {
+        head.push_str("Allow: GET, HEAD\r\n");
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    let mut reply = head.into_bytes();
     if !head_only {
-        reply.extend_from_slice(body.as_bytes());
+        reply.extend_from_slice(body);
     }
     reply
 }
@@ -209,6 +259,43 @@ mod tests {
         let refused =
             String::from_utf8(response(405, "text/plain", "no\n", false)).unwrap_or_default();
         assert!(refused.contains("Allow: GET, HEAD\r\n"), "{refused}");
+    }
+
+    #[test]
+    fn the_request_line_gives_the_method_and_the_path_without_its_query() {
+        assert_eq!(
+            request_line(b"GET /?wall HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some(("GET", "/"))
+        );
+        assert_eq!(
+            request_line(b"HEAD /app.js HTTP/1.0\n\n"),
+            Some(("HEAD", "/app.js"))
+        );
+        assert_eq!(request_line(b" / HTTP/1.1\r\n\r\n"), None);
+        assert_eq!(request_line(b"GET / HTTP/2\r\n\r\n"), None);
+        assert_eq!(request_line(b"GET / HTTP/1.1\r\n"), None);
+    }
+
+    #[test]
+    fn extra_headers_come_before_the_blank_line_and_a_head_answer_has_no_body() {
+        let headers = [
+            ("Cache-Control", "no-cache"),
+            ("X-Content-Type-Options", "nosniff"),
+        ];
+        let reply = response_with(200, "image/png", &headers, &[0, 1, 2], false);
+        let text = String::from_utf8_lossy(&reply);
+        assert!(text.contains("Content-Length: 3\r\n"), "{text}");
+        assert!(
+            text.contains("Cache-Control: no-cache\r\nX-Content-Type-Options: nosniff\r\n"),
+            "{text}"
+        );
+        assert!(
+            reply.ends_with(b"Connection: close\r\n\r\n\x00\x01\x02"),
+            "{text}"
+        );
+        let head = response_with(200, "image/png", &headers, &[0, 1, 2], true);
+        assert!(head.ends_with(b"\r\n\r\n"));
+        assert!(String::from_utf8_lossy(&head).contains("Content-Length: 3\r\n"));
     }
 
     /// Sends `request` to `port` and returns the whole reply.

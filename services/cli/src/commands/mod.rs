@@ -21,4 +21,5 @@ pub mod show;
 pub mod submit;
 pub mod top;
 pub mod wait;
+pub mod web;
 pub mod why;

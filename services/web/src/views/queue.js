@@ -1,0 +1,89 @@
+// The queue view: running and waiting jobs with why they wait and when the scheduler expects
+// them to start, filtered by user, state, node and name; the signed-in user's own jobs get
+// cancel, hold and release buttons. At most ROWS rows are drawn (10 000 queued jobs would
+// freeze the tab); the count says how many matched.
+
+import { ago, gpusOf, h, jobTitle, shortId } from "../dom.js";
+import { filterJobs, stateOf, waitReason } from "../store.js";
+
+export const ROWS = 500;
+
+export class QueueView {
+  constructor(root, store, { openJob, act, isMine }) {
+    this.store = store;
+    this.openJob = openJob;
+    this.act = act;
+    this.isMine = isMine;
+    this.filter = { user: "", state: "", node: "", name: "" };
+    this.count = h("p.summary");
+    this.body = h("tbody");
+    const input = (field, label) =>
+      h("label", {}, label, h("input", {
+        name: field, type: "search", placeholder: "any",
+        oninput: (e) => { this.filter[field] = e.target.value.trim(); this.lastVersion = -1; },
+      }));
+    const states = h("select", {
+      name: "state",
+      onchange: (e) => { this.filter.state = e.target.value; this.lastVersion = -1; },
+    }, ["", "running", "queued"].map((s) => h("option", { value: s }, s || "running and queued")));
+    root.replaceChildren(h("section.view.queue", {},
+      h("form.filters", { onsubmit: (e) => e.preventDefault() },
+        input("user", "user "), h("label", {}, "state ", states), input("node", "node "), input("name", "name ")),
+      this.count,
+      h("table.jobs", {},
+        h("thead", {}, h("tr", {}, ["job", "name", "user", "state", "GPUs", "node or reason", "expected start", "since", ""]
+          .map((t) => h("th", { scope: "col" }, t)))),
+        this.body)));
+    this.lastVersion = -1;
+  }
+
+  render(nowMs) {
+    if (this.store.version === this.lastVersion && nowMs - (this.drawnAt || 0) < 5000) return;
+    this.lastVersion = this.store.version;
+    this.drawnAt = nowMs;
+    const live = [...this.store.jobs.values()].filter((r) => ["running", "queued"].includes(stateOf(r)));
+    const matched = filterJobs(live, this.filter).sort(queueOrder);
+    const shown = matched.slice(0, ROWS);
+    this.count.textContent = matched.length > ROWS
+      ? `${matched.length} jobs match; the first ${ROWS} are shown: narrow the filter`
+      : `${matched.length} jobs`;
+    this.body.replaceChildren(...shown.map((record) => this.row(record, nowMs)));
+  }
+
+  row(record, nowMs) {
+    const state = stateOf(record);
+    const placement = record.placement;
+    const since = state === "running" ? record.started_at || record.assigned_at : record.submitted_at;
+    const expected = this.store.expectedStarts.get(record.id);
+    const where = state === "running"
+      ? [placement.node, ...(placement.peers || []).map((p) => p.node)].join(", ")
+      : waitReason(record);
+    return h(`tr.${state}`, { "data-job": record.id },
+      h("td", {}, h("a", { href: `#job/${record.id}`, onclick: (e) => { e.preventDefault(); this.openJob(record.id); } }, shortId(record.id))),
+      h("td.name", {}, jobTitle(record)),
+      h("td", {}, record.user),
+      h("td.state", {}, state === "queued" && record.reason === "Held" ? "held" : state),
+      h("td", {}, gpusOf(record.spec)),
+      h("td.where", {}, where),
+      h("td", {}, expected && state === "queued" ? new Date(expected).toLocaleString() : ""),
+      h("td", {}, since ? ago(nowMs - Date.parse(since)) : ""),
+      h("td.actions", {}, this.isMine(record) ? actionButtons(record, this.act).filter(Boolean) : null));
+  }
+}
+
+/** Cancel, and hold or release, for a job of the signed-in user's. */
+export function actionButtons(record, act) {
+  const state = stateOf(record);
+  const held = state === "queued" && record.reason === "Held";
+  const button = (action, label) =>
+    h("button", { type: "button", "data-action": action, onclick: () => act(record, action) }, label);
+  return [
+    button("cancel", "Cancel"),
+    state === "queued" ? (held ? button("release", "Release") : button("hold", "Hold")) : null,
+  ];
+}
+
+function queueOrder(a, b) {
+  const rank = (r) => (stateOf(r) === "running" ? 0 : 1);
+  return rank(a) - rank(b) || String(a.submitted_at).localeCompare(String(b.submitted_at));
+}

@@ -1,0 +1,202 @@
+// The dashboard in a real browser (Debian's Chromium, driven by Playwright) against a real
+// cluster that the story tests/tests/web.rs started: it passes where everything is, in env:
+//   WEB_URL          the page `mgpu web` serves
+//   MGPU_BIN, MGPU_SERVER, WORKDIR   to run the CLI as the harness does
+//   ALICE_CREDS, BOB_CREDS, WALL_CREDS   seed files (the viewer `wall` is read-only)
+//   ALICE_KEY        Alice's public key (her private subjects are named by it)
+//   SCREENSHOTS      where each view's screenshot goes
+//   CHROMIUM         the browser (default /usr/bin/chromium)
+// Prints one JSON line of what it measured, and the job ids the story checks the audit for.
+
+import { execFileSync } from "node:child_process";
+import { mkdirSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const env = process.env;
+const shots = env.SCREENSHOTS || "screenshots";
+mkdirSync(shots, { recursive: true });
+const results = {};
+/** The page being driven, for what it showed when a step failed. */
+let current = null;
+
+function cli(creds, args) {
+  return execFileSync(env.MGPU_BIN, args, {
+    cwd: env.WORKDIR,
+    env: { ...env, MGPU_CREDS: creds, USER: "alice" },
+    encoding: "utf8",
+  }).trim();
+}
+
+function submit(args) {
+  const out = cli(env.ALICE_CREDS, ["submit", "--json", ...args]);
+  return JSON.parse(out).id;
+}
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function signIn(browser, creds, query = "") {
+  const context = await browser.newContext({ viewport: { width: 1600, height: 1000 } });
+  const page = await context.newPage();
+  page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
+  page.on("console", (message) => console.error(`page console: ${message.text()}`));
+  current = page;
+  await page.goto(`${env.WEB_URL}${query}`);
+  await page.setInputFiles("#seed-file", creds);
+  await page.click("button[type=submit]");
+  await page.waitForSelector("header.top", { timeout: 10_000 });
+  return page;
+}
+
+async function main() {
+  const browser = await chromium.launch({
+    executablePath: env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox"],
+  });
+  try {
+    await aliceSeesTheClusterAndHerJob(browser);
+    await bobCannotActOnAlicesJob(browser);
+    await theWallReadsNoSecrets(browser);
+    await aBadSeedIsExplained(browser);
+  } catch (error) {
+    await describePage();
+    throw error;
+  } finally {
+    await browser.close();
+  }
+  console.log(JSON.stringify(results));
+}
+
+async function aliceSeesTheClusterAndHerJob(browser) {
+  const page = await signIn(browser, env.ALICE_CREDS);
+  await page.waitForSelector("[data-node=node001] .tile", { timeout: 10_000 });
+  await page.waitForFunction(() => document.querySelector("[data-testid=last-update]").textContent.includes("ago"));
+
+  await page.click("nav a[data-view=queue]");
+  await page.waitForSelector("table.jobs");
+  const started = Date.now();
+  const id = submit(["--name", "web-story", "--", "sh", "-c",
+    "i=1; while [ $i -le 300 ]; do echo \"line $i\"; i=$((i+1)); sleep 0.01; done; sleep 600"]);
+  const submitted = Date.now();
+  await page.waitForSelector(`tr[data-job="${id}"]`, { timeout: 10_000 });
+  results.queue_row_after_submit_ms = Date.now() - submitted;
+  results.submit_cli_ms = submitted - started;
+  check(results.queue_row_after_submit_ms <= 1000,
+    `the job appeared ${results.queue_row_after_submit_ms} ms after mgpu submit returned (more than a second)`);
+  await page.waitForSelector(`tr[data-job="${id}"].running`, { timeout: 20_000 });
+  submit(["--name", "waits-behind", "--gpus", "2", "--", "sleep", "60"]);
+  await page.waitForSelector("tr.queued", { timeout: 10_000 });
+  await page.screenshot({ path: `${shots}/queue.png` });
+  await page.click("nav a[data-view=cluster]");
+  await page.waitForSelector(`[data-node=node001] .tile.busy a[href="#job/${id}"]`, { timeout: 10_000 });
+  await page.screenshot({ path: `${shots}/cluster.png` });
+  await page.click("nav a[data-view=queue]");
+
+  await page.click(`tr[data-job="${id}"] a`);
+  await page.waitForFunction(() => document.querySelectorAll("pre.output .line").length >= 300, null, { timeout: 20_000 });
+  const lines = await page.$$eval("pre.output .line", (all) => all.map((l) => l.textContent));
+  const expected = Array.from({ length: 300 }, (_, i) => `line ${i + 1}`);
+  check(JSON.stringify(lines.slice(0, 300)) === JSON.stringify(expected),
+    `output lines out of order or missing: ${lines.slice(0, 5).join(" | ")} …`);
+  await page.screenshot({ path: `${shots}/job.png` });
+  results.job = id;
+
+  // Cancelled from the page: the button signs the request in the browser.
+  await page.click(".actions button[data-action=cancel]");
+  await page.waitForFunction(() => /cancelled/.test(document.querySelector("dd[data-field=state]")?.textContent || ""),
+    null, { timeout: 20_000 });
+  results.cancelled_from_page = id;
+
+  await page.evaluate(() => { document.documentElement.dataset.theme = "dark"; });
+  await page.click("nav a[data-view=cluster]");
+  await page.waitForSelector("[data-node=node001] .tile");
+  await page.screenshot({ path: `${shots}/cluster-dark.png` });
+  await page.context().close();
+}
+
+async function bobCannotActOnAlicesJob(browser) {
+  const id = submit(["--name", "alices", "--", "sleep", "600"]);
+  results.alices_job = id;
+  const page = await signIn(browser, env.BOB_CREDS);
+  await page.goto(`${env.WEB_URL}#job/${id}`);
+  await page.waitForSelector("dd[data-field=user]", { timeout: 10_000 });
+  check((await page.$$(".actions button")).length === 0, "bob's page offers actions on alice's job");
+  // The page's own request path, as bob: stored, then refused by the scheduler (not the page).
+  await page.evaluate((job) => window.mgpu.request(job, "cancel"), id);
+  await new Promise((resolve) => setTimeout(resolve, 3000));
+  const state = JSON.parse(cli(env.ALICE_CREDS, ["show", "--json", id])).state;
+  check(["running", "queued"].includes(state), `bob's cancel ended alice's job: ${JSON.stringify(state)}`);
+  cli(env.ALICE_CREDS, ["cancel", id]);
+  await page.context().close();
+}
+
+async function theWallReadsNoSecrets(browser) {
+  const page = await signIn(browser, env.WALL_CREDS, "?wall");
+  await page.waitForSelector("[data-node=node001] .tile", { timeout: 10_000 });
+  await page.screenshot({ path: `${shots}/wall.png` });
+  const key = env.ALICE_KEY;
+  check(/^U[A-Z2-7]{55}$/.test(key || ""), `ALICE_KEY is not a user's public key: ${key}`);
+  const refused = await page.evaluate(async ({ job, key }) => {
+    const { conn } = window.mgpu;
+    const outcome = {};
+    const attempt = async (name, work) => {
+      try {
+        await work();
+        outcome[name] = "allowed";
+      } catch (error) {
+        outcome[name] = String(error.message || error);
+      }
+    };
+    await attempt("environment", async () => {
+      const kv = await conn.kvm.open("mgpu-job-env");
+      await kv.get(`${key}.${job}`);
+    });
+    await attempt("private_output", async () => {
+      const consumer = await conn.js.consumers.get("MGPU_OUTPUT", { filter_subjects: `users.${key}.jobs.${job}.output` });
+      await consumer.info();
+    });
+    await attempt("history", async () => {
+      const consumer = await conn.js.consumers.get("MGPU_HISTORY", { filter_subjects: `history.${key}.>` });
+      await consumer.info();
+    });
+    await attempt("cancel", () => window.mgpu.request(job, "cancel"));
+    return outcome;
+  }, { job: results.alices_job, key });
+  results.wall_refused = refused;
+  for (const [what, answer] of Object.entries(refused)) {
+    check(answer !== "allowed", `the wall viewer could read or do ${what}`);
+    check(/permissions? violation|permission denied|authorization/i.test(answer), `the wall's ${what} failed, but not by the server's refusal: ${answer}`);
+  }
+  await page.context().close();
+}
+
+async function aBadSeedIsExplained(browser) {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  await page.goto(env.WEB_URL);
+  await page.setInputFiles("#seed-file", { name: "bad.nk", mimeType: "text/plain", buffer: Buffer.from("SUNOTASEED\n") });
+  await page.click("button[type=submit]");
+  await page.waitForFunction(() => /no nkey seed/.test(document.querySelector(".sign-in .error").textContent));
+  await context.close();
+}
+
+/** What the page showed when a step failed: its notices, its store, a screenshot. */
+async function describePage() {
+  if (!current) return;
+  try {
+    console.error(`the page's notices: ${await current.textContent(".notices")}`);
+    console.error(`the page's store: ${await current.evaluate(() => {
+      const store = window.mgpu && window.mgpu.store;
+      return store ? JSON.stringify({ nodes: store.nodes.size, jobs: [...store.jobs.keys()], version: store.version }) : "none";
+    })}`);
+    await current.screenshot({ path: `${shots}/failure.png` });
+  } catch (inspecting) {
+    console.error(`(the page could not be inspected: ${inspecting.message})`);
+  }
+}
+
+main().catch((error) => {
+  console.error(`dashboard story failed: ${error.stack || error}`);
+  process.exit(1);
+});
