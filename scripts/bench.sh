@@ -7,7 +7,7 @@
 #   scripts/bench.sh [--quick] [--only GROUP]...
 #
 #   --quick        reduced sizes (a few minutes on a 2-core machine)
-#   --only GROUP   one group of scenarios (cli, queue, scale, output, recovery, history, top, durability, estimates)
+#   --only GROUP   one group of scenarios (cli, queue, scale, output, recovery, history, top, durability, estimates, web)
 #
 # Benchmarks are not tests: nothing here fails on a missed target (see "pass" in each line).
 set -euo pipefail

@@ -2,7 +2,7 @@
 # Starts a local mgpu cluster: one nats-server (or a NATS cluster of several), the scheduler
 # (or several replicas) and N node agents.
 #
-#   scripts/dev-up.sh [--nodes N] [--servers N] [--schedulers N] [--gpus SPEC] [--port PORT] [--tls] [--release]
+#   scripts/dev-up.sh [--nodes N] [--servers N] [--schedulers N] [--gpus SPEC] [--port PORT] [--web-port PORT] [--tls] [--release]
 #
 #   --nodes N        agents to start, named node001, node002, … (default 1)
 #   --schedulers N   scheduler replicas, named scheduler, scheduler-2, … (default 1): one is
@@ -16,6 +16,8 @@
 #                    routes on ports 6222.., JetStream data in .mgpu/jetstream/mgpu-<i>, pid
 #                    files nats-server.pid, nats-server-2.pid, …; every component and
 #                    .mgpu/env get all the URLs, and streams get min(3, N) replicas
+#   --web-port PORT  where `mgpu web` serves the dashboard, on 127.0.0.1 (default 8080; 0: not
+#                    started); sign in there with .mgpu/auth/keys/user-<you>.nk
 #   --tls            TLS between every component and the server(s), and between servers:
 #                    `mgpu admin init --tls` makes a CA and a server certificate in .mgpu/auth
 #                    (kept on later runs), every component and .mgpu/env get
@@ -31,7 +33,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-nodes=1 servers=1 schedulers=1 gpus="" port=4222 profile=debug setup_args=() init_args=()
+nodes=1 servers=1 schedulers=1 gpus="" port=4222 web_port=8080 profile=debug setup_args=() init_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) nodes="${2:?--nodes needs a number}"; shift 2 ;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
     --schedulers) schedulers="${2:?--schedulers needs a number}"; shift 2 ;;
     --gpus) gpus="${2:?--gpus needs a spec like 2x24GiB}"; shift 2 ;;
     --port) port="${2:?--port needs a number}"; shift 2 ;;
+    --web-port) web_port="${2:?--web-port needs a number}"; shift 2 ;;
     --tls) init_args+=(--tls); shift ;;
     --release) profile=release; setup_args+=(--release); shift ;;
     # The comment block at the top of this file, without its `# `.
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 999 ] || { echo "dev-up.sh: --nodes must be 1..999" >&2; exit 2; }
 [[ "$servers" =~ ^[0-9]+$ ]] && [ "$servers" -ge 1 ] && [ "$servers" -le 9 ] || { echo "dev-up.sh: --servers must be 1..9" >&2; exit 2; }
+[[ "$web_port" =~ ^[0-9]+$ ]] && [ "$web_port" -le 65535 ] || { echo "dev-up.sh: --web-port must be 0..65535" >&2; exit 2; }
 [[ "$schedulers" =~ ^[0-9]+$ ]] && [ "$schedulers" -ge 1 ] && [ "$schedulers" -le 9 ] || { echo "dev-up.sh: --schedulers must be 1..9" >&2; exit 2; }
 
 say() { printf '[dev-up] %s\n' "$*"; }
@@ -171,5 +175,15 @@ if [ "${online:-0}" -lt "$nodes" ]; then
 fi
 say "cluster up at $server ($servers nats-server(s)${MGPU_CA:+, TLS}) with $nodes node(s) and $schedulers scheduler(s)"
 ws_scheme=ws; [ -n "${MGPU_CA:-}" ] && ws_scheme=wss
-say "browsers (WebSocket, the same keys): $ws_scheme://127.0.0.1:$((port + 58))"
+websocket="$ws_scheme://127.0.0.1:$((port + 58))"
+say "browsers (WebSocket, the same keys): $websocket"
+if [ "$web_port" -gt 0 ]; then
+  start web "$bin/mgpu" web --listen "127.0.0.1:$web_port" --websocket "$websocket" || true
+  for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$web_port") 2>/dev/null && break; sleep 0.1; done
+  if (exec 3<>"/dev/tcp/127.0.0.1/$web_port") 2>/dev/null; then
+    say "dashboard: http://127.0.0.1:$web_port/ (sign in with .mgpu/auth/keys/user-$principal.nk)"
+  else
+    say "the dashboard did not start (see .mgpu/logs/web.log; --web-port picks another port)"
+  fi
+fi
 say "next: source .mgpu/env && mgpu submit -- nvidia-smi && mgpu queue"

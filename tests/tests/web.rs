@@ -74,6 +74,7 @@ fn run_browser(cluster: &Cluster, web: &WebServer) -> Value {
             cluster.creds(mgpu_protocol::principals::Role::Viewer, "wall"),
         )
         .env("SCREENSHOTS", screenshots_dir())
+        .env("WEBSOCKET_PORT", cluster.websocket_port.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -124,7 +125,19 @@ fn the_dashboard_shows_the_cluster_live_and_the_server_enforces_who_may_do_what(
         bobs_cancel["accepted"], false,
         "bob's cancel of alice's job: {bobs_cancel}"
     );
-    for view in ["cluster", "queue", "job", "wall", "cluster-dark"] {
+    assert!(
+        results["reconnected_and_caught_up"].is_string(),
+        "{results}"
+    );
+    for view in [
+        "cluster",
+        "queue",
+        "job",
+        "usage",
+        "wall",
+        "cluster-dark",
+        "disconnected",
+    ] {
         let shot = screenshots_dir().join(format!("{view}.png"));
         assert!(shot.is_file(), "no screenshot {}", shot.display());
     }

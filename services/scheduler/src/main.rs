@@ -286,7 +286,7 @@ async fn ensure_streams(
     loop {
         match mgpu_nats::streams::ensure(js, settings).await {
             Ok(()) => return Ok(true),
-            Err(err) if is_cluster_still_forming(&err.to_string()) && tries < 60 => {
+            Err(err) if tries < retries_for(&err.to_string()) => {
                 tries += 1;
                 if tries == 1 || tries.is_multiple_of(10) {
                     tracing::warn!(
@@ -313,6 +313,19 @@ fn lease_holder_name() -> String {
         std::process::id(),
         &mgpu_protocol::ids::JobId::random().as_str()[..6]
     )
+}
+
+/// How many times (a second apart) creating the streams is tried again after `error`: 60 for
+/// a cluster still forming; 20 for a shortage of storage, which a disk that filled up explains
+/// for a while but a stream larger than the server's whole JetStream storage (a
+/// `history_max_gib` too large) explains for ever, and the operator must hear about that one
+/// (the scheduler stops, naming the setting) within half a minute; none for anything else.
+fn retries_for(error: &str) -> u32 {
+    match is_cluster_still_forming(error) {
+        true if error.contains("insufficient storage resources") => 20,
+        true => 60,
+        false => 0,
+    }
 }
 
 /// Whether creating the streams failed because JetStream is not ready yet: no meta leader
@@ -363,6 +376,18 @@ async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::is_cluster_still_forming;
+
+    #[test]
+    fn a_shortage_of_storage_is_waited_for_less_long_than_a_forming_cluster() {
+        use super::retries_for;
+        let full = "creating stream MGPU_HISTORY: insufficient storage resources available (code 500, error code 10047)";
+        assert_eq!(retries_for(full), 20);
+        assert_eq!(retries_for("creating stream MGPU_EVENTS: timed out"), 60);
+        assert_eq!(
+            retries_for("stream name already in use with a different configuration"),
+            0
+        );
+    }
 
     #[test]
     fn a_forming_cluster_is_waited_for_and_other_errors_are_not() {

@@ -90,3 +90,34 @@ export async function followOutput(conn, subject, onMessage, problem) {
   })();
   return stop;
 }
+
+/**
+ * Reads the finished jobs' records in MGPU_HISTORY stored since `sinceIso`, under `filter`
+ * (`history.>` for an admin, `history.<own key>.>` for a user): `onRecord(record)` for each,
+ * then resolves with how many there were. Rejects with the server's answer (a viewer, or a
+ * user asking for everyone's, is refused).
+ */
+export async function readHistory(conn, filter, sinceIso, onRecord) {
+  const consumer = await conn.js.consumers.get("MGPU_HISTORY", {
+    filter_subjects: filter,
+    deliver_policy: DeliverPolicy.StartTime,
+    opt_start_time: sinceIso,
+  });
+  const info = await consumer.info(true);
+  let left = info.num_pending;
+  let count = 0;
+  if (left === 0) return 0;
+  const messages = await consumer.consume();
+  for await (const message of messages) {
+    try {
+      onRecord(message.json());
+      count += 1;
+    } catch {
+      // Not a record this page can read: left out, as `mgpu report` does.
+    }
+    left -= 1;
+    if (left <= 0 || message.info.pending === 0) break;
+  }
+  messages.stop();
+  return count;
+}

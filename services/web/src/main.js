@@ -1,6 +1,6 @@
 // The page: finds the NATS WebSocket listener (config.json, which `mgpu web` serves, or
 // ?ws=URL), signs in with the user's seed, starts the feeds and shows one view at a time
-// (#cluster, #queue, #job/<id>); ?wall cycles cluster and queue for a wall screen. Every
+// (#cluster, #queue, #job/<id>, #usage); ?wall cycles cluster and queue for a wall screen. Every
 // frame that something changed redraws the view; a clock shows the age of the last update so
 // stale data never looks live.
 
@@ -12,6 +12,7 @@ import { emptyStore } from "./store.js";
 import { ClusterView } from "./views/cluster.js";
 import { JobView } from "./views/job.js";
 import { QueueView } from "./views/queue.js";
+import { UsageView } from "./views/usage.js";
 
 /** Data older than this is marked stale (a heartbeat comes every 2 s). */
 const STALE_AFTER_MS = 10_000;
@@ -27,6 +28,7 @@ const app = {
   viewName: "",
   myName: null,
   drawnVersion: -1,
+  frames: [], // how long the last redraws took (ms), for the benchmark
 };
 
 const status = h("span.status", { role: "status" }, "not connected");
@@ -70,7 +72,7 @@ async function websocketUrl() {
 }
 
 function header() {
-  const nav = h("nav", {}, [["cluster", "Cluster"], ["queue", "Queue"]].map(([name, label]) =>
+  const nav = h("nav", {}, [["cluster", "Cluster"], ["queue", "Queue"], ["usage", "Usage"]].map(([name, label]) =>
     h("a", { href: `#${name}`, "data-view": name }, label)));
   const me = h("span.me", {}, "");
   const signOut = h("button", { type: "button", onclick: () => { forgetSeed(); location.reload(); } }, "Sign out");
@@ -119,6 +121,7 @@ async function start(url, seed, failed) {
   window.mgpu = {
     conn: app.conn,
     store: app.store,
+    frames: app.frames,
     request: (id, action) => requestAction(app.conn, id, action, app.myName || "unknown"),
   };
   document.body.replaceChildren(header(), notices, main);
@@ -155,6 +158,9 @@ function route() {
   if (hash.startsWith("job/")) {
     app.viewName = "job";
     app.view = new JobView(main, app.store, hash.slice(4), context);
+  } else if (hash === "usage") {
+    app.viewName = "usage";
+    app.view = new UsageView(main, app.store, context);
   } else if (hash === "queue") {
     app.viewName = "queue";
     app.view = new QueueView(main, app.store, context);
@@ -168,10 +174,16 @@ function route() {
   app.drawnVersion = -1;
 }
 
+/** How long the last redraws took (ms), newest last: the benchmark reads them. */
+const FRAMES_KEPT = 2000;
+
 function frame() {
   if (app.view && (app.store.version !== app.drawnVersion || app.viewName === "job")) {
     app.drawnVersion = app.store.version;
+    const started = performance.now();
     app.view.render(Date.now());
+    app.frames.push(performance.now() - started);
+    if (app.frames.length > FRAMES_KEPT) app.frames.splice(0, app.frames.length - FRAMES_KEPT);
   }
   requestAnimationFrame(frame);
 }

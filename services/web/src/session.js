@@ -81,9 +81,13 @@ async function watchStatus(nc, onStatus) {
       case "reconnect":
         onStatus("connected again", "good");
         break;
-      case "error":
-        onStatus(`server error: ${status.error?.message || status.error}`, "bad");
+      case "error": {
+        const text = String(status.error?.message || status.error);
+        // A refused request is reported by the operation that made it (a viewer's usage
+        // view asks for history it may not read, say); the connection itself is fine.
+        if (!/permissions violation/i.test(text)) onStatus(`server error: ${text}`, "bad");
         break;
+      }
       default:
         break;
     }

@@ -24,6 +24,7 @@ mod recovery;
 mod scale;
 mod top;
 mod tsp;
+mod web;
 
 use std::path::Path;
 use std::process::Command;
@@ -44,6 +45,7 @@ const GROUPS: &[&str] = &[
     "top",
     "durability",
     "estimates",
+    "web",
 ];
 
 fn main() -> Result<()> {
@@ -91,6 +93,7 @@ fn main() -> Result<()> {
             "top" => top::run(&ctx)?,
             "durability" => durability::run(&ctx)?,
             "estimates" => estimates::run(&ctx)?,
+            "web" => web::run(&ctx)?,
             other => bail!("no group {other}"),
         }
     }

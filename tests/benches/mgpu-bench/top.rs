@@ -21,9 +21,9 @@ use serde_json::json;
 
 use crate::common::*;
 
-const NODES: usize = 1_000;
-const GPUS: usize = 8;
-const JOBS: usize = 10_000;
+pub(crate) const NODES: usize = 1_000;
+pub(crate) const GPUS: usize = 8;
+pub(crate) const JOBS: usize = 10_000;
 const RUNNING: usize = 6_000;
 const USERS: usize = 100;
 const SIZE: (u16, u16) = (200, 60);
@@ -124,7 +124,7 @@ fn draw_frames(
     Ok((frame_ms, still_ms))
 }
 
-fn node_name(node: usize) -> String {
+pub(crate) fn node_name(node: usize) -> String {
     format!("node{:04}", node + 1)
 }
 
@@ -137,7 +137,7 @@ fn key(n: usize) -> String {
 }
 
 /// Node `node`'s heartbeat number `seq`: utilisation and memory move with it.
-fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHeartbeat {
+pub(crate) fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHeartbeat {
     let model = if node.is_multiple_of(2) {
         "A100-SXM4-80GB"
     } else {
@@ -185,7 +185,7 @@ fn heartbeat(node: usize, now: mgpu_protocol::Timestamp, seq: usize) -> NodeHear
 }
 
 /// Every 100th node drained, and GPU 7 of every 50th paused.
-fn marks(node: usize, now: mgpu_protocol::Timestamp) -> Option<NodeAdmin> {
+pub(crate) fn marks(node: usize, now: mgpu_protocol::Timestamp) -> Option<NodeAdmin> {
     let mark = AdminMark {
         by: "admin".into(),
         at: now,
@@ -203,7 +203,7 @@ fn marks(node: usize, now: mgpu_protocol::Timestamp) -> Option<NodeAdmin> {
 
 /// Job `n`: the first [`RUNNING`] run on one GPU each, node by node; the rest wait, every
 /// 20th held, with priorities and ages spread out.
-fn job(n: usize, now: mgpu_protocol::Timestamp) -> JobRecord {
+pub(crate) fn job(n: usize, now: mgpu_protocol::Timestamp) -> JobRecord {
     let owner = n % USERS;
     let mut spec = JobSpec::new(vec!["python".into(), "train.py".into()], "/home/work");
     spec.name = Some(format!("train-{n}"));

@@ -4,12 +4,15 @@
 //   MGPU_BIN, MGPU_SERVER, WORKDIR   to run the CLI as the harness does
 //   ALICE_CREDS, BOB_CREDS, WALL_CREDS   seed files (the viewer `wall` is read-only)
 //   ALICE_KEY        Alice's public key (her private subjects are named by it)
+//   WEBSOCKET_PORT   the server's WebSocket listener (a proxy in front of it is cut and healed)
 //   SCREENSHOTS      where each view's screenshot goes
 //   CHROMIUM         the browser (default /usr/bin/chromium)
 // Prints one JSON line of what it measured, and the job ids the story checks the audit for.
 
 import { execFileSync } from "node:child_process";
 import { mkdirSync } from "node:fs";
+import net from "node:net";
+import { nkeys } from "@nats-io/nats-core";
 import { chromium } from "playwright-core";
 
 const env = process.env;
@@ -37,15 +40,20 @@ function check(condition, message) {
 }
 
 async function signIn(browser, creds, query = "") {
+  const page = await openSignIn(browser, query);
+  await page.setInputFiles("#seed-file", creds);
+  await page.click("button[type=submit]");
+  await page.waitForSelector("header.top", { timeout: 10_000 });
+  return page;
+}
+
+async function openSignIn(browser, query = "") {
   const context = await browser.newContext({ viewport: { width: 1600, height: 1000 } });
   const page = await context.newPage();
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
   page.on("console", (message) => console.error(`page console: ${message.text()}`));
   current = page;
   await page.goto(`${env.WEB_URL}${query}`);
-  await page.setInputFiles("#seed-file", creds);
-  await page.click("button[type=submit]");
-  await page.waitForSelector("header.top", { timeout: 10_000 });
   return page;
 }
 
@@ -59,6 +67,8 @@ async function main() {
     await bobCannotActOnAlicesJob(browser);
     await theWallReadsNoSecrets(browser);
     await aBadSeedIsExplained(browser);
+    await anUnknownKeyAndAMissingListenerAreExplained(browser);
+    await aDroppedConnectionIsSaidAndHealsByItself(browser);
   } catch (error) {
     await describePage();
     throw error;
@@ -85,9 +95,17 @@ async function aliceSeesTheClusterAndHerJob(browser) {
   check(results.queue_row_after_submit_ms <= 1000,
     `the job appeared ${results.queue_row_after_submit_ms} ms after mgpu submit returned (more than a second)`);
   await page.waitForSelector(`tr[data-job="${id}"].running`, { timeout: 20_000 });
-  submit(["--name", "waits-behind", "--gpus", "2", "--", "sleep", "60"]);
-  await page.waitForSelector("tr.queued", { timeout: 10_000 });
+  const waiting = submit(["--name", "waits-behind", "--gpus", "2", "--", "sleep", "60"]);
+  await page.waitForSelector(`tr.queued[data-job="${waiting}"]`, { timeout: 10_000 });
   await page.screenshot({ path: `${shots}/queue.png` });
+  // Held and released from the page.
+  await page.click(`tr[data-job="${waiting}"] button[data-action=hold]`);
+  await page.waitForFunction((job) => document.querySelector(`tr[data-job="${job}"] td.state`)?.textContent === "held",
+    waiting, { timeout: 10_000 });
+  await page.click(`tr[data-job="${waiting}"] button[data-action=release]`);
+  await page.waitForFunction((job) => document.querySelector(`tr[data-job="${job}"] td.state`)?.textContent === "queued",
+    waiting, { timeout: 10_000 });
+  results.held_and_released = waiting;
   await page.click("nav a[data-view=cluster]");
   await page.waitForSelector(`[data-node=node001] .tile.busy a[href="#job/${id}"]`, { timeout: 10_000 });
   await page.screenshot({ path: `${shots}/cluster.png` });
@@ -107,6 +125,13 @@ async function aliceSeesTheClusterAndHerJob(browser) {
   await page.waitForFunction(() => /cancelled/.test(document.querySelector("dd[data-field=state]")?.textContent || ""),
     null, { timeout: 20_000 });
   results.cancelled_from_page = id;
+
+  // Her cancelled job ran a few seconds on one GPU: the usage view counts it.
+  await page.click("nav a[data-view=usage]");
+  await page.waitForFunction(() => /history: (everyone's|your own)/.test(document.querySelector(".usage .summary")?.textContent || "")
+    && [...document.querySelectorAll("[data-chart=by-user] .chart-label")].some((l) => l.textContent === "alice"),
+    null, { timeout: 15_000 });
+  await page.screenshot({ path: `${shots}/usage.png` });
 
   await page.evaluate(() => { document.documentElement.dataset.theme = "dark"; });
   await page.click("nav a[data-view=cluster]");
@@ -135,6 +160,9 @@ async function theWallReadsNoSecrets(browser) {
   const page = await signIn(browser, env.WALL_CREDS, "?wall");
   await page.waitForSelector("[data-node=node001] .tile", { timeout: 10_000 });
   await page.screenshot({ path: `${shots}/wall.png` });
+  await page.goto(`${env.WEB_URL}?wall#usage`);
+  await page.waitForFunction(() => /gives this principal no history \(.*[Pp]ermissions [Vv]iolation/.test(document.querySelector(".usage .summary")?.textContent || ""),
+    null, { timeout: 15_000 });
   const key = env.ALICE_KEY;
   check(/^U[A-Z2-7]{55}$/.test(key || ""), `ALICE_KEY is not a user's public key: ${key}`);
   const refused = await page.evaluate(async ({ job, key }) => {
@@ -179,6 +207,83 @@ async function aBadSeedIsExplained(browser) {
   await page.click("button[type=submit]");
   await page.waitForFunction(() => /no nkey seed/.test(document.querySelector(".sign-in .error").textContent));
   await context.close();
+}
+
+async function anUnknownKeyAndAMissingListenerAreExplained(browser) {
+  const stranger = nkeys.createUser();
+  let page = await openSignIn(browser);
+  await page.setInputFiles("#seed-file", { name: "stranger.nk", mimeType: "text/plain", buffer: Buffer.from(stranger.getSeed()) });
+  await page.click("button[type=submit]");
+  await page.waitForFunction(() => /refused this key/.test(document.querySelector(".sign-in .error").textContent),
+    null, { timeout: 10_000 });
+  await page.context().close();
+
+  const nothing = await freePort();
+  page = await openSignIn(browser, `?ws=ws://127.0.0.1:${nothing}`);
+  await page.setInputFiles("#seed-file", env.ALICE_CREDS);
+  await page.click("button[type=submit]");
+  await page.waitForFunction(() => /cannot reach the NATS WebSocket listener/.test(document.querySelector(".sign-in .error").textContent),
+    null, { timeout: 15_000 });
+  await page.context().close();
+}
+
+/** A TCP proxy in front of the WebSocket listener that can be cut (every connection closed,
+ * new ones refused) and healed. */
+async function cuttableProxy(targetPort) {
+  const sockets = new Set();
+  let cut = false;
+  const server = net.createServer((client) => {
+    if (cut) return client.destroy();
+    const upstream = net.connect(targetPort, "127.0.0.1");
+    for (const [from, to] of [[client, upstream], [upstream, client]]) {
+      sockets.add(from);
+      from.on("error", () => to.destroy());
+      from.on("close", () => { sockets.delete(from); to.destroy(); });
+      from.pipe(to);
+    }
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    port: server.address().port,
+    cut() { cut = true; for (const socket of sockets) socket.destroy(); },
+    heal() { cut = false; },
+    close() { server.close(); for (const socket of sockets) socket.destroy(); },
+  };
+}
+
+async function freePort() {
+  const server = net.createServer();
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+async function aDroppedConnectionIsSaidAndHealsByItself(browser) {
+  const proxy = await cuttableProxy(Number(env.WEBSOCKET_PORT));
+  try {
+    const page = await signIn(browser, env.ALICE_CREDS, `?ws=ws://127.0.0.1:${proxy.port}#queue`);
+    await page.waitForSelector("table.jobs");
+    await page.waitForFunction(() => !document.querySelector("[data-testid=last-update]").classList.contains("stale"));
+    proxy.cut();
+    await page.waitForFunction(() => /reconnecting/.test(document.querySelector(".status").textContent),
+      null, { timeout: 10_000 });
+    const id = submit(["--name", "while-cut-off", "--", "sleep", "600"]);
+    // No update for 10 s: the age turns red and the view is greyed, never shown as live.
+    await page.waitForFunction(() => document.querySelector("[data-testid=last-update]").classList.contains("stale")
+      && document.querySelector("main").classList.contains("stale"), null, { timeout: 20_000 });
+    await page.screenshot({ path: `${shots}/disconnected.png` });
+    proxy.heal();
+    await page.waitForFunction(() => /connected again/.test(document.querySelector(".status").textContent),
+      null, { timeout: 20_000 });
+    await page.waitForSelector(`tr[data-job="${id}"]`, { timeout: 10_000 });
+    await page.waitForFunction(() => !document.querySelector("main").classList.contains("stale"), null, { timeout: 10_000 });
+    results.reconnected_and_caught_up = id;
+    cli(env.ALICE_CREDS, ["cancel", id]);
+    await page.context().close();
+  } finally {
+    proxy.close();
+  }
 }
 
 /** What the page showed when a step failed: its notices, its store, a screenshot. */

@@ -1,0 +1,80 @@
+// The dashboard's benchmark, run by `scripts/bench.sh --only web` (tests/benches/mgpu-bench/
+// web.rs), which wrote a fleet straight into a server (1 000 nodes × 8 GPUs, 10 000 jobs),
+// keeps their heartbeats coming and makes one job print 10 000 lines a second. In Debian's
+// Chromium it measures: the time from signing in to every GPU tile drawn, how long each redraw
+// takes while heartbeats arrive, the time to draw the queue, and the tab's memory after
+// following the busy job's output for OUTPUT_SECONDS. Prints one JSON line.
+//   env: WEB_URL, CREDS, GPUS (tiles expected), JOBS, OUTPUT_JOB, OUTPUT_SECONDS, CHROMIUM
+
+import { chromium } from "playwright-core";
+
+const env = process.env;
+const results = {};
+
+function summary(samples) {
+  const sorted = [...samples].sort((a, b) => a - b);
+  const rank = (q) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
+  return { count: sorted.length, median: rank(0.5), p99: rank(0.99), max: sorted.at(-1) };
+}
+
+async function main() {
+  const browser = await chromium.launch({
+    executablePath: env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--enable-precise-memory-info"],
+  });
+  try {
+    const page = await (await browser.newContext({ viewport: { width: 1920, height: 1080 } })).newPage();
+    await page.goto(env.WEB_URL);
+    await page.setInputFiles("#seed-file", env.CREDS);
+    const started = Date.now();
+    await page.click("button[type=submit]");
+    const gpus = Number(env.GPUS);
+    await page.waitForFunction((n) => document.querySelectorAll(".tile").length >= n, gpus,
+      { timeout: 120_000, polling: "raf" });
+    results.first_full_render_ms = Date.now() - started;
+
+    // Heartbeats keep arriving: every redraw they cause is timed by the page.
+    await page.evaluate(() => window.mgpu.frames.splice(0));
+    await page.waitForTimeout(20_000);
+    const frames = await page.evaluate(() => [...window.mgpu.frames]);
+    results.update_frame_ms = summary(frames);
+    results.updates_seen = frames.length;
+
+    const queueStarted = Date.now();
+    await page.click("nav a[data-view=queue]");
+    await page.waitForFunction((jobs) => document.querySelector(".summary")?.textContent.includes(`${jobs} jobs`)
+      && document.querySelectorAll("table.jobs tbody tr").length > 0, Number(env.JOBS), { timeout: 60_000, polling: "raf" });
+    results.queue_render_ms = Date.now() - queueStarted;
+
+    // A job printing without end: follow it, then read the tab's memory.
+    await page.goto(`${env.WEB_URL}#job/${env.OUTPUT_JOB}`);
+    await page.waitForSelector("pre.output .line", { timeout: 60_000 });
+    const cdp = await page.context().newCDPSession(page);
+    await cdp.send("Performance.enable");
+    const metric = async () => Object.fromEntries((await cdp.send("Performance.getMetrics")).metrics.map((m) => [m.name, m.value]));
+    const before = await metric();
+    await page.waitForTimeout(Number(env.OUTPUT_SECONDS) * 1000);
+    await cdp.send("HeapProfiler.collectGarbage");
+    const after = await metric();
+    const shown = await page.evaluate(() => ({
+      lines: document.querySelectorAll("pre.output .line").length,
+      last: document.querySelector("pre.output .line:last-child")?.textContent || "",
+    }));
+    results.output = {
+      seconds: Number(env.OUTPUT_SECONDS),
+      heap_mib_before: before.JSHeapUsedSize / 1048576,
+      heap_mib_after: after.JSHeapUsedSize / 1048576,
+      dom_nodes_after: after.Nodes,
+      lines_shown: shown.lines,
+      last_line: shown.last.slice(0, 80),
+    };
+  } finally {
+    await browser.close();
+  }
+  console.log(JSON.stringify(results));
+}
+
+main().catch((error) => {
+  console.error(`web benchmark failed: ${error.stack || error}`);
+  process.exit(1);
+});
