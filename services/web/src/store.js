@@ -12,6 +12,8 @@ export function emptyStore() {
     expectedStarts: new Map(), // job id -> ISO time, where the scheduler published one
     lastUpdateMs: null, // when anything last arrived (the page's clock)
     version: 0, // bumped on every change, so a view redraws only when needed
+    jobsVersion: 0, // bumped when a job record or the plan changed (not on heartbeats)
+    dirtyNodes: new Set(), // nodes changed since the cluster view last drew them
   };
 }
 
@@ -24,13 +26,18 @@ function touched(store, nowMs) {
 export function applyHeartbeat(store, heartbeat, nowMs) {
   if (!heartbeat || typeof heartbeat.node !== "string") return;
   store.nodes.set(heartbeat.node, heartbeat);
+  store.dirtyNodes.add(heartbeat.node);
   touched(store, nowMs);
 }
 
 /** A job record was written (`record`), or deleted or purged (`record` null). */
 export function applyJob(store, id, record, nowMs) {
+  for (const placed of [store.jobs.get(id), record]) {
+    for (const share of placementShares(placed && placed.placement)) store.dirtyNodes.add(share.node);
+  }
   if (record) store.jobs.set(id, record);
   else store.jobs.delete(id);
+  store.jobsVersion += 1;
   touched(store, nowMs);
 }
 
@@ -38,10 +45,12 @@ export function applyJob(store, id, record, nowMs) {
 export function applyClusterKey(store, key, value, nowMs) {
   if (key.startsWith("node.")) {
     const name = key.slice("node.".length);
+    store.dirtyNodes.add(name);
     if (value) store.nodeAdmin.set(name, value);
     else store.nodeAdmin.delete(name);
   } else if (key === "plan") {
     store.expectedStarts = expectedStartsOf(value);
+    store.jobsVersion += 1;
   } else {
     return;
   }

@@ -1,7 +1,8 @@
 // The cluster view: every node a card, every GPU a tile showing its type, utilisation,
 // memory, temperature and the jobs on it; offline, drained and paused shown in words and
 // patterns as well as colours (a blue-to-orange scale readable with any colour vision).
-// Redraws only the nodes that changed, so 1 000 nodes × 8 GPUs stay fluid.
+// Redraws only the nodes that changed (the store marks them), and every node once a second,
+// so 1 000 nodes × 8 GPUs stay fluid.
 
 import { h, mib, shortId } from "../dom.js";
 import { isOffline, jobsByGpu } from "../store.js";
@@ -17,8 +18,44 @@ export class ClusterView {
     root.replaceChildren(h("section.view.cluster", {}, this.summary, this.grid));
   }
 
+  /** Draws the nodes that changed; every node once a second (offline is a matter of time)
+   * and when nodes came or went. */
   render(nowMs) {
-    const byGpu = jobsByGpu(this.store);
+    if (this.jobsDrawn !== this.store.jobsVersion) {
+      this.byGpu = jobsByGpu(this.store);
+      this.jobsDrawn = this.store.jobsVersion;
+    }
+    const full = !(nowMs - (this.fullAt || 0) < 1000) || this.store.nodes.size !== this.cards.size;
+    if (!full) {
+      // A node without a card yet waits for the full render (it has to find its place).
+      for (const name of this.store.dirtyNodes) {
+        if (this.cards.has(name)) this.draw(name, this.cards.get(name), nowMs);
+      }
+      this.store.dirtyNodes.clear();
+      return;
+    }
+    this.fullAt = nowMs;
+    this.store.dirtyNodes.clear();
+    this.renderAll(nowMs);
+  }
+
+  /** Redraws node `name`'s card in place if what it shows changed; its card. */
+  draw(name, card, nowMs) {
+    const heartbeat = this.store.nodes.get(name);
+    if (!heartbeat) return card;
+    const admin = this.store.nodeAdmin.get(name);
+    const down = isOffline(heartbeat, nowMs);
+    const tiles = (heartbeat.gpus || []).map((gpu) => ({ gpu, jobs: this.byGpu.get(`${name}/${gpu.index}`) || [] }));
+    const signature = JSON.stringify([down, admin, tiles.map(tileSignature)]);
+    if (card && card.signature === signature) return card;
+    const element = this.card(name, heartbeat, admin, down, tiles);
+    if (card) card.element.replaceWith(element);
+    const drawn = { element, signature, down, tiles };
+    this.cards.set(name, drawn);
+    return drawn;
+  }
+
+  renderAll(nowMs) {
     const names = [...this.store.nodes.keys()].sort(naturalOrder);
     let gpus = 0;
     let busy = 0;
@@ -26,23 +63,11 @@ export class ClusterView {
     const seen = new Set();
     names.forEach((name, position) => {
       seen.add(name);
-      const heartbeat = this.store.nodes.get(name);
-      const admin = this.store.nodeAdmin.get(name);
-      const down = isOffline(heartbeat, nowMs);
-      if (down) offline += 1;
-      const tiles = (heartbeat.gpus || []).map((gpu) => {
+      const card = this.draw(name, this.cards.get(name), nowMs);
+      if (card.down) offline += 1;
+      for (const { jobs } of card.tiles) {
         gpus += 1;
-        const jobs = byGpu.get(`${name}/${gpu.index}`) || [];
         if (jobs.length) busy += 1;
-        return { gpu, jobs };
-      });
-      const signature = JSON.stringify([down, admin, tiles.map(tileSignature)]);
-      let card = this.cards.get(name);
-      if (!card || card.signature !== signature) {
-        const element = this.card(name, heartbeat, admin, down, tiles);
-        if (card) card.element.replaceWith(element);
-        card = { element, signature };
-        this.cards.set(name, card);
       }
       if (this.grid.children[position] !== card.element) {
         this.grid.insertBefore(card.element, this.grid.children[position] || null);

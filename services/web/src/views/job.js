@@ -43,8 +43,8 @@ export class JobView {
   render(nowMs) {
     const record = this.store.jobs.get(this.id);
     if (record && !this.stopOutput) this.startOutput(record);
-    if (this.store.version !== this.lastVersion) {
-      this.lastVersion = this.store.version;
+    if (this.store.jobsVersion !== this.lastVersion) {
+      this.lastVersion = this.store.jobsVersion;
       this.showRecord(record, nowMs);
     }
     this.flushLines();

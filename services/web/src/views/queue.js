@@ -38,8 +38,8 @@ export class QueueView {
   }
 
   render(nowMs) {
-    if (this.store.version === this.lastVersion && nowMs - (this.drawnAt || 0) < 5000) return;
-    this.lastVersion = this.store.version;
+    if (this.store.jobsVersion === this.lastVersion && nowMs - (this.drawnAt || 0) < 5000) return;
+    this.lastVersion = this.store.jobsVersion;
     this.drawnAt = nowMs;
     const live = [...this.store.jobs.values()].filter((r) => ["running", "queued"].includes(stateOf(r)));
     const matched = filterJobs(live, this.filter).sort(queueOrder);

@@ -51,8 +51,8 @@ export class UsageView {
   }
 
   render(nowMs) {
-    if (this.drawnVersion === this.store.version && this.drawnDays === this.days) return;
-    this.drawnVersion = this.store.version;
+    if (this.drawnVersion === this.store.jobsVersion && this.drawnDays === this.days) return;
+    this.drawnVersion = this.store.jobsVersion;
     this.drawnDays = this.days;
     const since = nowMs - this.days * 86_400_000;
     const live = [...this.store.jobs.values()].filter(isFinished);

@@ -108,7 +108,9 @@ async function aliceSeesTheClusterAndHerJob(browser) {
   results.held_and_released = waiting;
   await page.click("nav a[data-view=cluster]");
   await page.waitForSelector(`[data-node=node001] .tile.busy a[href="#job/${id}"]`, { timeout: 10_000 });
-  await page.screenshot({ path: `${shots}/cluster.png` });
+  // The top of the page only, the notices dismissed: the README shows this one.
+  for (const dismiss of await page.$$(".notices button")) await dismiss.click();
+  await page.screenshot({ path: `${shots}/cluster.png`, clip: { x: 0, y: 0, width: 1600, height: 240 } });
   await page.click("nav a[data-view=queue]");
 
   await page.click(`tr[data-job="${id}"] a`);

@@ -15,6 +15,7 @@ test("every change bumps the version and the time of the last update", () => {
   applyHeartbeat(store, { node: "n1", sent_at: "2026-11-28T08:00:00Z", gpus: [] }, 5);
   applyJob(store, "a", running("a", "alice", "n1", [0]), 7);
   assert.equal(store.version, 2);
+  assert.equal(store.jobsVersion, 1, "a heartbeat is no change of the jobs");
   assert.equal(store.lastUpdateMs, 7);
   applyJob(store, "a", null, 9);
   assert.equal(store.jobs.size, 0);
