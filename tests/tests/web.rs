@@ -4,7 +4,8 @@
 //! her job appears within a second of `mgpu submit` returning, its output arrives in order,
 //! and a cancel from the page ends it; the server (not the page) refuses Bob's cancel of her
 //! job and every read of secrets by the read-only `wall` viewer; the audit names who asked.
-//! Each view's screenshot is kept in `target/web-screenshots/`.
+//! Each view's screenshot is kept in `target/web-screenshots/`. On a cluster that requires TLS
+//! the page signs in over `wss://`.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
@@ -93,6 +94,43 @@ fn run_browser(cluster: &Cluster, web: &WebServer) -> Value {
     );
     let last = lines.last().cloned().unwrap_or_default();
     serde_json::from_str(&last).unwrap_or_else(|e| panic!("results {last:?}: {e}"))
+}
+
+#[test]
+fn on_a_cluster_that_requires_tls_the_page_connects_over_wss() {
+    let cluster = Cluster::start_tls(&[NodeSpec::new("node001", "1x24GiB")]);
+    cluster.wait_nodes_online(1);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let websocket = format!("wss://127.0.0.1:{}", cluster.websocket_port);
+    let mut command = cluster.mgpu_command(
+        &cluster.user_creds("alice"),
+        &["web", "--listen", &listen, "--websocket", &websocket],
+    );
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting mgpu web: {e}"));
+    let web = WebServer {
+        child,
+        url: format!("http://{listen}/"),
+    };
+    wait_for("mgpu web to listen", Duration::from_secs(10), || {
+        TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    let web_dir = repo_root().join("services/web");
+    let run = Command::new("node")
+        .arg(web_dir.join("test/browser/tls.mjs"))
+        .current_dir(&web_dir)
+        .env("WEB_URL", &web.url)
+        .env("ALICE_CREDS", cluster.user_creds("alice"))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("running node: {e}"));
+    let out = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "the wss:// story failed: {out}");
+    assert!(out.contains(&websocket), "{out} (expected {websocket})");
 }
 
 #[test]
