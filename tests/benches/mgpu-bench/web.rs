@@ -41,6 +41,7 @@ pub fn run(ctx: &Run) -> Result<()> {
     }
     let busy_job = write_fleet(&cluster)?;
     let running = Arc::new(AtomicBool::new(true));
+    progress("  heartbeats (200 a second) and the busy output start; Chromium measures");
     let traffic = start_traffic(&cluster, &busy_job, Arc::clone(&running))?;
     let web = WebPage::start(&cluster)?;
     let measured = run_browser(&cluster, &web, &busy_job, output_seconds);
@@ -58,30 +59,37 @@ fn write_fleet(cluster: &Cluster) -> Result<String> {
         .first()
         .map(|record| record.id.to_string())
         .context("no jobs")?;
+    let marks: Vec<_> = (0..NODES)
+        .filter_map(|node| marks(node, now).map(|admin| (node_name(node), admin)))
+        .collect();
     cluster.with_nats(&cluster.admin_creds(), |client| async move {
         let js = async_nats::jetstream::new(client);
-        let mut acks = Vec::new();
+        let mut writes = Vec::new();
         for record in &jobs {
-            let subject = format!("$KV.mgpu-jobs.{}", record.id);
-            acks.push(
-                js.publish(subject, serde_json::to_vec(record)?.into())
-                    .await?,
-            );
+            writes.push((
+                format!("$KV.mgpu-jobs.{}", record.id),
+                serde_json::to_vec(record)?,
+            ));
         }
-        for node in 0..NODES {
-            if let Some(admin) = marks(node, now) {
-                let subject = format!("$KV.mgpu-cluster.node.{}", node_name(node));
-                acks.push(
-                    js.publish(subject, serde_json::to_vec(&admin)?.into())
-                        .await?,
-                );
+        for (node, admin) in &marks {
+            writes.push((
+                format!("$KV.mgpu-cluster.node.{node}"),
+                serde_json::to_vec(admin)?,
+            ));
+        }
+        // A few hundred in flight at a time, each stored before the next batch goes.
+        for batch in writes.chunks(256) {
+            let mut acks = Vec::with_capacity(batch.len());
+            for (subject, payload) in batch {
+                acks.push(js.publish(subject.clone(), payload.clone().into()).await?);
             }
-        }
-        for ack in acks {
-            ack.await?;
+            for ack in acks {
+                ack.await?;
+            }
         }
         anyhow::Ok(())
     })?;
+    progress(&format!("  wrote {JOBS} job records and the node marks"));
     Ok(busy)
 }
 
