@@ -49,6 +49,7 @@ mod logs;
 mod nats_cluster;
 pub mod netns;
 mod terminal;
+pub mod web;
 
 pub use auth::public_key_of;
 pub use faults::process_running;

@@ -8,47 +8,12 @@
 //! the page signs in over `wss://`.
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use mgpu_tests::{Cluster, NodeSpec, bin_dir, free_port, repo_root, wait_for};
+use mgpu_tests::web::WebServer;
+use mgpu_tests::{Cluster, NodeSpec, bin_dir, repo_root};
 use serde_json::Value;
-
-/// `mgpu web`, stopped when dropped.
-struct WebServer {
-    child: Child,
-    url: String,
-}
-
-impl WebServer {
-    fn start(cluster: &Cluster) -> WebServer {
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let websocket = format!("ws://127.0.0.1:{}", cluster.websocket_port);
-        let child = Command::new(bin_dir().join("mgpu"))
-            .args(["web", "--listen", &listen, "--websocket", &websocket])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting mgpu web: {e}"));
-        wait_for("mgpu web to listen", Duration::from_secs(10), || {
-            TcpStream::connect(("127.0.0.1", port)).ok()
-        });
-        WebServer {
-            child,
-            url: format!("http://{listen}/"),
-        }
-    }
-}
-
-impl Drop for WebServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn screenshots_dir() -> PathBuf {
     repo_root().join("target/web-screenshots")
@@ -100,25 +65,8 @@ fn run_browser(cluster: &Cluster, web: &WebServer) -> Value {
 fn on_a_cluster_that_requires_tls_the_page_connects_over_wss() {
     let cluster = Cluster::start_tls(&[NodeSpec::new("node001", "1x24GiB")]);
     cluster.wait_nodes_online(1);
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
     let websocket = format!("wss://127.0.0.1:{}", cluster.websocket_port);
-    let mut command = cluster.mgpu_command(
-        &cluster.user_creds("alice"),
-        &["web", "--listen", &listen, "--websocket", &websocket],
-    );
-    let child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting mgpu web: {e}"));
-    let web = WebServer {
-        child,
-        url: format!("http://{listen}/"),
-    };
-    wait_for("mgpu web to listen", Duration::from_secs(10), || {
-        TcpStream::connect(("127.0.0.1", port)).ok()
-    });
+    let web = WebServer::start(&cluster, &websocket);
     let web_dir = repo_root().join("services/web");
     let run = Command::new("node")
         .arg(web_dir.join("test/browser/tls.mjs"))
@@ -137,7 +85,10 @@ fn on_a_cluster_that_requires_tls_the_page_connects_over_wss() {
 fn the_dashboard_shows_the_cluster_live_and_the_server_enforces_who_may_do_what() {
     let cluster = Cluster::start(&[NodeSpec::new("node001", "2x24GiB")]);
     cluster.wait_nodes_online(1);
-    let web = WebServer::start(&cluster);
+    let web = WebServer::start(
+        &cluster,
+        &format!("ws://127.0.0.1:{}", cluster.websocket_port),
+    );
     let results = run_browser(&cluster, &web);
     eprintln!("browser results: {results}");
 

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use async_nats::HeaderMap;
 use mgpu_protocol::subjects;
-use mgpu_tests::{Cluster, bin_dir, free_port, repo_root};
+use mgpu_tests::web::WebServer;
+use mgpu_tests::{Cluster, repo_root};
 use serde_json::{Value, json};
 
 use crate::common::*;
@@ -43,7 +44,10 @@ pub fn run(ctx: &Run) -> Result<()> {
     let running = Arc::new(AtomicBool::new(true));
     progress("  heartbeats (200 a second) and the busy output start; Chromium measures");
     let traffic = start_traffic(&cluster, &busy_job, Arc::clone(&running))?;
-    let web = WebPage::start(&cluster)?;
+    let web = WebServer::start(
+        &cluster,
+        &format!("ws://127.0.0.1:{}", cluster.websocket_port),
+    );
     let measured = run_browser(&cluster, &web, &busy_job, output_seconds);
     running.store(false, Ordering::SeqCst);
     let _ = traffic.join();
@@ -174,45 +178,7 @@ async fn output(client: async_nats::Client, job: &str, running: Arc<AtomicBool>)
     }
 }
 
-/// `mgpu web` for the benchmark, stopped when dropped.
-struct WebPage {
-    child: std::process::Child,
-    url: String,
-}
-
-impl WebPage {
-    fn start(cluster: &Cluster) -> Result<WebPage> {
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(bin_dir().join("mgpu"))
-            .args(["web", "--listen", &listen, "--websocket"])
-            .arg(format!("ws://127.0.0.1:{}", cluster.websocket_port))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting mgpu web")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("mgpu web did not listen");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(WebPage {
-            child,
-            url: format!("http://{listen}/"),
-        })
-    }
-}
-
-impl Drop for WebPage {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn run_browser(cluster: &Cluster, web: &WebPage, busy_job: &str, seconds: u64) -> Result<Value> {
+fn run_browser(cluster: &Cluster, web: &WebServer, busy_job: &str, seconds: u64) -> Result<Value> {
     let web_dir = repo_root().join("services/web");
     let run = Command::new("node")
         .arg(web_dir.join("test/browser/bench.mjs"))
