@@ -9,6 +9,8 @@ import { applyClusterKey, applyHeartbeat, applyJob } from "./store.js";
 /** Starts every feed into `store`; `changed()` is called after each change, `problem(text)`
  * when a feed cannot be read. */
 export function startFeeds(conn, store, changed, problem) {
+  // The heartbeats first: the cluster view, shown first, is drawn from them.
+  followHeartbeats(conn, store, changed, problem);
   watchBucket(conn, "mgpu-jobs", (key, value) => applyJob(store, key, value, Date.now()), changed, problem);
   watchBucket(
     conn,
@@ -17,7 +19,6 @@ export function startFeeds(conn, store, changed, problem) {
     changed,
     problem,
   );
-  followHeartbeats(conn, store, changed, problem);
 }
 
 async function watchBucket(conn, bucket, apply, changed, problem) {
@@ -47,7 +48,8 @@ async function followHeartbeats(conn, store, changed, problem) {
       filter_subjects: "nodes.heartbeat.*",
       deliver_policy: DeliverPolicy.LastPerSubject,
     });
-    const messages = await consumer.consume();
+    // Large pulls: a thousand nodes' last heartbeats arrive in one or two.
+    const messages = await consumer.consume({ max_messages: 1000 });
     for await (const message of messages) {
       try {
         applyHeartbeat(store, message.json(), Date.now());

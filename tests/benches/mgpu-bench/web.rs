@@ -81,6 +81,13 @@ fn write_fleet(cluster: &Cluster) -> Result<String> {
                 serde_json::to_vec(admin)?,
             ));
         }
+        // Every node's first heartbeat is in the stream before the page opens (the traffic
+        // goes round the nodes in 5 s, which the first render would otherwise measure).
+        for node in 0..NODES {
+            let mut beat = heartbeat(node, now, 0);
+            beat.interval_ms = 5_000;
+            writes.push((subjects::heartbeat(&beat.node), serde_json::to_vec(&beat)?));
+        }
         // A few hundred in flight at a time, each stored before the next batch goes.
         for batch in writes.chunks(256) {
             let mut acks = Vec::with_capacity(batch.len());
@@ -93,7 +100,9 @@ fn write_fleet(cluster: &Cluster) -> Result<String> {
         }
         anyhow::Ok(())
     })?;
-    progress(&format!("  wrote {JOBS} job records and the node marks"));
+    progress(&format!(
+        "  wrote {JOBS} job records, the node marks and a heartbeat of each node"
+    ));
     Ok(busy)
 }
 
@@ -212,7 +221,7 @@ fn report(ctx: &Run, measured: &Value) -> Result<()> {
     };
     let first = number("/first_full_render_ms");
     progress(&format!(
-        "  every tile drawn {first:.0} ms after signing in"
+        "  every tile drawn and every record read {first:.0} ms after signing in"
     ));
     let single = |value: f64| Summary {
         count: 1,
@@ -230,8 +239,12 @@ fn report(ctx: &Run, measured: &Value) -> Result<()> {
         true,
         None,
         &single(first),
-        "ms from signing in to every GPU tile drawn",
-        json!({"fleet": fleet, "queue_render_ms": number("/queue_render_ms")}),
+        "ms from signing in to every GPU tile drawn and every record read",
+        json!({
+            "fleet": fleet,
+            "queue_render_ms": number("/queue_render_ms"),
+            "milestones": measured["first_render_milestones"],
+        }),
     );
     let frames = Summary {
         count: number("/update_frame_ms/count") as usize,

@@ -85,5 +85,7 @@ export function actionButtons(record, act) {
 
 function queueOrder(a, b) {
   const rank = (r) => (stateOf(r) === "running" ? 0 : 1);
-  return rank(a) - rank(b) || String(a.submitted_at).localeCompare(String(b.submitted_at));
+  // RFC 3339 times in UTC compare as strings; `localeCompare` would cost seconds on 10 000.
+  const [x, y] = [String(a.submitted_at), String(b.submitted_at)];
+  return rank(a) - rank(b) || (x < y ? -1 : x > y ? 1 : 0);
 }
