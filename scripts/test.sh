@@ -24,7 +24,7 @@ cargo run -q -p mgpu-tests --bin import-cycles
 # fault kind drawn.
 step "scheduler simulation: 60 seeds (as scripts/simulate.sh)"
 target/debug/mgpu-simulate --seeds 60 --minutes 3
-step "the web page's own tests (node --test: signing, the output buffer, the store)"
+step "the web page's own tests (node --test: signing, the output buffer, the store, the usage sums)"
 (cd services/web && npm test --silent)
 step "cargo test (unit, property, end-to-end against a real nats-server, the fault campaign's kept seeds)"
 export MGPU_NATS_SERVER="$root/.tools/bin/nats-server"
