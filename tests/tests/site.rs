@@ -27,7 +27,7 @@ const HEAD: &str = "127.0.0.1";
 fn site_toml(tls: bool, port: u16, websocket: u16, jetstream: &Path, users: &[&str]) -> String {
     let users: Vec<String> = users.iter().map(|u| format!("{u:?}")).collect();
     format!(
-        "tls = {tls}\nusers = [{users}]\nadmins = [\"root-admin\"]\n\n\
+        "tls = {tls}\nusers = [{users}]\nadmins = [\"root-admin\"]\nviewers = [\"wall\"]\n\n\
          [[server]]\nname = \"mgpu-site\"\nhost = \"{HEAD}\"\nport = {port}\nstore_dir = {store:?}\n\
          websocket_port = {websocket}\n\n\
          [[node]]\nname = \"gpu01\"\ngpus = \"1x24GiB\"\n\n\
@@ -248,9 +248,9 @@ fn site_story(tls: bool) {
     let written = write_site(&description, &out);
     assert!(written.len() >= 20, "{written:?}");
     let keys = seeds(&out);
-    // The credentials directory's seven (scheduler, notify, two nodes, two users, an admin),
-    // the head's two and each GPU host's, and the three people's.
-    assert_eq!(keys.len(), 14, "{keys:?}");
+    // The credentials directory's eight (scheduler, notify, two nodes, two users, an admin, a
+    // viewer), the head's two and each GPU host's, and the four people's.
+    assert_eq!(keys.len(), 16, "{keys:?}");
     let head_etc = out.join(HEAD).join("etc/mgpu");
     for file in ["keys/scheduler.nk", "keys/notify.nk", "notify.toml"] {
         assert!(head_etc.join(file).exists(), "{file} on the head");
@@ -314,6 +314,7 @@ fn site_story(tls: bool) {
             .then_some(())
     });
     notify_destinations_are_private(&out, &homes);
+    wall_screen_reads_the_queue(&out, &homes.join("wall"));
 
     // A third user: only that user's files and those naming every principal change.
     std::fs::write(
@@ -360,4 +361,20 @@ fn site_story(tls: bool) {
     run_job(&out, &homes.join("carol"), "carol");
     services.assert_running("scheduler");
     services.assert_running("notify");
+}
+
+/// The site's viewer (a wall screen) signs in with the key written for it and reads the queue
+/// the users' jobs went through; its settings name its role.
+fn wall_screen_reads_the_queue(out: &Path, home: &Path) {
+    let env = std::fs::read_to_string(out.join("users/wall/mgpu.env"))
+        .unwrap_or_else(|e| panic!("users/wall/mgpu.env: {e}"));
+    assert!(env.contains("(viewer)"), "{env}");
+    let queue = mgpu_as(out, home, "wall", &["queue", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("mgpu queue as wall: {e}"));
+    assert!(
+        queue.status.success(),
+        "the viewer's mgpu queue: {}",
+        String::from_utf8_lossy(&queue.stderr)
+    );
 }

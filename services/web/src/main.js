@@ -1,6 +1,7 @@
 // The page: finds the NATS WebSocket listener (config.json, which `mgpu web` serves, or
 // ?ws=URL), signs in with the user's seed, starts the feeds and shows one view at a time
-// (#cluster, #queue, #job/<id>, #usage); ?wall cycles cluster and queue for a wall screen. Every
+// (#cluster, #queue, #job/<id>, #usage); ?wall cycles cluster and queue for a wall screen
+// (every 20 s; ?wall=SECONDS to choose). Every
 // frame that something changed redraws the view; a clock shows the age of the last update so
 // stale data never looks live.
 
@@ -16,11 +17,12 @@ import { UsageView } from "./views/usage.js";
 
 /** Data older than this is marked stale (a heartbeat comes every 2 s). */
 const STALE_AFTER_MS = 10_000;
-/** How long a wall screen shows each view. */
+/** How long a wall screen shows each view, unless `?wall=SECONDS` says. */
 const WALL_CYCLE_MS = 20_000;
 
 const params = new URLSearchParams(location.search);
 const wall = params.has("wall");
+const wallCycleMs = Number(params.get("wall")) >= 1 ? Number(params.get("wall")) * 1000 : WALL_CYCLE_MS;
 const app = {
   store: emptyStore(),
   conn: null,
@@ -77,7 +79,7 @@ function header() {
     h("a", { href: `#${name}`, "data-view": name }, label)));
   const me = h("span.me", {}, "");
   const signOut = h("button", { type: "button", onclick: () => { forgetSeed(); location.reload(); } }, "Sign out");
-  const theme = h("button", { type: "button", onclick: toggleTheme, title: "light or dark" }, "Theme");
+  const theme = h("button.theme", { type: "button", onclick: toggleTheme, title: "light or dark" }, "Theme");
   return h("header.top", {}, h("h1", {}, "mgpu"), nav, h("span.spacer"), status, age, me, theme, signOut);
 }
 
@@ -130,12 +132,13 @@ async function start(url, seed, failed) {
   addEventListener("hashchange", route);
   route();
   requestAnimationFrame(frame);
+  tick();
   setInterval(tick, 1000);
-  if (wall) setInterval(() => { location.hash = app.viewName === "cluster" ? "#queue" : "#cluster"; }, WALL_CYCLE_MS);
+  if (wall) setInterval(() => { location.hash = app.viewName === "cluster" ? "#queue" : "#cluster"; }, wallCycleMs);
 }
 
 function isMine(record) {
-  const mine = record.user_key === app.conn.keyPair.getPublicKey();
+  const mine = record.user_key === app.conn.publicKey;
   if (mine && !app.myName) {
     app.myName = record.user;
     tick();
@@ -205,7 +208,7 @@ function tick() {
   if (app.view && app.viewName !== "job") app.view.render(Date.now());
   const me = document.querySelector("header.top .me");
   if (me && app.conn) {
-    const key = app.conn.keyPair.getPublicKey();
+    const key = app.conn.publicKey;
     me.textContent = `signed in as ${app.myName || shortId(key)}`;
     me.title = key;
   }

@@ -41,13 +41,16 @@ export function keyPairOf(seed) {
 }
 
 /**
- * Connects to `url` as the holder of `seed`. Resolves to {nc, js, kvm, keyPair}; rejects
+ * Connects to `url` as the holder of `seed`. Resolves to {nc, js, kvm, keyPair, publicKey}; rejects
  * with an Error whose message a person can act on. `onStatus(text, kind)` hears about
  * disconnects and reconnects afterwards.
  */
 export async function connect(url, seed, onStatus) {
   const keyPair = keyPairOf(seed);
   if (keyPair instanceof Error) throw keyPair;
+  // Derived once: each derivation from the seed costs milliseconds (an ed25519 key pair), and
+  // the views compare it with every record they draw.
+  const publicKey = keyPair.getPublicKey();
   let nc;
   try {
     nc = await wsconnect({
@@ -55,7 +58,7 @@ export async function connect(url, seed, onStatus) {
       name: "mgpu web",
       authenticator: nkeyAuthenticator(encoder.encode(seed)),
       // Users may only receive on inboxes under their own key.
-      inboxPrefix: `_INBOX.${keyPair.getPublicKey()}`,
+      inboxPrefix: `_INBOX.${publicKey}`,
       maxReconnectAttempts: -1,
       reconnectTimeWait: 1000,
       waitOnFirstConnect: false,
@@ -66,7 +69,7 @@ export async function connect(url, seed, onStatus) {
   }
   sessionStorage.setItem(SEED_KEY, seed);
   watchStatus(nc, onStatus);
-  return { nc, js: jetstream(nc), kvm: new Kvm(nc), keyPair };
+  return { nc, js: jetstream(nc), kvm: new Kvm(nc), keyPair, publicKey };
 }
 
 async function watchStatus(nc, onStatus) {

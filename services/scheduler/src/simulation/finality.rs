@@ -9,9 +9,11 @@
 //! lost node requeues a job, a cancel must win over that); a single-node job whose attempt
 //! ended by itself (not killed: a cancel, a time limit, a slice's end, a fence) and whose
 //! exit report was stored is not given another attempt, even when its node is found offline
-//! before the scheduler read the report.
+//! before the scheduler read the report; and a single-node job's attempt that its agent
+//! reported lost (stopped by a fence, or gone with a restart) is never recorded `failed`: the
+//! node was lost, not the job (requeued, or `node_failed` where it may not run again).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
@@ -27,11 +29,16 @@ pub struct Finality {
     /// Attempts of single-node jobs that ended by themselves: when their exit report is in
     /// the reports stream (simulated milliseconds).
     exits_stored: BTreeMap<(JobId, u32), u64>,
+    /// Attempts whose exit report said lost.
+    reported_lost: BTreeSet<(JobId, u32)>,
 }
 
 impl Finality {
     /// An agent's exit report for `attempt` of `job` is in the reports stream from `at` on.
     pub fn exit_reported(&mut self, job: &JobId, attempt: u32, exit: &Exit, at: u64) {
+        if exit.lost {
+            self.reported_lost.insert((job.clone(), attempt));
+        }
         let killed = exit.cancelled || exit.timed_out || exit.preempted || exit.lost;
         if !killed {
             self.exits_stored
@@ -54,6 +61,16 @@ impl Finality {
                 id.short(),
                 record.attempt,
                 record.state.name()
+            ));
+        }
+        if matches!(record.state, JobState::Failed(_))
+            && record.spec.nodes <= 1
+            && self.reported_lost.contains(&(id.clone(), record.attempt))
+        {
+            return Some(format!(
+                "a lost attempt recorded failed: {} attempt {}'s agent reported it lost",
+                id.short(),
+                record.attempt
             ));
         }
         if record.state.is_finished() {
@@ -212,5 +229,44 @@ mod tests {
         );
         assert_eq!(finality.stored(Some(3), &job(3, running(false)), 40), None);
         assert!(finality.stored(Some(2), &job(3, queued()), 30).is_some());
+    }
+
+    #[test]
+    fn a_lost_attempt_recorded_failed_is_caught_and_one_recorded_node_failed_is_not() {
+        let ending = || Ending {
+            placement: None,
+            started_at: None,
+            ended_at: at(),
+            exit_code: Some(143),
+            signal: None,
+            reason: None,
+            usage: None,
+        };
+        let lost = Exit {
+            lost: true,
+            exit_code: 143,
+            ..Exit::default()
+        };
+        let mut finality = Finality::default();
+        let id = job(1, queued()).id;
+        finality.exit_reported(&id, 1, &lost, 10);
+        assert_eq!(
+            finality.stored(Some(1), &job(1, JobState::NodeFailed(ending())), 20),
+            None
+        );
+        let mut finality = Finality::default();
+        finality.exit_reported(&id, 1, &lost, 10);
+        assert!(
+            finality
+                .stored(Some(1), &job(1, JobState::Failed(ending())), 20)
+                .is_some()
+        );
+        let mut finality = Finality::default();
+        finality.exit_reported(&id, 1, &lost, 10);
+        assert_eq!(
+            finality.stored(Some(2), &job(2, JobState::Failed(ending())), 20),
+            None,
+            "a later attempt may fail"
+        );
     }
 }

@@ -33,7 +33,7 @@ export class UsageView {
   async load() {
     const since = Date.now() - this.days * 86_400_000;
     const sinceIso = new Date(since).toISOString();
-    const key = this.conn.keyPair.getPublicKey();
+    const key = this.conn.publicKey;
     this.history.clear();
     this.scope = null;
     const keep = (record) => this.history.set(record.id, record);

@@ -4,7 +4,8 @@
 // Chromium it measures: the time from signing in to every GPU tile drawn, how long each redraw
 // takes while heartbeats arrive, the time to draw the queue, and the tab's memory after
 // following the busy job's output for OUTPUT_SECONDS. Prints one JSON line.
-//   env: WEB_URL, CREDS, GPUS (tiles expected), JOBS, OUTPUT_JOB, OUTPUT_SECONDS, CHROMIUM
+//   env: WEB_URL, CREDS, GPUS (tiles expected), JOBS, OUTPUT_JOB, OUTPUT_SECONDS, CHROMIUM,
+//   PROFILE_DIR (optional: CPU profiles of the first render and of the queue's, written there)
 
 import { chromium } from "playwright-core";
 
@@ -17,6 +18,26 @@ function summary(samples) {
   return { count: sorted.length, median: rank(0.5), p99: rank(0.99), max: sorted.at(-1) };
 }
 
+/** With PROFILE_DIR set, a CPU profile of the page (Chrome's .cpuprofile, which DevTools
+ * opens) from here to stopProfile. */
+async function startProfile(page) {
+  if (!env.PROFILE_DIR) return null;
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send("Profiler.enable");
+  await cdp.send("Profiler.setSamplingInterval", { interval: 200 });
+  await cdp.send("Profiler.start");
+  return cdp;
+}
+
+async function stopProfile(cdp, name) {
+  if (!cdp) return;
+  const { profile } = await cdp.send("Profiler.stop");
+  const { writeFile } = await import("node:fs/promises");
+  const path = `${env.PROFILE_DIR}/${name}.cpuprofile`;
+  await writeFile(path, JSON.stringify(profile));
+  console.error(`[bench]   profile of the page written to ${path}`);
+}
+
 async function main() {
   const browser = await chromium.launch({
     executablePath: env.CHROMIUM || "/usr/bin/chromium",
@@ -26,6 +47,7 @@ async function main() {
     const page = await (await browser.newContext({ viewport: { width: 1920, height: 1080 } })).newPage();
     await page.goto(env.WEB_URL);
     await page.setInputFiles("#seed-file", env.CREDS);
+    const profiler = await startProfile(page);
     const started = Date.now();
     await page.click("button[type=submit]");
     const gpus = Number(env.GPUS);
@@ -55,6 +77,7 @@ async function main() {
     // The next frame draws the last records' jobs on their tiles (at most 50 ms later).
     results.first_full_render_ms = Math.max(milestones.all_tiles_ms, milestones.all_records_ms);
     results.first_render_milestones = milestones;
+    await stopProfile(profiler, "first-render");
 
     // Heartbeats keep arriving: every redraw they cause is timed by the page.
     await page.evaluate(() => window.mgpu.frames.splice(0));
@@ -64,12 +87,14 @@ async function main() {
     results.updates_seen = frames.length;
 
     await page.evaluate(() => window.mgpu.frames.splice(0));
+    const queueProfiler = await startProfile(page);
     const queueStarted = Date.now();
     await page.click("nav a[data-view=queue]");
     await page.waitForFunction((jobs) => document.querySelector(".summary")?.textContent.includes(`${jobs} jobs`)
       && document.querySelectorAll("table.jobs tbody tr").length > 0, Number(env.JOBS), { timeout: 60_000, polling: "raf" });
     results.queue_render_ms = Date.now() - queueStarted;
     results.queue_redraws_ms = summary(await page.evaluate(() => [...window.mgpu.frames]));
+    await stopProfile(queueProfiler, "queue");
     console.error(`[bench]   queue drawn ${results.queue_render_ms} ms after the click; its redraws: ${JSON.stringify(results.queue_redraws_ms)}`);
 
     // A job printing without end: follow it, then read the tab's memory.

@@ -135,9 +135,18 @@ async function aliceSeesTheClusterAndHerJob(browser) {
     null, { timeout: 15_000 });
   await page.screenshot({ path: `${shots}/usage.png` });
 
-  await page.evaluate(() => { document.documentElement.dataset.theme = "dark"; });
-  await page.click("nav a[data-view=cluster]");
+  // The theme button switches, and the choice outlives a reload.
+  const themeBefore = await page.evaluate(() => document.documentElement.dataset.theme);
+  await page.click("header.top button.theme");
+  const themeAfter = await page.evaluate(() => document.documentElement.dataset.theme);
+  check(themeBefore !== themeAfter && ["light", "dark"].includes(themeAfter), `the theme button left the theme ${themeBefore} (now ${themeAfter})`);
+  if (themeAfter !== "dark") await page.click("header.top button.theme");
+  await page.goto(`${env.WEB_URL}#cluster`);
+  await page.reload();
   await page.waitForSelector("[data-node=node001] .tile");
+  const themeReloaded = await page.evaluate(() => document.documentElement.dataset.theme);
+  check(themeReloaded === "dark", `the dark theme was not kept across a reload: ${themeReloaded}`);
+  results.theme_toggled = `${themeBefore} -> ${themeAfter}, dark kept across a reload`;
   await page.screenshot({ path: `${shots}/cluster-dark.png` });
   await page.context().close();
 }
@@ -159,9 +168,18 @@ async function bobCannotActOnAlicesJob(browser) {
 }
 
 async function theWallReadsNoSecrets(browser) {
-  const page = await signIn(browser, env.WALL_CREDS, "?wall");
+  const page = await signIn(browser, env.WALL_CREDS, "?wall=2");
   await page.waitForSelector("[data-node=node001] .tile", { timeout: 10_000 });
   await page.screenshot({ path: `${shots}/wall.png` });
+  // The kiosk cycles by itself: cluster, queue, cluster again, with no controls to act.
+  const cycled = [];
+  for (const view of ["queue", "cluster"]) {
+    await page.waitForFunction((name) => document.querySelector(`nav a[data-view=${name}]`)?.hasAttribute("aria-current"),
+      view, { timeout: 10_000 });
+    cycled.push(view);
+    if (view === "queue") check((await page.$$(".actions button, tr button")).length === 0, "the wall's queue offers buttons");
+  }
+  results.wall_cycled = cycled;
   await page.goto(`${env.WEB_URL}?wall#usage`);
   await page.waitForFunction(() => /gives this principal no history \(.*[Pp]ermissions [Vv]iolation/.test(document.querySelector(".usage .summary")?.textContent || ""),
     null, { timeout: 15_000 });

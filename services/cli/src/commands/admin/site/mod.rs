@@ -1,5 +1,5 @@
 //! `mgpu admin site SITE.toml --out DIR`: a whole site (nats-servers, schedulers, GPU hosts,
-//! users, admins, TLS on or off) written from one description into a directory per host,
+//! users, admins, viewers, TLS on or off) written from one description into a directory per host,
 //! ready to copy onto each host as it is laid out there.
 //!
 //! ```text
@@ -40,6 +40,7 @@ The description (TOML):
   tls = true
   users = [\"alice\", \"bob\"]
   admins = [\"carol\"]
+  viewers = [\"wall\"]    # read-only (a wall screen's web dashboard)
   [[server]]            # name, host; port = 4222, cluster_port = 6222,
   name = \"mgpu-1\"       # store_dir = \"/var/lib/nats/jetstream\"
   host = \"head.lab\"
@@ -93,7 +94,7 @@ struct PrincipalChanges {
 }
 
 /// Makes the registry in `auth` hold exactly the site's principals: the scheduler, the
-/// notification service, each node, user and admin. Existing ones keep their keys; new ones get one; the others are removed
+/// notification service, each node, user, admin and viewer. Existing ones keep their keys; new ones get one; the others are removed
 /// with their key files.
 fn sync_principals(
     auth: &Path,
@@ -106,6 +107,7 @@ fn sync_principals(
         .chain(site.nodes.iter().map(|n| (Role::Node, n.name.as_str())))
         .chain(site.users.iter().map(|u| (Role::User, u.as_str())))
         .chain(site.admins.iter().map(|a| (Role::Admin, a.as_str())))
+        .chain(site.viewers.iter().map(|v| (Role::Viewer, v.as_str())))
         .collect();
     let mut changes = PrincipalChanges::default();
     let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut registry.principals)

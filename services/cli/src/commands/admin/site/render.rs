@@ -71,7 +71,12 @@ pub fn site_files(inputs: &Inputs) -> Result<Vec<SiteFile>> {
     for host in site.hosts() {
         files.extend(host_files(inputs, &host)?);
     }
-    for (role, names) in [(Role::User, &site.users), (Role::Admin, &site.admins)] {
+    let people = [
+        (Role::User, &site.users),
+        (Role::Admin, &site.admins),
+        (Role::Viewer, &site.viewers),
+    ];
+    for (role, names) in people {
         for name in names {
             files.extend(person_files(site, auth, role, name)?);
         }

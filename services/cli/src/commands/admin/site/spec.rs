@@ -6,6 +6,8 @@
 //! tls = true                     # clients and routes speak TLS only (a CA is made)
 //! users = ["alice", "bob"]       # may submit jobs (their jobs run as the Unix account alike)
 //! admins = ["carol"]             # may do anything
+//! viewers = ["wall"]             # read-only: nodes, GPUs, the queue, public output (a
+//!                                # wall screen's web dashboard)
 //!
 //! [[server]]                     # one or more nats-servers (three form a cluster)
 //! name = "mgpu-1"                # server_name, unique
@@ -55,6 +57,9 @@ pub struct Site {
     pub users: Vec<String>,
     #[serde(default)]
     pub admins: Vec<String>,
+    /// Read-only principals: a wall screen showing the web dashboard.
+    #[serde(default)]
+    pub viewers: Vec<String>,
     #[serde(rename = "server", default)]
     pub servers: Vec<Server>,
     #[serde(rename = "node", default)]
@@ -239,8 +244,8 @@ impl Site {
         if let Some(host) = &self.notify.host {
             check_host(host)?;
         }
-        let people = self.users.iter().chain(&self.admins);
-        unique("user or admin", people.clone().map(String::as_str))?;
+        let people = self.users.iter().chain(&self.admins).chain(&self.viewers);
+        unique("user, admin or viewer", people.clone().map(String::as_str))?;
         for name in people {
             validate_principal_name(name).map_err(|e| anyhow!("user: {e}"))?;
         }
@@ -347,6 +352,10 @@ mod tests {
         assert!(error_of(&format!("users = [\"a.b\"]\n{server}")).contains("not a valid name"));
         assert!(
             error_of(&format!("users = [\"x\"]\nadmins = [\"x\"]\n{server}"))
+                .contains("appears twice")
+        );
+        assert!(
+            error_of(&format!("users = [\"x\"]\nviewers = [\"x\"]\n{server}"))
                 .contains("appears twice")
         );
         let same_host = format!(
