@@ -4,14 +4,22 @@
 // going across reconnects; a feed the server refuses says so.
 
 import { DeliverPolicy } from "@nats-io/jetstream";
-import { applyClusterKey, applyHeartbeat, applyJob } from "./store.js";
+import { applyClusterKey, applyHeartbeat, applyJob, jobsLoaded } from "./store.js";
 
 /** Starts every feed into `store`; `changed()` is called after each change, `problem(text)`
  * when a feed cannot be read. */
 export function startFeeds(conn, store, changed, problem) {
   // The heartbeats first: the cluster view, shown first, is drawn from them.
   followHeartbeats(conn, store, changed, problem);
-  watchBucket(conn, "mgpu-jobs", (key, value) => applyJob(store, key, value, Date.now()), changed, problem);
+  // The records first read are kept quietly, then drawn at once (see `applyJob`).
+  let loading = true;
+  watchBucket(conn, "mgpu-jobs", (key, value, isUpdate) => {
+    if (loading && isUpdate) {
+      loading = false;
+      jobsLoaded(store, Date.now());
+    }
+    applyJob(store, key, value, Date.now(), loading);
+  }, changed, problem);
   watchBucket(
     conn,
     "mgpu-cluster",
@@ -21,6 +29,8 @@ export function startFeeds(conn, store, changed, problem) {
   );
 }
 
+/** Watches every key of `bucket`: `apply(key, value or null, isUpdate)` for each, where
+ * `isUpdate` is false for the values the watch first read and true from its last one on. */
 async function watchBucket(conn, bucket, apply, changed, problem) {
   try {
     const kv = await conn.kvm.open(bucket);
@@ -34,7 +44,7 @@ async function watchBucket(conn, bucket, apply, changed, problem) {
           continue; // not JSON: not ours to show
         }
       }
-      apply(entry.key, value);
+      apply(entry.key, value, entry.isUpdate);
       changed();
     }
   } catch (error) {

@@ -30,13 +30,29 @@ export function applyHeartbeat(store, heartbeat, nowMs) {
   touched(store, nowMs);
 }
 
-/** A job record was written (`record`), or deleted or purged (`record` null). */
-export function applyJob(store, id, record, nowMs) {
+/** A job record was written (`record`), or deleted or purged (`record` null). While the
+ * bucket's first reading is still under way (`loading`), the record is only kept: nothing is
+ * redrawn for it until `jobsLoaded`, so ten thousand records cost one redraw, not one for
+ * every node each of them lands on. */
+export function applyJob(store, id, record, nowMs, loading = false) {
+  if (loading) {
+    if (record) store.jobs.set(id, record);
+    else store.jobs.delete(id);
+    store.lastUpdateMs = nowMs;
+    return;
+  }
   for (const placed of [store.jobs.get(id), record]) {
     for (const share of placementShares(placed && placed.placement)) store.dirtyNodes.add(share.node);
   }
   if (record) store.jobs.set(id, record);
   else store.jobs.delete(id);
+  store.jobsVersion += 1;
+  touched(store, nowMs);
+}
+
+/** The jobs bucket's first reading is done: every node is drawn again with its jobs. */
+export function jobsLoaded(store, nowMs) {
+  for (const name of store.nodes.keys()) store.dirtyNodes.add(name);
   store.jobsVersion += 1;
   touched(store, nowMs);
 }

@@ -24,7 +24,7 @@ use crate::common::*;
 pub(crate) const NODES: usize = 1_000;
 pub(crate) const GPUS: usize = 8;
 pub(crate) const JOBS: usize = 10_000;
-const RUNNING: usize = 6_000;
+pub(crate) const RUNNING: usize = 6_000;
 const USERS: usize = 100;
 const SIZE: (u16, u16) = (200, 60);
 

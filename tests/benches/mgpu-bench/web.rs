@@ -1,5 +1,5 @@
 //! Scenario 10, web: the dashboard in Debian's Chromium with the fleet of `top` (1 000 nodes ×
-//! 8 GPUs, some drained or paused; 10 000 jobs, 6 000 running) written straight into a real
+//! 8 GPUs, some drained or paused; 6 000 jobs running and 10 000 queued) written straight into a real
 //! nats-server's buckets and heartbeat stream as admin (no scheduler, no agents), heartbeats
 //! republished every 5 s per node (200 a second) while the page is watched, and one running
 //! job printing 10 000 lines a second into its output stream. `mgpu web` serves the page;
@@ -20,7 +20,13 @@ use mgpu_tests::{Cluster, repo_root};
 use serde_json::{Value, json};
 
 use crate::common::*;
-use crate::top::{GPUS, JOBS, NODES, heartbeat, job, marks, node_name};
+use crate::top::{GPUS, NODES, RUNNING, heartbeat, job, marks, node_name};
+
+/// Jobs waiting, besides the RUNNING ones: the 10 000 queued jobs.
+const QUEUED: usize = 10_000;
+/// Every record written: the running jobs first, then the queued ones (`top::job` makes job
+/// `n` running below RUNNING, queued from there on).
+const JOBS: usize = RUNNING + QUEUED;
 
 /// Lines a second the busy job prints, in chunks of this many lines.
 const LINES_PER_SECOND: u64 = 10_000;
@@ -29,7 +35,7 @@ const LINES_PER_CHUNK: u64 = 200;
 pub fn run(ctx: &Run) -> Result<()> {
     let output_seconds = if ctx.quick { 60 } else { 600 };
     progress(&format!(
-        "web: {NODES} nodes × {GPUS} GPUs, {JOBS} jobs, output at {LINES_PER_SECOND} lines/s for {output_seconds} s"
+        "web: {NODES} nodes × {GPUS} GPUs, {RUNNING} jobs running and {QUEUED} queued, output at {LINES_PER_SECOND} lines/s for {output_seconds} s"
     ));
     let cluster = Cluster::server_only(&[]);
     let admin = cluster.admin_creds();
@@ -199,6 +205,7 @@ fn run_browser(cluster: &Cluster, web: &WebServer, busy_job: &str, seconds: u64)
         )
         .env("GPUS", (NODES * GPUS).to_string())
         .env("JOBS", JOBS.to_string())
+        .env("RUNNING", RUNNING.to_string())
         .env("OUTPUT_JOB", busy_job)
         .env("OUTPUT_SECONDS", seconds.to_string())
         .stderr(Stdio::inherit())
@@ -230,7 +237,7 @@ fn report(ctx: &Run, measured: &Value) -> Result<()> {
         p99: value,
         max: value,
     };
-    let fleet = json!({"nodes": NODES, "gpus": NODES * GPUS, "jobs": JOBS});
+    let fleet = json!({"nodes": NODES, "gpus": NODES * GPUS, "jobs": JOBS, "running": RUNNING, "queued": QUEUED});
     ctx.report(
         "web_first_full_render",
         first,
@@ -239,7 +246,7 @@ fn report(ctx: &Run, measured: &Value) -> Result<()> {
         true,
         None,
         &single(first),
-        "ms from signing in to every GPU tile drawn and every record read",
+        "ms from signing in to every GPU tile drawn, every record read and every running job on its tile",
         json!({
             "fleet": fleet,
             "queue_render_ms": number("/queue_render_ms"),

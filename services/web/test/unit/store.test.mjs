@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   applyClusterKey, applyHeartbeat, applyJob, emptyStore, expectedStartsOf, filterJobs,
-  isOffline, jobsByGpu, waitReason,
+  isOffline, jobsByGpu, jobsLoaded, waitReason,
 } from "../../src/store.js";
 
 const running = (id, user, node, gpus, peers = []) => ({
@@ -21,6 +21,23 @@ test("every change bumps the version and the time of the last update", () => {
   assert.equal(store.jobs.size, 0);
   applyHeartbeat(store, { nonsense: true }, 11);
   assert.equal(store.version, 3, "what is not a heartbeat changes nothing");
+});
+
+test("records first read are kept quietly, then drawn at once", () => {
+  const store = emptyStore();
+  applyHeartbeat(store, { node: "n1", sent_at: "2026-11-28T08:00:00Z", gpus: [] }, 1);
+  applyHeartbeat(store, { node: "n2", sent_at: "2026-11-28T08:00:00Z", gpus: [] }, 1);
+  store.dirtyNodes.clear();
+  applyJob(store, "a", running("a", "alice", "n1", [0]), 2, true);
+  applyJob(store, "b", running("b", "bob", "n2", [0]), 3, true);
+  assert.equal(store.jobs.size, 2);
+  assert.equal(store.jobsVersion, 0, "no redraw while loading");
+  assert.equal(store.dirtyNodes.size, 0);
+  jobsLoaded(store, 4);
+  assert.equal(store.jobsVersion, 1);
+  assert.deepEqual([...store.dirtyNodes].sort(), ["n1", "n2"]);
+  applyJob(store, "a", null, 5);
+  assert.equal(store.jobsVersion, 2, "a change after the first reading is drawn");
 });
 
 test("a node is offline after three missed heartbeats", () => {
