@@ -65,93 +65,69 @@ if [ "$(readlink -f .tools/bin/nats-server 2>/dev/null)" != "$(readlink -f "$cho
 fi
 say "nats-server: $("$chosen" --version 2>&1 | head -n1) ($chosen)"
 
+# Installs Debian package $1 with apt-get ($2 says what for), updating the package lists
+# once when the first try fails; without apt-get, or when it fails, says $3 and goes on.
+install_debian() {
+  local package=$1 why=$2 otherwise=$3
+  local sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "$package is missing and there is no apt-get: $otherwise"
+    return 0
+  fi
+  say "installing $package (Debian package) $why"
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >&2 \
+    || { "${sudo_cmd[@]}" apt-get update -q >&2 \
+         && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >&2; } \
+    || say "$package could not be installed: $otherwise"
+}
+
 # tmux: the stories that drive `mgpu top`, `mgpu attach` and `-i --pty` the way a person does
 # run them in a real terminal, and tmux is that terminal (its screen read back as text).
-if ! command -v tmux >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    say "installing tmux (Debian package) for the terminal stories"
-    "${sudo_cmd[@]}" apt-get install -y -q tmux >&2 \
-      || { "${sudo_cmd[@]}" apt-get update -q >&2 && "${sudo_cmd[@]}" apt-get install -y -q tmux >&2; }
-  else
-    say "tmux is missing and there is no apt-get: install tmux for the terminal stories"
-  fi
-fi
+command -v tmux >/dev/null 2>&1 \
+  || install_debian tmux "for the terminal stories" "install tmux for the terminal stories"
 
 # prometheus (the Debian package, which ships promtool too): the metrics stories start a real
 # Prometheus of their own (own port, own storage) to scrape the services, and lint their
 # output with `promtool check metrics`. The package's own service, if it starts, is not used.
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    say "installing prometheus (Debian package) for the metrics stories"
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >&2 \
-      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
-           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >&2; }
-  else
-    say "prometheus is missing and there is no apt-get: install prometheus and promtool for the metrics stories"
-  fi
+  install_debian prometheus "for the metrics stories" \
+    "install prometheus and promtool for the metrics stories"
 fi
 
 # python3-aiosmtpd (Debian package): the notification story's SMTP sink receives the mail
 # mgpu-notify sends (tests/tests/notify.rs starts it on a port of its own).
 if ! /usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 && ! python3 -c 'import aiosmtpd' >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    say "installing python3-aiosmtpd (Debian package) for the notification story"
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-aiosmtpd >&2 \
-      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
-           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-aiosmtpd >&2; }
-  else
-    say "aiosmtpd is missing and there is no apt-get: pip install aiosmtpd for the notification story"
-  fi
+  install_debian python3-aiosmtpd "for the notification story" \
+    "pip install aiosmtpd for the notification story"
 fi
 
 # libfaketime (Debian package): the fault campaign (scripts/chaos.sh, part of scripts/test.sh)
-# steps an agent's wall clock by preloading it into that agent alone.
+# steps an agent's or a scheduler's wall clock by preloading it into that process alone.
 if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && [ "$(uname -m)" = x86_64 ]; then
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    say "installing libfaketime (Debian package) for the fault campaign's clock steps"
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfaketime >&2 \
-      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
-           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfaketime >&2; } \
-      || say "libfaketime could not be installed: the fault campaign steps no clocks"
-  else
-    say "libfaketime is missing and there is no apt-get: the fault campaign steps no clocks"
-  fi
+  install_debian libfaketime "for the fault campaign's clock steps" \
+    "the fault campaign steps no clocks"
+fi
+
+# iptables (Debian package): the fault campaign cuts a component off one way only with a rule
+# inside that component's network namespace.
+if ! command -v iptables >/dev/null 2>&1 && [ "$(uname -s)" = Linux ]; then
+  install_debian iptables "for the fault campaign's one-way partitions" \
+    "the fault campaign cuts links both ways only"
 fi
 
 # task-spooler (Debian package, the `tsp` command): `scripts/bench.sh` runs the same drain and
 # listing with it in the same sitting, so each run prints mgpu's ratio to it.
-if ! command -v tsp >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    say "installing task-spooler (Debian package) for the benchmark's comparison"
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q task-spooler >&2 \
-      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
-           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q task-spooler >&2; } \
-      || say "task-spooler could not be installed: the benchmark skips its comparison"
-  else
-    say "task-spooler is missing and there is no apt-get: the benchmark skips its comparison"
-  fi
-fi
+command -v tsp >/dev/null 2>&1 \
+  || install_debian task-spooler "for the benchmark's comparison" \
+       "the benchmark skips its comparison"
 
 # Node.js and npm (Debian packages): they build the web dashboard (services/web, whose lock
 # file pins the NATS JavaScript client and the bundler) that `mgpu web` compiles into the
 # binary; Chromium (Debian package): the dashboard's browser story drives it headless.
 for wanted in node:nodejs npm:npm chromium:chromium; do
-  command -v "${wanted%%:*}" >/dev/null 2>&1 && continue
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
-    say "installing ${wanted#*:} (Debian package) for the web dashboard"
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${wanted#*:}" >&2 \
-      || { "${sudo_cmd[@]}" apt-get update -q >&2 \
-           && "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${wanted#*:}" >&2; } \
-      || say "${wanted#*:} could not be installed"
-  else
-    say "${wanted%%:*} is missing and there is no apt-get: install ${wanted#*:} for the web dashboard"
-  fi
+  command -v "${wanted%%:*}" >/dev/null 2>&1 \
+    || install_debian "${wanted#*:}" "for the web dashboard" \
+         "install ${wanted#*:} for the web dashboard"
 done
 if command -v npm >/dev/null 2>&1; then
   # npm ci only when the lock file changed since the last install.

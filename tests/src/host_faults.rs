@@ -1,15 +1,18 @@
 //! Faults of a host's resources rather than of a process or a link, for the fault campaign:
 //!
-//! - **An agent's wall clock stepped.** Each agent runs with libfaketime preloaded (the
+//! - **An agent's or a scheduler's wall clock stepped.** Each runs with libfaketime preloaded (the
 //!   Debian package `libfaketime`), reading its offset from a file of its own; writing
-//!   `+15` or `-8` there steps that agent's `CLOCK_REALTIME` by that many seconds within a
+//!   `+15` or `-8` there steps that process's `CLOCK_REALTIME` by that many seconds within a
 //!   second (the library's cache), as an NTP step would. The monotonic clock is left alone,
-//!   as a step leaves it. What the agent starts inherits the offset, except statically
-//!   linked programs (the job guard), which read the kernel's clock.
-//! - **A nats-server's JetStream disk filled.** Each server's JetStream directory is a tmpfs
+//!   as a step leaves it. An agent's jobs read the kernel's clock: the job guard is statically
+//!   linked, and jobs start with an environment of their own (no `LD_PRELOAD`). A
+//!   nats-server's clock cannot be stepped this way (Go reads the clock without the C
+//!   library), nor by a time namespace (which offsets the monotonic clocks only).
+//! - **A nats-server's JetStream disk filled, or lost.** Each server's JetStream directory is a tmpfs
 //!   of [`DISK_SIZE`], smaller than the store nats-server is allowed, so filling it with one
 //!   file makes its writes fail with ENOSPC, for real; emptying it and restarting the server
-//!   is the repair an operator makes.
+//!   is the repair an operator makes. Lost: the server is killed and everything on its disk
+//!   removed, and it starts again later on the empty directory, as on a replaced disk.
 //!
 //! The mounts carry the source name [`MOUNT_SOURCE`]: what a killed campaign left mounted is
 //! unmounted when the next one starts.
@@ -26,7 +29,7 @@ pub const DISK_SIZE: &str = "768m";
 /// The file that fills a disk.
 const FILLER: &str = "filler";
 
-/// Whether agents' clocks can be stepped on this machine.
+/// Whether agents' and schedulers' clocks can be stepped on this machine.
 pub fn clocks_available() -> bool {
     Path::new(LIBFAKETIME).exists()
 }
@@ -104,6 +107,19 @@ pub fn fill(dir: &Path) {
     let chunk = vec![0u8; 1 << 20];
     while file.write_all(&chunk).is_ok() {}
     let _ = file.sync_all();
+}
+
+/// Removes everything on the disk mounted on `dir`: a server's JetStream data lost, as with a
+/// disk replaced (its server must be stopped first).
+pub fn wipe(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let _ = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+    }
 }
 
 /// Removes what [`fill`] wrote.

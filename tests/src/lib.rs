@@ -139,8 +139,8 @@ pub struct Cluster {
     /// Set when each component runs in a network namespace of its own
     /// ([`Cluster::start_in_namespaces`]).
     net: Option<std::sync::Arc<netns::Net>>,
-    /// Where each agent's wall-clock offset file is, when agents' clocks can be stepped
-    /// ([`Cluster::step_agent_clock`]).
+    /// Where each agent's and scheduler's wall-clock offset file is, when clocks can be stepped
+    /// ([`Cluster::step_clock`]).
     clocks: Option<PathBuf>,
 }
 
@@ -370,14 +370,22 @@ impl Cluster {
         self.net.as_ref()
     }
 
-    /// Steps agent `name`'s wall clock to `offset_secs` from the kernel's (0: back in step);
-    /// false when agents' clocks cannot be stepped here.
-    pub fn step_agent_clock(&self, name: &str, offset_secs: i64) -> bool {
+    /// Steps the wall clock of agent or scheduler `name` to `offset_secs` from the kernel's
+    /// (0: back in step); false when clocks cannot be stepped here.
+    pub fn step_clock(&self, name: &str, offset_secs: i64) -> bool {
         let Some(dir) = &self.clocks else {
             return false;
         };
         host_faults::write_offset(&dir.join(format!("{name}.offset")), offset_secs);
         true
+    }
+
+    /// The environment that lets [`Cluster::step_clock`] step component `name`'s wall clock,
+    /// when clocks can be stepped (empty otherwise).
+    fn fake_clock_env(&self, name: &str) -> Vec<(String, String)> {
+        self.clocks.as_ref().map_or_else(Vec::new, |dir| {
+            host_faults::fake_clock_env(&dir.join(format!("{name}.offset")))
+        })
     }
 
     /// Makes `command` run in component `name`'s network namespace, when components have
@@ -443,9 +451,7 @@ impl Cluster {
                 self.auth_dir.join(mgpu_protocol::principals::REGISTRY_FILE),
             )
             .env("RUST_LOG", "info")
-            .envs(self.clocks.as_ref().map_or_else(Vec::new, |dir| {
-                host_faults::fake_clock_env(&dir.join(format!("{name}.offset")))
-            }))
+            .envs(self.fake_clock_env(name))
             .stdout(self.log(name))
             .stderr(self.log(name))
             .spawn()
@@ -528,6 +534,7 @@ impl Cluster {
             // production default of 10 s. A story may pass its own `--fence-after`.
             .env("MGPU_FENCE_AFTER", "2s")
             .env("RUST_LOG", "info")
+            .envs(self.fake_clock_env(name))
             .stdout(self.log(name))
             .stderr(self.log(name))
             .envs(if spec.jobs_as_owners {

@@ -138,6 +138,18 @@ impl Cluster {
         true
     }
 
+    /// Loses server `name`'s JetStream data (stopped first; started again by
+    /// [`Cluster::restart_nats_server`], it comes back with an empty directory, as on a new
+    /// disk); false when its directory is not a disk of its own.
+    pub fn lose_jetstream_disk(&mut self, name: &str) -> bool {
+        let Some(dir) = self.small_disk_of(name) else {
+            return false;
+        };
+        self.kill_nats_server(name);
+        host_faults::wipe(&dir);
+        true
+    }
+
     /// Empties server `name`'s JetStream disk again.
     pub fn empty_jetstream_disk(&self, name: &str) {
         if let Some(dir) = self.small_disk_of(name) {

@@ -4,8 +4,10 @@
 //! where the tests and the CLI run (10.213.0.254). [`Net::cut`] takes a component's link down
 //! and [`Net::heal`] brings it up; [`Net::split`] moves some components' links to a second
 //! bridge, so the cluster is in two halves that each still talk among themselves, and
-//! [`Net::join`] puts every link back. Private addresses inside 10.213.0.0/24 only: nothing
-//! leaves the machine.
+//! [`Net::join`] puts every link back. [`Net::cut_one_way`] drops only what a component sends,
+//! or only what it receives, with an iptables rule inside its namespace (where the `iptables`
+//! command exists: `scripts/setup.sh` installs it); [`Net::heal`] removes it. Private
+//! addresses inside 10.213.0.0/24 only: nothing leaves the machine.
 //!
 //! Made with `ip` (iproute2) as root. One campaign at a time per machine: the names are
 //! fixed, and what a killed campaign left is removed when the next one starts. Everything is
@@ -23,6 +25,15 @@ const BRIDGE: &str = "mgcbr0";
 const OTHER_BRIDGE: &str = "mgcbr1";
 /// The machine's own address on the bridge.
 pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 254);
+
+/// Which half of a component's traffic a one-way cut drops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneWay {
+    /// What it sends: the others stop hearing it, it still hears them.
+    Outgoing,
+    /// What it receives: it stops hearing the others, what it sends still arrives.
+    Incoming,
+}
 
 /// One component's namespace.
 #[derive(Clone, Debug)]
@@ -125,11 +136,32 @@ impl Net {
         }
     }
 
-    /// Brings component `name`'s link up again.
+    /// Brings component `name`'s link up again, and lifts a one-way cut.
     pub fn heal(&self, name: &str) {
         if let Some(link) = self.link_of(name) {
             ip(&["link", "set", &link, "up"]);
         }
+        if let Some(number) = self.number_of(name) {
+            for chain in ["INPUT", "OUTPUT"] {
+                // Nothing to flush where iptables is missing: no one-way cut was made.
+                let _ = iptables(number, &["-F", chain]);
+            }
+        }
+    }
+
+    /// Cuts component `name` off one way only (a rule on its namespace's side of its link;
+    /// TCP then stalls both ways, as it does when a firewall drops one direction); false
+    /// where iptables cannot make the rule.
+    pub fn cut_one_way(&self, name: &str, way: OneWay) -> bool {
+        let Some(number) = self.number_of(name) else {
+            return false;
+        };
+        let inner = format!("{PREFIX}{number}i");
+        let rule: [&str; 6] = match way {
+            OneWay::Outgoing => ["-A", "OUTPUT", "-o", &inner, "-j", "DROP"],
+            OneWay::Incoming => ["-A", "INPUT", "-i", &inner, "-j", "DROP"],
+        };
+        iptables(number, &rule)
     }
 
     /// Splits the cluster: the components in `half` talk among themselves only, the others
@@ -153,6 +185,14 @@ impl Net {
     /// Every component with a namespace.
     pub fn names(&self) -> Vec<String> {
         self.members().iter().map(|m| m.name.clone()).collect()
+    }
+
+    /// The number of component `name`'s namespace and links.
+    fn number_of(&self, name: &str) -> Option<usize> {
+        self.members()
+            .iter()
+            .position(|m| m.name == name)
+            .map(|index| index + 1)
     }
 
     fn link_of(&self, name: &str) -> Option<String> {
@@ -193,6 +233,17 @@ fn remove_leftovers() {
             .stderr(std::process::Stdio::null())
             .status();
     }
+}
+
+/// Runs `iptables ARGS` in namespace `number`; whether it succeeded (false where iptables
+/// is not installed, or the kernel has no filter table).
+fn iptables(number: usize, args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", &namespace(number), "iptables"])
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// Runs `ip ARGS`, which must succeed.

@@ -219,14 +219,7 @@ pub fn check(cli: &Cli, submitted: &Submitted, dir: &Path, settled: Settled) -> 
     check_gpus(&attempts, &shares, &mut violations, &mut unchecked);
     check_after_end(&attempts, &settled, &mut violations);
     check_arrays(submitted, &attempts, &mut violations, &mut unchecked);
-    check_output(
-        cli,
-        submitted,
-        &settled,
-        &by_job,
-        &mut violations,
-        &mut unchecked,
-    );
+    check_output(cli, submitted, &settled, &by_job, &mut violations);
     check_survivors(dir, &mut violations);
     check_cgroups(submitted, &mut violations);
     Report {
@@ -427,24 +420,19 @@ fn check_arrays(
     }
 }
 
-/// A succeeded job's output holds its final attempt's numbered lines, in order (after the
-/// line that says the attempt starts); exactly them when it ran once. A line of an earlier
-/// attempt may come after: an agent frozen while its attempt ran sends the rest of that
-/// attempt's output once it is thawed, while the next attempt already runs elsewhere.
+/// A succeeded job's output holds its final attempt's numbered lines, in order, for each of
+/// its ranks (every line says its attempt and rank: a gang's ranks print into one output);
+/// exactly them when it ran once. A line of an earlier attempt may come anywhere: an agent
+/// frozen while its attempt ran sends the rest of that attempt's output once it is thawed,
+/// while the next attempt already runs elsewhere.
 fn check_output(
     cli: &Cli,
     submitted: &Submitted,
     settled: &Settled,
     by_job: &HashMap<&str, BTreeMap<u32, Attempt>>,
     violations: &mut Vec<String>,
-    unchecked: &mut BTreeMap<&'static str, usize>,
 ) {
     for job in &submitted.jobs {
-        if job.kind == Kind::Gang {
-            // Its ranks' lines are tagged and interleaved: not checked.
-            *unchecked.entry("gang_outputs").or_default() += 1;
-            continue;
-        }
         let succeeded = settled
             .records
             .get(&job.id)
@@ -455,33 +443,46 @@ fn check_output(
         let attempt = settled
             .records
             .get(&job.id)
-            .and_then(|r| r["attempt"].as_u64());
+            .and_then(|r| r["attempt"].as_u64())
+            .unwrap_or(1);
         let out = cli.run(job.user, &["logs", &job.id]);
         let text = String::from_utf8_lossy(&out.stdout);
-        let starts = format!("--- mgpu: attempt {} starts", attempt.unwrap_or(1));
-        let final_attempt = text.rfind(&starts).map_or(&text[..], |at| &text[at..]);
-        let numbers: Vec<u32> = final_attempt
-            .lines()
-            .filter_map(|line| line.trim().strip_prefix("chaos-line "))
-            .filter_map(|n| n.trim().parse().ok())
-            .collect();
-        let expected: Vec<u32> = (1..=job.lines).collect();
-        let mut wanted = expected.iter().peekable();
-        for number in &numbers {
-            if wanted.peek() == Some(&number) {
-                wanted.next();
-            }
-        }
         let ran_once = by_job
             .get(job.id.as_str())
             .is_some_and(|runs| runs.len() == 1);
-        if wanted.peek().is_some() || (ran_once && numbers != expected) {
-            violations.push(format!(
-                "{}: its output's numbered lines are {numbers:?}, not 1 to {} in order",
-                job.id, job.lines
-            ));
+        let ranks = if job.kind == Kind::Gang { 2 } else { 1 };
+        for rank in 0..ranks {
+            let numbers = numbered_lines(&text, attempt, rank);
+            let expected: Vec<u32> = (1..=job.lines).collect();
+            let mut wanted = expected.iter().peekable();
+            for number in &numbers {
+                if wanted.peek() == Some(&number) {
+                    wanted.next();
+                }
+            }
+            if wanted.peek().is_some() || (ran_once && numbers != expected) {
+                violations.push(format!(
+                    "{}: rank {rank}'s numbered lines of attempt {attempt} are {numbers:?}, \
+                     not 1 to {} in order",
+                    job.id, job.lines
+                ));
+            }
         }
     }
+}
+
+/// The numbers of the lines `chaos-line N ATTEMPT RANK` of `attempt` and `rank` in `text`, in
+/// the order they come.
+fn numbered_lines(text: &str, attempt: u64, rank: u32) -> Vec<u32> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.trim().strip_prefix("chaos-line ")?.split_whitespace();
+            let number = fields.next()?.parse().ok()?;
+            let of_attempt: u64 = fields.next()?.parse().ok()?;
+            let of_rank: u32 = fields.next()?.parse().ok()?;
+            (of_attempt == attempt && of_rank == rank).then_some(number)
+        })
+        .collect()
 }
 
 /// No process of any job is left once every job ended.
@@ -536,12 +537,21 @@ fn check_cgroups(submitted: &Submitted, violations: &mut Vec<String>) {
 }
 
 /// How long `mgpu queue` takes to answer now, five times: median and longest, in ms.
+/// How long `mgpu queue` took, five times in a row. A slow one (over a second) prints its
+/// debug log, which says what it waited for.
 fn queue_answers(cli: &Cli) -> Value {
     let mut took: Vec<f64> = (0..5)
         .map(|_| {
             let began = Instant::now();
-            let _ = cli.run("alice", &["queue"]);
-            began.elapsed().as_secs_f64() * 1000.0
+            let out = cli.run_logged("alice", &["queue"]);
+            let ms = began.elapsed().as_secs_f64() * 1000.0;
+            if ms > 1000.0 {
+                let log = String::from_utf8_lossy(&out.stderr);
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n  ");
+                eprintln!("chaos: mgpu queue took {ms:.0} ms; its log ends:\n  {tail}");
+            }
+            ms
         })
         .collect();
     took.sort_by(f64::total_cmp);

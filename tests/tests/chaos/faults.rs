@@ -1,12 +1,14 @@
 //! The faults, drawn from the seed: SIGKILL of an agent, a scheduler or a nats-server (started
 //! again a few seconds later: a killed scheduler comes back as a new standby); SIGSTOP of any
-//! of them, SIGCONT a few seconds later; one of them cut off from all others (its link down);
-//! the cluster split in two halves that each still talk among themselves (the machine, where
-//! the CLI runs, with one of them); an agent's wall clock stepped 2 to 30 s either way (and
-//! back); a nats-server's JetStream disk filled (then emptied, and the server restarted, as
-//! an operator would). At most one nats-server is hit at a time, and none during a split; the
-//! other components may fail together, and a split may leave the CLI's half without a
-//! JetStream quorum until it heals. When the campaign ends, every fault is repaired at once.
+//! of them, SIGCONT a few seconds later; one of them cut off from all others (its link down),
+//! or one way only (what it sends dropped, or what it receives); the cluster split in two
+//! halves that each still talk among themselves (the machine, where the CLI runs, with one of
+//! them); an agent's or a scheduler's wall clock stepped 2 to 30 s either way (and back); a
+//! nats-server's JetStream disk filled (then emptied, and the server restarted, as an operator
+//! would), or lost (the server killed, its data removed, and started again on the empty disk).
+//! At most one nats-server is hit at a time, and none during a split; the other components may
+//! fail together, and a split may leave the CLI's half without a JetStream quorum until it
+//! heals. When the campaign ends, every fault is repaired at once.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mgpu_tests::Cluster;
+use mgpu_tests::netns::OneWay;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -35,10 +38,14 @@ enum Done {
     Killed,
     Paused(u32),
     Cut,
+    /// Cut one way only (an iptables rule in its namespace).
+    CutOneWay(OneWay),
     Split,
     /// An agent's clock stepped by this many seconds.
     ClockStepped(i64),
     DiskFilled,
+    /// A server killed and its JetStream data removed (started again on an empty disk).
+    DiskLost,
 }
 
 /// A fault in effect, and when it is repaired.
@@ -54,8 +61,10 @@ pub struct Injected {
     kills: u32,
     pauses: u32,
     partitions: u32,
+    one_way_partitions: u32,
     clock_steps: u32,
     disks_filled: u32,
+    disks_lost: u32,
     by_target: BTreeMap<&'static str, u32>,
 }
 
@@ -65,7 +74,9 @@ impl Injected {
             "kill": self.kills,
             "pause": self.pauses,
             "partition": self.partitions,
+            "partition_one_way": self.one_way_partitions,
             "disk_full": self.disks_filled,
+            "disk_lost": self.disks_lost,
             "clock_step": self.clock_steps,
             "by_component": self.by_target,
         })
@@ -75,6 +86,10 @@ impl Injected {
 /// Injects faults until `stop`, then repairs them all.
 pub fn inject(cluster: &Arc<Mutex<Cluster>>, seed: u64, stop: &AtomicBool) -> Injected {
     let mut draw = Draw::new(seed, 2);
+    // Choices added to the fault model later draw from a stream of their own, so that the
+    // seeds kept for the violations they once found still replay the same faults at the
+    // same moments.
+    let mut refine = Draw::new(seed, 3);
     let mut injected = Injected::default();
     let mut standing: Vec<Standing> = Vec::new();
     let mut next = Instant::now() + Duration::from_millis(draw.between(2_000, 5_000));
@@ -91,7 +106,8 @@ pub fn inject(cluster: &Arc<Mutex<Cluster>>, seed: u64, stop: &AtomicBool) -> In
             continue;
         }
         next = now + Duration::from_millis(draw.between(1_500, 5_000));
-        if let Some(fault) = strike(&mut cluster, &mut draw, &standing, &mut injected) {
+        let draws = (&mut draw, &mut refine);
+        if let Some(fault) = strike(&mut cluster, draws, &standing, &mut injected) {
             standing.push(fault);
         }
     }
@@ -112,7 +128,7 @@ fn lock(cluster: &Arc<Mutex<Cluster>>) -> std::sync::MutexGuard<'_, Cluster> {
 /// or it would take a JetStream quorum away).
 fn strike(
     cluster: &mut Cluster,
-    draw: &mut Draw,
+    (draw, refine): (&mut Draw, &mut Draw),
     standing: &[Standing],
     injected: &mut Injected,
 ) -> Option<Standing> {
@@ -135,13 +151,25 @@ fn strike(
     let done = match (draw.between(1, 100), &target) {
         (1..=35, _) => Done::Killed,
         (36..=60, _) => Done::Paused(pid_of(cluster, &target)?),
+        // Two cuts in five are one way, half of those in each direction.
+        (61..=80, _) if refine.chance(40) => Done::CutOneWay(if refine.chance(50) {
+            OneWay::Outgoing
+        } else {
+            OneWay::Incoming
+        }),
         (61..=80, _) => Done::Cut,
         (81..=92, Target::Agent(_)) => {
             let step = draw.between(2, 30) as i64;
             Done::ClockStepped(if draw.chance(50) { step } else { -step })
         }
+        // One server disk fault in three loses the disk instead of filling it.
+        (81..=92, Target::Server(_)) if refine.chance(33) => Done::DiskLost,
         (81..=92, Target::Server(_)) => Done::DiskFilled,
-        (81..=92, Target::Scheduler(_)) => return None,
+        // A scheduler's clock steps as an agent's does (its draws from the refining stream).
+        (81..=92, Target::Scheduler(_)) => {
+            let step = refine.between(2, 30) as i64;
+            Done::ClockStepped(if refine.chance(50) { step } else { -step })
+        }
         _ if split || server_hit => return None,
         _ => Done::Split,
     };
@@ -159,8 +187,13 @@ fn strike(
         Done::Killed => injected.kills += 1,
         Done::Paused(_) => injected.pauses += 1,
         Done::Cut | Done::Split => injected.partitions += 1,
+        Done::CutOneWay(_) => {
+            injected.partitions += 1;
+            injected.one_way_partitions += 1;
+        }
         Done::ClockStepped(_) => injected.clock_steps += 1,
         Done::DiskFilled => injected.disks_filled += 1,
+        Done::DiskLost => injected.disks_lost += 1,
     }
     Some(Standing {
         target,
@@ -186,6 +219,10 @@ fn inflict(cluster: &mut Cluster, draw: &mut Draw, target: &Target, done: Done) 
             Some(net) => net.cut(name_of(target)),
             None => return false,
         },
+        Done::CutOneWay(way) => match cluster.net() {
+            Some(net) => return net.cut_one_way(name_of(target), way),
+            None => return false,
+        },
         Done::Split => {
             let Some(net) = cluster.net() else {
                 return false;
@@ -201,8 +238,9 @@ fn inflict(cluster: &mut Cluster, draw: &mut Draw, target: &Target, done: Done) 
             eprintln!("chaos: split off {half:?}");
             net.split(&half);
         }
-        Done::ClockStepped(secs) => return cluster.step_agent_clock(name_of(target), secs),
+        Done::ClockStepped(secs) => return cluster.step_clock(name_of(target), secs),
         Done::DiskFilled => return cluster.fill_jetstream_disk(name_of(target)),
+        Done::DiskLost => return cluster.lose_jetstream_disk(name_of(target)),
     }
     true
 }
@@ -229,7 +267,7 @@ fn repair(cluster: &mut Cluster, fault: Standing) {
         Done::Paused(pid) => {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
         }
-        Done::Cut => {
+        Done::Cut | Done::CutOneWay(_) => {
             if let Some(net) = cluster.net() {
                 net.heal(name);
             }
@@ -240,7 +278,7 @@ fn repair(cluster: &mut Cluster, fault: Standing) {
             }
         }
         Done::ClockStepped(_) => {
-            cluster.step_agent_clock(name, 0);
+            cluster.step_clock(name, 0);
         }
         Done::DiskFilled => {
             cluster.empty_jetstream_disk(name);
@@ -249,6 +287,7 @@ fn repair(cluster: &mut Cluster, fault: Standing) {
             cluster.kill_nats_server(name);
             cluster.restart_nats_server(name);
         }
+        Done::DiskLost => cluster.restart_nats_server(name),
         Done::Killed => match &fault.target {
             Target::Agent(name) => cluster.start_agent(name),
             Target::Scheduler(_) => {

@@ -100,19 +100,33 @@ impl Cli {
 
     /// `mgpu ARGS` as `user` (`alice`, `bob` or `admin`).
     pub fn run(&self, user: &str, args: &[&str]) -> Output {
+        self.command(user, args)
+            .output()
+            .unwrap_or_else(|e| panic!("running mgpu: {e}"))
+    }
+
+    /// [`Cli::run`] with the CLI's and the NATS client's debug log on its stderr.
+    pub fn run_logged(&self, user: &str, args: &[&str]) -> Output {
+        self.command(user, args)
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap_or_else(|e| panic!("running mgpu: {e}"))
+    }
+
+    fn command(&self, user: &str, args: &[&str]) -> Command {
         let creds = match user {
             "alice" => &self.alice,
             "bob" => &self.bob,
             _ => &self.admin,
         };
-        Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        command
             .args(args)
             .env("MGPU_SERVER", &self.servers)
             .env("MGPU_CREDS", creds)
             .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("running mgpu: {e}"))
+            .stdin(Stdio::null());
+        command
     }
 
     /// What `mgpu ARGS --json` printed, when it succeeded.
@@ -126,14 +140,16 @@ impl Cli {
 }
 
 /// The script every job runs: its ledger lines around `lines` numbered lines, `pause`
-/// seconds apart.
+/// seconds apart, each tagged with its attempt and rank (`chaos-line 3 1 0`), so that a gang's
+/// ranks, printing into one output, are checked each on its own.
 pub fn job_script(ledgers: &Path, lines: u32, pause: f64) -> String {
     let ledger = ledgers.display();
     format!(
         "note() {{ echo \"$1 $MGPU_JOB_ID $MGPU_ATTEMPT $MGPU_NODE $MGPU_GPUS $(date +%s%N) \
          ${{MGPU_NODE_RANK:-0}}\" \
          | dd of={ledger}/$MGPU_NODE oflag=append conv=notrunc,fsync status=none; }}; \
-         note start; i=1; while [ $i -le {lines} ]; do echo \"chaos-line $i\"; sleep {pause}; \
+         note start; i=1; while [ $i -le {lines} ]; do echo \"chaos-line $i $MGPU_ATTEMPT ${{MGPU_NODE_RANK:-0}}\"; \
+         sleep {pause}; \
          i=$((i+1)); done; note end"
     )
 }
