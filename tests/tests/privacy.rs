@@ -480,15 +480,22 @@ fn a_viewer_reads_the_nodes_the_queue_and_public_output_and_the_server_refuses_i
     assert!(!shown.contains(&secret), "{shown}");
 
     // No request: its submit and its cancel are refused by the server, and change nothing.
+    // The CLI says so from the server's refusal (not after the acknowledgement's timeout).
     let submitted = cluster.mgpu_with(&wall, &["submit", "--", "echo wall-job"], None);
     assert!(!submitted.status.success());
-    let said = String::from_utf8_lossy(&submitted.stderr).to_lowercase();
+    let said = String::from_utf8_lossy(&submitted.stderr);
     assert!(
-        said.contains("permission") || said.contains("credentials may not allow"),
+        said.contains("permission denied: the server does not let your key submit jobs")
+            && said.contains("Permissions Violation"),
         "{said}"
     );
     let cancelled = cluster.mgpu_with(&wall, &["cancel", &public], None);
     assert!(!cancelled.status.success());
+    let said = String::from_utf8_lossy(&cancelled.stderr);
+    assert!(
+        said.contains("permission denied") && said.contains("Permissions Violation"),
+        "{said}"
+    );
     assert_eq!(cluster.state(&public), "running");
     let all = cluster.all_jobs();
     assert!(

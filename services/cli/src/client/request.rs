@@ -188,8 +188,35 @@ pub async fn publish(session: &Session, request: &Request) -> Result<()> {
 }
 
 /// Publishes the requests pipelined and waits until JetStream stored each, retried through
-/// leader elections. One result per request, in order.
+/// leader elections. One result per request, in order. Where the server's permissions refuse
+/// the publish (a viewer's key sending a request), every request fails at once with that
+/// refusal, instead of after the acknowledgements' timeouts and the retries.
 pub async fn publish_all(session: &Session, requests: &[Request]) -> Vec<Result<()>> {
+    let mut subjects: Vec<&str> = requests.iter().map(|r| r.subject.as_str()).collect();
+    subjects.dedup();
+    tokio::select! {
+        results = publish_all_stored(session, requests) => results,
+        refusal = session.publish_refused(&subjects) => requests
+            .iter()
+            .map(|request| {
+                let what = format!("publish to {}", request.subject);
+                Err(refused_error(&what, &refusal))
+            })
+            .collect(),
+    }
+}
+
+/// The error of a request the server's permissions refused: `what` the key may not do
+/// ("publish to jobs.1a2b….cancel", "submit jobs"), and the server's words.
+pub fn refused_error(what: &str, refusal: &str) -> anyhow::Error {
+    anyhow!(
+        "permission denied: the server does not let your key {what} ({}); a viewer's key reads \
+         the cluster but sends no request",
+        refusal.trim()
+    )
+}
+
+async fn publish_all_stored(session: &Session, requests: &[Request]) -> Vec<Result<()>> {
     retried(
         requests.len(),
         RetryPolicy::ELECTION,

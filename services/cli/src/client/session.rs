@@ -44,12 +44,60 @@ pub struct Session {
     pub user: String,
     /// The user's nkey, which signs every request (the scheduler records the signer).
     pub key: std::sync::Arc<nkeys::KeyPair>,
+    /// What the server's permissions refused on this connection so far.
+    refusals: std::sync::Arc<Refusals>,
+}
+
+/// The server's permission refusals (`Permissions Violation for Publish to "jobs.submit"`),
+/// as they arrive on the connection.
+#[derive(Default)]
+struct Refusals {
+    texts: std::sync::Mutex<Vec<String>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl Refusals {
+    fn add(&self, text: String) {
+        self.texts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(text);
+        self.arrived.notify_waiters();
+    }
+
+    fn find(&self, needle: &str) -> Option<String> {
+        self.texts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|text| text.contains(needle))
+            .cloned()
+    }
 }
 
 impl Session {
     /// Connects with the credentials from `--creds` / `MGPU_CREDS`.
     pub async fn connect(connection: &ConnectionArgs) -> Result<Session> {
-        Session::connect_with(connection, ConnectOptions::new()).await
+        Session::connect_with(connection, None).await
+    }
+
+    /// Resolves with the server's refusal once it refuses a publish to a subject beginning
+    /// with one of `subjects` on this connection; never, otherwise. A refused publish is
+    /// dropped and never acknowledged: raced against the acknowledgement, it says at once why
+    /// none will come.
+    pub async fn publish_refused(&self, subjects: &[&str]) -> String {
+        let needles: Vec<String> = subjects
+            .iter()
+            .map(|subject| format!("Publish to \"{subject}"))
+            .collect();
+        loop {
+            // Asked for before looking, so a refusal that arrives in between still wakes us.
+            let arrived = self.refusals.arrived.notified();
+            if let Some(text) = needles.iter().find_map(|n| self.refusals.find(n)) {
+                return text;
+            }
+            arrived.await;
+        }
     }
 
     /// Connects like [`Session::connect`], and reports the server's permission refusals.
@@ -62,22 +110,31 @@ impl Session {
         connection: &ConnectionArgs,
     ) -> Result<(Session, mpsc::UnboundedReceiver<String>)> {
         let (sender, refusals) = mpsc::unbounded_channel();
+        let session = Session::connect_with(connection, Some(sender)).await?;
+        Ok((session, refusals))
+    }
+
+    /// Connects, keeping the server's permission refusals (and sending each to `forward`).
+    async fn connect_with(
+        connection: &ConnectionArgs,
+        forward: Option<mpsc::UnboundedSender<String>>,
+    ) -> Result<Session> {
+        let refusals = std::sync::Arc::new(Refusals::default());
+        let kept = std::sync::Arc::clone(&refusals);
         let options = ConnectOptions::new().event_callback(move |event| {
-            let sender = sender.clone();
+            let (kept, forward) = (std::sync::Arc::clone(&kept), forward.clone());
             async move {
                 if let Event::ServerError(ServerError::Other(text)) = event
                     && text.contains("Permissions Violation")
                 {
-                    // Nobody listening any more means the command is over.
-                    let _ = sender.send(text);
+                    if let Some(forward) = forward {
+                        // Nobody listening any more means the command is over.
+                        let _ = forward.send(text.clone());
+                    }
+                    kept.add(text);
                 }
             }
         });
-        let session = Session::connect_with(connection, options).await?;
-        Ok((session, refusals))
-    }
-
-    async fn connect_with(connection: &ConnectionArgs, options: ConnectOptions) -> Result<Session> {
         let creds = connection.creds.clone().ok_or_else(|| {
             anyhow!(
                 "no credentials: pass --creds FILE or set MGPU_CREDS \
@@ -104,6 +161,7 @@ impl Session {
             js,
             user,
             key: std::sync::Arc::new(key),
+            refusals,
         })
     }
 }

@@ -17,8 +17,26 @@ use super::session::Session;
 /// Stores each submission and waits for JetStream's acknowledgements, so every id reported as
 /// submitted belongs to a stored job. Those that fail for a passing reason are sent again (see
 /// [`request::retried`]), as long as mgpu's streams exist at all. Returns one result per
-/// request, in order. With `verdict_to`, each asks the scheduler for its verdict there.
+/// request, in order. With `verdict_to`, each asks the scheduler for its verdict there. Where
+/// the server's permissions refuse the environments or the submissions (a viewer's key),
+/// every one fails at once with that refusal.
 pub async fn submit_all(
+    session: &Session,
+    requests: &[SubmitRequest],
+    verdict_to: Option<&str>,
+) -> Vec<Result<()>> {
+    let envs = format!("$KV.{}.", subjects::JOB_ENV_BUCKET);
+    let refusable = [subjects::SUBMIT, envs.as_str()];
+    tokio::select! {
+        results = submit_all_stored(session, requests, verdict_to) => results,
+        refusal = session.publish_refused(&refusable) => requests
+            .iter()
+            .map(|_| Err(request::refused_error("submit jobs", &refusal)))
+            .collect(),
+    }
+}
+
+async fn submit_all_stored(
     session: &Session,
     requests: &[SubmitRequest],
     verdict_to: Option<&str>,
