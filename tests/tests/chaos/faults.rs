@@ -41,7 +41,7 @@ enum Done {
     /// Cut one way only (an iptables rule in its namespace).
     CutOneWay(OneWay),
     Split,
-    /// An agent's clock stepped by this many seconds.
+    /// An agent's or a scheduler's clock stepped by this many seconds.
     ClockStepped(i64),
     DiskFilled,
     /// A server killed and its JetStream data removed (started again on an empty disk).
@@ -86,9 +86,10 @@ impl Injected {
 /// Injects faults until `stop`, then repairs them all.
 pub fn inject(cluster: &Arc<Mutex<Cluster>>, seed: u64, stop: &AtomicBool) -> Injected {
     let mut draw = Draw::new(seed, 2);
-    // Choices added to the fault model later draw from a stream of their own, so that the
-    // seeds kept for the violations they once found still replay the same faults at the
-    // same moments.
+    // Choices added to the fault model later draw from a stream of their own: the first
+    // stream's draws (which component, what kind, when) stay what they were for every seed,
+    // so the seeds kept for the violations they once found still hit the same components at
+    // the same moments.
     let mut refine = Draw::new(seed, 3);
     let mut injected = Injected::default();
     let mut standing: Vec<Standing> = Vec::new();

@@ -1,7 +1,9 @@
 // The queue view: running and waiting jobs with why they wait and when the scheduler expects
 // them to start, filtered by user, state, node and name; the signed-in user's own jobs get
 // cancel, hold and release buttons. At most ROWS rows are drawn (10 000 queued jobs would
-// freeze the tab); the count says how many matched.
+// freeze the tab); the count says how many matched. A row is made again only when what it
+// shows changed (else only its age is updated) and rows are moved, not rebuilt, when the order
+// changes: a click never lands on a row being replaced.
 
 import { ago, gpusOf, h, jobTitle, shortId } from "../dom.js";
 import { filterJobs, stateOf, waitReason } from "../store.js";
@@ -35,6 +37,7 @@ export class QueueView {
           .map((t) => h("th", { scope: "col" }, t)))),
         this.body)));
     this.lastVersion = -1;
+    this.rows = new Map(); // job id -> {element, signature, since (its age cell)}
   }
 
   render(nowMs) {
@@ -47,27 +50,58 @@ export class QueueView {
     this.count.textContent = matched.length > ROWS
       ? `${matched.length} jobs match; the first ${ROWS} are shown: narrow the filter`
       : `${matched.length} jobs`;
-    this.body.replaceChildren(...shown.map((record) => this.row(record, nowMs)));
+    const rows = new Map();
+    const elements = shown.map((record) => {
+      const shows = this.shows(record);
+      let row = this.rows.get(record.id);
+      if (!row || row.signature !== shows.signature) row = this.row(record, shows);
+      const age = shows.since ? ago(nowMs - Date.parse(shows.since)) : "";
+      if (row.since.textContent !== age) row.since.textContent = age;
+      rows.set(record.id, row);
+      return row.element;
+    });
+    this.rows = rows;
+    // Moved into place one by one: rows that stay where they were are not touched.
+    elements.forEach((element, position) => {
+      const there = this.body.children[position];
+      if (there !== element) this.body.insertBefore(element, there || null);
+    });
+    while (this.body.children.length > elements.length) this.body.lastElementChild.remove();
   }
 
-  row(record, nowMs) {
+  /** What a job's row shows, but its age: the cells' texts, and their signature. */
+  shows(record) {
     const state = stateOf(record);
     const placement = record.placement;
-    const since = state === "running" ? record.started_at || record.assigned_at : record.submitted_at;
     const expected = this.store.expectedStarts.get(record.id);
-    const where = state === "running"
-      ? [placement.node, ...(placement.peers || []).map((p) => p.node)].join(", ")
-      : waitReason(record);
-    return h(`tr.${state}`, { "data-job": record.id },
+    const cells = {
+      state,
+      label: state === "queued" && record.reason === "Held" ? "held" : state,
+      title: jobTitle(record),
+      gpus: gpusOf(record.spec),
+      where: state === "running"
+        ? [placement.node, ...(placement.peers || []).map((p) => p.node)].join(", ")
+        : waitReason(record),
+      expected: expected && state === "queued" ? new Date(expected).toLocaleString() : "",
+      mine: this.isMine(record),
+    };
+    const since = state === "running" ? record.started_at || record.assigned_at : record.submitted_at;
+    return { ...cells, since, signature: JSON.stringify([cells, record.user, since]) };
+  }
+
+  row(record, shows) {
+    const since = h("td", {}, "");
+    const element = h(`tr.${shows.state}`, { "data-job": record.id },
       h("td", {}, h("a", { href: `#job/${record.id}`, onclick: (e) => { e.preventDefault(); this.openJob(record.id); } }, shortId(record.id))),
-      h("td.name", {}, jobTitle(record)),
+      h("td.name", {}, shows.title),
       h("td", {}, record.user),
-      h("td.state", {}, state === "queued" && record.reason === "Held" ? "held" : state),
-      h("td", {}, gpusOf(record.spec)),
-      h("td.where", {}, where),
-      h("td", {}, expected && state === "queued" ? new Date(expected).toLocaleString() : ""),
-      h("td", {}, since ? ago(nowMs - Date.parse(since)) : ""),
-      h("td.actions", {}, this.isMine(record) ? actionButtons(record, this.act).filter(Boolean) : null));
+      h("td.state", {}, shows.label),
+      h("td", {}, shows.gpus),
+      h("td.where", {}, shows.where),
+      h("td", {}, shows.expected),
+      since,
+      h("td.actions", {}, shows.mine ? actionButtons(record, this.act).filter(Boolean) : null));
+    return { element, signature: shows.signature, since };
   }
 }
 
