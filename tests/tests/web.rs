@@ -118,6 +118,7 @@ fn the_dashboard_shows_the_cluster_live_and_the_server_enforces_who_may_do_what(
         results["reconnected_and_caught_up"].is_string(),
         "{results}"
     );
+    assert!(results["from_plain_file_server"].is_string(), "{results}");
     for view in [
         "cluster",
         "queue",

@@ -11,6 +11,8 @@
 
 import { execFileSync } from "node:child_process";
 import { mkdirSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import http from "node:http";
 import net from "node:net";
 import { nkeys } from "@nats-io/nats-core";
 import { chromium } from "playwright-core";
@@ -47,13 +49,13 @@ async function signIn(browser, creds, query = "") {
   return page;
 }
 
-async function openSignIn(browser, query = "") {
+async function openSignIn(browser, query = "", base = env.WEB_URL) {
   const context = await browser.newContext({ viewport: { width: 1600, height: 1000 } });
   const page = await context.newPage();
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
   page.on("console", (message) => console.error(`page console: ${message.text()}`));
   current = page;
-  await page.goto(`${env.WEB_URL}${query}`);
+  await page.goto(`${base}${query}`);
   return page;
 }
 
@@ -69,6 +71,7 @@ async function main() {
     await aBadSeedIsExplained(browser);
     await anUnknownKeyAndAMissingListenerAreExplained(browser);
     await aDroppedConnectionIsSaidAndHealsByItself(browser);
+    await thePageWorksFromAPlainFileServer(browser);
   } catch (error) {
     await describePage();
     throw error;
@@ -245,6 +248,35 @@ async function anUnknownKeyAndAMissingListenerAreExplained(browser) {
   await page.waitForFunction(() => /cannot reach the NATS WebSocket listener/.test(document.querySelector(".sign-in .error").textContent),
     null, { timeout: 15_000 });
   await page.context().close();
+}
+
+/** The built page (dist/) served as plain files, without `mgpu web` (no config.json): opened
+ * with `?ws=`, it signs in and shows the cluster all the same. */
+async function thePageWorksFromAPlainFileServer(browser) {
+  const dist = new URL("../../dist/", import.meta.url);
+  const server = http.createServer(async (request, response) => {
+    const name = new URL(request.url, "http://x").pathname.replace(/^\/+/, "") || "index.html";
+    try {
+      if (name.includes("..")) throw new Error("outside");
+      const body = await readFile(new URL(name, dist));
+      const type = name.endsWith(".js") ? "text/javascript" : name.endsWith(".css") ? "text/css" : "text/html";
+      response.writeHead(200, { "content-type": type }).end(body);
+    } catch {
+      response.writeHead(404).end();
+    }
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  try {
+    const base = `http://127.0.0.1:${server.address().port}/`;
+    const page = await openSignIn(browser, `?ws=ws://127.0.0.1:${env.WEBSOCKET_PORT}`, base);
+    await page.setInputFiles("#seed-file", env.ALICE_CREDS);
+    await page.click("button[type=submit]");
+    await page.waitForSelector("[data-node=node001] .tile", { timeout: 15_000 });
+    results.from_plain_file_server = base;
+    await page.context().close();
+  } finally {
+    server.close();
+  }
 }
 
 /** A TCP proxy in front of the WebSocket listener that can be cut (every connection closed,
