@@ -53,10 +53,11 @@ where
 /// How long a read of the latest records may wait for its next message, while the consumer
 /// says more are due, before it starts over with a new consumer.
 const READ_STALL: std::time::Duration = std::time::Duration::from_secs(5);
-/// The same for its first message. A consumer made just as its stream's leader changed can be
-/// gone before it delivers anything (its pull unanswered): `mgpu queue` after a fault campaign
-/// waited the whole READ_STALL for one, once in five tries. A new consumer answers within
-/// milliseconds, even on a stream of 100 000 records.
+/// The same for its first message, on a read's first try. A consumer made just as its stream's
+/// leader changed can be gone before it delivers anything (its pull unanswered): `mgpu queue`
+/// after a fault campaign waited the whole READ_STALL for one, once in five tries. The tries
+/// after it wait READ_STALL, so a server merely slow to start delivering costs one more try,
+/// not a failed read.
 const FIRST_DELIVERY_STALL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Reads started before giving up.
 const READ_ATTEMPTS: u32 = 5;
@@ -250,7 +251,12 @@ async fn for_each_delivered(
             tracing::warn!("reading {stream_name} starts over: {why}");
             each(Delivery::StartOver)?;
         }
-        match read_delivered(stream, plan, &mut each).await? {
+        let first_stall = if attempt == 0 {
+            FIRST_DELIVERY_STALL
+        } else {
+            READ_STALL
+        };
+        match read_delivered(stream, plan, first_stall, &mut each).await? {
             Read::Done => return Ok(()),
             Read::Lost(reason) => why = reason,
         }
@@ -267,9 +273,11 @@ enum Read {
     Lost(String),
 }
 
+/// One try of a read; `first_stall` is how long it waits for the first message.
 async fn read_delivered(
     stream: &stream::Stream,
     plan: ReadPlan<'_>,
+    first_stall: std::time::Duration,
     each: &mut impl FnMut(Delivery) -> Result<(), StateError>,
 ) -> Result<Read, StateError> {
     let consumer = create_reader("reading the latest records", || {
@@ -302,7 +310,7 @@ async fn read_delivered(
     let mut expected = 1;
     loop {
         let stall = if expected == 1 {
-            FIRST_DELIVERY_STALL
+            first_stall
         } else {
             READ_STALL
         };

@@ -1,6 +1,6 @@
 //! `mgpu admin site SITE.toml --out DIR`: a whole site (nats-servers, schedulers, GPU hosts,
-//! users, admins, viewers, TLS on or off) written from one description into a directory per host,
-//! ready to copy onto each host as it is laid out there.
+//! users, admins, viewers, TLS on or off) written from one description into a directory per
+//! host, ready to copy onto each host as it is laid out there.
 //!
 //! ```text
 //! DIR/auth/                  the credentials directory (as `mgpu admin init` makes it: every
@@ -94,8 +94,8 @@ struct PrincipalChanges {
 }
 
 /// Makes the registry in `auth` hold exactly the site's principals: the scheduler, the
-/// notification service, each node, user, admin and viewer. Existing ones keep their keys; new ones get one; the others are removed
-/// with their key files.
+/// notification service, each node, user, admin and viewer. Existing ones keep their keys;
+/// new ones get one; the others are removed with their key files.
 fn sync_principals(
     auth: &Path,
     site: &spec::Site,
