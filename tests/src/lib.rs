@@ -405,6 +405,15 @@ impl Cluster {
     }
 
     fn start_nats(&mut self) {
+        let log = self.dir.path().join("logs").join("nats-server.log");
+        // The log is appended to across restarts: this start is ready at its own line.
+        let readies = |log: &Path| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .matches("Server is ready")
+                .count()
+        };
+        let ready_before = readies(&log);
         let child = Command::new(nats_server_bin())
             .arg("-c")
             .arg(self.auth_dir.join("server.conf"))
@@ -419,8 +428,18 @@ impl Cluster {
             });
         self.nats = Some(child);
         let port = self.port;
-        wait_for("nats-server to listen", Duration::from_secs(10), || {
-            TcpStream::connect(("127.0.0.1", port)).ok()
+        // Ready when the server started here says so and its port answers: a port that answers
+        // alone may be another process's (in CI a story's first command once found nothing
+        // listening on a port that had answered).
+        wait_for("nats-server to be ready", Duration::from_secs(10), || {
+            if let Some(child) = self.nats.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("nats-server exited at start ({status}):\n{said}");
+            }
+            let ready = readies(&log) > ready_before;
+            (ready && TcpStream::connect(("127.0.0.1", port)).is_ok()).then_some(())
         });
     }
 
