@@ -247,8 +247,14 @@ async fn for_each_delivered(
     let stream_name = &stream.cached_info().config.name;
     let mut why = String::new();
     for attempt in 0..READ_ATTEMPTS {
-        if attempt > 0 {
+        if attempt == 1 {
+            // The first try's short wait for a first message ends this way during any leader
+            // change: not worth a line on a user's terminal.
+            tracing::debug!("reading {stream_name} starts over: {why}");
+        } else if attempt > 1 {
             tracing::warn!("reading {stream_name} starts over: {why}");
+        }
+        if attempt > 0 {
             each(Delivery::StartOver)?;
         }
         let first_stall = if attempt == 0 {
