@@ -41,8 +41,8 @@ export function keyPairOf(seed) {
 }
 
 /**
- * Connects to `url` as the holder of `seed`. Resolves to {nc, js, kvm, keyPair, publicKey}; rejects
- * with an Error whose message a person can act on. `onStatus(text, kind)` hears about
+ * Connects to `url` as the holder of `seed`. Resolves to {nc, js, kvm, keyPair, publicKey};
+ * rejects with an Error whose message a person can act on. `onStatus(text, kind)` hears about
  * disconnects and reconnects afterwards.
  */
 export async function connect(url, seed, onStatus) {
