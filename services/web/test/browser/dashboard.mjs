@@ -101,7 +101,9 @@ async function aliceSeesTheClusterAndHerJob(browser) {
   const waiting = submit(["--name", "waits-behind", "--gpus", "2", "--", "sleep", "60"]);
   await page.waitForSelector(`tr.queued[data-job="${waiting}"]`, { timeout: 10_000 });
   await page.screenshot({ path: `${shots}/queue.png` });
-  // Held and released from the page.
+  // Held and released from the page. The running job's row is kept as it is meanwhile (only
+  // a row whose content changed is made again).
+  const runningRow = await page.$(`tr[data-job="${id}"]`);
   await page.click(`tr[data-job="${waiting}"] button[data-action=hold]`);
   await page.waitForFunction((job) => document.querySelector(`tr[data-job="${job}"] td.state`)?.textContent === "held",
     waiting, { timeout: 10_000 });
@@ -109,6 +111,7 @@ async function aliceSeesTheClusterAndHerJob(browser) {
   await page.waitForFunction((job) => document.querySelector(`tr[data-job="${job}"] td.state`)?.textContent === "queued",
     waiting, { timeout: 10_000 });
   results.held_and_released = waiting;
+  check(await runningRow.evaluate((row) => row.isConnected), "the queue rebuilt an unchanged row");
   await page.click("nav a[data-view=cluster]");
   await page.waitForSelector(`[data-node=node001] .tile.busy a[href="#job/${id}"]`, { timeout: 10_000 });
   // The top of the page only, the notices dismissed: the README shows this one.
