@@ -8,7 +8,6 @@ use anyhow::{Result, anyhow};
 use async_nats::jetstream;
 use async_nats::{ConnectOptions, Event, ServerError};
 use mgpu_nats::connect::{ConnectTarget, connect_with};
-use tokio::sync::mpsc;
 
 use crate::errors::plain;
 
@@ -78,7 +77,7 @@ impl Refusals {
 impl Session {
     /// Connects with the credentials from `--creds` / `MGPU_CREDS`.
     pub async fn connect(connection: &ConnectionArgs) -> Result<Session> {
-        Session::connect_with(connection, None).await
+        Session::connect_with(connection).await
     }
 
     /// Resolves with the server's refusal once it refuses a publish to a subject beginning
@@ -90,6 +89,18 @@ impl Session {
             .iter()
             .map(|subject| format!("Publish to \"{subject}"))
             .collect();
+        self.refused_any(&needles).await
+    }
+
+    /// Resolves with the server's first permission refusal on this connection that names
+    /// `needle` (a subject, a stream); never, otherwise. Raced against a read or a subscription
+    /// the server may refuse, it says at once what waiting for an answer that will never come
+    /// would say only after a timeout.
+    pub async fn refused(&self, needle: &str) -> String {
+        self.refused_any(&[needle.to_owned()]).await
+    }
+
+    async fn refused_any(&self, needles: &[String]) -> String {
         loop {
             // Asked for before looking, so a refusal that arrives in between still wakes us.
             let arrived = self.refusals.arrived.notified();
@@ -100,37 +111,19 @@ impl Session {
         }
     }
 
-    /// Connects like [`Session::connect`], and reports the server's permission refusals.
-    ///
-    /// A publish the server's permissions forbid is dropped with an `-ERR` on the connection,
-    /// and no JetStream acknowledgement ever comes; the refusal text (`Permissions Violation
-    /// for Publish to "admin.requests"`) arrives on the returned channel, long before the
-    /// acknowledgement would time out.
-    pub async fn connect_watching_permissions(
-        connection: &ConnectionArgs,
-    ) -> Result<(Session, mpsc::UnboundedReceiver<String>)> {
-        let (sender, refusals) = mpsc::unbounded_channel();
-        let session = Session::connect_with(connection, Some(sender)).await?;
-        Ok((session, refusals))
-    }
-
-    /// Connects, keeping the server's permission refusals (and sending each to `forward`).
-    async fn connect_with(
-        connection: &ConnectionArgs,
-        forward: Option<mpsc::UnboundedSender<String>>,
-    ) -> Result<Session> {
+    /// Connects, keeping the server's permission refusals ([`Session::refused`]): a publish,
+    /// subscription or consumer the server's permissions forbid is dropped with an `-ERR` on
+    /// the connection (`Permissions Violation for Publish to "admin.requests"`), and no answer
+    /// ever comes.
+    async fn connect_with(connection: &ConnectionArgs) -> Result<Session> {
         let refusals = std::sync::Arc::new(Refusals::default());
         let kept = std::sync::Arc::clone(&refusals);
         let options = ConnectOptions::new().event_callback(move |event| {
-            let (kept, forward) = (std::sync::Arc::clone(&kept), forward.clone());
+            let kept = std::sync::Arc::clone(&kept);
             async move {
                 if let Event::ServerError(ServerError::Other(text)) = event
                     && text.contains("Permissions Violation")
                 {
-                    if let Some(forward) = forward {
-                        // Nobody listening any more means the command is over.
-                        let _ = forward.send(text.clone());
-                    }
                     kept.add(text);
                 }
             }
@@ -164,19 +157,6 @@ impl Session {
             refusals,
         })
     }
-}
-
-/// Resolves once the server refuses something naming `needle` (a subject of the request)
-/// among `refusals` ([`Session::connect_watching_permissions`]); never, otherwise. Raced
-/// against a read the server may refuse, it says at once what waiting for an answer that will
-/// never come would say only after a timeout.
-pub async fn refused(refusals: &mut mpsc::UnboundedReceiver<String>, needle: &str) {
-    while let Some(refusal) = refusals.recv().await {
-        if refusal.contains(needle) {
-            return;
-        }
-    }
-    std::future::pending::<()>().await;
 }
 
 /// The login name: `$USER`, else the password database entry for our uid, else the uid itself.

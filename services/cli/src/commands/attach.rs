@@ -38,9 +38,9 @@ pub struct AttachArgs {
 }
 
 pub async fn run(connection: &ConnectionArgs, args: &AttachArgs) -> Result<ExitCode> {
-    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let session = Session::connect(connection).await?;
     let record = jobs::find_anywhere(&session, &args.id).await?;
-    output::check_output_readable(&session, &mut refusals, &record).await?;
+    output::check_output_readable(&session, &record).await?;
     if record.state.is_finished() {
         return Ok(ended(&record));
     }

@@ -214,7 +214,7 @@ pub async fn run_gpu(connection: &ConnectionArgs, args: &GpuArgs) -> Result<Exit
 }
 
 async fn apply(connection: &ConnectionArgs, change: &Change) -> Result<ExitCode> {
-    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let session = Session::connect(connection).await?;
     let node = change.node();
     let before = records::node_admin(&session.js)
         .await
@@ -228,12 +228,12 @@ async fn apply(connection: &ConnectionArgs, change: &Change) -> Result<ExitCode>
         return Ok(ExitCode::SUCCESS);
     }
 
-    // Refusals from before this publish are about something else.
-    while refusals.try_recv().is_ok() {}
     let asked = Request::fresh(subjects::ADMIN_REQUESTS, &change.request(&session.user))?;
-    // A refused publish is never acknowledged: the refusal ends the tries at once.
+    // A refused publish is never acknowledged: the refusal ends the tries at once, in the
+    // words of what was refused.
     tokio::select! {
-        Some(_) = refusals.recv() => {
+        biased;
+        _ = session.publish_refused(&[subjects::ADMIN_REQUESTS]) => {
             bail!("permission denied: only admins may drain nodes and pause GPUs");
         }
         acked = request::publish(&session, &asked) => { acked?; }

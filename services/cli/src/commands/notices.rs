@@ -19,7 +19,7 @@ use mgpu_protocol::idle::{IdleAction, Notice, NoticeKind};
 use mgpu_protocol::principals::{REGISTRY_FILE, Registry, Role};
 use mgpu_protocol::subjects;
 
-use crate::client::session::{self, ConnectionArgs, Session};
+use crate::client::session::{ConnectionArgs, Session};
 use crate::console;
 use crate::errors::plain;
 use crate::human;
@@ -82,7 +82,7 @@ impl OtherUser {
 
 pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<ExitCode> {
     let other = args.other.key()?;
-    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let session = Session::connect(connection).await?;
     let key = other.unwrap_or_else(|| session.key.public_key());
     let subject = subjects::notices(&key);
     let mut notices = session
@@ -103,7 +103,7 @@ pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<Exit
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut ctrl_c_armed = true;
-    let refused = session::refused(&mut refusals, &subject);
+    let refused = session.refused(&subject);
     tokio::pin!(refused);
     loop {
         tokio::select! {
@@ -115,7 +115,7 @@ pub async fn run(connection: &ConnectionArgs, args: &NoticesArgs) -> Result<Exit
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            () = &mut refused => return Err(refusal(args.other.user.as_deref(), &subject)),
+            _ = &mut refused => return Err(refusal(args.other.user.as_deref(), &subject)),
             message = notices.next() => {
                 let Some(message) = message else {
                     return Err(anyhow!("the connection to the server closed"));

@@ -157,16 +157,16 @@ impl ReserveArgs {
 pub async fn run(connection: &ConnectionArgs, args: &ReserveArgs) -> Result<ExitCode> {
     // A mistake in the request is reported before (and without) reaching the server.
     let asked = args.request()?;
-    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let session = Session::connect(connection).await?;
     let name = asked.name().to_owned();
     // Listening before sending, so the answer is not missed.
     let verdicts = Verdicts::listen(&session).await?;
     let request = Request::fresh(subjects::RESERVATION_REQUESTS, &asked)?
         .with_verdict_to(Some(verdicts.subject()));
-    while refusals.try_recv().is_ok() {}
     // A refused publish is never acknowledged: the refusal ends the tries at once.
     tokio::select! {
-        Some(_) = refusals.recv() => {
+        biased;
+        _ = session.publish_refused(&[subjects::RESERVATION_REQUESTS]) => {
             bail!(
                 "permission denied: your credentials may not publish {} (the site's \
                  configuration predates reservations: an admin regenerates it)",

@@ -8,7 +8,6 @@ use std::time::Duration;
 use mgpu_nats::job_env;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::subjects;
-use tokio::sync::mpsc;
 
 use crate::client::session::Session;
 
@@ -41,22 +40,18 @@ impl Environment {
     }
 }
 
-/// `record`'s environment as this session may read it; `refusals` are the server's
-/// permission errors ([`Session::connect_watching_permissions`]).
-pub async fn read(
-    session: &Session,
-    refusals: &mut mpsc::UnboundedReceiver<String>,
-    record: &JobRecord,
-) -> Environment {
+/// `record`'s environment as this session may read it (a refused read is known at once from
+/// the server's refusal, [`Session::refused`]).
+pub async fn read(session: &Session, record: &JobRecord) -> Environment {
     if !record.spec.private_env {
         return Environment::Shown(record.spec.env.clone());
     }
     let owner = subjects::history_owner(record);
     let subject = job_env::get_subject(owner, &record.id);
-    let refused = crate::client::session::refused(refusals, &subject);
+    let refused = session.refused(&subject);
     let read = tokio::time::timeout(READ_WAIT, job_env::get(&session.client, owner, &record.id));
     tokio::select! {
-        () = refused => Environment::Withheld,
+        _ = refused => Environment::Withheld,
         read = read => match read {
             Ok(Ok(Some(env))) => Environment::Shown(env),
             Ok(Ok(None)) => Environment::NotKept(

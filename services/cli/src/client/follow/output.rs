@@ -14,7 +14,7 @@ use mgpu_protocol::{output, subjects};
 
 use super::ordered::Ordered;
 pub use super::ordered::{OutputMessages, Received};
-use crate::client::session::{Session, refused};
+use crate::client::session::Session;
 use crate::errors::{lookup, plain};
 
 /// The job's output messages, oldest first and in the order each process wrote them
@@ -79,22 +79,17 @@ pub async fn open_output(js: &jetstream::Context, filters: &[String]) -> Result<
 }
 
 /// Refuses, in words, to follow another user's private output the server will not let this
-/// session read: the server's refusal (`refusals`, see
-/// [`Session::connect_watching_permissions`]) comes at once, where waiting for the reader would
-/// take seconds. Admins, and the job's owner, pass.
-pub async fn check_output_readable(
-    session: &Session,
-    refusals: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    record: &JobRecord,
-) -> Result<()> {
+/// session read: the server's refusal ([`Session::refused`]) comes at once, where waiting for
+/// the reader would take seconds. Admins, and the job's owner, pass.
+pub async fn check_output_readable(session: &Session, record: &JobRecord) -> Result<()> {
     let own = record.user_key.as_deref() == Some(session.key.public_key().as_str());
     if !record.spec.private_output || own {
         return Ok(());
     }
     let filters = output_subjects_of(record);
-    let refusal = refused(refusals, subjects::OUTPUT_STREAM);
+    let refusal = session.refused(subjects::OUTPUT_STREAM);
     tokio::select! {
-        () = refusal => anyhow::bail!(
+        _ = refusal => anyhow::bail!(
             "job {}'s output is private: only {} and admins may read it",
             record.id.short(),
             record.user

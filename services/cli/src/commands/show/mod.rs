@@ -33,9 +33,9 @@ pub struct ShowArgs {
 }
 
 pub async fn run(connection: &ConnectionArgs, args: &ShowArgs) -> Result<ExitCode> {
-    let (session, mut refusals) = Session::connect_watching_permissions(connection).await?;
+    let session = Session::connect(connection).await?;
     let mut record = jobs::find_anywhere(&session, &args.id).await?;
-    let environment = environment::read(&session, &mut refusals, &record).await;
+    let environment = environment::read(&session, &record).await;
     // Only a waiting job has an expected start; the plan is not read for others.
     let start = match &record.state {
         JobState::Queued(_) => mgpu_nats::records::plan(&session.js)

@@ -18,7 +18,6 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
 use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::subjects;
-use tokio::sync::mpsc;
 
 use crate::client::session::Session;
 use crate::errors::plain;
@@ -171,9 +170,8 @@ pub fn pending(js: jetstream::Context) -> BoxStream<'static, Input> {
 
 /// Whether the user is an admin, as the server's permissions say: a user may not subscribe
 /// outside a few subjects, and the server answers such a subscription with a permissions
-/// error; an admin's goes through without a word. `refusals` carries those errors
-/// ([`Session::connect_watching_permissions`]).
-pub async fn admin(session: &Session, refusals: &mut mpsc::UnboundedReceiver<String>) -> Input {
+/// error; an admin's goes through without a word ([`Session::refused`]).
+pub async fn admin(session: &Session) -> Input {
     /// How long after the server's answer to the ping a refusal may still be on its way
     /// through the client's event handler.
     const LATE: Duration = Duration::from_millis(500);
@@ -184,14 +182,8 @@ pub async fn admin(session: &Session, refusals: &mut mpsc::UnboundedReceiver<Str
     // The server handles the subscription before the ping the flush sends.
     let _ = session.client.flush().await;
     let _ = subscription.unsubscribe().await;
-    let refused = async {
-        while let Some(refusal) = refusals.recv().await {
-            if refusal.contains(&probe) {
-                return true;
-            }
-        }
-        false
-    };
-    let refused = tokio::time::timeout(LATE, refused).await.unwrap_or(false);
+    let refused = tokio::time::timeout(LATE, session.refused(&probe))
+        .await
+        .is_ok();
     Input::Admin(!refused)
 }

@@ -56,8 +56,8 @@ pub async fn run(connection: &ConnectionArgs, args: &TopArgs) -> Result<ExitCode
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         bail!("mgpu top needs a terminal; `mgpu top --once` prints one frame");
     }
-    let (session, refusals) = Session::connect_watching_permissions(connection).await?;
-    live(&session, refusals).await
+    let session = Session::connect(connection).await?;
+    live(&session).await
 }
 
 fn me(session: &Session) -> Me {
@@ -129,10 +129,7 @@ struct Loop<'a> {
     urgent: bool,
 }
 
-async fn live(
-    session: &Session,
-    mut refusals: tokio::sync::mpsc::UnboundedReceiver<String>,
-) -> Result<ExitCode> {
+async fn live(session: &Session) -> Result<ExitCode> {
     // Before the terminal changes: from here on these end the loop, which gives it back.
     let (mut term, mut hangup, mut interrupt) = (
         signal(SignalKind::terminate())?,
@@ -154,7 +151,7 @@ async fn live(
     };
     state
         .work
-        .push(async move { feed::admin(session, &mut refusals).await }.boxed_local());
+        .push(async move { feed::admin(session).await }.boxed_local());
     let mut ticks = tokio::time::interval(Duration::from_secs(1));
     let frame = Duration::from_secs(1) / FRAMES_PER_SECOND;
     loop {
