@@ -9,8 +9,9 @@
 //!
 //! A pass's writes may land in any order (the driver pipelines them), so a start is only a
 //! suspect when stored: it breaks the invariant if, once the commands of that moment are all
-//! carried out, the job first in line still waits and no fault happened meanwhile (a failed
-//! write of its own start is one).
+//! carried out, the job first in line still waits and no fault happened during the moment (a
+//! failed write of its own start is one, whether it came before or after the suspected start
+//! was stored: seed 915023).
 
 use std::collections::BTreeMap;
 
@@ -177,8 +178,8 @@ pub struct Suspects {
 }
 
 impl Suspects {
-    /// A start was stored (`faults` so far): suspected when it passed over the job first in
-    /// line.
+    /// A start was stored (`faults` as the moment began): suspected when it passed over the
+    /// job first in line.
     pub fn start_stored(
         &mut self,
         record: &JobRecord,

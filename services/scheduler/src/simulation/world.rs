@@ -124,6 +124,9 @@ pub struct World {
     pub ledger: Ledger,
     /// Faults that took effect (a failed purge of a node's assignments is not counted).
     pub faults: u64,
+    /// `faults` when the commands of the moment began to be carried out: a start is judged
+    /// against priorities only where none happened during the moment.
+    pub faults_at_moment: u64,
     /// The ordinal the latest fault got, suppressed or not (decided in faults.rs).
     pub fault_ordinal: u64,
     /// Every fault that took effect: its ordinal and what it was.
@@ -228,6 +231,7 @@ impl World {
             held_jobs: BTreeSet::new(),
             ledger,
             faults: 0,
+            faults_at_moment: 0,
             fault_ordinal: 0,
             fault_log: Vec::new(),
             partitions: 0,
@@ -416,7 +420,7 @@ impl World {
             type_cap: &type_cap,
             now,
         };
-        suspects.start_stored(record, &self.store.records, &context, self.faults);
+        suspects.start_stored(record, &self.store.records, &context, self.faults_at_moment);
         self.ledger.priorities = suspects;
     }
 
