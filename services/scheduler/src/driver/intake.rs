@@ -99,7 +99,7 @@ impl Driver {
             self.take_heartbeats().await;
         }
         // What the machine did not acknowledge is delivered again by JetStream.
-        self.held.clear();
+        self.release_unkept();
     }
 
     /// Decodes a request and checks its sender; the admitted request with its nonce, or
@@ -274,7 +274,14 @@ impl Driver {
             },
         };
         self.feed(input).await;
-        self.held.clear();
+        self.release_unkept();
+    }
+
+    /// Lets go of the messages handled and not acknowledged (JetStream delivers them again
+    /// after the ack wait), except those a new job acknowledges once its record is stored.
+    fn release_unkept(&mut self) {
+        let machine = &self.machine;
+        self.held.retain(|token, _| machine.keeps_token(*token));
     }
 
     /// Whether the report is signed by the node it names (or an admin): any node may publish

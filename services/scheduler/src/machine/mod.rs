@@ -23,6 +23,7 @@
 //! - [`assignment`]: what an assignment and a kill say (time limit, Unix account, input keys,
 //!   output subject, ranks).
 //! - [`requests`]: submissions, cancels, holds and node administration.
+//! - [`staging`]: new jobs kept unwritten until the pass decided for them.
 //! - [`reservations`]: bookings and cancels, the windows a pass minds, their upkeep.
 //! - [`liveness`]: heartbeats, lost nodes and jobs, fencing of stale attempts, repair.
 //! - [`pass`]: a scheduling pass and its decisions.
@@ -43,6 +44,7 @@ pub mod reservations;
 #[cfg(test)]
 mod reservations_tests;
 pub mod retention;
+pub mod staging;
 #[cfg(test)]
 mod tests;
 pub mod transitions;
@@ -124,6 +126,8 @@ pub struct SchedulerState {
     pub(crate) estimates: estimates::Estimates,
     /// Reservations and their windows.
     pub(crate) bookings: reservations::Bookings,
+    /// New jobs waiting for the pass before their record's first write.
+    pub(crate) staged: staging::Staged,
 }
 
 impl SchedulerState {
@@ -198,6 +202,7 @@ impl SchedulerState {
             decided_at: now,
             estimates: estimates::Estimates::default(),
             bookings: reservations::Bookings::new(reservations),
+            staged: staging::Staged::default(),
         }
     }
 
@@ -257,6 +262,12 @@ impl SchedulerState {
     /// all applied).
     pub fn pass_due(&self) -> bool {
         self.pass_due && self.decisions_left.is_empty()
+    }
+
+    /// Whether a new job will acknowledge `token` once its record is stored: the driver
+    /// keeps that message until then.
+    pub fn keeps_token(&self, token: messages::Token) -> bool {
+        self.staged.holds(token)
     }
 
     /// Whether operations asked for are still unanswered.

@@ -138,6 +138,8 @@ impl SchedulerState {
         } else {
             self.estimates.update(Vec::new(), now);
         }
+        // New jobs the pass had nothing to decide for (none waits: they were cancelled).
+        self.write_staged();
         self.save_usage(now, false);
         self.save_plan(now);
         (std::mem::take(&mut self.out), sample, churn)
@@ -200,7 +202,20 @@ impl SchedulerState {
                 }
             }
         }
-        self.decisions_left = starts.into_iter().chain(waits).chain(others).collect();
+        // A new job's decision changes its staged record, which is then created; the other
+        // decisions go out a chunk at a time once every new record is stored (some were
+        // made for new jobs: a preemption, a reclaim, a slice's yield), and are dropped if
+        // one is not (see `staging`).
+        let (staged, stored): (Vec<_>, Vec<_>) = starts
+            .into_iter()
+            .chain(waits)
+            .chain(others)
+            .partition(|(job, ..)| self.staged.contains(job));
+        for (job, input, origin) in staged {
+            self.apply_staged(now, &job, (input, origin, None));
+        }
+        self.write_staged();
+        self.decisions_left = stored.into();
         self.decided_at = now;
         self.apply_more_decisions();
     }

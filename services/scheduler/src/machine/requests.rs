@@ -18,6 +18,7 @@ use mgpu_protocol::submit::SubmitRequest;
 use super::announce::Sender;
 use super::jobs::JobTable;
 use super::messages::{Admitted, Command, Count, Identity, LogLevel, Token};
+use super::staging::NewJob;
 use super::transitions::{Origin, Pending};
 use super::{OpId, SchedulerState};
 use crate::lifecycle::{self, Effect, Input, NotAdded, StreamOrder, Transition};
@@ -171,12 +172,31 @@ impl SchedulerState {
             let class = class_name(record.spec.qos.as_deref());
             memo.queued.add(&identity.name, class);
         }
+        if self.staged_again(&id, token) {
+            // Delivered again before its first write: acknowledged with it.
+            return;
+        }
         if self.jobs.get(&id).is_some() {
             // A redelivered submission: recorded before, its effects went out then.
             let said = "submission already recorded";
             self.out
                 .push(Command::log(LogLevel::Debug, Some(&id), said));
             self.ack(Some(token), Some(&id));
+            return;
+        }
+        let verdict = verdict_to.map(|to| (to, super::transitions::verdict_of(&record)));
+        let job = NewJob {
+            effects,
+            identity,
+            outcome,
+            token: Some(token),
+            verdict,
+            later: Vec::new(),
+            redelivered: Vec::new(),
+        };
+        if matches!(record.state, JobState::Queued(_)) {
+            // Created once the next pass decided for it (see `staging`).
+            self.stage(record, job);
             return;
         }
         let op = self.op();
@@ -186,15 +206,7 @@ impl SchedulerState {
             record: std::sync::Arc::clone(&record),
             expected: None,
         });
-        let pending = Pending::Create {
-            record,
-            effects,
-            identity,
-            outcome,
-            token: Some(token),
-            verdict_to,
-        };
-        self.pending.insert(op, pending);
+        self.pending.insert(op, Pending::Create { record, job });
     }
 
     /// A submission's effects, once its record is stored, and its count.

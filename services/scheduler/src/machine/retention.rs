@@ -45,7 +45,9 @@ impl SchedulerState {
             .collect();
         let moving: Vec<JobId> = due
             .into_iter()
-            .filter(|id| !depended.contains(id) && !self.archiving.contains(id))
+            .filter(|id| {
+                !depended.contains(id) && !self.archiving.contains(id) && !self.staged.contains(id)
+            })
             .collect();
         for id in moving {
             if let Some(record) = self.jobs.get(&id) {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::assign::NodeControl;
 use mgpu_protocol::cancel::CancelRequest;
+use mgpu_protocol::event::JobEventKind;
 use mgpu_protocol::gpu_amount::GpuAmount;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobSpec, JobState, OnTimeout};
@@ -222,7 +223,7 @@ pub(super) fn acks(commands: &[Command]) -> usize {
 }
 
 #[test]
-fn a_submission_is_written_first_and_acknowledged_only_once_stored() {
+fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_once_stored() {
     let mut rig = Rig::new(Policy::default());
     let id = JobId::random();
     let request = Request::Submit(Box::new(SubmitRequest {
@@ -232,14 +233,42 @@ fn a_submission_is_written_first_and_acknowledged_only_once_stored() {
     }));
     let admitted = rig.request(alice(), request);
     let commands = rig.machine.handle(t0(), Input::Submissions(vec![admitted]));
-    assert!(
-        matches!(commands.as_slice(), [Command::Write { expected: None, .. }]),
-        "{commands:?}"
-    );
+    // Nothing goes out before the pass: no write, no event, no acknowledgement.
+    assert!(commands.is_empty(), "{commands:?}");
+    assert!(rig.machine.pass_due());
+    let (commands, _, _) = rig.machine.pass(t0(), &mut || 0);
+    let writes: Vec<_> = commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::Write {
+                record, expected, ..
+            } => Some((record.state.name(), *expected)),
+            _ => None,
+        })
+        .collect();
+    // One write: the record created as the pass left it (node1's GPU is free).
+    assert_eq!(writes, [("running", None)], "{commands:?}");
+    assert_eq!(acks(&commands), 0, "{commands:?}");
     let after = rig.settle(t0(), commands);
     assert_eq!(acks(&after), 1, "{after:?}");
-    assert!(after.iter().any(|c| matches!(c, Command::Event(_))));
-    assert!(matches!(rig.state(&id), Some(JobState::Queued(_))));
+    let events: Vec<_> = after
+        .iter()
+        .filter_map(|c| match c {
+            Command::Event(event) => match event.kind {
+                JobEventKind::Queued { .. } => Some("queued"),
+                JobEventKind::Assigned { .. } => Some("assigned"),
+                _ => Some("other"),
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(events, ["queued", "assigned"], "{after:?}");
+    assert!(after.iter().any(|c| matches!(c, Command::Assign { .. })));
+    assert!(matches!(rig.state(&id), Some(JobState::Running(_))));
+    assert_eq!(
+        rig.store.record(&id).map(|r| r.state.name()),
+        Some("running")
+    );
 }
 
 #[test]
@@ -253,23 +282,68 @@ fn a_submission_whose_record_is_not_found_after_an_unanswered_write_is_not_ackno
     }));
     let admitted = rig.request(alice(), request);
     let commands = rig.machine.handle(t0(), Input::Submissions(vec![admitted]));
-    let [Command::Write { op, .. }] = commands.as_slice() else {
+    assert!(commands.is_empty(), "{commands:?}");
+    let (commands, _, _) = rig.machine.pass(t0(), &mut || 0);
+    let Some(Command::Write { op, .. }) = commands.first() else {
         panic!("{commands:?}");
     };
     // Nothing under its id (the write never landed, through an election): acknowledging it
-    // would lose the job; JetStream must deliver it again.
+    // would lose the job; JetStream must deliver it again. Its start is not sent either.
     let outcome = WriteOutcome::Changed { stored: None };
     let after = rig
         .machine
         .handle(t0(), Input::Written { op: *op, outcome });
     assert_eq!(acks(&after), 0, "{after:?}");
+    assert!(!after.iter().any(|c| matches!(c, Command::Assign { .. })));
     assert!(rig.machine.job(&id).is_none());
+}
+
+#[test]
+fn a_cancel_that_comes_before_the_pass_is_written_with_the_submission_and_both_acknowledged() {
+    let mut rig = Rig::new(Policy::default());
+    let id = JobId::random();
+    let request = Request::Submit(Box::new(SubmitRequest {
+        id: id.clone(),
+        user: "alice".into(),
+        spec: one_gpu(),
+    }));
+    let submitted = rig.request(alice(), request);
+    let submit_token = submitted.token;
+    assert!(
+        rig.feed(t0(), Input::Submissions(vec![submitted]))
+            .is_empty()
+    );
+    let cancel = Request::Cancel {
+        job: id.clone(),
+        request: CancelRequest {
+            user: "alice".into(),
+            reason: None,
+        },
+    };
+    let admitted = rig.request(alice(), cancel);
+    let cancel_token = admitted.token;
+    let commands = rig.feed(t0(), Input::Request(Box::new(admitted)));
+    assert!(commands.is_empty(), "{commands:?}");
+    // The driver keeps both messages until the record is stored.
+    assert!(rig.machine.keeps_token(submit_token) && rig.machine.keeps_token(cancel_token));
+    let after = rig.pass(t0());
+    assert_eq!(acks(&after), 2, "{after:?}");
+    assert!(!after.iter().any(|c| matches!(c, Command::Assign { .. })));
+    assert!(!rig.machine.keeps_token(submit_token));
+    assert_eq!(
+        rig.store.record(&id).map(|r| r.state.name()),
+        Some("cancelled")
+    );
 }
 
 #[test]
 fn a_record_changed_under_the_scheduler_is_decided_again_from_what_is_stored() {
     let mut rig = Rig::new(Policy::default());
+    // The second job waits for node1's one GPU, its record stored by the pass.
+    rig.submit(one_gpu());
+    rig.pass(t0());
     let id = rig.submit(one_gpu());
+    rig.pass(t0());
     // Another scheduler rewrote the record: the machine's revision is stale.
     assert!(rig.store.rewrite(&id, t0()));
     let cancel = Request::Cancel {
@@ -290,7 +364,10 @@ fn a_record_changed_under_the_scheduler_is_decided_again_from_what_is_stored() {
 #[test]
 fn a_write_that_fails_leaves_the_request_for_redelivery_and_changes_nothing() {
     let mut rig = Rig::new(Policy::default());
+    rig.submit(one_gpu());
+    rig.pass(t0());
     let id = rig.submit(one_gpu());
+    rig.pass(t0());
     let cancel = Request::Cancel {
         job: id.clone(),
         request: CancelRequest {

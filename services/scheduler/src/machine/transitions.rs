@@ -16,9 +16,9 @@ use mgpu_protocol::report::ReportKind;
 
 use super::jobs::Tracked;
 use super::messages::{Command, Count, Identity, LogLevel, Token, WriteOutcome};
+use super::staging::NewJob;
 use super::{OpId, SchedulerState};
 use crate::lifecycle::{self, Effect, Input, Limits, Transition};
-use crate::metrics::SubmitOutcome;
 
 /// Times an input is applied when the stored record keeps changing under the scheduler.
 const WRITE_TRIES: usize = 3;
@@ -35,7 +35,7 @@ pub(crate) enum Origin {
 }
 
 impl Origin {
-    fn identity(&self) -> Option<&Identity> {
+    pub(crate) fn identity(&self) -> Option<&Identity> {
         match self {
             Origin::Request(identity) => Some(identity),
             _ => None,
@@ -47,16 +47,8 @@ impl Origin {
 pub(crate) enum Pending {
     /// A lifecycle transition's record on its way to the store.
     Transition(PendingTransition),
-    /// A new job's record on its way to the store.
-    Create {
-        record: Arc<JobRecord>,
-        effects: Vec<Effect>,
-        identity: Identity,
-        outcome: SubmitOutcome,
-        token: Option<Token>,
-        /// Where its submitter waits for the verdict, told once the record is stored.
-        verdict_to: Option<String>,
-    },
+    /// A new job's record on its way to the store ([`super::staging`]).
+    Create { record: Arc<JobRecord>, job: NewJob },
     /// A node's administration on its way to the cluster bucket.
     Admin {
         token: Token,
@@ -124,6 +116,10 @@ impl SchedulerState {
         token: Option<Token>,
         tries: usize,
     ) {
+        if self.staged.contains(job) {
+            self.apply_staged(now, job, (input, origin, token));
+            return;
+        }
         let Some(tracked) = self.jobs.tracked(job) else {
             self.ack(token, Some(job));
             return;
@@ -163,23 +159,7 @@ impl SchedulerState {
     pub(crate) fn on_written(&mut self, op: OpId, outcome: WriteOutcome) {
         match self.pending.remove(&op) {
             Some(Pending::Transition(pending)) => self.transition_written(pending, outcome),
-            Some(Pending::Create {
-                record,
-                effects,
-                identity,
-                outcome: counted,
-                token,
-                verdict_to,
-            }) => {
-                let told = verdict_to.map(|to| (to, verdict_of(&record)));
-                let stored = matches!(outcome, WriteOutcome::Stored { .. });
-                self.created(record, outcome, (effects, identity, counted), token);
-                // Told only what is stored: a write that failed is decided again, maybe
-                // otherwise, when the submission comes back.
-                if let Some((to, verdict)) = told.filter(|_| stored) {
-                    self.out.push(Command::Verdict { to, verdict });
-                }
-            }
+            Some(Pending::Create { record, job }) => self.created(record, outcome, job),
             Some(other) => {
                 // Not a write: keep waiting for its own answer.
                 self.pending.insert(op, other);
@@ -258,7 +238,7 @@ impl SchedulerState {
 
 /// What a submitter is told about the job `record` as first stored: why it was refused, or
 /// nothing (queued).
-fn verdict_of(record: &JobRecord) -> mgpu_protocol::submit::SubmitVerdict {
+pub(crate) fn verdict_of(record: &JobRecord) -> mgpu_protocol::submit::SubmitVerdict {
     mgpu_protocol::submit::SubmitVerdict {
         job: record.id.clone(),
         refused: record.state.ending().and_then(|e| e.reason.clone()),
@@ -266,54 +246,6 @@ fn verdict_of(record: &JobRecord) -> mgpu_protocol::submit::SubmitVerdict {
 }
 
 impl SchedulerState {
-    /// A new record's write came out.
-    fn created(
-        &mut self,
-        record: Arc<JobRecord>,
-        outcome: WriteOutcome,
-        (effects, identity, counted): (Vec<Effect>, Identity, SubmitOutcome),
-        token: Option<Token>,
-    ) {
-        let id = record.id.clone();
-        match outcome {
-            WriteOutcome::Stored { revision } => {
-                let at = record.submitted_at;
-                let record = Arc::unwrap_or_clone(record);
-                self.jobs.put(Tracked { record, revision });
-                self.pass_due = true;
-                self.after_submit(at, &id, effects, &identity, counted);
-                self.ack(token, Some(&id));
-            }
-            WriteOutcome::Changed { stored: None } => {
-                // Nothing stored under its id: not recorded, so not acknowledged either;
-                // JetStream delivers it again.
-                self.out.push(Command::log(
-                    LogLevel::Warn,
-                    Some(&id),
-                    "submission not stored; handled again when delivered again",
-                ));
-            }
-            WriteOutcome::Changed { stored } => {
-                // A redelivered submission: recorded before, its effects went out then.
-                self.take_stored(&id, stored);
-                self.out.push(Command::log(
-                    LogLevel::Debug,
-                    Some(&id),
-                    "submission already recorded",
-                ));
-                self.ack(token, Some(&id));
-            }
-            WriteOutcome::Failed { error } => {
-                // Unacknowledged: JetStream delivers it again.
-                self.out.push(Command::log(
-                    LogLevel::Error,
-                    Some(&id),
-                    format!("handling a submission: {error}"),
-                ));
-            }
-        }
-    }
-
     /// Carries out `effects` about `job` in order, as commands; usage charges are booked.
     pub(crate) fn carry_out(
         &mut self,

@@ -143,7 +143,9 @@ fn a_submitter_is_told_once_the_record_is_stored_whether_the_job_can_ever_run() 
         }));
         let mut admitted = rig.request(alice(), request);
         admitted.verdict_to = Some(format!("_INBOX.{}.verdict.1", alice().key));
-        let commands = rig.feed(t0(), Input::Submissions(vec![admitted]));
+        let mut commands = rig.feed(t0(), Input::Submissions(vec![admitted]));
+        // A job that may run is recorded by the pass that follows.
+        commands.extend(rig.pass(t0()));
         let verdicts: Vec<_> = commands
             .into_iter()
             .filter_map(|c| match c {

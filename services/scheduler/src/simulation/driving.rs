@@ -249,9 +249,11 @@ impl World {
         let Some(scheduler) = self.scheduler.as_mut() else {
             return;
         };
-        let held: Vec<(Source, usize)> =
-            std::mem::take(&mut scheduler.held).into_values().collect();
-        for (source, index) in held {
+        let (kept, held) = std::mem::take(&mut scheduler.held)
+            .into_iter()
+            .partition(|(token, _)| scheduler.machine.keeps_token(*token));
+        scheduler.held = kept;
+        for (_, (source, index)) in held {
             self.redeliver_later(source, index);
         }
     }
@@ -433,14 +435,19 @@ impl World {
                 None
             }
             Command::Verdict { verdict, .. } => {
+                self.check_stored_before_told(&verdict.job, "a verdict");
                 self.check_verdict(verdict);
+                None
+            }
+            Command::Event(event) => {
+                self.check_stored_before_told(&event.job_id, "an event");
                 None
             }
             Command::Notice { notice, .. } => {
                 self.check_notice(&notice);
                 None
             }
-            Command::Event(_) | Command::Audit(_) | Command::Count(_) => None,
+            Command::Audit(_) | Command::Count(_) => None,
         }
     }
 

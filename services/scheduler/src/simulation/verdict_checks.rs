@@ -2,8 +2,10 @@
 //! - a job is told one verdict, whatever happens to its submission (a write that fails and
 //!   is decided again, a redelivery);
 //! - a job refused never runs: no attempt of it started before, or starts after (the
-//!   ledger's start check asks [`refused`]).
+//!   ledger's start check asks [`refused`]);
+//! - nothing is said about a job (its verdict, an event) before its record is stored.
 
+use mgpu_protocol::ids::JobId;
 use mgpu_protocol::submit::SubmitVerdict;
 
 use super::world::World;
@@ -26,5 +28,16 @@ impl World {
                 .push(format!("job {short} refused after it ran"));
         }
         self.ledger.verdicts.insert(verdict.job, verdict.refused);
+    }
+
+    /// Nothing is said about a job (an event, its verdict) before its record is stored: a
+    /// new job's record is created once its first pass decided for it, and what was
+    /// decided meanwhile waits for that write.
+    pub(super) fn check_stored_before_told(&mut self, job: &JobId, what: &str) {
+        if self.store.record(job).is_none() {
+            let short = job.short();
+            let broken = format!("{what} about job {short} sent before its record was stored");
+            self.ledger.broken.push(broken);
+        }
     }
 }
