@@ -14,7 +14,7 @@ use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState, Run};
 
 use super::SchedulerState;
-use super::transitions::Origin;
+use super::pending::Origin;
 use crate::lifecycle::Input;
 use crate::nodes::NodeTable;
 

@@ -25,7 +25,7 @@ use mgpu_protocol::report::AgentReport;
 
 use super::assignment::{controls_to_job, pending_stop, stale_kill};
 use super::messages::{ACK_WAIT, Command, LogLevel, Tick, Token};
-use super::transitions::{Origin, Pending};
+use super::pending::{Origin, Pending};
 use super::{OpId, SchedulerState};
 use crate::lifecycle::Input;
 use crate::liveness_memory::REPAIR_EVERY;

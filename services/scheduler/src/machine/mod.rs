@@ -27,6 +27,7 @@
 //! - [`reservations`]: bookings and cancels, the windows a pass minds, their upkeep.
 //! - [`liveness`]: heartbeats, lost nodes and jobs, fencing of stale attempts, repair.
 //! - [`pass`]: a scheduling pass and its decisions.
+//! - [`pending`]: the operations asked for, and what follows each once answered.
 //! - [`retention`]: finished jobs moved to history.
 
 pub mod announce;
@@ -39,6 +40,7 @@ pub mod jobs;
 pub mod liveness;
 pub mod messages;
 pub mod pass;
+pub mod pending;
 pub mod requests;
 pub mod reservations;
 #[cfg(test)]
@@ -71,7 +73,7 @@ use crate::queue_view::QueueViews;
 
 use jobs::{JobTable, Tracked};
 pub use messages::{Command, Input, Loaded, OpId};
-use transitions::Pending;
+use pending::Pending;
 
 /// The least time between two writes of the usage book. Every pass that saw a job end wrote
 /// it, a round trip inside the pass; in a burst of short jobs that is most passes. A scheduler
@@ -119,8 +121,7 @@ pub struct SchedulerState {
     /// Decisions of the last pass whose records were stored.
     pass_changes: usize,
     /// Decisions of the last pass not applied yet, and the time they were made at.
-    decisions_left:
-        std::collections::VecDeque<(JobId, crate::lifecycle::Input, transitions::Origin)>,
+    decisions_left: std::collections::VecDeque<(JobId, crate::lifecycle::Input, pending::Origin)>,
     decided_at: Timestamp,
     /// When the last pass expects waiting jobs to start.
     pub(crate) estimates: estimates::Estimates,

@@ -13,7 +13,7 @@ use mgpu_protocol::job::{JobRecord, JobState, Launch, Placement};
 use super::SchedulerState;
 use super::assignment::master_port;
 use super::messages::Command;
-use super::transitions::Origin;
+use super::pending::Origin;
 use crate::core::{self, CoreSettings, Decision, QueuedJob, RunningJob};
 
 /// Decisions of a pass applied at once: their writes go out together (pipelined), and what

@@ -17,7 +17,7 @@ use mgpu_protocol::subjects;
 
 use super::announce::Sender;
 use super::messages::{Command, Identity, LogLevel, Token};
-use super::transitions::Pending;
+use super::pending::Pending;
 use super::{OpId, SchedulerState};
 use crate::booking::{self, Asker, NodeGpus};
 use crate::core::Window;

@@ -18,38 +18,12 @@ use std::sync::Arc;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::JobRecord;
-use mgpu_protocol::submit::SubmitVerdict;
 
 use super::SchedulerState;
 use super::jobs::Tracked;
-use super::messages::{Command, Count, Identity, LogLevel, Token, WriteOutcome};
-use super::transitions::{Origin, Pending};
-use crate::lifecycle::{self, Effect, Input, Transition};
-use crate::metrics::SubmitOutcome;
-
-/// A submission on its way to its record's first write, and what follows once it is stored.
-pub(crate) struct NewJob {
-    pub(crate) effects: Vec<Effect>,
-    pub(crate) identity: Identity,
-    pub(crate) outcome: SubmitOutcome,
-    pub(crate) token: Option<Token>,
-    /// Where its submitter waits, and what they are told: decided on the record as
-    /// submitted (a pass's later rejection is an event, as for any queued job).
-    pub(crate) verdict: Option<(String, SubmitVerdict)>,
-    /// What was applied to the record while it waited for the write, in order.
-    pub(crate) later: Vec<Applied>,
-    /// The same submission delivered again meanwhile: acknowledged with it.
-    pub(crate) redelivered: Vec<Token>,
-}
-
-/// A lifecycle input applied to a staged record: its effects wait for the record's write.
-pub(crate) struct Applied {
-    input: Input,
-    effects: Vec<Effect>,
-    origin: Origin,
-    token: Option<Token>,
-    now: Timestamp,
-}
+use super::messages::{Command, Count, LogLevel, Token, WriteOutcome};
+use super::pending::{Applied, NewJob, Origin, Pending};
+use crate::lifecycle::{self, Input, Transition};
 
 /// The staged jobs, in the order they were submitted.
 #[derive(Default)]

@@ -11,79 +11,16 @@ use std::sync::Arc;
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
 use mgpu_protocol::job::{JobRecord, JobState};
-use mgpu_protocol::node::NodeAdmin;
 use mgpu_protocol::report::ReportKind;
 
 use super::jobs::Tracked;
 use super::messages::{Command, Count, Identity, LogLevel, Token, WriteOutcome};
-use super::staging::NewJob;
+use super::pending::{Origin, Pending, PendingTransition};
 use super::{OpId, SchedulerState};
 use crate::lifecycle::{self, Effect, Input, Limits, Transition};
 
 /// Times an input is applied when the stored record keeps changing under the scheduler.
 const WRITE_TRIES: usize = 3;
-
-/// Who asked for a change, and what follows once it is stored.
-#[derive(Clone, Debug)]
-pub(crate) enum Origin {
-    /// A request (its sender, for the audit trail and refusals).
-    Request(Identity),
-    /// A pass decided it; `waited` is how long a started job waited (for the metrics).
-    Pass { waited: Option<chrono::Duration> },
-    /// An agent's report, a lost node: the scheduler itself.
-    Scheduler,
-}
-
-impl Origin {
-    pub(crate) fn identity(&self) -> Option<&Identity> {
-        match self {
-            Origin::Request(identity) => Some(identity),
-            _ => None,
-        }
-    }
-}
-
-/// An operation asked for, waiting for its result.
-pub(crate) enum Pending {
-    /// A lifecycle transition's record on its way to the store.
-    Transition(PendingTransition),
-    /// A new job's record on its way to the store ([`super::staging`]).
-    Create { record: Arc<JobRecord>, job: NewJob },
-    /// A node's administration on its way to the cluster bucket.
-    Admin {
-        token: Token,
-        node: String,
-        admin: NodeAdmin,
-        identity: Identity,
-        detail: String,
-    },
-    /// A booked or cancelled reservation on its way to the cluster bucket.
-    Reservation {
-        token: Token,
-        reservation: Arc<mgpu_protocol::reservation::Reservation>,
-        identity: Identity,
-        detail: String,
-        verdict_to: Option<String>,
-    },
-    /// Jobs missing from a node's heartbeat, lost once every stored report was handled.
-    Missing {
-        node: String,
-        jobs: Vec<(JobId, u32)>,
-        at: Timestamp,
-    },
-}
-
-pub(crate) struct PendingTransition {
-    /// Shared with the write command: the driver drops its handle once the write came out,
-    /// so taking it back costs no copy.
-    record: Arc<JobRecord>,
-    input: Input,
-    effects: Vec<Effect>,
-    origin: Origin,
-    token: Option<Token>,
-    tries: usize,
-    now: Timestamp,
-}
 
 impl SchedulerState {
     /// What the lifecycle needs of the policy.
