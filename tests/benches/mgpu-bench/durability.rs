@@ -10,7 +10,12 @@
 //!   reports);
 //! - `durability_submit_rate_sync_*`: submissions stored per second when a program publishes
 //!   them with a window of acknowledgements in flight, the node drained so they only queue,
-//!   until the scheduler has recorded them all.
+//!   until the scheduler has recorded them all (`durability_recorded_sync_*`: that last
+//!   figure against the 5 s);
+//! - `durability_array_recorded_sync_*`: `mgpu submit --array 0-N -- true` by the CLI to
+//!   the drained node, from the command's start until the scheduler recorded every task; and
+//!   how many of the jobs queued then are stored without their real wait reason (still
+//!   "waiting for the scheduler to look at it": must be 0).
 //!
 //! Each line says which filesystem held the JetStream directory: on a tmpfs a sync costs
 //! nothing, so the comparison means something only on a disk.
@@ -49,6 +54,7 @@ pub fn run(ctx: &Run) -> Result<()> {
         };
         drain(ctx, &cluster, drain_jobs, &setup)?;
         submit_rate(ctx, &cluster, submissions, &setup)?;
+        array_recorded(ctx, &cluster, submissions, &setup)?;
     }
     Ok(())
 }
@@ -151,7 +157,118 @@ fn submit_rate(ctx: &Run, cluster: &Cluster, count: usize, setup: &Setup) -> Res
             "recorded_per_s": round3(count as f64 / recorded.as_secs_f64()),
         }),
     );
+    ctx.report(
+        &format!("durability_recorded_{}", setup.suffix),
+        recorded.as_secs_f64(),
+        "s",
+        Target::AtMost(5.0),
+        true,
+        Some(format!(
+            "{count} submissions recorded <= 5 s after the first"
+        )),
+        &summarize(&[recorded.as_secs_f64()])?,
+        "s from the first submission to the last recorded",
+        json!({
+            "sync_interval": setup.setting,
+            "jetstream_fs": setup.store,
+            "submissions": count,
+            "window": 256,
+        }),
+    );
     Ok(())
+}
+
+/// `mgpu submit --array 0-{count - 1} -- true` by the CLI, to the node drained by
+/// [`submit_rate`]: from the command's start until the scheduler recorded every task, and
+/// the queued jobs then stored without their real wait reason.
+fn array_recorded(ctx: &Run, cluster: &Cluster, count: usize, setup: &Setup) -> Result<()> {
+    progress(&format!("(10) mgpu submit --array 0-{} -- true", count - 1));
+    let range = format!("0-{}", count - 1);
+    let creds = cluster.user_creds("alice");
+    let recorded_before = cluster.with_nats(&cluster.admin_creds(), |client| async move {
+        let (status, _) =
+            wait_for_status("the scheduler", Duration::from_secs(30), &client, |_| true).await?;
+        anyhow::Ok(status["jobs_total"].as_u64().unwrap_or(0))
+    })?;
+    let started = std::time::Instant::now();
+    let mut command = cluster.mgpu_command(&creds, &["submit", "--array", &range, "--", "true"]);
+    command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let child = command.spawn().context("running mgpu submit --array")?;
+    // The command's own end, timed apart: it may end before or after the last record.
+    let waiter = std::thread::spawn(move || {
+        let output = child.wait_with_output();
+        (output, started.elapsed())
+    });
+    let recorded = cluster.with_nats(&cluster.admin_creds(), |client| async move {
+        wait_for_status(
+            "every task recorded",
+            Duration::from_secs(600),
+            &client,
+            |s| s["jobs_total"].as_u64().unwrap_or(0) >= recorded_before + count as u64,
+        )
+        .await?;
+        anyhow::Ok(started.elapsed())
+    })?;
+    let (output, exited) = waiter
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread waiting for mgpu submit panicked"))?;
+    let output = output.context("waiting for mgpu submit --array")?;
+    if !output.status.success() {
+        bail!(
+            "mgpu submit --array failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let unreasoned = queued_without_reason(cluster)?;
+    ctx.report(
+        &format!("durability_array_recorded_{}", setup.suffix),
+        recorded.as_secs_f64(),
+        "s",
+        Target::AtMost(5.0),
+        unreasoned == 0,
+        Some(format!(
+            "{count} tasks recorded <= 5 s after the command started, each with its reason"
+        )),
+        &summarize(&[recorded.as_secs_f64()])?,
+        "s from the command's start to the last task recorded",
+        json!({
+            "sync_interval": setup.setting,
+            "jetstream_fs": setup.store,
+            "tasks": count,
+            "command_exited_s": round3(exited.as_secs_f64()),
+            "queued_without_reason": unreasoned,
+        }),
+    );
+    Ok(())
+}
+
+/// How many queued jobs `mgpu queue --json` shows still waiting for the scheduler's first
+/// look (the reason a record has before a pass gave it its own).
+fn queued_without_reason(cluster: &Cluster) -> Result<usize> {
+    let output = cluster
+        .mgpu_command(&cluster.admin_creds(), &["queue", "--json"])
+        .output()
+        .context("running mgpu queue --json")?;
+    if !output.status.success() {
+        bail!(
+            "mgpu queue --json failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let queue: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("reading mgpu queue --json")?;
+    let first_look = mgpu_protocol::job::WaitReason::Submitted.describe();
+    Ok(queue["jobs"]
+        .as_array()
+        .map(|jobs| {
+            jobs.iter()
+                .filter(|job| job["state"] == "queued")
+                .filter(|job| job["reason"].as_str().is_none_or(|r| r == first_look))
+                .count()
+        })
+        .unwrap_or(0))
 }
 
 /// The type of the filesystem holding `path` (`ext4`, `tmpfs`, …), from /proc/self/mounts:

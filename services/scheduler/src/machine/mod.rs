@@ -296,10 +296,12 @@ impl SchedulerState {
         self.jobs.all()
     }
 
-    /// How many jobs are queued and running, and how many records the table holds.
+    /// How many jobs are queued and running, and how many records the table holds: stored
+    /// ones only (a new job waiting for its first write is not recorded yet).
     pub fn counts(&self) -> (usize, usize, usize) {
         let (queued, running) = self.jobs.counts();
-        (queued, running, self.jobs.total())
+        let (staged, staged_queued) = self.staged.count(&self.jobs);
+        (queued - staged_queued, running, self.jobs.total() - staged)
     }
 
     /// How many nodes are known, and online at `now`.

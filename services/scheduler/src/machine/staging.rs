@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use mgpu_protocol::Timestamp;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::JobRecord;
+use mgpu_protocol::job::{JobRecord, JobState};
 
 use super::SchedulerState;
-use super::jobs::Tracked;
+use super::jobs::{JobTable, Tracked};
 use super::messages::{Command, Count, LogLevel, Token, WriteOutcome};
 use super::pending::{Applied, NewJob, Origin, Pending};
 use crate::lifecycle::{self, Input, Transition};
@@ -42,6 +42,15 @@ impl Staged {
     /// Whether a staged job will acknowledge `token` once its record is stored.
     pub(crate) fn holds(&self, token: Token) -> bool {
         self.tokens.contains(&token)
+    }
+
+    /// How many jobs are staged, and how many of them are queued (the others were
+    /// cancelled meanwhile).
+    pub(crate) fn count(&self, table: &JobTable) -> (usize, usize) {
+        let queued = (self.order.iter())
+            .filter(|id| matches!(table.get(id).map(|r| &r.state), Some(JobState::Queued(_))))
+            .count();
+        (self.jobs.len(), queued)
     }
 
     fn keep(&mut self, token: Option<Token>) {

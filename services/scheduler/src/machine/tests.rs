@@ -233,9 +233,11 @@ fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_o
     }));
     let admitted = rig.request(alice(), request);
     let commands = rig.machine.handle(t0(), Input::Submissions(vec![admitted]));
-    // Nothing goes out before the pass: no write, no event, no acknowledgement.
+    // Nothing goes out before the pass: no write, no event, no acknowledgement; and the
+    // status does not count it as recorded.
     assert!(commands.is_empty(), "{commands:?}");
     assert!(rig.machine.pass_due());
+    assert_eq!(rig.machine.counts(), (0, 0, 0));
     let (commands, _, _) = rig.machine.pass(t0(), &mut || 0);
     let writes: Vec<_> = commands
         .iter()
@@ -269,6 +271,7 @@ fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_o
         rig.store.record(&id).map(|r| r.state.name()),
         Some("running")
     );
+    assert_eq!(rig.machine.counts(), (0, 1, 1));
 }
 
 #[test]
