@@ -182,17 +182,22 @@ impl Rig {
         }
     }
 
-    /// Submits a job of `spec` as alice; its id.
+    /// Submits a job of `spec` as alice (staged until the next pass); its id.
     pub(super) fn submit(&mut self, spec: JobSpec) -> JobId {
+        let (id, admitted) = self.submission(spec);
+        self.feed(t0(), Input::Submissions(vec![admitted]));
+        id
+    }
+
+    /// alice's submission of a job of `spec`, admitted, not handed over yet; its id.
+    pub(super) fn submission(&mut self, spec: JobSpec) -> (JobId, Admitted) {
         let id = JobId::random();
         let request = Request::Submit(Box::new(SubmitRequest {
             id: id.clone(),
             user: "alice".into(),
             spec,
         }));
-        let admitted = self.request(alice(), request);
-        self.feed(t0(), Input::Submissions(vec![admitted]));
-        id
+        (id, self.request(alice(), request))
     }
 
     pub(super) fn state(&self, id: &JobId) -> Option<&JobState> {
@@ -225,13 +230,7 @@ pub(super) fn acks(commands: &[Command]) -> usize {
 #[test]
 fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_once_stored() {
     let mut rig = Rig::new(Policy::default());
-    let id = JobId::random();
-    let request = Request::Submit(Box::new(SubmitRequest {
-        id: id.clone(),
-        user: "alice".into(),
-        spec: one_gpu(),
-    }));
-    let admitted = rig.request(alice(), request);
+    let (id, admitted) = rig.submission(one_gpu());
     let commands = rig.machine.handle(t0(), Input::Submissions(vec![admitted]));
     // Nothing goes out before the pass: no write, no event, no acknowledgement; and the
     // status does not count it as recorded.
@@ -277,13 +276,7 @@ fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_o
 #[test]
 fn a_submission_whose_record_is_not_found_after_an_unanswered_write_is_not_acknowledged() {
     let mut rig = Rig::new(Policy::default());
-    let id = JobId::random();
-    let request = Request::Submit(Box::new(SubmitRequest {
-        id: id.clone(),
-        user: "alice".into(),
-        spec: one_gpu(),
-    }));
-    let admitted = rig.request(alice(), request);
+    let (id, admitted) = rig.submission(one_gpu());
     let commands = rig.machine.handle(t0(), Input::Submissions(vec![admitted]));
     assert!(commands.is_empty(), "{commands:?}");
     let (commands, _, _) = rig.machine.pass(t0(), &mut || 0);
@@ -304,13 +297,7 @@ fn a_submission_whose_record_is_not_found_after_an_unanswered_write_is_not_ackno
 #[test]
 fn a_cancel_that_comes_before_the_pass_is_written_with_the_submission_and_both_acknowledged() {
     let mut rig = Rig::new(Policy::default());
-    let id = JobId::random();
-    let request = Request::Submit(Box::new(SubmitRequest {
-        id: id.clone(),
-        user: "alice".into(),
-        spec: one_gpu(),
-    }));
-    let submitted = rig.request(alice(), request);
+    let (id, submitted) = rig.submission(one_gpu());
     let submit_token = submitted.token;
     assert!(
         rig.feed(t0(), Input::Submissions(vec![submitted]))
