@@ -371,8 +371,13 @@ impl World {
                 }
                 None
             }
-            Command::Ack { token, .. } => {
+            Command::Ack { token, job } => {
                 let (source, index) = self.scheduler.as_mut()?.held.remove(&token)?;
+                if source == Source::Request
+                    && let Some(job) = job
+                {
+                    self.check_acknowledged_cancel(index, &job);
+                }
                 if self.chance_of_fault(self.options.ack_lost, |_| {
                     "an acknowledgement is lost".into()
                 }) {
@@ -440,7 +445,7 @@ impl World {
                 None
             }
             Command::Event(event) => {
-                self.check_stored_before_told(&event.job_id, "an event");
+                self.check_event(&event);
                 None
             }
             Command::Notice { notice, .. } => {

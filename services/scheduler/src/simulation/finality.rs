@@ -11,7 +11,10 @@
 //! exit report was stored is not given another attempt, even when its node is found offline
 //! before the scheduler read the report; and a single-node job's attempt that its agent
 //! reported lost (stopped by a fence, or gone with a restart) is never recorded `failed`: the
-//! node was lost, not the job (requeued, or `node_failed` where it may not run again).
+//! node was lost, not the job (requeued, or `node_failed` where it may not run again). A
+//! cancel the scheduler acknowledged (its owner's or an admin's) is applied: the job starts
+//! no attempt after that acknowledgement (a new job's cancel that came before its record's
+//! first write is applied to it before that write, `machine/staging.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +34,8 @@ pub struct Finality {
     exits_stored: BTreeMap<(JobId, u32), u64>,
     /// Attempts whose exit report said lost.
     reported_lost: BTreeSet<(JobId, u32)>,
+    /// Jobs whose cancel was acknowledged: the attempt running then, if one was.
+    cancel_acknowledged: BTreeMap<JobId, Option<u32>>,
 }
 
 impl Finality {
@@ -47,10 +52,28 @@ impl Finality {
         }
     }
 
+    /// The scheduler acknowledged a cancel of `job` by its owner or an admin, `running`
+    /// being the attempt its stored record ran then (None: not running, or not stored).
+    pub fn cancel_acknowledged(&mut self, job: &JobId, running: Option<u32>) {
+        self.cancel_acknowledged
+            .entry(job.clone())
+            .or_insert(running);
+    }
+
     /// `record` was stored at `now` over a record of attempt `before` (None: created); what
     /// it breaks, if anything.
     pub fn stored(&mut self, before: Option<u32>, record: &JobRecord, now: u64) -> Option<String> {
         let id = &record.id;
+        if let JobState::Running(_) = &record.state
+            && let Some(running) = self.cancel_acknowledged.get(id)
+            && running.is_none_or(|attempt| record.attempt > attempt)
+        {
+            return Some(format!(
+                "a job started after its cancel was acknowledged: {} attempt {}",
+                id.short(),
+                record.attempt
+            ));
+        }
         if let Some(previous) = before.filter(|b| record.attempt > *b && record.spec.nodes <= 1)
             && let Some(at) = self.exits_stored.get(&(id.clone(), previous))
             && *at <= now

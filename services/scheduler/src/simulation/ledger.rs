@@ -122,6 +122,12 @@ impl Ledger {
         }
     }
 
+    /// A cancel of `job` by its owner or an admin was acknowledged while attempt `running`
+    /// ran (None: none did).
+    pub fn cancel_acknowledged(&mut self, job: &JobId, running: Option<u32>) {
+        self.finality.cancel_acknowledged(job, running);
+    }
+
     /// An exit report for `attempt` of `job` is in the reports stream from `at` on.
     pub fn exit_reported(&mut self, job: &JobId, attempt: u32, exit: &Exit, at: u64) {
         self.finality.exit_reported(job, attempt, exit, at);

@@ -75,6 +75,11 @@ impl<T: Clone> Stream<T> {
             .collect()
     }
 
+    /// The message stored at `index`.
+    pub fn get(&self, index: usize) -> Option<&T> {
+        self.messages.get(index)
+    }
+
     /// A message handed out and not acknowledged comes again at `at`.
     pub fn redeliver_at(&mut self, index: usize, at: u64) {
         if self.acked.get(index) == Some(&false) {

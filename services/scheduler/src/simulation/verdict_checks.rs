@@ -3,9 +3,15 @@
 //!   is decided again, a redelivery);
 //! - a job refused never runs: no attempt of it started before, or starts after (the
 //!   ledger's start check asks [`refused`]);
-//! - nothing is said about a job (its verdict, an event) before its record is stored.
+//! - nothing is said about a job (its verdict, its queued or assigned event) before its
+//!   record is stored (a request refused at the gate, a replay or a bad signature, names its
+//!   job whether or not it is recorded);
+//! - a cancel acknowledged is applied (checked by the ledger's finality at each start).
 
+use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::JobState;
+use mgpu_protocol::request::Request;
 use mgpu_protocol::submit::SubmitVerdict;
 
 use super::world::World;
@@ -39,5 +45,37 @@ impl World {
             let broken = format!("{what} about job {short} sent before its record was stored");
             self.ledger.broken.push(broken);
         }
+    }
+
+    /// An event the scheduler publishes: a job's queued or assigned event only once its
+    /// record is stored (a request refused at the gate, a replay or a bad signature, names
+    /// its job whether or not it is recorded).
+    pub(super) fn check_event(&mut self, event: &JobEvent) {
+        if matches!(
+            event.kind,
+            JobEventKind::Queued { .. } | JobEventKind::Assigned { .. }
+        ) {
+            self.check_stored_before_told(&event.job_id, "an event");
+        }
+    }
+
+    /// The scheduler acknowledged the request at `index` of the requests stream, about
+    /// `job`: a cancel by the job's owner or an admin is remembered, with the attempt running
+    /// then, for the finality check.
+    pub(super) fn check_acknowledged_cancel(&mut self, index: usize, job: &JobId) {
+        let Some(stored) = self.requests.get(index) else {
+            return;
+        };
+        if !matches!(stored.request, Request::Cancel { .. }) {
+            return;
+        }
+        let Some(record) = self.store.record(job) else {
+            return;
+        };
+        if !(stored.identity.admin || stored.identity.name == record.user) {
+            return;
+        }
+        let running = matches!(record.state, JobState::Running(_)).then_some(record.attempt);
+        self.ledger.cancel_acknowledged(job, running);
     }
 }
