@@ -1,7 +1,8 @@
 //! The job table: every live job record with the KV revision it was read or written at, and
 //! the indexes a pass, a heartbeat and the status read (queued, running, running by node).
 //! Pure: the driver loads the records and carries out the writes the machine asks for; the
-//! table changes only when a write is known to have landed (or what is stored was read back).
+//! table changes only when a write is known to have landed (or what is stored was read back),
+//! except for a new job, put in it before its first write (`staging`, revision 0 until then).
 
 use std::collections::{HashMap, HashSet};
 

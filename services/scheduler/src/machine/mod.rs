@@ -301,7 +301,12 @@ impl SchedulerState {
     pub fn counts(&self) -> (usize, usize, usize) {
         let (queued, running) = self.jobs.counts();
         let (staged, staged_queued) = self.staged.count(&self.jobs);
-        (queued - staged_queued, running, self.jobs.total() - staged)
+        let total = self.jobs.total();
+        (
+            queued.saturating_sub(staged_queued),
+            running,
+            total.saturating_sub(staged),
+        )
     }
 
     /// How many nodes are known, and online at `now`.
