@@ -313,6 +313,15 @@ fn planned<Q: Borrow<QueuedJob>, R: Borrow<RunningJob>>(
             *array_running.entry(array.clone()).or_default() += 1;
         }
     }
+    // A task requeued from a silent node may still run there until the node's fence: it
+    // counts against its array's `%N` until then, as if it ran.
+    for job in &ordered {
+        if let Some((array, Some(_))) = &job.array
+            && job.not_before.is_some_and(|t| t > now)
+        {
+            *array_running.entry(array.clone()).or_default() += 1;
+        }
+    }
     let any_online = nodes.iter().any(|n| n.online);
     let mut owner_gpus = OwnerGpus::new(
         &settings.gpu_caps,

@@ -296,6 +296,30 @@ fn held_dependent_and_array_limited_jobs_wait_with_their_reason() {
 }
 
 #[test]
+fn a_task_requeued_from_a_silent_node_counts_against_its_array_until_the_fence() {
+    let nodes = [node("n1", 4, 24_000)];
+    let array = JobId::random();
+    let task = |n: u32| {
+        let mut t = job(n, GpuAmount::ONE);
+        t.array = Some((array.clone(), Some(1)));
+        t
+    };
+    // Task 1's first attempt may still run on its silent node for ten more seconds.
+    let mut requeued = task(1);
+    requeued.attempt = 2;
+    requeued.not_before = Some(t0() + chrono::Duration::seconds(10));
+    let queue = vec![requeued.clone(), task(2)];
+    let decisions = run(&nodes, &[], &queue);
+    assert!(started(&decisions).is_empty(), "{decisions:?}");
+    assert_eq!(reason_of(&decisions, &id(1)), Some(WaitReason::Fencing));
+    assert_eq!(reason_of(&decisions, &id(2)), Some(WaitReason::ArrayLimit));
+    // Once the fence is past, one task of the two starts.
+    requeued.not_before = Some(t0() - chrono::Duration::seconds(1));
+    let decisions = run(&nodes, &[], &[requeued, task(2)]);
+    assert_eq!(started(&decisions).len(), 1, "{decisions:?}");
+}
+
+#[test]
 fn backfill_lets_short_jobs_through_and_keeps_long_ones_behind_the_reservation() {
     // 2 GPUs; GPU 0 busy for 100 s. A 2-GPU job waits at the head and reserves both GPUs from
     // t+100. A 50 s job may use GPU 1 now; an unlimited one may not.
