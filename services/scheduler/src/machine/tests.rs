@@ -205,6 +205,17 @@ impl Rig {
     }
 }
 
+/// alice's cancel of `id`.
+pub(super) fn alice_cancels(id: &JobId) -> Request {
+    Request::Cancel {
+        job: id.clone(),
+        request: CancelRequest {
+            user: "alice".into(),
+            reason: None,
+        },
+    }
+}
+
 pub(super) fn one_gpu() -> JobSpec {
     let mut spec = JobSpec::new(vec!["train".into()], "/tmp");
     spec.gpus = GpuAmount::whole(1);
@@ -303,13 +314,7 @@ fn a_cancel_that_comes_before_the_pass_is_written_with_the_submission_and_both_a
         rig.feed(t0(), Input::Submissions(vec![submitted]))
             .is_empty()
     );
-    let cancel = Request::Cancel {
-        job: id.clone(),
-        request: CancelRequest {
-            user: "alice".into(),
-            reason: None,
-        },
-    };
+    let cancel = alice_cancels(&id);
     let admitted = rig.request(alice(), cancel);
     let cancel_token = admitted.token;
     let commands = rig.feed(t0(), Input::Request(Box::new(admitted)));
@@ -336,13 +341,7 @@ fn a_record_changed_under_the_scheduler_is_decided_again_from_what_is_stored() {
     rig.pass(t0());
     // Another scheduler rewrote the record: the machine's revision is stale.
     assert!(rig.store.rewrite(&id, t0()));
-    let cancel = Request::Cancel {
-        job: id.clone(),
-        request: CancelRequest {
-            user: "alice".into(),
-            reason: None,
-        },
-    };
+    let cancel = alice_cancels(&id);
     let admitted = rig.request(alice(), cancel);
     let commands = rig.feed(t0(), Input::Request(Box::new(admitted)));
     assert_eq!(acks(&commands), 1, "{commands:?}");
@@ -358,13 +357,7 @@ fn a_write_that_fails_leaves_the_request_for_redelivery_and_changes_nothing() {
     rig.pass(t0());
     let id = rig.submit(one_gpu());
     rig.pass(t0());
-    let cancel = Request::Cancel {
-        job: id.clone(),
-        request: CancelRequest {
-            user: "alice".into(),
-            reason: None,
-        },
-    };
+    let cancel = alice_cancels(&id);
     let admitted = rig.request(alice(), cancel);
     let commands = rig.machine.handle(t0(), Input::Request(Box::new(admitted)));
     let Some(Command::Write { op, .. }) = commands.first() else {

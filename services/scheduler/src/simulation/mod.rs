@@ -56,6 +56,7 @@ pub mod streams;
 mod verdict_checks;
 pub mod workload;
 pub mod world;
+pub mod writes;
 
 use std::collections::BTreeSet;
 
