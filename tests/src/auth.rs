@@ -199,7 +199,7 @@ impl Cluster {
     /// with the protocol header, stored by JetStream.
     pub fn publish_report(&self, signer: &Path, event: &mgpu_protocol::event::JobEvent) {
         let payload = serde_json::to_vec(event).unwrap_or_else(|e| panic!("{e}"));
-        let protocol = mgpu_protocol::version::PROTOCOL.to_string();
+        let protocol = mgpu_protocol::version::BASELINE.to_string();
         self.publish_signed(
             signer,
             &subjects::events(&event.job_id),

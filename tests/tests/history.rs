@@ -1,10 +1,13 @@
 //! History, told as stories: a finished job leaves the live bucket for the history stream
 //! after the scheduler's `keep_finished` (shortened here to 1 s), `mgpu show` still finds it
 //! by its id, a job submitted `--after` it resolves from history, and a finished job a queued
-//! job depends on stays live until that job is no longer queued.
+//! job depends on stays live until that job is no longer queued. A job's environment goes
+//! with it; an array's, stored once for all its tasks, reaches every task and outlives them.
 
 use std::time::Duration;
 
+use mgpu_protocol::ids::JobId;
+use mgpu_protocol::subjects;
 use mgpu_tests::{Cluster, NodeSpec, wait_for};
 use serde_json::Value;
 
@@ -254,4 +257,88 @@ fn report_sums_the_jobs_run_to_the_gpu_second() {
         decayed <= expected + 0.001 && decayed > expected * 0.99,
         "{decayed} against {expected}"
     );
+}
+
+/// What `creds` reads under `key` in the environments' bucket (empty: nothing there, or
+/// refused).
+fn env_entry(cluster: &Cluster, creds: &std::path::Path, key: String) -> String {
+    let subject = format!(
+        "$JS.API.DIRECT.GET.{}.$KV.{}.{key}",
+        subjects::JOB_ENV_BUCKET_STREAM,
+        subjects::JOB_ENV_BUCKET
+    );
+    cluster.with_nats(creds, |client| async move {
+        let reply = tokio::time::timeout(T, client.request(subject, "".into())).await;
+        match reply {
+            Ok(Ok(reply)) if reply.status.is_none() => {
+                String::from_utf8_lossy(&reply.payload).into_owned()
+            }
+            _ => String::new(),
+        }
+    })
+}
+
+#[test]
+fn an_array_stores_its_environment_once_and_it_goes_with_the_last_task() {
+    let (mut cluster, _config) = cluster_keeping_finished_for("1s");
+    let secret = format!("array-{}", JobId::random());
+    cluster.set_cli_env("ARRAY_TOKEN", &secret);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let go = dir.path().join("go");
+    // Each task waits for the word, then says whether the token reached it.
+    let command = format!(
+        "while [ ! -e {go} ]; do sleep 0.1; done; [ -n \"$ARRAY_TOKEN\" ] && echo token-arrived",
+        go = go.display()
+    );
+    let array = cluster.submit_json(&["--array", "0-2%1"], &command);
+    let array_id = array["array_id"].as_str().unwrap_or_default().to_owned();
+    let ids: Vec<String> = array["ids"]
+        .as_array()
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|id| id.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids.len(), 3, "{array}");
+    let first = &ids[0];
+    cluster.wait_state(first, "running", T);
+
+    // Stored once, under the array's id, not under each task's.
+    let shown = cluster.show(first);
+    let owner = shown["record"]["user_key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let admin = cluster.admin_creds();
+    let stored = env_entry(&cluster, &admin, format!("{owner}.{array_id}"));
+    assert!(stored.contains(&secret), "{stored:?}");
+    for id in &ids {
+        assert_eq!(env_entry(&cluster, &admin, format!("{owner}.{id}")), "");
+    }
+    // Still another user's to read nowhere; its owner reads it through each task.
+    let bob = cluster.user_creds("bob");
+    assert_eq!(env_entry(&cluster, &bob, format!("{owner}.{array_id}")), "");
+    let own = cluster.mgpu_ok_with(&cluster.user_creds("alice"), &["show", "--json", &ids[2]]);
+    assert!(own.contains(&secret), "{own}");
+
+    std::fs::write(&go, "").unwrap_or_else(|e| panic!("{e}"));
+    for id in &ids {
+        cluster.finished_as(id, "succeeded", T);
+        let logs = cluster.mgpu_ok(&["logs", id]);
+        assert!(logs.contains("token-arrived"), "{id}: {logs}");
+    }
+    // A job's own environment goes with its move to history. The array's last tasks wait
+    // two minutes from its submission for any task still to come, the environment with them.
+    let single = cluster.submit(&[], "true");
+    cluster.finished_as(&single, "succeeded", T);
+    assert!(env_entry(&cluster, &admin, format!("{owner}.{single}")).contains(&secret));
+    wait_moved(&cluster, &single);
+    assert_eq!(env_entry(&cluster, &admin, format!("{owner}.{single}")), "");
+    assert!(
+        live_ids(&cluster).contains(&ids[2]),
+        "the array's last task moved early"
+    );
+    let stored = env_entry(&cluster, &admin, format!("{owner}.{array_id}"));
+    assert!(stored.contains(&secret), "{stored:?}");
 }

@@ -73,7 +73,7 @@ fn scheduler_log(cluster: &Cluster) -> String {
 #[test]
 fn an_agent_of_another_protocol_keeps_its_node_but_gets_no_job() {
     let cluster = Cluster::start(&[NodeSpec::without_agent("ghost01")]);
-    cluster.publish_heartbeat(&ghost_beat(mgpu_protocol::version::PROTOCOL));
+    cluster.publish_heartbeat(&ghost_beat(mgpu_protocol::version::BASELINE));
     cluster.wait_nodes_online(1);
 
     let mut future = serde_json::to_value(ghost_beat(99)).unwrap_or_default();
@@ -99,7 +99,7 @@ fn an_agent_of_another_protocol_keeps_its_node_but_gets_no_job() {
     let err = String::from_utf8_lossy(&nodes.stderr);
     assert!(err.contains("speaks protocol 99"), "{err}");
 
-    cluster.publish_heartbeat(&ghost_beat(mgpu_protocol::version::PROTOCOL));
+    cluster.publish_heartbeat(&ghost_beat(mgpu_protocol::version::BASELINE));
     cluster.wait_state(&id, "running", T);
     let nodes = cluster.mgpu_ok(&["nodes"]);
     assert!(nodes.contains("protocol 1"), "{nodes}");

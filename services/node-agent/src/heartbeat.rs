@@ -204,7 +204,7 @@ impl Heartbeater {
             cpus: self.identity.cpus,
             mem_host_mib: self.identity.mem_host_mib,
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-            protocol: mgpu_protocol::version::PROTOCOL,
+            protocol: mgpu_protocol::version::BASELINE,
             mem_threshold: self.identity.thresholds.mem,
             load_threshold: self.identity.thresholds.load,
             labels: self.identity.labels.clone(),

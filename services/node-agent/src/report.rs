@@ -81,7 +81,7 @@ impl Reporter {
             error!(%key, "cannot sign the {what} report: {err}");
             return false;
         }
-        headers.insert(version::HEADER, version::PROTOCOL.to_string().as_str());
+        headers.insert(version::HEADER, version::BASELINE.to_string().as_str());
         let message = PublishMessage::build()
             .payload(payload)
             .headers(headers)

@@ -154,7 +154,7 @@ impl QueueViews {
             if cached.has_dependencies
                 && let Some(record) = sources.jobs.get(&cached.view.id)
             {
-                cached.view.dependencies = dependencies(sources.jobs, &record.spec);
+                cached.view.dependencies = dependencies(sources.jobs, record);
             }
         }
         // Usage decays: a job with a time slice is ranked, were it requeued, as of now. Jobs
@@ -197,7 +197,7 @@ fn queued_job(
         now,
     );
     view.held = waiting.held_by.is_some();
-    view.dependencies = dependencies(sources.jobs, &record.spec);
+    view.dependencies = dependencies(sources.jobs, record);
     view.not_before = waiting.not_before;
     view.recorded_reason = Some(waiting.reason);
     view.attempt = record.attempt;
@@ -306,8 +306,15 @@ fn reclaimable_from(record: &JobRecord, run: &Run) -> Option<mgpu_protocol::Time
     }
 }
 
-/// Whether `--after` (must succeed) and `--after-any` (must end) are met.
-fn dependencies(store: &JobTable, spec: &JobSpec) -> Dependencies {
+/// Whether `--after` (must succeed) and `--after-any` (must end) are met. A job started
+/// before (requeued: its attempt past the first) met them then, and how a job ended never
+/// changes: what it depends on may since have moved to history, unknown to a scheduler that
+/// took over after, and it must not wait on that forever.
+fn dependencies(store: &JobTable, record: &JobRecord) -> Dependencies {
+    if record.attempt > 1 {
+        return Dependencies::Met;
+    }
+    let spec = &record.spec;
     let mut waiting = false;
     for id in &spec.after {
         match store.state_of(id) {
@@ -333,5 +340,43 @@ fn dependencies(store: &JobTable, spec: &JobSpec) -> Dependencies {
         Dependencies::Waiting
     } else {
         Dependencies::Met
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::jobs::Tracked;
+    use mgpu_protocol::job::WaitReason;
+
+    fn waiting_on(dependency: &JobId, attempt: u32) -> JobRecord {
+        let mut spec = JobSpec::new(vec!["true".into()], "/tmp");
+        spec.after = vec![dependency.clone()];
+        JobRecord {
+            id: JobId::random(),
+            user: "alice".into(),
+            user_key: None,
+            spec,
+            submitted_at: mgpu_protocol::now(),
+            attempt,
+            state: JobState::Queued(Waiting::new(WaitReason::Dependency)),
+            last_request: None,
+            preemptions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_requeued_job_does_not_wait_again_on_what_it_depended_on() {
+        // What it depends on is in history, unknown to this scheduler (it took over since).
+        let table = JobTable::new(Vec::<Tracked>::new());
+        let gone = JobId::random();
+        assert_eq!(
+            dependencies(&table, &waiting_on(&gone, 1)),
+            Dependencies::Waiting
+        );
+        assert_eq!(
+            dependencies(&table, &waiting_on(&gone, 2)),
+            Dependencies::Met
+        );
     }
 }

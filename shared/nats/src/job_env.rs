@@ -1,7 +1,8 @@
 //! The environments captured at submit, kept apart from the job records that every user reads:
-//! the `mgpu-job-env` bucket, key `<owner key>.<job id>`. Written by the owner's CLI (or by the
-//! scheduler, for a submission that carried its environment inline), read by the owner, admins
-//! and the scheduler. Reads are direct gets on the key's own subject, so that a user's
+//! the `mgpu-job-env` bucket, key `<owner key>.<job id>`, or, for the tasks of an array that
+//! share one environment, once under `<owner key>.<array id>` (protocol 2). Written by the
+//! owner's CLI (or by the scheduler, for a submission that carried its environment inline),
+//! read by the owner, admins and the scheduler. Reads are direct gets on the key's own subject, so that a user's
 //! permissions can name exactly their own keys and nothing else.
 
 use std::collections::BTreeMap;
@@ -43,7 +44,26 @@ pub fn get_subject(owner: &str, job: &JobId) -> String {
     )
 }
 
-/// Reads `owner`'s job `job`'s environment; `None` when there is none (the job had no
+/// The environment `owner`'s job `job` runs with: under its own id, or, for a task of
+/// `array`, the one its array stored for all its tasks. Both are read at once (a task has
+/// one or the other); its own wins.
+pub async fn get_for(
+    client: &async_nats::Client,
+    owner: &str,
+    job: &JobId,
+    array: Option<&JobId>,
+) -> Result<Option<Environment>, StateError> {
+    let Some(array) = array else {
+        return get(client, owner, job).await;
+    };
+    let (own, shared) = tokio::join!(get(client, owner, job), get(client, owner, array));
+    match own? {
+        Some(env) => Ok(Some(env)),
+        None => shared,
+    }
+}
+
+/// Reads the environment stored under `owner`'s `job` (a job's or an array's id); `None` when there is none (the job had no
 /// environment, or it was dropped when the job moved to history).
 pub async fn get(
     client: &async_nats::Client,

@@ -16,11 +16,26 @@
 //! format raises [`PROTOCOL`]; one that keeps reading the previous format keeps
 //! [`OLDEST_ACCEPTED`] where it was, which is what makes a rolling upgrade possible (the
 //! scheduler first, then the agents and the CLIs).
+//!
+//! A message names the oldest protocol that reads it, not the newest this build speaks: what
+//! protocol 1 already said still says [`BASELINE`], so an older scheduler keeps reading this
+//! release's heartbeats, reports and requests, and refuses, with the sentence above, only a
+//! request that needs a newer one (today a job-array task whose environment is stored once
+//! for the whole array, [`ARRAY_ENVIRONMENT`]), instead of acting on it wrongly.
 
 use serde::Deserialize;
 
-/// The protocol this build speaks.
-pub const PROTOCOL: u32 = 1;
+/// The newest protocol this build speaks (and its scheduler reads).
+pub const PROTOCOL: u32 = 2;
+
+/// The protocol of a message that says nothing protocol 1 could not: every heartbeat and
+/// report, and every request but those naming a newer protocol below.
+pub const BASELINE: u32 = 1;
+
+/// Protocol 2: a job-array task whose environment is not stored under its own job id but
+/// once, under its array's id (`<owner key>.<array id>` in `mgpu-job-env`). A scheduler of
+/// protocol 1 would look under the task's id, find nothing and start it without.
+pub const ARRAY_ENVIRONMENT: u32 = 2;
 
 /// The oldest protocol this build's scheduler still reads.
 pub const OLDEST_ACCEPTED: u32 = 1;

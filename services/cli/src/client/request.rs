@@ -64,6 +64,11 @@ pub struct Request {
     /// Where the scheduler's verdict on a submission or a reservation request is awaited
     /// (`Mgpu-Verdict-To`).
     verdict_to: Option<String>,
+    /// The oldest protocol that reads it (`Mgpu-Protocol`): [`version::BASELINE`] unless it
+    /// says something newer.
+    ///
+    /// [`version::BASELINE`]: mgpu_protocol::version::BASELINE
+    protocol: u32,
 }
 
 impl Request {
@@ -94,7 +99,15 @@ impl Request {
             payload: payload.into(),
             msg_id: msg_id.into(),
             verdict_to: None,
+            protocol: mgpu_protocol::version::BASELINE,
         }
+    }
+
+    /// The request, marked as needing `protocol` to be read (a scheduler of an older one
+    /// refuses it, saying to upgrade, rather than acting on it wrongly).
+    pub fn needing_protocol(mut self, protocol: u32) -> Request {
+        self.protocol = protocol;
+        self
     }
 
     /// The request, asking for the scheduler's verdict on `to` (see `client::verdict`).
@@ -124,7 +137,7 @@ impl Request {
         // with a sentence, never decoded wrongly.
         headers.insert(
             mgpu_protocol::version::HEADER,
-            mgpu_protocol::version::PROTOCOL.to_string().as_str(),
+            self.protocol.to_string().as_str(),
         );
         headers.insert(header::NATS_MESSAGE_ID, self.msg_id.as_str());
         if let Some(to) = &self.verdict_to {
@@ -169,6 +182,15 @@ impl Failure {
 
     pub fn into_error(self) -> anyhow::Error {
         self.error
+    }
+
+    /// The same failure, for another request that waited on the same write (the tasks of an
+    /// array whose environment is stored once).
+    pub fn again(&self) -> Failure {
+        Failure {
+            kind: self.kind,
+            error: anyhow!("{:#}", self.error),
+        }
     }
 }
 
@@ -504,7 +526,17 @@ mod tests {
             .as_ref()
             .and_then(|h| h.get(mgpu_protocol::version::HEADER))
             .map(|v| v.as_str().to_owned());
-        assert_eq!(version, Some(mgpu_protocol::version::PROTOCOL.to_string()));
+        assert_eq!(version, Some(mgpu_protocol::version::BASELINE.to_string()));
+        // A request that needs a newer protocol says so, for an older scheduler to refuse.
+        let newer = request
+            .cloned()
+            .map(|r| r.needing_protocol(mgpu_protocol::version::ARRAY_ENVIRONMENT))
+            .and_then(|r| r.headers(&key).ok());
+        let version = newer
+            .as_ref()
+            .and_then(|h| h.get(mgpu_protocol::version::HEADER))
+            .map(|v| v.as_str().to_owned());
+        assert_eq!(version, Some("2".to_owned()));
     }
 
     #[test]

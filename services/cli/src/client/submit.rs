@@ -1,15 +1,19 @@
 //! Storing submissions, one or thousands (arrays, job files) pipelined: each job's environment
 //! first, in the `mgpu-job-env` bucket under the user's key, then the submission without it on
-//! the request path ([`super::request`]), its job id as its message id. A round stores what
-//! it can and the failures that may pass are retried as any request's are, so a job is never
-//! sent without its environment and never stored twice.
+//! the request path ([`super::request`]), its job id as its message id. An array whose tasks
+//! all carry the same environment stores it once, under the array's id, and its tasks say so
+//! by the protocol they name ([`version::ARRAY_ENVIRONMENT`]): 10 000 tasks are then 10 000
+//! writes, not 20 000, each flushed to disk. A round stores what it can and the failures that
+//! may pass are retried as any request's are, so a job is never sent without its environment
+//! and never stored twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
-use mgpu_protocol::subjects;
+use mgpu_protocol::ids::JobId;
 use mgpu_protocol::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
+use mgpu_protocol::{subjects, version};
 
 use super::request::{self, Failure, Outcomes, Request, RetryPolicy};
 use super::session::Session;
@@ -41,100 +45,164 @@ async fn submit_all_stored(
     requests: &[SubmitRequest],
     verdict_to: Option<&str>,
 ) -> Vec<Result<()>> {
+    let shared = shared_environments(requests);
+    let batch = Batch {
+        session,
+        requests,
+        shared: &shared,
+        verdict_to,
+    };
     request::retried(
         requests.len(),
         RetryPolicy::ELECTION,
-        async |indices: &[usize]| submit_round(session, requests, indices, verdict_to).await,
+        async |indices: &[usize]| batch.round(indices).await,
         async || request::streams_exist(session).await,
     )
     .await
 }
 
-/// One pass over the submissions at `indices`, pipelined: first the jobs' environments, then
-/// the submissions of the jobs whose environment is stored.
-async fn submit_round(
-    session: &Session,
-    requests: &[SubmitRequest],
-    indices: &[usize],
-    verdict_to: Option<&str>,
-) -> Outcomes {
-    let (ready, mut outcomes) = store_envs(session, requests, indices).await;
-    let sent = request::pipelined(ready, async |index: usize| match requests.get(index) {
-        Some(submission) => send(session, submission, verdict_to).await.map(Some),
-        None => Ok(None),
-    })
-    .await;
-    outcomes.extend(sent);
-    outcomes
-}
-
-/// Stores the environments of the jobs at `indices` in the `mgpu-job-env` bucket under this
-/// user's key, where other users cannot read them (the submission, like the job record made
-/// of it, is readable by every user). Returns the jobs whose environment is stored (or who
-/// have none), in the order asked, and the failures.
-async fn store_envs(
-    session: &Session,
-    requests: &[SubmitRequest],
-    indices: &[usize],
-) -> (Vec<usize>, Outcomes) {
-    let stored = request::pipelined(indices.iter().copied(), async |index: usize| match requests
-        .get(index)
-    {
-        Some(submission) => put_env(session, submission).await,
-        None => Ok(None),
-    })
-    .await;
-    let mut ready = Vec::with_capacity(indices.len());
-    let mut failed = Vec::new();
-    for (index, outcome) in stored {
-        match outcome {
-            Ok(()) => ready.push(index),
-            Err(failure) => failed.push((index, Err(failure))),
+/// The arrays whose tasks, among `requests`, all carry the same environment (not none): each
+/// stores it once, under its array's id.
+fn shared_environments(requests: &[SubmitRequest]) -> HashSet<JobId> {
+    let mut first: HashMap<&JobId, &BTreeMap<String, String>> = HashMap::new();
+    let mut mixed: HashSet<&JobId> = HashSet::new();
+    for request in requests {
+        let Some(array) = &request.spec.array else {
+            continue;
+        };
+        let env = &request.spec.env;
+        if env.is_empty() || *first.entry(&array.array_id).or_insert(env) != env {
+            mixed.insert(&array.array_id);
         }
     }
-    // In the order asked: the submissions keep their order in the queue.
-    ready.sort_unstable();
-    (ready, failed)
+    first
+        .into_keys()
+        .filter(|array| !mixed.contains(array))
+        .cloned()
+        .collect()
 }
 
-/// Publishes one try of the submission, without its environment, on the request path.
-async fn send(
-    session: &Session,
-    submission: &SubmitRequest,
-    verdict_to: Option<&str>,
-) -> std::result::Result<PublishAckFuture, Failure> {
-    let sent = without_env(submission);
-    let payload = serde_json::to_vec(&*sent)
-        .context("encoding the submission")
-        .map_err(Failure::local(PublishErrorKind::Other))?;
-    check_size(payload.len(), &sent.spec.env)
-        .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
-    let request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str())
-        .with_verdict_to(verdict_to);
-    request::send(session, &request).await
+/// The submissions of one command and what is decided once for all of them.
+struct Batch<'a> {
+    session: &'a Session,
+    requests: &'a [SubmitRequest],
+    /// The arrays whose environment is stored once ([`shared_environments`]).
+    shared: &'a HashSet<JobId>,
+    verdict_to: Option<&'a str>,
 }
 
-/// Publishes the job's environment to its key in `mgpu-job-env`; the acknowledgement to
-/// await, or None for a job without one.
-async fn put_env(
-    session: &Session,
-    submission: &SubmitRequest,
-) -> std::result::Result<Option<PublishAckFuture>, Failure> {
-    if submission.spec.env.is_empty() {
-        return Ok(None);
+impl Batch<'_> {
+    /// The array whose environment `submission` shares, if it does.
+    fn shared_array_of<'r>(&self, submission: &'r SubmitRequest) -> Option<&'r JobId> {
+        let array = &submission.spec.array.as_ref()?.array_id;
+        self.shared.contains(array).then_some(array)
     }
-    let env = serde_json::to_vec(&submission.spec.env)
-        .context("encoding the environment")
-        .map_err(Failure::local(PublishErrorKind::Other))?;
-    check_size(env.len(), &submission.spec.env)
-        .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
-    let subject = subjects::job_env(&session.key.public_key(), &submission.id);
-    session
-        .js
-        .publish(subject, env.into())
-        .await
-        .map(Some)
-        .map_err(|err| Failure::new(err.kind(), &err))
+
+    /// One pass over the submissions at `indices`, pipelined: first the jobs' environments,
+    /// then the submissions of the jobs whose environment is stored.
+    async fn round(&self, indices: &[usize]) -> Outcomes {
+        let (ready, mut outcomes) = self.store_envs(indices).await;
+        let sent = request::pipelined(ready, async |index: usize| match self.requests.get(index) {
+            Some(submission) => self.send(submission).await.map(Some),
+            None => Ok(None),
+        })
+        .await;
+        outcomes.extend(sent);
+        outcomes
+    }
+
+    /// Stores the environments of the jobs at `indices` in the `mgpu-job-env` bucket under
+    /// this user's key, where other users cannot read them (the submission, like the job
+    /// record made of it, is readable by every user): a shared array's once, by its first
+    /// task here, every other job's under its own id. Returns the jobs whose environment is
+    /// stored (or who have none), in the order asked, and the failures.
+    async fn store_envs(&self, indices: &[usize]) -> (Vec<usize>, Outcomes) {
+        let mut carriers: HashMap<&JobId, usize> = HashMap::new();
+        let mut puts = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let array = self
+                .requests
+                .get(index)
+                .and_then(|r| self.shared_array_of(r));
+            match array {
+                Some(array) if carriers.contains_key(array) => {}
+                Some(array) => {
+                    carriers.insert(array, index);
+                    puts.push(index);
+                }
+                None => puts.push(index),
+            }
+        }
+        let stored =
+            request::pipelined(puts, async |index: usize| match self.requests.get(index) {
+                Some(submission) => self.put_env(submission).await,
+                None => Ok(None),
+            })
+            .await;
+        let stored: HashMap<usize, request::Tried> = stored.into_iter().collect();
+        let mut ready = Vec::with_capacity(indices.len());
+        let mut failed = Vec::new();
+        for &index in indices {
+            let array = self
+                .requests
+                .get(index)
+                .and_then(|r| self.shared_array_of(r));
+            let carrier = array
+                .and_then(|a| carriers.get(a))
+                .copied()
+                .unwrap_or(index);
+            match stored.get(&carrier) {
+                Some(Err(failure)) => failed.push((index, Err(failure.again()))),
+                _ => ready.push(index),
+            }
+        }
+        // In the order asked: the submissions keep their order in the queue.
+        ready.sort_unstable();
+        (ready, failed)
+    }
+
+    /// Publishes one try of the submission, without its environment, on the request path.
+    async fn send(
+        &self,
+        submission: &SubmitRequest,
+    ) -> std::result::Result<PublishAckFuture, Failure> {
+        let sent = without_env(submission);
+        let payload = serde_json::to_vec(&*sent)
+            .context("encoding the submission")
+            .map_err(Failure::local(PublishErrorKind::Other))?;
+        check_size(payload.len(), &sent.spec.env)
+            .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
+        let mut request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str())
+            .with_verdict_to(self.verdict_to);
+        if self.shared_array_of(submission).is_some() {
+            request = request.needing_protocol(version::ARRAY_ENVIRONMENT);
+        }
+        request::send(self.session, &request).await
+    }
+
+    /// Publishes the job's environment to its key in `mgpu-job-env` (its array's, when the
+    /// array shares one); the acknowledgement to await, or None for a job without one.
+    async fn put_env(
+        &self,
+        submission: &SubmitRequest,
+    ) -> std::result::Result<Option<PublishAckFuture>, Failure> {
+        if submission.spec.env.is_empty() {
+            return Ok(None);
+        }
+        let env = serde_json::to_vec(&submission.spec.env)
+            .context("encoding the environment")
+            .map_err(Failure::local(PublishErrorKind::Other))?;
+        check_size(env.len(), &submission.spec.env)
+            .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
+        let key = self.shared_array_of(submission).unwrap_or(&submission.id);
+        let subject = subjects::job_env(&self.session.key.public_key(), key);
+        self.session
+            .js
+            .publish(subject, env.into())
+            .await
+            .map(Some)
+            .map_err(|err| Failure::new(err.kind(), &err))
+    }
 }
 
 /// The submission as sent: without its environment (stored apart), marked so.
@@ -173,8 +241,7 @@ pub fn check_size(bytes: usize, env: &BTreeMap<String, String>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mgpu_protocol::ids::JobId;
-    use mgpu_protocol::job::JobSpec;
+    use mgpu_protocol::job::{ArrayMember, JobSpec};
 
     #[test]
     fn oversized_submissions_blame_the_environment() {
@@ -202,5 +269,38 @@ mod tests {
         let sent = without_env(&with_env);
         assert!(sent.spec.env.is_empty() && sent.spec.private_env);
         assert_eq!(sent.id, with_env.id);
+    }
+
+    fn task(array: &JobId, index: u32, home: &str) -> SubmitRequest {
+        let mut spec = JobSpec::new(vec!["true".into()], "/");
+        if !home.is_empty() {
+            spec.env.insert("HOME".into(), home.into());
+        }
+        spec.array = Some(ArrayMember {
+            array_id: array.clone(),
+            index,
+            max_running: None,
+        });
+        SubmitRequest {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec,
+        }
+    }
+
+    #[test]
+    fn only_an_array_whose_tasks_all_carry_one_environment_stores_it_once() {
+        let (same, differs, none) = (JobId::random(), JobId::random(), JobId::random());
+        let mut requests: Vec<SubmitRequest> = (0..3).map(|i| task(&same, i, "/a")).collect();
+        requests.push(task(&differs, 0, "/a"));
+        requests.push(task(&differs, 1, "/b"));
+        requests.push(task(&none, 0, ""));
+        requests.push(SubmitRequest {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec: JobSpec::new(vec!["true".into()], "/"),
+        });
+        let shared = shared_environments(&requests);
+        assert_eq!(shared, HashSet::from([same]));
     }
 }

@@ -49,7 +49,11 @@ pub async fn read(session: &Session, record: &JobRecord) -> Environment {
     let owner = subjects::history_owner(record);
     let subject = job_env::get_subject(owner, &record.id);
     let refused = session.refused(&subject);
-    let read = tokio::time::timeout(READ_WAIT, job_env::get(&session.client, owner, &record.id));
+    let array = record.spec.array.as_ref().map(|member| &member.array_id);
+    let read = tokio::time::timeout(
+        READ_WAIT,
+        job_env::get_for(&session.client, owner, &record.id, array),
+    );
     tokio::select! {
         _ = refused => Environment::Withheld,
         read = read => match read {

@@ -262,8 +262,11 @@ impl Driver {
                 };
                 Some(Input::AssignmentsPurged { node, purged })
             }
-            Command::Archive { record } => {
-                let moved = match self.store.archive(&record).await {
+            Command::Archive {
+                record,
+                last_of_array,
+            } => {
+                let moved = match self.store.archive(&record, last_of_array).await {
                     Ok(()) => true,
                     Err(err) => {
                         tracing::warn!(job = %record.id, "moving a finished job to history: {err:#}");
@@ -366,9 +369,10 @@ impl Outbox {
             subjects::history_owner(record).to_owned(),
             record.id.clone(),
         );
+        let array = record.spec.array.as_ref().map(|a| a.array_id.clone());
         prefetched.entry(record.id.clone()).or_insert_with(|| {
             tokio::spawn(async move {
-                job_env::get(&client, &owner, &job)
+                job_env::get_for(&client, &owner, &job, array.as_ref())
                     .await
                     .map_err(|err| err.to_string())
             })
@@ -384,8 +388,14 @@ impl Outbox {
         }
     }
 
-    /// The environment `owner` kept apart for `job`: fetched ahead, or now.
-    async fn environment(&self, owner: &str, job: &JobId) -> Result<Option<job_env::Environment>> {
+    /// The environment `owner` kept apart for `job` (or for its `array`): fetched ahead, or
+    /// now.
+    async fn environment(
+        &self,
+        owner: &str,
+        job: &JobId,
+        array: Option<&JobId>,
+    ) -> Result<Option<job_env::Environment>> {
         let ahead = self
             .prefetched
             .lock()
@@ -398,7 +408,7 @@ impl Outbox {
             return Ok(found);
         }
         // None fetched ahead, or that fetch failed: asked again.
-        Ok(job_env::get(&self.js.client(), owner, job).await?)
+        Ok(job_env::get_for(&self.js.client(), owner, job, array).await?)
     }
 
     /// Sends a control message to `node`.
@@ -451,7 +461,11 @@ impl Outbox {
         mut ranks: Vec<RankAssignment>,
     ) -> Result<()> {
         if let Some(owner) = env_owner {
-            let env = self.environment(owner, job).await?;
+            let array = ranks
+                .first()
+                .and_then(|rank| rank.assignment.spec.array.as_ref())
+                .map(|member| &member.array_id);
+            let env = self.environment(owner, job, array).await?;
             if env.is_none() {
                 tracing::warn!(job = %job, "its environment is gone; it runs without");
             }

@@ -308,8 +308,9 @@ impl RecordStore {
     /// Moves a finished job to the history stream: its record published on
     /// `history.<user>.<id>` (deduplicated by id, so a move retried after a crash is stored
     /// once), then its key purged from the bucket, leaving no marker behind (a year of moves
-    /// must not slow down the next start), then its environment dropped.
-    pub(crate) async fn archive(&self, record: &JobRecord) -> Result<()> {
+    /// must not slow down the next start), then its environment dropped, and with
+    /// `last_of_array` the one its array stored for all its tasks.
+    pub(crate) async fn archive(&self, record: &JobRecord, last_of_array: bool) -> Result<()> {
         let id = &record.id;
         let payload = Bytes::from(serde_json::to_vec(record)?);
         let mut headers = HeaderMap::new();
@@ -329,12 +330,20 @@ impl RecordStore {
             .context("purging the moved record")?;
         if record.spec.private_env {
             let owner = subjects::history_owner(record);
-            if let Err(err) = self
-                .env_bucket
-                .purge(subjects::job_env_key(owner, id))
-                .await
-            {
-                tracing::warn!(job = %id, "dropping the environment of a job in history: {err}");
+            let array = record.spec.array.as_ref().filter(|_| last_of_array);
+            // Purged from the stream, not marked purged in the bucket: a task of an array
+            // that stored its environment once has none under its own id, and a marker per
+            // job would stay for good.
+            for key in std::iter::once(id).chain(array.map(|member| &member.array_id)) {
+                if let Err(err) = self
+                    .env_bucket
+                    .stream
+                    .purge()
+                    .filter(subjects::job_env(owner, key))
+                    .await
+                {
+                    tracing::warn!(job = %id, "dropping the environment of a job in history: {err}");
+                }
             }
         }
         Ok(())

@@ -271,8 +271,13 @@ pub enum Command {
     /// run elsewhere. Answered with [`Input::AssignmentsPurged`].
     PurgeAssignments { node: String },
     /// Move a finished job to history (its record published there, its key purged, its
-    /// environment dropped); answered with [`Input::Archived`].
-    Archive { record: Box<JobRecord> },
+    /// environment dropped); answered with [`Input::Archived`]. With `last_of_array`, the
+    /// environment its array stored once for all its tasks is dropped too: no other task of
+    /// the array is left in the table.
+    Archive {
+        record: Box<JobRecord>,
+        last_of_array: bool,
+    },
     /// Store the fair-share usage book (a failure is answered with [`Input::UsageNotSaved`]).
     SaveUsage(UsageBook),
     /// Store the waiting jobs' expected starts (a failure is answered with
@@ -304,7 +309,7 @@ impl Command {
     pub fn job(&self) -> Option<&JobId> {
         match self {
             Command::Write { record, .. } => Some(&record.id),
-            Command::Archive { record } => Some(&record.id),
+            Command::Archive { record, .. } => Some(&record.id),
             Command::Assign { job, .. } | Command::Control { job, .. } => Some(job),
             Command::Event(event) => Some(&event.job_id),
             Command::Ack { job, .. } => job.as_ref(),

@@ -46,6 +46,8 @@ pub mod reservations;
 #[cfg(test)]
 mod reservations_tests;
 pub mod retention;
+#[cfg(test)]
+mod retention_tests;
 pub mod staging;
 #[cfg(test)]
 mod tests;

@@ -613,7 +613,7 @@ fn finished_jobs_move_to_history_after_keep_finished_and_are_forgotten_once_move
     assert!(
         later
             .iter()
-            .any(|c| matches!(c, Command::Archive { record } if record.id == id))
+            .any(|c| matches!(c, Command::Archive { record, .. } if record.id == id))
     );
     rig.feed(
         t0(),

@@ -41,15 +41,26 @@ pub fn unfinished(world: &mut World) -> Vec<String> {
                 .store
                 .record(id)
                 .map_or("not recorded".to_owned(), |r| {
+                    // What it waits on, first: the state below is cut short.
+                    let after: Vec<String> = r
+                        .spec
+                        .after
+                        .iter()
+                        .chain(&r.spec.after_any)
+                        .map(|dep| {
+                            let ended = world.store.record(dep).map(|d| d.state.name());
+                            format!("{} {}", dep.short(), ended.unwrap_or("not recorded"))
+                        })
+                        .collect();
                     format!(
-                        "{} asking {} GPUs x {} of {:?}: {:?}",
+                        "{} asking {} GPUs x {} of {:?} after {after:?}: {:?}",
                         r.user, r.spec.gpus, r.spec.nodes, r.spec.gpu_types, r.state
                     )
                 });
             format!(
                 "{}: {}",
                 id.short(),
-                state.chars().take(200).collect::<String>()
+                state.chars().take(240).collect::<String>()
             )
         })
         .collect()

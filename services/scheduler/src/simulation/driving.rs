@@ -12,6 +12,7 @@ use crate::metrics::RefusalReason;
 use std::time::Duration;
 
 use mgpu_protocol::ids::JobId;
+use mgpu_protocol::job::{JobSpec, JobState};
 use mgpu_protocol::request::Request;
 
 use super::agents::NodeMessage;
@@ -57,8 +58,34 @@ impl World {
         }
         self.pump_reports();
         self.feed(Input::Resumed);
+        let queued: Vec<JobSpec> = self
+            .scheduler
+            .as_ref()
+            .map(|s| s.machine.queued_specs().into_iter().cloned().collect())
+            .unwrap_or_default();
+        self.learn_archived(&queued);
         self.tick();
         self.pump();
+    }
+
+    /// As the driver does before taking submissions (and on starting): the dependencies the
+    /// machine does not know looked up in history, and how those ended handed back.
+    fn learn_archived(&mut self, specs: &[JobSpec]) {
+        let Some(scheduler) = self.scheduler.as_ref() else {
+            return;
+        };
+        let found: Vec<(JobId, JobState)> = scheduler
+            .machine
+            .unknown_dependencies(specs)
+            .into_iter()
+            .filter_map(|id| {
+                let ended = self.store.history.get(&id)?.state.clone();
+                Some((id, ended))
+            })
+            .collect();
+        if !found.is_empty() {
+            self.feed_only(Input::HistoryStates(found));
+        }
     }
 
     /// The active scheduler dies: what it held is delivered again after the ack wait.
@@ -166,6 +193,14 @@ impl World {
                 .into_iter()
                 .filter_map(|(index, stored)| self.through_the_gate(index, stored))
                 .collect();
+            let specs: Vec<JobSpec> = admitted
+                .iter()
+                .filter_map(|a| match &a.request {
+                    Request::Submit(submit) => Some(submit.spec.clone()),
+                    _ => None,
+                })
+                .collect();
+            self.learn_archived(&specs);
             for step in steps(admitted, |a| &a.request) {
                 let input = match step {
                     Step::Record(batch) => Input::Submissions(batch),
@@ -340,6 +375,7 @@ impl World {
             }),
             Command::Assign { job, ranks, .. } => {
                 self.check_start_in_windows(&job);
+                self.check_array_environment(&job);
                 self.send_assignments(&job, ranks);
                 None
             }
@@ -414,7 +450,13 @@ impl World {
                 }
                 Some(Input::AssignmentsPurged { node, purged })
             }
-            Command::Archive { record } => {
+            Command::Archive {
+                record,
+                last_of_array,
+            } => {
+                if last_of_array {
+                    self.drop_array_environment(&record);
+                }
                 let id = record.id.clone();
                 self.store.archive(*record);
                 Some(Input::Archived { id, moved: true })

@@ -27,7 +27,8 @@
 //!   the driver; [`nodes`]: heartbeats, agents' messages, crashes and partitions.
 //! - [`store`]; [`streams`]; [`agents`].
 //! - [`workload`]: what users do; [`admin`]: what the admin does; [`faults`]: what goes
-//!   wrong; [`stall`]: a scheduler stopped and woken; [`ledger`] and [`checks`]: the invariants.
+//!   wrong; [`stall`]: a scheduler stopped and woken; [`ledger`] and [`checks`]: the invariants
+//!   (`environments`: an array's environment, stored once, outlives every task that needs it).
 //! - [`rng`]: the one source of chance; [`shrinking`]: the shortest failing run of a seed.
 //! - `scenarios` (tests): each part on a cluster built by hand.
 
@@ -36,6 +37,7 @@ pub mod agents;
 mod bookings;
 pub mod checks;
 pub mod driving;
+mod environments;
 pub mod faults;
 pub mod finality;
 pub mod gate;

@@ -4,7 +4,7 @@
 //! the checker needs: every record ever written, so a write that leaves a final state is
 //! caught where it happens.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The reason another writer's rewrite gives a queued job it cancels.
 pub const OTHER_WRITERS_CANCEL: &str = "cancelled by another scheduler";
@@ -33,6 +33,9 @@ pub struct SimStore {
     pub nonces: Vec<(String, mgpu_protocol::Timestamp, u64)>,
     /// Writes that took a job out of a final state (the checker reports them).
     pub left_final: Vec<String>,
+    /// The arrays whose environment is stored once for all their tasks (the `mgpu-job-env`
+    /// bucket's `<owner>.<array id>` keys), as the CLI stores them before the tasks.
+    pub array_environments: BTreeSet<JobId>,
 }
 
 impl SimStore {

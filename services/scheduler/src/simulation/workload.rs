@@ -122,7 +122,10 @@ fn submit_array(world: &mut World) {
     } else {
         GpuAmount::from_units(5_000)
     };
-    let spec = common_spec(world, gpus);
+    let mut spec = common_spec(world, gpus);
+    // Its environment stored once, under the array's id, as the CLI does.
+    spec.private_env = true;
+    world.store_array_environment(&array_id);
     world.note(format!(
         "array {} of {tasks} tasks, %{max_running:?}",
         array_id.short()

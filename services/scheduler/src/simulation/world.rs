@@ -190,6 +190,8 @@ impl World {
         };
         let policy = Policy {
             max_job_time_secs: Some(3_600),
+            // Finished jobs move to history within a run (the default keeps them a day).
+            keep_finished_secs: SIM_KEEP_FINISHED_SECS,
             qos: sim_classes(),
             idle: Some(sim_idle_policy(action)),
             reservations: mgpu_protocol::reservation::ReservationPolicy {
@@ -378,6 +380,10 @@ fn registry_of(users: &[Identity], groups: &BTreeMap<String, String>) -> Registr
             .collect(),
     }
 }
+
+/// How long the simulated scheduler keeps a finished job in the live bucket: short enough
+/// that runs move jobs (arrays' last tasks with their environment among them) to history.
+pub const SIM_KEEP_FINISHED_SECS: u64 = 20;
 
 /// The simulated cluster's `[idle]` policy: warned after 3 s idle, acted on 2 s later.
 pub fn sim_idle_policy(action: mgpu_protocol::idle::IdleAction) -> mgpu_protocol::idle::IdlePolicy {
