@@ -2,7 +2,8 @@
 //! after the scheduler's `keep_finished` (shortened here to 1 s), `mgpu show` still finds it
 //! by its id, a job submitted `--after` it resolves from history, and a finished job a queued
 //! job depends on stays live until that job is no longer queued. A job's environment goes
-//! with it; an array's, stored once for all its tasks, reaches every task and outlives them.
+//! with it; an array's, stored once for all its tasks, reaches every task and outlives them,
+//! and its tasks go a hundred to a message, each listed while it waits for the scheduler.
 
 use std::time::Duration;
 
@@ -341,4 +342,57 @@ fn an_array_stores_its_environment_once_and_it_goes_with_the_last_task() {
     );
     let stored = env_entry(&cluster, &admin, format!("{owner}.{array_id}"));
     assert!(stored.contains(&secret), "{stored:?}");
+}
+
+/// How many messages the requests stream holds.
+fn requests_stored(cluster: &Cluster) -> u64 {
+    cluster.with_nats(&cluster.admin_creds(), |client| async move {
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js
+            .get_stream(subjects::REQUESTS_STREAM)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let info = stream.info().await.unwrap_or_else(|e| panic!("{e}"));
+        info.state.messages
+    })
+}
+
+#[test]
+fn an_array_s_tasks_go_together_and_each_is_listed_while_the_scheduler_is_away() {
+    let mut cluster = Cluster::start(&[NodeSpec::new("node001", "2x24GiB")]);
+    cluster.kill_scheduler();
+    let before = requests_stored(&cluster);
+    let array = cluster.submit_json(&["--array", "0-249"], "true");
+    let ids: Vec<String> = array["ids"]
+        .as_array()
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|id| id.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids.len(), 250, "{array}");
+    assert_eq!(
+        requests_stored(&cluster) - before,
+        3,
+        "100, 100 and 50 tasks"
+    );
+    let listed = |cluster: &Cluster, state: &str| {
+        let queue: Value = serde_json::from_str(&cluster.mgpu_ok(&["queue", "--all", "--json"]))
+            .unwrap_or_else(|e| panic!("queue --json: {e}"));
+        let jobs = queue["jobs"].as_array().cloned().unwrap_or_default();
+        jobs.iter()
+            .filter(|job| job["state"] == state)
+            .filter(|job| {
+                job["id"]
+                    .as_str()
+                    .is_some_and(|id| ids.iter().any(|i| i == id))
+            })
+            .count()
+    };
+    assert_eq!(listed(&cluster, "queued"), 250, "each task listed, waiting");
+    cluster.start_scheduler();
+    wait_for("every task to succeed", Duration::from_secs(60), || {
+        (listed(&cluster, "succeeded") == 250).then_some(())
+    });
 }

@@ -18,7 +18,6 @@ use mgpu_protocol::ids::{JobId, is_job_id_prefix};
 use mgpu_protocol::job::{JobRecord, JobState, WaitReason, Waiting};
 use mgpu_protocol::node::NodeHeartbeat;
 use mgpu_protocol::subjects;
-use mgpu_protocol::submit::SubmitRequest;
 
 // The cluster bucket's readers, under the names callers have always used.
 pub use crate::cluster_records::{
@@ -221,8 +220,10 @@ pub async fn pending_submissions(js: &jetstream::Context) -> Result<Vec<JobRecor
             Err(err) => return Err(StateError::jetstream(err)),
         };
         next = message.sequence + 1;
-        // Malformed submissions are the scheduler's to refuse; they are no job to show.
-        if let Ok(request) = serde_json::from_slice::<SubmitRequest>(&message.payload) {
+        // Malformed submissions are the scheduler's to refuse; they are no job to show. A
+        // batch of an array's tasks shows each.
+        let submissions = mgpu_protocol::submit::submissions_in(&message.payload);
+        for request in submissions.unwrap_or_default() {
             let nanos = i64::try_from(message.time.unix_timestamp_nanos()).unwrap_or(0);
             pending.push(JobRecord {
                 id: request.id,

@@ -97,6 +97,19 @@ pub enum Request {
 impl Request {
     /// Decodes the request `payload` published on `subject`: size limit, strict JSON, the
     /// job id in the subject, and (but for a submission) the payload's own checks.
+    /// The requests one message carries: several for a batch of submissions
+    /// ([`crate::submit::SubmitBatch`]), one otherwise ([`Request::decode`]).
+    pub fn decode_all(subject: &str, payload: &[u8]) -> Result<Vec<Request>, InvalidInput> {
+        if Action::of_subject(subject) == Some(Action::Submit) {
+            let tasks = crate::submit::submissions_in(payload)?;
+            return Ok(tasks
+                .into_iter()
+                .map(|task| Request::Submit(Box::new(task)))
+                .collect());
+        }
+        Request::decode(subject, payload).map(|one| vec![one])
+    }
+
     pub fn decode(subject: &str, payload: &[u8]) -> Result<Request, InvalidInput> {
         let action = Action::of_subject(subject)
             .ok_or_else(|| InvalidInput::new(format!("`{subject}` carries no request")))?;

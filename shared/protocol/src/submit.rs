@@ -50,6 +50,45 @@ pub struct SubmitRequest {
     pub spec: JobSpec,
 }
 
+/// Several tasks of one job array in one message on `jobs.submit` (protocol 2,
+/// [`crate::version::ARRAY_ENVIRONMENT`]): each task is recorded, refused and answered as its
+/// own submission would be, and the message is acknowledged once every task in it is. Its
+/// `Nats-Msg-Id` is its first task's id with [`BATCH_MSG_ID_PREFIX`] before it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBatch {
+    pub tasks: Vec<SubmitRequest>,
+}
+
+/// Tasks the CLI puts in one [`SubmitBatch`] at most (fewer when they would pass
+/// [`MAX_SUBMIT_BYTES`]).
+pub const MAX_BATCH_TASKS: usize = 100;
+
+/// Before a batch's first task id, its message id (never a job's id alone, which a single
+/// submission's message id is).
+pub const BATCH_MSG_ID_PREFIX: &str = "tasks-from-";
+
+/// The submissions a `jobs.submit` message carries: a [`SubmitBatch`]'s tasks, or the one
+/// [`SubmitRequest`].
+pub fn submissions_in(payload: &[u8]) -> Result<Vec<SubmitRequest>, InvalidInput> {
+    // A batch says `tasks` first; a single submission fails this at its first field.
+    if let Ok(batch) = serde_json::from_slice::<SubmitBatch>(payload) {
+        if payload.len() > MAX_SUBMIT_BYTES {
+            return Err(InvalidInput::new(format!(
+                "a batch of submissions of {} bytes is larger than the {MAX_SUBMIT_BYTES} allowed",
+                payload.len()
+            )));
+        }
+        if batch.tasks.is_empty() {
+            return Err(InvalidInput::new(
+                "a batch of submissions without a task".to_owned(),
+            ));
+        }
+        return Ok(batch.tasks);
+    }
+    crate::wire::decode("submission", payload, MAX_SUBMIT_BYTES).map(|one| vec![one])
+}
+
 impl SubmitRequest {
     /// Checks what the submission says besides its spec (which [`JobSpec::validate`]
     /// checks, so an invalid spec can still be recorded as a failed job the user sees).
@@ -80,5 +119,29 @@ mod tests {
         ] {
             assert!(!verdict_subject_of(alice, to), "{to} accepted");
         }
+    }
+
+    #[test]
+    fn a_message_carries_one_submission_or_a_batch_of_tasks() {
+        let one = |n: u8| SubmitRequest {
+            id: format!("{n:032x}")
+                .parse()
+                .unwrap_or_else(|_| JobId::random()),
+            user: "alice".into(),
+            spec: crate::job::JobSpec::new(vec!["true".into()], "/tmp"),
+        };
+        let single = serde_json::to_vec(&one(1)).unwrap_or_default();
+        assert_eq!(submissions_in(&single).ok(), Some(vec![one(1)]));
+        let batch = SubmitBatch {
+            tasks: vec![one(1), one(2)],
+        };
+        let batch = serde_json::to_vec(&batch).unwrap_or_default();
+        assert_eq!(submissions_in(&batch).ok(), Some(vec![one(1), one(2)]));
+        assert!(
+            submissions_in(br#"{"tasks": []}"#).is_err(),
+            "a batch of nothing"
+        );
+        assert!(submissions_in(br#"{"tasks": [], "more": 1}"#).is_err());
+        assert!(submissions_in(b"not json").is_err());
     }
 }

@@ -1,9 +1,9 @@
 //! Storing submissions, one or thousands (arrays, job files) pipelined: each job's environment
 //! first, in the `mgpu-job-env` bucket under the user's key, then the submission without it on
 //! the request path ([`super::request`]), its job id as its message id. An array whose tasks
-//! all carry the same environment stores it once, under the array's id, and its tasks say so
-//! by the protocol they name ([`version::ARRAY_ENVIRONMENT`]): 10 000 tasks are then 10 000
-//! writes, not 20 000, each flushed to disk. A round stores what it can and the failures that
+//! all carry the same environment stores it once, under the array's id, and an array's tasks
+//! go a hundred to a message (a `SubmitBatch`, protocol 2: [`version::ARRAY_ENVIRONMENT`]):
+//! 10 000 tasks are then about a hundred writes, not 20 000, each flushed to disk. A round stores what it can and the failures that
 //! may pass are retried as any request's are, so a job is never sent without its environment
 //! and never stored twice.
 
@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use anyhow::{Context as _, Result, bail};
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::submit::{MAX_SUBMIT_BYTES, SubmitRequest};
+use mgpu_protocol::submit::{
+    BATCH_MSG_ID_PREFIX, MAX_BATCH_TASKS, MAX_SUBMIT_BYTES, SubmitRequest,
+};
 use mgpu_protocol::{subjects, version};
 
 use super::request::{self, Failure, Outcomes, Request, RetryPolicy};
@@ -102,13 +104,56 @@ impl Batch<'_> {
     /// then the submissions of the jobs whose environment is stored.
     async fn round(&self, indices: &[usize]) -> Outcomes {
         let (ready, mut outcomes) = self.store_envs(indices).await;
-        let sent = request::pipelined(ready, async |index: usize| match self.requests.get(index) {
-            Some(submission) => self.send(submission).await.map(Some),
-            None => Ok(None),
+        let messages = match messages_of(self.requests, &ready) {
+            Ok(messages) => messages,
+            Err(failure) => {
+                outcomes.extend(ready.iter().map(|&index| (index, Err(failure.again()))));
+                return outcomes;
+            }
+        };
+        let sent = request::pipelined(0..messages.len(), async |message: usize| {
+            match messages.get(message) {
+                Some(Message::Alone(index)) => match self.requests.get(*index) {
+                    Some(submission) => self.send(submission).await.map(Some),
+                    None => Ok(None),
+                },
+                Some(Message::Tasks { tasks, payload }) => {
+                    self.send_tasks(tasks, payload).await.map(Some)
+                }
+                None => Ok(None),
+            }
         })
         .await;
-        outcomes.extend(sent);
+        for (message, outcome) in sent {
+            match messages.get(message) {
+                Some(Message::Alone(index)) => outcomes.push((*index, outcome)),
+                Some(Message::Tasks { tasks, .. }) => outcomes.extend(tasks.iter().map(|&t| {
+                    let each = outcome.as_ref().map_err(Failure::again).map(|_| ());
+                    (t, each)
+                })),
+                None => {}
+            }
+        }
         outcomes
+    }
+
+    /// Publishes one try of a batch of an array's tasks (protocol 2), under its first task's
+    /// id.
+    async fn send_tasks(
+        &self,
+        tasks: &[usize],
+        payload: &[u8],
+    ) -> std::result::Result<PublishAckFuture, Failure> {
+        check_size(payload.len(), &BTreeMap::new())
+            .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
+        let first = tasks.first().and_then(|&index| self.requests.get(index));
+        let msg_id = first.map_or_else(String::new, |task| {
+            format!("{BATCH_MSG_ID_PREFIX}{}", task.id)
+        });
+        let request = Request::encoded(subjects::SUBMIT, payload.to_vec(), msg_id)
+            .with_verdict_to(self.verdict_to)
+            .needing_protocol(version::ARRAY_ENVIRONMENT);
+        request::send(self.session, &request).await
     }
 
     /// Stores the environments of the jobs at `indices` in the `mgpu-job-env` bucket under
@@ -172,11 +217,8 @@ impl Batch<'_> {
             .map_err(Failure::local(PublishErrorKind::Other))?;
         check_size(payload.len(), &sent.spec.env)
             .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
-        let mut request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str())
+        let request = Request::encoded(subjects::SUBMIT, payload, submission.id.as_str())
             .with_verdict_to(self.verdict_to);
-        if self.shared_array_of(submission).is_some() {
-            request = request.needing_protocol(version::ARRAY_ENVIRONMENT);
-        }
         request::send(self.session, &request).await
     }
 
@@ -202,6 +244,69 @@ impl Batch<'_> {
             .await
             .map(Some)
             .map_err(|err| Failure::new(err.kind(), &err))
+    }
+}
+
+/// The messages the jobs at `ready` go in, in order: an array's tasks together, up to
+/// [`MAX_BATCH_TASKS`] of them within [`MAX_SUBMIT_BYTES`] (10 000 tasks are then a
+/// hundred messages, each flushed once, not 10 000); every other job alone.
+fn messages_of(
+    requests: &[SubmitRequest],
+    ready: &[usize],
+) -> std::result::Result<Vec<Message>, Failure> {
+    let mut messages = Vec::new();
+    let mut open: Option<(&JobId, Vec<usize>, Vec<u8>)> = None;
+    for &index in ready {
+        let Some(submission) = requests.get(index) else {
+            continue;
+        };
+        let Some(array) = submission.spec.array.as_ref().map(|a| &a.array_id) else {
+            messages.extend(open.take().map(Message::closed));
+            messages.push(Message::Alone(index));
+            continue;
+        };
+        let task = serde_json::to_vec(&*without_env(submission))
+            .context("encoding the submission")
+            .map_err(Failure::local(PublishErrorKind::Other))?;
+        let fits = open.as_ref().is_some_and(|(same, tasks, payload)| {
+            *same == array
+                && tasks.len() < MAX_BATCH_TASKS
+                && payload.len() + task.len() + BATCH_CLOSING.len() < MAX_SUBMIT_BYTES
+        });
+        if !fits {
+            messages.extend(open.take().map(Message::closed));
+            open = Some((array, Vec::new(), BATCH_OPENING.to_vec()));
+        }
+        if let Some((_, tasks, payload)) = open.as_mut() {
+            if !tasks.is_empty() {
+                payload.push(b',');
+            }
+            payload.extend_from_slice(&task);
+            tasks.push(index);
+        }
+    }
+    messages.extend(open.take().map(Message::closed));
+    Ok(messages)
+}
+
+/// What one message on the request path carries.
+enum Message {
+    /// One job's submission.
+    Alone(usize),
+    /// A batch of an array's tasks ([`SubmitBatch`](mgpu_protocol::submit::SubmitBatch)),
+    /// encoded.
+    Tasks { tasks: Vec<usize>, payload: Vec<u8> },
+}
+
+/// A batch's encoding around its tasks' (`{"tasks":[…]}`).
+const BATCH_OPENING: &[u8] = b"{\"tasks\":[";
+const BATCH_CLOSING: &[u8] = b"]}";
+
+impl Message {
+    /// A batch whose tasks are all in, its encoding closed.
+    fn closed((_, tasks, mut payload): (&JobId, Vec<usize>, Vec<u8>)) -> Message {
+        payload.extend_from_slice(BATCH_CLOSING);
+        Message::Tasks { tasks, payload }
     }
 }
 
@@ -302,5 +407,71 @@ mod tests {
         });
         let shared = shared_environments(&requests);
         assert_eq!(shared, HashSet::from([same]));
+    }
+
+    /// What each message carries: the ids it submits.
+    fn ids_in(requests: &[SubmitRequest], messages: &[Message]) -> Vec<Vec<JobId>> {
+        messages
+            .iter()
+            .map(|message| match message {
+                Message::Alone(index) => vec![requests[*index].id.clone()],
+                Message::Tasks { payload, .. } => mgpu_protocol::submit::submissions_in(payload)
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .into_iter()
+                    .map(|task| task.id)
+                    .collect(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_array_s_tasks_go_a_hundred_to_a_message_in_order_and_other_jobs_alone() {
+        let array = JobId::random();
+        let mut requests: Vec<SubmitRequest> = (0..150).map(|i| task(&array, i, "/a")).collect();
+        requests.push(SubmitRequest {
+            id: JobId::random(),
+            user: "alice".into(),
+            spec: JobSpec::new(vec!["true".into()], "/"),
+        });
+        requests.extend((150..250).map(|i| task(&array, i, "/a")));
+        let ready: Vec<usize> = (0..requests.len()).collect();
+        let messages = messages_of(&requests, &ready).unwrap_or_else(|e| panic!("{e:?}"));
+        let sizes: Vec<usize> = ids_in(&requests, &messages).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![100, 50, 1, 100]);
+        let sent: Vec<JobId> = ids_in(&requests, &messages).concat();
+        let asked: Vec<JobId> = requests.iter().map(|r| r.id.clone()).collect();
+        assert_eq!(sent, asked, "every job once, in order");
+        // Sent without the environment, which is stored apart.
+        let Message::Tasks { payload, .. } = &messages[0] else {
+            panic!("not a batch");
+        };
+        let tasks = mgpu_protocol::submit::submissions_in(payload).unwrap_or_default();
+        assert!(
+            tasks
+                .iter()
+                .all(|t| t.spec.env.is_empty() && t.spec.private_env)
+        );
+    }
+
+    #[test]
+    fn a_batch_stays_within_the_size_a_submission_may_have() {
+        let array = JobId::random();
+        let long = "x".repeat(20 * 1024);
+        let requests: Vec<SubmitRequest> = (0..40)
+            .map(|i| {
+                let mut request = task(&array, i, "/a");
+                request.spec.command = vec![long.clone()];
+                request
+            })
+            .collect();
+        let ready: Vec<usize> = (0..requests.len()).collect();
+        let messages = messages_of(&requests, &ready).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(messages.len() >= 4, "{} messages", messages.len());
+        for message in &messages {
+            if let Message::Tasks { payload, .. } = message {
+                assert!(payload.len() <= MAX_SUBMIT_BYTES, "{}", payload.len());
+            }
+        }
+        assert_eq!(ids_in(&requests, &messages).concat().len(), 40);
     }
 }

@@ -37,7 +37,10 @@ impl Driver {
                 continue;
             }
             match self.admit(message) {
-                Ok(request) => admitted.push(request),
+                // A batch's tasks each go on as a submission of their own, its nonce with each.
+                Ok((requests, nonce)) => {
+                    admitted.extend(requests.into_iter().map(|request| (request, nonce.clone())))
+                }
                 Err(refused) => self.feed(*refused).await,
             }
         }
@@ -73,7 +76,7 @@ impl Driver {
                     // Its environment would otherwise be in a record every user reads: not
                     // recorded now, left unacknowledged, JetStream delivers it again.
                     tracing::error!("keeping a submission's environment apart: {err}");
-                    self.held.remove(&admitted.token);
+                    self.held.release(admitted.token);
                 }
             }
         }
@@ -102,9 +105,13 @@ impl Driver {
         self.release_unkept();
     }
 
-    /// Decodes a request and checks its sender; the admitted request with its nonce, or
-    /// the machine's input for a refused or malformed one.
-    fn admit(&mut self, message: jetstream::Message) -> Result<(Admitted, SeenNonce), Box<Input>> {
+    /// Decodes a request and checks its sender; the admitted requests (one, or a batch's
+    /// tasks, each under its own token) with the message's nonce, or the machine's input
+    /// for a refused or malformed one.
+    fn admit(
+        &mut self,
+        message: jetstream::Message,
+    ) -> Result<(Vec<Admitted>, SeenNonce), Box<Input>> {
         let subject = message.subject.to_string();
         // Checked by the caller; a submission's action otherwise.
         let action = Action::of_subject(&subject).unwrap_or(Action::Submit);
@@ -127,7 +134,7 @@ impl Driver {
                 reason: why,
             })));
         }
-        let decoded = Request::decode(&subject, &message.payload);
+        let decoded = Request::decode_all(&subject, &message.payload);
         let stored_at = stored_at(&message);
         let order = message.info().ok().map(|info| StreamOrder {
             sequence: info.stream_sequence,
@@ -150,7 +157,10 @@ impl Driver {
                 // The job a refused request names, so its submitter hears why.
                 let about = subjects::job_id_of(&subject)
                     .and_then(|id| id.parse::<JobId>().ok())
-                    .or_else(|| decoded.as_ref().ok().and_then(Request::job).cloned());
+                    .or_else(|| {
+                        let first = decoded.as_ref().ok().and_then(|all| all.first());
+                        first.and_then(Request::job).cloned()
+                    });
                 let token = self.hold(message);
                 return Err(Box::new(Input::Refused(Refused {
                     token,
@@ -163,24 +173,26 @@ impl Driver {
             }
         };
         match decoded {
-            Ok(request) => {
+            Ok(requests) => {
                 let verdict_to = message
                     .headers
                     .as_ref()
                     .and_then(|h| h.get(mgpu_protocol::submit::VERDICT_HEADER))
                     .map(|to| to.as_str().to_owned())
                     .filter(|to| mgpu_protocol::submit::verdict_subject_of(&identity.key, to));
-                let token = self.hold(message);
-                Ok((
-                    Admitted {
+                let tokens = self.held.hold(message, requests.len());
+                let admitted = tokens
+                    .into_iter()
+                    .zip(requests)
+                    .map(|(token, request)| Admitted {
                         token,
-                        identity,
+                        identity: identity.clone(),
                         request,
                         order,
-                        verdict_to,
-                    },
-                    nonce,
-                ))
+                        verdict_to: verdict_to.clone(),
+                    })
+                    .collect();
+                Ok((admitted, nonce))
             }
             Err(err) => {
                 let token = self.hold(message);
@@ -205,16 +217,26 @@ impl Driver {
         &mut self,
         mut admitted: Vec<(Admitted, SeenNonce)>,
     ) -> Vec<(Admitted, SeenNonce)> {
-        let nonces: Vec<&SeenNonce> = admitted.iter().map(|(_, nonce)| nonce).collect();
+        // A batch's tasks follow one another with their message's nonce: kept once.
+        let mut nonces: Vec<&SeenNonce> = Vec::with_capacity(admitted.len());
+        let mut nonce_of = Vec::with_capacity(admitted.len());
+        for (_, nonce) in &admitted {
+            if nonces.last().is_none_or(|last| last.nonce != nonce.nonce) {
+                nonces.push(nonce);
+            }
+            nonce_of.push(nonces.len() - 1);
+        }
         let stored = super::store::remember_nonces(&self.js, &nonces).await;
-        if let Some(first_lost) = stored.iter().position(|stored| !stored) {
+        let lost = stored.iter().position(|stored| !stored);
+        let first_lost = lost.and_then(|lost| nonce_of.iter().position(|&n| n == lost));
+        if let Some(first_lost) = first_lost {
             tracing::warn!(
                 left = admitted.len() - first_lost,
                 "could not remember a request's nonce; it and the requests after it are \
                  handled when redelivered"
             );
             for (left, _) in admitted.drain(first_lost..) {
-                self.held.remove(&left.token);
+                self.held.release(left.token);
             }
         }
         admitted
@@ -281,7 +303,7 @@ impl Driver {
     /// after the ack wait), except those a new job acknowledges once its record is stored.
     fn release_unkept(&mut self) {
         let machine = &self.machine;
-        self.held.retain(|token, _| machine.keeps_token(*token));
+        self.held.retain(|token| machine.keeps_token(token));
     }
 
     /// Whether the report is signed by the node it names (or an admin): any node may publish

@@ -23,12 +23,12 @@
 //!   and audit records sent, acknowledgements, stores, answers fed back.
 //! - [`replica`]: the lease, the status micro service, the metrics endpoint.
 
+mod held;
 mod intake;
 pub(crate) mod outbox;
 pub mod replica;
 pub(crate) mod store;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,8 +81,7 @@ pub struct Driver {
     /// The durable consumer of agents' reports, asked whether every stored report was handled.
     events_consumer: Option<consumer::PullConsumer>,
     /// Messages the machine may ask to acknowledge, by token.
-    held: HashMap<Token, jetstream::Message>,
-    next_token: Token,
+    held: held::Held,
     /// The origin of the monotonic clock the machine's ticks read.
     started: Instant,
     /// The nodes' latest heartbeats, waiting to be handled.
@@ -220,8 +219,7 @@ impl Driver {
             stats: PassStats::new(),
             status: status_tx,
             events_consumer: None,
-            held: HashMap::new(),
-            next_token: 1,
+            held: held::Held::default(),
             started: Instant::now(),
             heartbeats: LatestPerSubject::default(),
             lease,
@@ -459,10 +457,7 @@ impl Driver {
 
     /// Holds a message the machine may ask to acknowledge; its token.
     fn hold(&mut self, message: jetstream::Message) -> Token {
-        let token = self.next_token;
-        self.next_token += 1;
-        self.held.insert(token, message);
-        token
+        self.held.hold(message, 1)[0]
     }
 
     /// Whether every agent report stored so far was handled (none waits in the consumer and

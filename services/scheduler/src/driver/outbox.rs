@@ -217,7 +217,7 @@ impl Driver {
                 None
             }
             Command::Ack { token, .. } => {
-                if let Some(message) = self.held.remove(&token) {
+                if let Some(message) = self.held.acknowledged(token) {
                     intake::acknowledge(&message).await;
                 }
                 None

@@ -9,6 +9,7 @@
 use super::gate::{SimGate, StoredRequest};
 use crate::machine::messages::Refused;
 use crate::metrics::RefusalReason;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use mgpu_protocol::ids::JobId;
@@ -51,6 +52,7 @@ impl World {
             machine: SchedulerState::new(loaded),
             held: std::collections::BTreeMap::new(),
             next_token: 1,
+            released_batches: std::collections::BTreeSet::new(),
         });
         self.note("scheduler active".into());
         if self.reports.awaits_redelivery() {
@@ -93,7 +95,10 @@ impl World {
         let Some(scheduler) = self.scheduler.take() else {
             return;
         };
-        for (source, index) in scheduler.held.into_values() {
+        // A batch's tasks share their message: delivered again once.
+        let messages: std::collections::BTreeSet<(Source, usize)> =
+            scheduler.held.into_values().collect();
+        for (source, index) in messages {
             self.redeliver_later(source, index);
         }
         self.slice_timer = None;
@@ -103,10 +108,17 @@ impl World {
 
     /// Publishes a request: JetStream stores it, the scheduler's consumer delivers it.
     pub fn publish_request(&mut self, identity: Identity, request: Request) {
+        self.publish_batch(identity, request, Vec::new());
+    }
+
+    /// Publishes `first` and the further tasks of its batch in one message (as `mgpu submit
+    /// --array` sends an array's tasks).
+    pub fn publish_batch(&mut self, identity: Identity, first: Request, batch: Vec<Request>) {
         self.next_nonce += 1;
         let stored = StoredRequest {
             identity,
-            request,
+            request: first,
+            batch,
             stored_at: self.wall(),
             nonce: format!("nonce-{}", self.next_nonce),
             signed_at: self.wall(),
@@ -191,7 +203,7 @@ impl World {
         if !ready.is_empty() {
             let admitted: Vec<Admitted> = ready
                 .into_iter()
-                .filter_map(|(index, stored)| self.through_the_gate(index, stored))
+                .flat_map(|(index, stored)| self.through_the_gate(index, stored))
                 .collect();
             let specs: Vec<JobSpec> = admitted
                 .iter()
@@ -214,34 +226,39 @@ impl World {
         self.pump_reports();
     }
 
-    /// The gate's nonce step: the request admitted (its nonce kept in the store), or refused
-    /// (the machine hears of it, and acknowledges it).
-    fn through_the_gate(&mut self, index: usize, stored: StoredRequest) -> Option<Admitted> {
+    /// The gate's nonce step: the request admitted (its nonce kept in the store; a batch's
+    /// tasks each under a token of their own), or refused (the machine hears of it, and
+    /// acknowledges it).
+    fn through_the_gate(&mut self, index: usize, stored: StoredRequest) -> Vec<Admitted> {
         let sequence = index as u64 + 1;
         let (verdict, broken) = self.gate.check(&stored, sequence);
         if let Some(broken) = broken {
             self.ledger.broken.push(broken);
         }
-        let token = self.hold(Source::Request, index);
         match verdict {
             Ok(()) => {
                 let kept = (stored.nonce.clone(), stored.signed_at, sequence);
                 self.store.nonces.push(kept);
                 let verdict_to = matches!(stored.request, Request::Submit(_) | Request::Reserve(_))
                     .then(|| format!("_INBOX.{}.verdict", stored.identity.key));
-                Some(Admitted {
-                    token,
-                    identity: stored.identity,
-                    order: Some(StreamOrder {
-                        sequence,
-                        redelivered: self.requests.redelivered(index),
-                        stored_at: stored.stored_at,
-                    }),
-                    verdict_to,
-                    request: stored.request,
-                })
+                let order = Some(StreamOrder {
+                    sequence,
+                    redelivered: self.requests.redelivered(index),
+                    stored_at: stored.stored_at,
+                });
+                std::iter::once(stored.request)
+                    .chain(stored.batch)
+                    .map(|request| Admitted {
+                        token: self.hold(Source::Request, index),
+                        identity: stored.identity.clone(),
+                        order,
+                        verdict_to: verdict_to.clone(),
+                        request,
+                    })
+                    .collect()
             }
             Err(err) => {
+                let token = self.hold(Source::Request, index);
                 self.note(format!("the gate refuses message {sequence}: {err}"));
                 let refused = Refused {
                     token,
@@ -252,7 +269,7 @@ impl World {
                     reason: err.to_string(),
                 };
                 self.feed_only(Input::Refused(refused));
-                None
+                Vec::new()
             }
         }
     }
@@ -283,13 +300,29 @@ impl World {
         let Some(scheduler) = self.scheduler.as_mut() else {
             return;
         };
-        let (kept, held) = std::mem::take(&mut scheduler.held)
+        let (kept, held): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut scheduler.held)
             .into_iter()
             .partition(|(token, _)| scheduler.machine.keeps_token(*token));
         scheduler.held = kept;
-        for (_, (source, index)) in held {
-            self.redeliver_later(source, index);
+        let released: BTreeSet<(Source, usize)> = held.into_values().collect();
+        for (source, index) in released {
+            // A batch whose other tasks are still kept comes again once they are settled.
+            if self.other_parts_held(source, index) {
+                if let Some(scheduler) = self.scheduler.as_mut() {
+                    scheduler.released_batches.insert(index);
+                }
+            } else {
+                self.redeliver_later(source, index);
+            }
         }
+    }
+
+    /// Whether a token is still held for the message at `index` of `source` (a batch's
+    /// other tasks).
+    fn other_parts_held(&self, source: Source, index: usize) -> bool {
+        self.scheduler
+            .as_ref()
+            .is_some_and(|s| s.held.values().any(|held| *held == (source, index)))
     }
 
     /// Hands `input` to the machine and carries out what it asks, results fed back, then a
@@ -412,6 +445,22 @@ impl World {
                     && let Some(job) = job
                 {
                     self.check_acknowledged_cancel(index, &job);
+                }
+                // A batch is acknowledged once every task in it is, and delivered again
+                // instead if one of them was let go.
+                if self.other_parts_held(source, index) {
+                    return None;
+                }
+                let released = self
+                    .scheduler
+                    .as_mut()
+                    .is_some_and(|s| s.released_batches.remove(&index));
+                if released {
+                    self.redeliver_later(source, index);
+                    return None;
+                }
+                if source == Source::Request {
+                    self.check_acknowledged_batch(index);
                 }
                 if self.chance_of_fault(self.options.ack_lost, |_| {
                     "an acknowledgement is lost".into()

@@ -19,6 +19,9 @@ use crate::machine::messages::Identity;
 pub struct StoredRequest {
     pub identity: Identity,
     pub request: Request,
+    /// The further tasks of a batch (an array's tasks in one message, after `request`);
+    /// empty for a message of one request.
+    pub batch: Vec<Request>,
     pub stored_at: Timestamp,
     pub nonce: String,
     pub signed_at: Timestamp,
@@ -96,6 +99,7 @@ mod tests {
                     reason: None,
                 },
             },
+            batch: Vec::new(),
             stored_at: at,
             nonce: "nonce-1".into(),
             signed_at: at,

@@ -6,7 +6,9 @@
 //! - nothing is said about a job (its verdict, its queued or assigned event) before its
 //!   record is stored (a request refused at the gate, a replay or a bad signature, names its
 //!   job whether or not it is recorded);
-//! - a cancel acknowledged is applied (checked by the ledger's finality at each start).
+//! - a cancel acknowledged is applied (checked by the ledger's finality at each start);
+//! - a message carrying a batch of an array's tasks is acknowledged only once every task in
+//!   it is recorded or refused (the scheduler would otherwise lose the others in a crash).
 
 use mgpu_protocol::event::{JobEvent, JobEventKind};
 use mgpu_protocol::ids::JobId;
@@ -77,5 +79,34 @@ impl World {
         }
         let running = matches!(record.state, JobState::Running(_)).then_some(record.attempt);
         self.ledger.cancel_acknowledged(job, running);
+    }
+
+    /// The request message at `index` is acknowledged: every submission it carries is
+    /// recorded, or its submitter was told it is refused.
+    pub(super) fn check_acknowledged_batch(&mut self, index: usize) {
+        let Some(stored) = self.requests.get(index) else {
+            return;
+        };
+        if stored.batch.is_empty() {
+            return;
+        }
+        let unsettled: Vec<String> = std::iter::once(&stored.request)
+            .chain(&stored.batch)
+            .filter_map(|request| match request {
+                Request::Submit(submit) => Some(&submit.id),
+                _ => None,
+            })
+            .filter(|id| {
+                let refused = self.ledger.verdicts.get(*id).is_some_and(Option::is_some);
+                self.store.record(id).is_none() && !refused
+            })
+            .map(|id| id.short().to_owned())
+            .collect();
+        if !unsettled.is_empty() {
+            self.ledger.broken.push(format!(
+                "a batch of {} tasks acknowledged with {unsettled:?} neither recorded nor refused",
+                stored.batch.len() + 1
+            ));
+        }
     }
 }

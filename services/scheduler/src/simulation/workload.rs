@@ -130,6 +130,10 @@ fn submit_array(world: &mut World) {
         "array {} of {tasks} tasks, %{max_running:?}",
         array_id.short()
     ));
+    // Mostly in one message, as `mgpu submit --array` sends an array's tasks; else one
+    // message each, as a CLI of before did.
+    let together = world.rng.chance(700);
+    let mut requests = Vec::new();
     for index in 0..tasks {
         let mut task = spec.clone();
         task.array = Some(ArrayMember {
@@ -137,7 +141,16 @@ fn submit_array(world: &mut World) {
             index,
             max_running,
         });
-        send_job(world, user, task);
+        if together {
+            requests.extend(prepare_job(world, user, task));
+        } else {
+            send_job(world, user, task);
+        }
+    }
+    let mut requests = requests.into_iter();
+    if let Some(first) = requests.next() {
+        let identity = world.users[user].clone();
+        world.publish_batch(identity, first, requests.collect());
     }
 }
 
@@ -159,9 +172,15 @@ fn submit_gang(world: &mut World) {
 
 /// Submits `spec` as user `user` (0: alice, 1: bob).
 fn send_job(world: &mut World, user: usize, spec: JobSpec) {
-    let Some(id) = job_id(world) else {
-        return;
-    };
+    if let Some(request) = prepare_job(world, user, spec) {
+        let identity = world.users[user].clone();
+        world.publish_request(identity, request);
+    }
+}
+
+/// A submission of `spec` by `user`, its job remembered as submitted; not yet sent.
+fn prepare_job(world: &mut World, user: usize, spec: JobSpec) -> Option<Request> {
+    let id = job_id(world)?;
     let identity = world.users[user].clone();
     world.submitted.insert(id.clone(), spec.no_requeue);
     world.open.insert(id.clone());
@@ -171,12 +190,11 @@ fn send_job(world: &mut World, user: usize, spec: JobSpec) {
         String::new()
     };
     world.note(format!("{} submits {}{shape}", identity.name, id.short()));
-    let request = Request::Submit(Box::new(SubmitRequest {
+    Some(Request::Submit(Box::new(SubmitRequest {
         id,
         user: identity.name.clone(),
         spec,
-    }));
-    world.publish_request(identity, request);
+    })))
 }
 
 /// A request about a job drawn from those submitted, by its owner or the admin.

@@ -60,7 +60,7 @@ pub enum Event {
 }
 
 /// Which stream a held message came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Source {
     Request,
     Report,
@@ -71,6 +71,9 @@ pub struct SimScheduler {
     pub machine: SchedulerState,
     pub held: BTreeMap<Token, (Source, usize)>,
     pub next_token: Token,
+    /// Requests (by stream index) carrying several tasks, one of which the machine let go
+    /// unacknowledged: the message is delivered again once its last task is settled.
+    pub released_batches: BTreeSet<usize>,
 }
 
 /// A scheduler stopped in its tracks (`stall.rs`).
