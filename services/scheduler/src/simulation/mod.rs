@@ -24,7 +24,7 @@
 //!
 //! # Layout
 //! - [`world`]: the cluster's state, clock and events; [`driving`]: the simulator's part of
-//!   the driver; [`nodes`]: heartbeats, agents' messages, crashes and partitions.
+//!   the driver (`intake`: its requests and reports); [`nodes`]: heartbeats, agents' messages, crashes and partitions.
 //! - [`store`]; [`streams`]; [`agents`].
 //! - [`workload`]: what users do; [`admin`]: what the admin does; [`faults`]: what goes
 //!   wrong; [`stall`]: a scheduler stopped and woken; [`ledger`] and [`checks`]: the invariants
@@ -42,6 +42,7 @@ pub mod faults;
 pub mod finality;
 pub mod gate;
 pub mod idle_checks;
+mod intake;
 pub mod ledger;
 pub mod nodes;
 mod plan_checks;
