@@ -53,7 +53,8 @@ pub struct SubmitRequest {
 /// Several tasks of one job array in one message on `jobs.submit` (protocol 2,
 /// [`crate::version::ARRAY_ENVIRONMENT`]): each task is recorded, refused and answered as its
 /// own submission would be, and the message is acknowledged once every task in it is. Its
-/// `Nats-Msg-Id` is its first task's id with [`BATCH_MSG_ID_PREFIX`] before it.
+/// `Nats-Msg-Id` begins with [`BATCH_MSG_ID_PREFIX`] and its first task's id (the CLI adds a
+/// hash of all its tasks' ids).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBatch {

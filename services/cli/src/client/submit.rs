@@ -48,10 +48,23 @@ async fn submit_all_stored(
     verdict_to: Option<&str>,
 ) -> Vec<Result<()>> {
     let shared = shared_environments(requests);
+    // Decided once, so that a message retried carries the same tasks under the same id
+    // (JetStream then drops a second copy of one whose acknowledgement was lost).
+    let all: Vec<usize> = (0..requests.len()).collect();
+    let planned = match messages_of(requests, &all) {
+        Ok(planned) => planned,
+        Err(failure) => {
+            return requests
+                .iter()
+                .map(|_| Err(failure.again().into_error()))
+                .collect();
+        }
+    };
     let batch = Batch {
         session,
         requests,
         shared: &shared,
+        planned: &planned,
         verdict_to,
     };
     request::retried(
@@ -90,6 +103,8 @@ struct Batch<'a> {
     requests: &'a [SubmitRequest],
     /// The arrays whose environment is stored once ([`shared_environments`]).
     shared: &'a HashSet<JobId>,
+    /// The messages the submissions go in ([`messages_of`]).
+    planned: &'a [Message],
     verdict_to: Option<&'a str>,
 }
 
@@ -104,7 +119,7 @@ impl Batch<'_> {
     /// then the submissions of the jobs whose environment is stored.
     async fn round(&self, indices: &[usize]) -> Outcomes {
         let (ready, mut outcomes) = self.store_envs(indices).await;
-        let messages = match messages_of(self.requests, &ready) {
+        let messages = match self.messages_for(&ready) {
             Ok(messages) => messages,
             Err(failure) => {
                 outcomes.extend(ready.iter().map(|&index| (index, Err(failure.again()))));
@@ -137,8 +152,40 @@ impl Batch<'_> {
         outcomes
     }
 
-    /// Publishes one try of a batch of an array's tasks (protocol 2), under its first task's
-    /// id.
+    /// The planned messages of the jobs at `ready`: whole where all their tasks are ready;
+    /// a batch some of whose tasks are not (their environment not stored) encoded again
+    /// without them, under an id of its own.
+    fn messages_for(&self, ready: &[usize]) -> std::result::Result<Vec<Message>, Failure> {
+        let ready_set: HashSet<usize> = ready.iter().copied().collect();
+        let mut messages = Vec::new();
+        for message in self.planned {
+            match message {
+                Message::Alone(index) if ready_set.contains(index) => {
+                    messages.push(Message::Alone(*index));
+                }
+                Message::Alone(_) => {}
+                Message::Tasks { tasks, payload } => {
+                    let here: Vec<usize> = tasks
+                        .iter()
+                        .copied()
+                        .filter(|task| ready_set.contains(task))
+                        .collect();
+                    if here.len() == tasks.len() {
+                        messages.push(Message::Tasks {
+                            tasks: here,
+                            payload: payload.clone(),
+                        });
+                    } else if !here.is_empty() {
+                        messages.extend(messages_of(self.requests, &here)?);
+                    }
+                }
+            }
+        }
+        Ok(messages)
+    }
+
+    /// Publishes one try of a batch of an array's tasks (protocol 2), under an id made of its
+    /// tasks' ([`batch_msg_id`]).
     async fn send_tasks(
         &self,
         tasks: &[usize],
@@ -146,10 +193,7 @@ impl Batch<'_> {
     ) -> std::result::Result<PublishAckFuture, Failure> {
         check_size(payload.len(), &BTreeMap::new())
             .map_err(Failure::local(PublishErrorKind::MaxPayloadExceeded))?;
-        let first = tasks.first().and_then(|&index| self.requests.get(index));
-        let msg_id = first.map_or_else(String::new, |task| {
-            format!("{BATCH_MSG_ID_PREFIX}{}", task.id)
-        });
+        let msg_id = batch_msg_id(self.requests, tasks);
         let request = Request::encoded(subjects::SUBMIT, payload.to_vec(), msg_id)
             .with_verdict_to(self.verdict_to)
             .needing_protocol(version::ARRAY_ENVIRONMENT);
@@ -289,7 +333,23 @@ fn messages_of(
     Ok(messages)
 }
 
+/// A batch's message id: its first task's id after [`BATCH_MSG_ID_PREFIX`], then a hash of
+/// all its tasks' ids, so that the same tasks sent again are dropped as a copy and other
+/// tasks never are.
+fn batch_msg_id(requests: &[SubmitRequest], tasks: &[usize]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    let ids = tasks.iter().filter_map(|&index| requests.get(index));
+    for task in ids {
+        task.id.as_str().hash(&mut hasher);
+    }
+    let first = tasks.first().and_then(|&index| requests.get(index));
+    let first = first.map_or("", |task| task.id.as_str());
+    format!("{BATCH_MSG_ID_PREFIX}{first}-{:016x}", hasher.finish())
+}
+
 /// What one message on the request path carries.
+#[derive(Clone, Debug)]
 enum Message {
     /// One job's submission.
     Alone(usize),
@@ -473,5 +533,19 @@ mod tests {
             }
         }
         assert_eq!(ids_in(&requests, &messages).concat().len(), 40);
+    }
+
+    #[test]
+    fn a_batch_sent_again_has_the_same_id_and_other_tasks_another() {
+        let array = JobId::random();
+        let requests: Vec<SubmitRequest> = (0..3).map(|i| task(&array, i, "/a")).collect();
+        let all = batch_msg_id(&requests, &[0, 1, 2]);
+        assert_eq!(all, batch_msg_id(&requests, &[0, 1, 2]));
+        assert!(all.starts_with(BATCH_MSG_ID_PREFIX));
+        assert_ne!(all, batch_msg_id(&requests, &[0, 1]));
+        assert_ne!(
+            batch_msg_id(&requests, &[0, 1]),
+            batch_msg_id(&requests, &[0, 2])
+        );
     }
 }
