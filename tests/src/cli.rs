@@ -121,6 +121,23 @@ impl Cluster {
         (id, refused)
     }
 
+    /// `mgpu submit --json --array RANGE FLAGS -- COMMAND`: what it printed (`array_id`,
+    /// `ids`…) and its tasks' ids, in index order.
+    pub fn submit_array(&self, range: &str, extra: &[&str], command: &str) -> (Value, Vec<String>) {
+        let mut args = vec!["--array", range];
+        args.extend_from_slice(extra);
+        let printed = self.submit_json(&args, command);
+        let ids = printed["ids"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| id.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (printed, ids)
+    }
+
     /// `mgpu submit --json FLAGS -- COMMAND`, returning what it printed (`{"id": …}`, or for
     /// arrays and duplicates the other shapes).
     pub fn submit_json(&self, extra: &[&str], command: &str) -> Value {

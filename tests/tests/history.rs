@@ -291,16 +291,8 @@ fn an_array_stores_its_environment_once_and_it_goes_with_the_last_task() {
         "while [ ! -e {go} ]; do sleep 0.1; done; [ -n \"$ARRAY_TOKEN\" ] && echo token-arrived",
         go = go.display()
     );
-    let array = cluster.submit_json(&["--array", "0-2%1"], &command);
+    let (array, ids) = cluster.submit_array("0-2%1", &[], &command);
     let array_id = array["array_id"].as_str().unwrap_or_default().to_owned();
-    let ids: Vec<String> = array["ids"]
-        .as_array()
-        .map(|ids| {
-            ids.iter()
-                .filter_map(|id| id.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
     assert_eq!(ids.len(), 3, "{array}");
     let first = &ids[0];
     cluster.wait_state(first, "running", T);
@@ -362,15 +354,7 @@ fn an_array_s_tasks_go_together_and_each_is_listed_while_the_scheduler_is_away()
     let mut cluster = Cluster::start(&[NodeSpec::new("node001", "2x24GiB")]);
     cluster.kill_scheduler();
     let before = requests_stored(&cluster);
-    let array = cluster.submit_json(&["--array", "0-249"], "true");
-    let ids: Vec<String> = array["ids"]
-        .as_array()
-        .map(|ids| {
-            ids.iter()
-                .filter_map(|id| id.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let (array, ids) = cluster.submit_array("0-249", &[], "true");
     assert_eq!(ids.len(), 250, "{array}");
     assert_eq!(
         requests_stored(&cluster) - before,

@@ -461,15 +461,7 @@ fn a_burst_of_short_jobs_writes_heartbeats_and_usage_at_a_bounded_rate() {
     let before = heartbeats_stored();
     let usage_before = usage_writes();
     let began = Instant::now();
-    let submitted = cluster.submit_json(&["--array", &format!("0-{}", JOBS - 1)], "true");
-    let ids: Vec<String> = submitted["ids"]
-        .as_array()
-        .map(|ids| {
-            ids.iter()
-                .filter_map(|id| id.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let (submitted, ids) = cluster.submit_array(&format!("0-{}", JOBS - 1), &[], "true");
     assert_eq!(ids.len(), JOBS, "{submitted}");
     let burst = wait_for(
         "every job of the burst to succeed",

@@ -446,19 +446,12 @@ fn dependencies_wait_for_success_or_for_any_end() {
 #[test]
 fn an_array_runs_at_most_its_limit_at_once_and_each_task_sees_its_index() {
     let cluster = Cluster::start(&node("3x24GiB"));
-    let array = cluster.submit_json(
-        &["--array", "0-5%2"],
+    let (array, ids) = cluster.submit_array(
+        "0-5%2",
+        &[],
         "echo \"index=$MGPU_ARRAY_INDEX array=$MGPU_ARRAY_ID\"; sleep 1",
     );
     let array_id = text(&array, "array_id").to_owned();
-    let ids: Vec<String> = array["ids"]
-        .as_array()
-        .map(|ids| {
-            ids.iter()
-                .filter_map(|i| i.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
     assert_eq!(ids.len(), 6, "{array}");
     // A GPU is free, yet a task waits: the array runs as many as `%2` allows.
     wait_for("a task to wait for its array", T, || {
