@@ -2,8 +2,8 @@
 //! the `mgpu-job-env` bucket, key `<owner key>.<job id>`, or, for the tasks of an array that
 //! share one environment, once under `<owner key>.<array id>` (protocol 2). Written by the
 //! owner's CLI (or by the scheduler, for a submission that carried its environment inline),
-//! read by the owner, admins and the scheduler. Reads are direct gets on the key's own subject, so that a user's
-//! permissions can name exactly their own keys and nothing else.
+//! read by the owner, admins and the scheduler. Reads are direct gets on the key's own
+//! subject, so that a user's permissions can name exactly their own keys and nothing else.
 
 use std::collections::BTreeMap;
 
@@ -63,8 +63,9 @@ pub async fn get_for(
     }
 }
 
-/// Reads the environment stored under `owner`'s `job` (a job's or an array's id); `None` when there is none (the job had no
-/// environment, or it was dropped when the job moved to history).
+/// Reads the environment stored under `owner`'s `job` (a job's or an array's id); `None`
+/// when there is none (the job had no environment, or it was dropped when the job moved to
+/// history).
 pub async fn get(
     client: &async_nats::Client,
     owner: &str,

@@ -50,9 +50,10 @@ pub struct SubmitRequest {
     pub spec: JobSpec,
 }
 
-/// Several tasks of one job array in one message on `jobs.submit` (protocol 2,
-/// [`crate::version::ARRAY_ENVIRONMENT`]): each task is recorded, refused and answered as its
-/// own submission would be, and the message is acknowledged once every task in it is. Its
+/// Several submissions in one message on `jobs.submit` (protocol 2,
+/// [`crate::version::ARRAY_BATCHES`]; the CLI sends an array's tasks so): each is recorded,
+/// refused and answered as a submission of its own would be, and the message is
+/// acknowledged once every one of them is. Its
 /// `Nats-Msg-Id` begins with [`BATCH_MSG_ID_PREFIX`] and its first task's id (the CLI adds a
 /// hash of all its tasks' ids).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

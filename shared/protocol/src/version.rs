@@ -20,8 +20,8 @@
 //! A message names the oldest protocol that reads it, not the newest this build speaks: what
 //! protocol 1 already said still says [`BASELINE`], so an older scheduler keeps reading this
 //! release's heartbeats, reports and requests, and refuses, with the sentence above, only a
-//! request that needs a newer one (today a job-array task whose environment is stored once
-//! for the whole array, [`ARRAY_ENVIRONMENT`]), instead of acting on it wrongly.
+//! request that needs a newer one (today a batch of an array's tasks whose environment is
+//! stored once for the whole array, [`ARRAY_BATCHES`]), instead of acting on it wrongly.
 
 use serde::Deserialize;
 
@@ -32,10 +32,12 @@ pub const PROTOCOL: u32 = 2;
 /// report, and every request but those naming a newer protocol below.
 pub const BASELINE: u32 = 1;
 
-/// Protocol 2: a job-array task whose environment is not stored under its own job id but
-/// once, under its array's id (`<owner key>.<array id>` in `mgpu-job-env`). A scheduler of
-/// protocol 1 would look under the task's id, find nothing and start it without.
-pub const ARRAY_ENVIRONMENT: u32 = 2;
+/// Protocol 2: a job array's tasks sent a hundred to a message
+/// ([`crate::submit::SubmitBatch`]), their environment stored not under each task's id but
+/// once, under the array's (`<owner key>.<array id>` in `mgpu-job-env`). A scheduler of
+/// protocol 1 would refuse the batch as malformed at best, or look under a task's id, find
+/// nothing and start it without.
+pub const ARRAY_BATCHES: u32 = 2;
 
 /// The oldest protocol this build's scheduler still reads.
 pub const OLDEST_ACCEPTED: u32 = 1;

@@ -530,7 +530,7 @@ mod tests {
         // A request that needs a newer protocol says so, for an older scheduler to refuse.
         let newer = request
             .cloned()
-            .map(|r| r.needing_protocol(mgpu_protocol::version::ARRAY_ENVIRONMENT))
+            .map(|r| r.needing_protocol(mgpu_protocol::version::ARRAY_BATCHES))
             .and_then(|r| r.headers(&key).ok());
         let version = newer
             .as_ref()

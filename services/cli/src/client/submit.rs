@@ -2,10 +2,10 @@
 //! first, in the `mgpu-job-env` bucket under the user's key, then the submission without it on
 //! the request path ([`super::request`]), its job id as its message id. An array whose tasks
 //! all carry the same environment stores it once, under the array's id, and an array's tasks
-//! go a hundred to a message (a `SubmitBatch`, protocol 2: [`version::ARRAY_ENVIRONMENT`]):
-//! 10 000 tasks are then about a hundred writes, not 20 000, each flushed to disk. A round stores what it can and the failures that
-//! may pass are retried as any request's are, so a job is never sent without its environment
-//! and never stored twice.
+//! go a hundred to a message (a `SubmitBatch`, protocol 2: [`version::ARRAY_BATCHES`]):
+//! 10 000 tasks are then about a hundred writes, not 20 000, each flushed to disk. A round
+//! stores what it can and the failures that may pass are retried as any request's are, so a
+//! job is never sent without its environment and never stored twice.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -196,7 +196,7 @@ impl Batch<'_> {
         let msg_id = batch_msg_id(self.requests, tasks);
         let request = Request::encoded(subjects::SUBMIT, payload.to_vec(), msg_id)
             .with_verdict_to(self.verdict_to)
-            .needing_protocol(version::ARRAY_ENVIRONMENT);
+            .needing_protocol(version::ARRAY_BATCHES);
         request::send(self.session, &request).await
     }
 
