@@ -348,14 +348,17 @@ impl SchedulerState {
     pub fn gauges(&self, now: Timestamp) -> Gauges {
         // Keyed by the records' own names: no allocation per job, only per user at the end.
         let mut jobs: HashMap<&str, UserJobs> = HashMap::new();
-        for record in self.jobs.queued() {
+        // A new job staged until the next pass is not stored yet: not counted, as the
+        // status does not count it.
+        let stored = |record: &&JobRecord| !self.staged.contains(&record.id);
+        for record in self.jobs.queued().filter(stored) {
             let counts = jobs.entry(record.user.as_str()).or_default();
             match &record.state {
                 JobState::Queued(waiting) if waiting.held_by.is_some() => counts.held += 1,
                 _ => counts.queued += 1,
             }
         }
-        for record in self.jobs.running() {
+        for record in self.jobs.running().filter(stored) {
             let counts = jobs.entry(record.user.as_str()).or_default();
             counts.running += 1;
             if let JobState::Running(run) = &record.state {

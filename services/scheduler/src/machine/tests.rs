@@ -248,6 +248,10 @@ fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_o
     assert!(commands.is_empty(), "{commands:?}");
     assert!(rig.machine.pass_due());
     assert_eq!(rig.machine.counts(), (0, 0, 0));
+    assert!(
+        rig.machine.gauges(t0()).jobs.is_empty(),
+        "a staged job is no gauge"
+    );
     let (commands, _, _) = rig.machine.pass(t0(), &mut || 0);
     let writes: Vec<_> = commands
         .iter()
@@ -282,6 +286,8 @@ fn a_submission_is_written_once_with_the_pass_s_decision_and_acknowledged_only_o
         Some("running")
     );
     assert_eq!(rig.machine.counts(), (0, 1, 1));
+    let gauges = rig.machine.gauges(t0());
+    assert_eq!(gauges.jobs.get("alice").map(|alice| alice.running), Some(1));
 }
 
 #[test]
