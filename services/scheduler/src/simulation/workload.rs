@@ -131,7 +131,7 @@ fn submit_array(world: &mut World) {
         array_id.short()
     ));
     // Mostly in one message, as `mgpu submit --array` sends an array's tasks; else one
-    // message each, as a CLI of before did.
+    // message each, as a program of its own may.
     let together = world.rng.chance(700);
     let mut requests = Vec::new();
     for index in 0..tasks {
