@@ -18,7 +18,7 @@ use mgpu_protocol::{Timestamp, now, subjects, version, wire};
 use super::Driver;
 use crate::identity::SeenNonce;
 use crate::lifecycle::StreamOrder;
-use crate::machine::messages::{Admitted, Input, Refused, Step, steps};
+use crate::machine::messages::{Admitted, Input, Refused, Step, steps, submitted_specs};
 use crate::metrics::RefusalReason;
 
 /// How long an event of an unreadable protocol waits before it is offered again.
@@ -80,14 +80,7 @@ impl Driver {
                 }
             }
         }
-        let specs: Vec<_> = ready
-            .iter()
-            .filter_map(|a| match &a.request {
-                Request::Submit(submit) => Some(submit.spec.clone()),
-                _ => None,
-            })
-            .collect();
-        self.learn_archived(specs.iter()).await;
+        self.learn_archived(submitted_specs(&ready)).await;
         for step in steps(ready, |admitted| &admitted.request) {
             let input = match step {
                 Step::Record(submissions) => Input::Submissions(submissions),

@@ -11,7 +11,7 @@ use mgpu_protocol::assign::{Assignment, NodeControl};
 use mgpu_protocol::audit::AuditRecord;
 use mgpu_protocol::event::JobEvent;
 use mgpu_protocol::ids::JobId;
-use mgpu_protocol::job::{JobRecord, JobState};
+use mgpu_protocol::job::{JobRecord, JobSpec, JobState};
 use mgpu_protocol::node::{NodeAdmin, NodeHeartbeat};
 use mgpu_protocol::principals::Registry;
 use mgpu_protocol::priority::UsageBook;
@@ -346,6 +346,15 @@ pub enum Step<T> {
     Record(Vec<T>),
     /// Any other request, or a `--dedup` submission, on its own.
     CarryOut(T),
+}
+
+/// The specs of the submissions among `admitted`: the driver looks up in history the
+/// dependencies the machine does not know before it hands them over.
+pub fn submitted_specs(admitted: &[Admitted]) -> impl Iterator<Item = &JobSpec> {
+    admitted.iter().filter_map(|a| match &a.request {
+        Request::Submit(submit) => Some(&submit.spec),
+        _ => None,
+    })
 }
 
 /// Groups a batch: consecutive plain submissions are recorded together; any other request

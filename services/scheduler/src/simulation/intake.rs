@@ -14,13 +14,15 @@ use mgpu_protocol::request::Request;
 use super::gate::StoredRequest;
 use super::world::{ACK_WAIT_MS, Event, Source, World};
 use crate::lifecycle::StreamOrder;
-use crate::machine::messages::{Admitted, Identity, Input, Refused, Step, Token, steps};
+use crate::machine::messages::{
+    Admitted, Identity, Input, Refused, Step, Token, steps, submitted_specs,
+};
 use crate::metrics::RefusalReason;
 
 impl World {
     /// As the driver does before taking submissions (and on starting): the dependencies the
     /// machine does not know looked up in history, and how those ended handed back.
-    pub(super) fn learn_archived(&mut self, specs: &[JobSpec]) {
+    pub(super) fn learn_archived<'a>(&mut self, specs: impl IntoIterator<Item = &'a JobSpec>) {
         let Some(scheduler) = self.scheduler.as_ref() else {
             return;
         };
@@ -100,14 +102,7 @@ impl World {
                 .into_iter()
                 .flat_map(|(index, stored)| self.through_the_gate(index, stored))
                 .collect();
-            let specs: Vec<JobSpec> = admitted
-                .iter()
-                .filter_map(|a| match &a.request {
-                    Request::Submit(submit) => Some(submit.spec.clone()),
-                    _ => None,
-                })
-                .collect();
-            self.learn_archived(&specs);
+            self.learn_archived(submitted_specs(&admitted));
             for step in steps(admitted, |a| &a.request) {
                 let input = match step {
                     Step::Record(batch) => Input::Submissions(batch),
